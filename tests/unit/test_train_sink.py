@@ -1,0 +1,89 @@
+import pytest
+from rlrun.orchestrator.sink import TrainSink, grpo_advantages
+from rlrun.orchestrator.types import min_fresh_version
+
+from .helpers import episode, sample, task
+
+
+def test_grpo_advantages_of_a_known_group():
+    rewards = [1.0, 0.5, 0.0, 0.5]  # mean 0.5, population std sqrt(0.125)
+    assert grpo_advantages(rewards) == pytest.approx([0.5, 0.0, -0.5, 0.0])
+    std = 0.125**0.5
+    assert grpo_advantages(rewards, std_normalize=True) == pytest.approx([0.5 / std, 0.0, -0.5 / std, 0.0], rel=1e-5)
+
+
+def test_complete_group_is_scored_and_queued_in_member_order():
+    sink = TrainSink(group_size=4, batch_size=8, max_off_policy_steps=1)
+    rewards = [1.0, 0.5, 0.0, 0.5]
+    assert sink.add_episodes(7, task(7), [episode(7, i, r, 0) for i, r in enumerate(rewards[:2])], next_step=1) == []
+    assert 7 in sink.open_groups and sink.open_members == 2
+    queued = sink.add_episodes(7, task(7), [episode(7, i + 2, r, 0) for i, r in enumerate(rewards[2:])], next_step=1)
+    assert [s.advantage for s in queued] == pytest.approx([0.5, 0.0, -0.5, 0.0])
+    assert [s.trace.episode_id for s in queued] == ["7/0", "7/1", "7/2", "7/3"]
+    assert sink.open_groups == {}
+    assert sink.drain_recent_rewards() == rewards
+
+
+def test_group_with_equal_rewards_is_rejected_and_counted():
+    sink = TrainSink(group_size=2, batch_size=2, max_off_policy_steps=1)
+    assert sink.add_episodes(1, task(1), [episode(1, 0, 1.0, 0), episode(1, 1, 1.0, 0)], next_step=1) == []
+    assert sink.counters.groups_rejected == 1 and sink.queue == []
+    assert sink.drain_recent_rewards() == [1.0, 1.0]  # still counted in the reward metric
+
+
+@pytest.mark.parametrize(("step", "k", "expected"), [(1, 0, 0), (5, 0, 4), (5, 1, 3), (5, 2, 2), (1, 2, -2)])
+def test_min_fresh_version(step, k, expected):
+    assert min_fresh_version(step, k) == expected
+
+
+@pytest.mark.parametrize(
+    ("k", "kept_versions"),
+    [
+        (0, [4]),  # batch 5 is trained by version 4: only version-4 samples are on-policy
+        (1, [3, 4]),
+        (2, [2, 3, 4]),
+    ],
+)
+def test_staleness_sweep_boundaries(k, kept_versions):
+    sink = TrainSink(group_size=2, batch_size=2, max_off_policy_steps=k)
+    sink.queue = [sample(v, 0, v) for v in range(5)]  # versions 0..4
+    dropped = sink.sweep(step=5)
+    assert sorted(s.trace.policy_version for s in sink.queue) == kept_versions
+    assert sorted(s.trace.policy_version for s in dropped) == [v for v in range(5) if v not in kept_versions]
+    assert sink.counters.samples_dropped_stale == 5 - len(kept_versions)
+
+
+def test_batch_cut_is_oldest_first_stable_and_keeps_groups_together():
+    sink = TrainSink(group_size=3, batch_size=6, max_off_policy_steps=2)
+    # queued in arrival order: group 10 (v2), group 11 (v1), group 12 (v2), group 13 (v1)
+    for gid, v in [(10, 2), (11, 1), (12, 2), (13, 1)]:
+        sink.queue.extend(sample(gid, m, v) for m in range(3))
+    batch = sink.take_batch(step=3)
+    assert [s.trace.episode_id for s in batch] == ["11/0", "11/1", "11/2", "13/0", "13/1", "13/2"]
+    # the overflow is the youngest, still in arrival order
+    assert [s.trace.episode_id for s in sink.queue] == ["10/0", "10/1", "10/2", "12/0", "12/1", "12/2"]
+
+
+def test_batch_cut_with_a_group_spanning_the_cut():
+    sink = TrainSink(group_size=4, batch_size=6, max_off_policy_steps=1)
+    for gid, v in [(1, 0), (2, 1)]:
+        sink.queue.extend(sample(gid, m, v) for m in range(4))
+    batch = sink.take_batch(step=1)
+    assert [s.trace.episode_id for s in batch] == ["1/0", "1/1", "1/2", "1/3", "2/0", "2/1"]
+    assert [s.trace.episode_id for s in sink.queue] == ["2/2", "2/3"]
+
+
+def test_take_batch_waits_for_enough_fresh_samples():
+    sink = TrainSink(group_size=2, batch_size=4, max_off_policy_steps=0)
+    sink.queue = [sample(1, 0, 0), sample(1, 1, 0), sample(2, 0, 1), sample(2, 1, 1)]
+    assert sink.take_batch(step=2) is None  # version-0 samples are stale for batch 2 when k = 0
+    assert len(sink.queue) == 2 and sink.counters.samples_dropped_stale == 2
+
+
+def test_stale_members_are_left_out_of_scoring():
+    sink = TrainSink(group_size=4, batch_size=4, max_off_policy_steps=0)
+    eps = [episode(3, 0, 1.0, 1), episode(3, 1, 0.0, 1), episode(3, 2, 0.9, 0), episode(3, 3, 0.2, 0)]
+    queued = sink.add_episodes(3, task(3), eps, next_step=2)  # version 0 is stale for batch 2 when k = 0
+    assert [s.trace.episode_id for s in queued] == ["3/0", "3/1"]
+    assert [s.advantage for s in queued] == pytest.approx([0.5, -0.5])
+    assert sink.counters.members_left_out_stale == 2

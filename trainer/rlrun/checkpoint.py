@@ -1,0 +1,207 @@
+"""Checkpoints: which step is complete, how each part is verified, and retention.
+
+A step ``N`` is **complete** when both parts exist and verify:
+``checkpoints/step_N/trainer/`` (published atomically by the trainer; its
+``progress.json`` and ``model.safetensors`` parse) and
+``checkpoints/step_N/orchestrator/progress.pt`` (written atomically by the
+orchestrator; schema version known, checksum matches). Resume always starts from
+the newest complete step; a step that fails verification is skipped with a log
+line naming the file and the reason, and the previous complete step is used.
+
+``progress.pt`` is a ``torch.save`` of plain data only — ``{"schema_version",
+"sha256", "payload"}`` where ``payload`` is a JSON string — so loading it with
+``torch.load(weights_only=True)`` executes no code from the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from rlrun.rundir import RunDir, step_dirs, write_file_atomic
+
+log = logging.getLogger(__name__)
+
+PROGRESS_SCHEMA_VERSION = 1
+PROGRESS_FILE = "progress.pt"
+TRAINER_PROGRESS_FILE = "progress.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint part that is missing, torn, corrupt or from another run (message names the file)."""
+
+
+def encode_progress(state: dict[str, Any]) -> bytes:
+    """Serialize orchestrator ``state`` (JSON-compatible) into ``progress.pt`` bytes."""
+    payload = json.dumps(state, separators=(",", ":"), sort_keys=True)
+    buf = io.BytesIO()
+    torch.save(
+        {
+            "schema_version": PROGRESS_SCHEMA_VERSION,
+            "sha256": hashlib.sha256(payload.encode()).hexdigest(),
+            "payload": payload,
+        },
+        buf,
+    )
+    return buf.getvalue()
+
+
+def decode_progress(data: bytes, source: str) -> dict[str, Any]:
+    """Inverse of :func:`encode_progress`.
+
+    Raises:
+        CheckpointError: unreadable file, unknown schema version, or checksum mismatch.
+    """
+    try:
+        obj = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as exc:
+        raise CheckpointError(f"{source}: unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(obj, dict) or "payload" not in obj:
+        raise CheckpointError(f"{source}: not an rlrun progress file")
+    version = obj.get("schema_version")
+    if version != PROGRESS_SCHEMA_VERSION:
+        raise CheckpointError(f"{source}: schema version {version}, this rlrun reads {PROGRESS_SCHEMA_VERSION}")
+    payload = obj["payload"]
+    if hashlib.sha256(payload.encode()).hexdigest() != obj.get("sha256"):
+        raise CheckpointError(f"{source}: checksum mismatch (file is corrupt)")
+    return json.loads(payload)
+
+
+def save_orchestrator_progress(run_dir: RunDir, step: int, state: dict[str, Any]) -> Path:
+    """Write ``checkpoints/step_N/orchestrator/progress.pt`` atomically (fsync, rename, dir fsync)."""
+    path = run_dir.orchestrator_checkpoint(step) / PROGRESS_FILE
+    write_file_atomic(path, encode_progress(state))
+    return path
+
+
+def load_orchestrator_progress(run_dir: RunDir, step: int) -> dict[str, Any]:
+    """Read and verify the orchestrator part of step ``step``.
+
+    Raises:
+        CheckpointError: missing or invalid.
+    """
+    path = run_dir.orchestrator_checkpoint(step) / PROGRESS_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing")
+    return decode_progress(path.read_bytes(), str(path))
+
+
+def load_trainer_progress(run_dir: RunDir, step: int) -> dict[str, Any]:
+    """Read and verify the trainer part of step ``step``: its ``progress.json`` and weights header.
+
+    Raises:
+        CheckpointError: missing, unparsable, or for another step.
+    """
+    root = run_dir.trainer_checkpoint(step)
+    progress = root / TRAINER_PROGRESS_FILE
+    try:
+        data = json.loads(progress.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{progress}: missing") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{progress}: unreadable ({exc})") from None
+    if data.get("step") != step:
+        raise CheckpointError(f"{progress}: says step {data.get('step')}, expected {step}")
+    try:
+        with safe_open(str(root / WEIGHTS_FILE), framework="pt") as fh:
+            if not list(fh.keys()):
+                raise CheckpointError(f"{root / WEIGHTS_FILE}: holds no tensors")
+    except CheckpointError:
+        raise
+    except Exception as exc:
+        raise CheckpointError(f"{root / WEIGHTS_FILE}: unreadable ({exc})") from None
+    return data
+
+
+@dataclass(frozen=True)
+class CompleteCheckpoint:
+    """A verified complete step: its number and both parts' progress data."""
+
+    step: int
+    trainer: dict[str, Any]
+    orchestrator: dict[str, Any]
+
+
+def latest_complete_checkpoint(run_dir: RunDir) -> CompleteCheckpoint | None:
+    """The newest step whose trainer and orchestrator parts both verify, or None.
+
+    Steps that fail verification are logged (``WARNING``, with file and reason) and skipped.
+    """
+    for step in sorted(step_dirs(run_dir.checkpoints), reverse=True):
+        try:
+            trainer = load_trainer_progress(run_dir, step)
+            orchestrator = load_orchestrator_progress(run_dir, step)
+        except CheckpointError as exc:
+            log.warning("checkpoint step %d is not usable, falling back to an older one: %s", step, exc)
+            continue
+        return CompleteCheckpoint(step, trainer, orchestrator)
+    return None
+
+
+def complete_steps(run_dir: RunDir) -> list[int]:
+    """Steps whose two parts are both present (cheap existence check, no verification), ascending."""
+    return sorted(
+        n
+        for n, p in step_dirs(run_dir.checkpoints).items()
+        if (p / "trainer" / TRAINER_PROGRESS_FILE).is_file() and (p / "orchestrator" / PROGRESS_FILE).is_file()
+    )
+
+
+def prune_checkpoints(run_dir: RunDir, keep_last: int) -> list[int]:
+    """Delete all but the ``keep_last`` newest complete steps, and incomplete steps older than the
+    newest complete one (a crash left them; they can never complete). Returns the deleted steps."""
+    complete = complete_steps(run_dir)
+    keep = set(complete[-keep_last:])
+    newest = complete[-1] if complete else None
+    removed = []
+    for n, p in step_dirs(run_dir.checkpoints).items():
+        if n in keep or newest is None or n > newest:
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(n)
+    return sorted(removed)
+
+
+class CheckpointMismatch(CheckpointError):
+    """The checkpoint was written by a run with different settings; resuming would be wrong."""
+
+
+def run_identity(spec: Any) -> dict[str, Any]:
+    """The settings a checkpoint must share with the run that resumes it (``RLRunSpec`` in)."""
+    return {
+        "model": spec.model.identity,
+        "envs": sorted(e.name for e in spec.envs),
+        "group_size": spec.group_size,
+    }
+
+
+def check_compatible(saved: dict[str, Any] | None, spec: Any, source: str) -> None:
+    """Refuse to resume from a checkpoint whose :func:`run_identity` differs from ``spec``'s.
+
+    A checkpoint without an identity (older format) is accepted.
+
+    Raises:
+        CheckpointMismatch: naming each differing field with both values.
+    """
+    if not saved:
+        return
+    current = run_identity(spec)
+    diffs = [
+        f"spec.{key}: checkpoint has {saved.get(key)!r}, manifest has {value!r}"
+        for key, value in current.items()
+        if key in saved and saved[key] != value
+    ]
+    if diffs:
+        raise CheckpointMismatch(
+            f"{source} belongs to a run with different settings; refusing to resume:\n  " + "\n  ".join(diffs)
+        )

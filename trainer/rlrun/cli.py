@@ -1,0 +1,150 @@
+"""``rlrun`` command line: the local launcher and the per-role commands that pods run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+import typer
+
+from rlrun.spec import ManifestError, RLRun, load_manifest
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Preemption-safe asynchronous RL for LLMs.")
+model_app = typer.Typer(no_args_is_help=True, help="Build and inspect policy models.")
+app.add_typer(model_app, name="model")
+
+ManifestArg = typer.Argument(..., exists=True, dir_okay=False, help="RLRun manifest (YAML).")
+RunDirOpt = typer.Option(..., "--run-dir", help="Run directory shared by all processes.")
+MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop after this step (default: spec.max_steps).")
+ResumeOpt = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint.")
+CacheOpt = typer.Option(None, "--cache-dir", help="Model cache (default $RLRUN_CACHE_DIR or ~/.cache/rlrun).")
+
+
+def _setup_logging(role: str) -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,
+        force=True,
+    )
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _load(manifest: Path) -> RLRun:
+    try:
+        return load_manifest(manifest)
+    except ManifestError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def validate(manifest: Path = ManifestArg) -> None:
+    """Check a manifest; print the resolved spec as JSON or every invalid field."""
+    run = _load(manifest)
+    typer.echo(json.dumps(run.model_dump(mode="json"), indent=2))
+
+
+@app.command()
+def local(
+    manifest: Path = ManifestArg,
+    run_dir: Path = typer.Option(None, "--run-dir", help="Run directory (default runs/<metadata.name>)."),
+    max_steps: int = MaxStepsOpt,
+    resume: bool = ResumeOpt,
+    cache_dir: Path = CacheOpt,
+) -> None:
+    """Run a manifest on this machine: rollout server(s), trainer and orchestrator as local processes."""
+    from rlrun.launcher.local import LocalLauncher
+
+    run = _load(manifest)
+    launcher = LocalLauncher(
+        manifest, run, run_dir=run_dir or Path("runs") / run.metadata.name, max_steps=max_steps,
+        resume=resume, cache_dir=cache_dir,
+    )  # fmt: skip
+    raise typer.Exit(launcher.run())
+
+
+@app.command()
+def rollout(
+    manifest: Path = ManifestArg,
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8000, help="Port to listen on."),
+    cache_dir: Path = CacheOpt,
+) -> None:
+    """Start a vLLM rollout server for the manifest's model (replaces this process)."""
+    from rlrun.model.resolve import resolve_model
+    from rlrun.rollout.server import serve
+
+    _setup_logging("rollout")
+    run = _load(manifest)
+    serve(run.spec, resolve_model(run.spec.model, cache_dir), host, port)
+
+
+@app.command()
+def trainer(
+    manifest: Path = ManifestArg,
+    run_dir: Path = RunDirOpt,
+    max_steps: int = MaxStepsOpt,
+    resume: bool = ResumeOpt,
+    cache_dir: Path = CacheOpt,
+) -> None:
+    """Run the trainer process."""
+    from rlrun.model.resolve import resolve_model
+    from rlrun.rundir import RunDir
+    from rlrun.training.trainer import Trainer
+
+    _setup_logging("trainer")
+    run = _load(manifest)
+    t = Trainer(run.spec, RunDir(run_dir), resolve_model(run.spec.model, cache_dir), max_steps, resume)
+    t.run()
+
+
+@app.command()
+def orchestrator(
+    manifest: Path = ManifestArg,
+    run_dir: Path = RunDirOpt,
+    rollout_url: list[str] = typer.Option(..., "--rollout-url", help="Base URL of a rollout server (repeatable)."),
+    max_steps: int = MaxStepsOpt,
+    resume: bool = ResumeOpt,
+    cache_dir: Path = CacheOpt,
+) -> None:
+    """Run the orchestrator process."""
+    from rlrun.model.resolve import resolve_model
+    from rlrun.orchestrator.loop import Orchestrator
+    from rlrun.rundir import RunDir
+
+    _setup_logging("orchestrator")
+    run = _load(manifest)
+    orch = Orchestrator(
+        run.spec, RunDir(run_dir), rollout_url, resolve_model(run.spec.model, cache_dir), max_steps, resume
+    )
+    asyncio.run(orch.run())
+
+
+@model_app.command("init")
+def model_init(
+    out_dir: Path = typer.Argument(..., help="Directory to create (must not exist or be empty)."),
+    sft_steps: int = typer.Option(None, min=0, help="Warm-start steps (default: the builtin recipe's)."),
+) -> None:
+    """Build the builtin tiny-reverse model (Qwen3, char tokenizer, SFT warm start) into OUT_DIR."""
+    import dataclasses
+
+    from rlrun.model.tiny import TinyModelRecipe, init_tiny_model
+
+    _setup_logging("model")
+    recipe = TinyModelRecipe() if sft_steps is None else dataclasses.replace(TinyModelRecipe(), sft_steps=sft_steps)
+    report = init_tiny_model(out_dir, recipe)
+    typer.echo(json.dumps(report, indent=2))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Launchers that start a run's processes: ``local`` runs them on this machine."""

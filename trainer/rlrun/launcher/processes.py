@@ -1,0 +1,154 @@
+"""Child processes of the local launcher: start in their own session, log to a file, stop whole trees.
+
+Each child leads its own process group (``start_new_session``), so stopping it
+signals everything it spawned too (vLLM's engine core, for one). On Linux the
+child also gets ``PR_SET_PDEATHSIG``: if the launcher is killed outright, the
+kernel sends the child SIGTERM, so no orphan keeps a port or a CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+
+import psutil
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class Child:
+    """One named child process whose stdout and stderr go to ``log_path``."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the child
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        self.pid = self.proc.pid
+
+    def poll(self) -> int | None:
+        """Exit code, or None while running."""
+        return self.proc.poll()
+
+    def tree(self) -> list[psutil.Process]:
+        """The child, its descendants, and any other member of its process group, still alive.
+
+        Group members count too: when the child itself died first (SIGKILL), what it spawned
+        is no longer its descendant but still sits in its process group.
+        """
+        procs: dict[int, psutil.Process] = {}
+        try:
+            root = psutil.Process(self.pid)
+            for p in [root, *root.children(recursive=True)]:
+                procs[p.pid] = p
+        except psutil.NoSuchProcess:
+            pass
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                if p.pid not in procs and os.getpgid(p.pid) == self.pid:
+                    procs[p.pid] = p
+        return [p for p in procs.values() if _alive(p)]
+
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the child's whole process group (and any descendant that left it)."""
+        procs = self.tree()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM the tree, then SIGKILL whatever is left after ``timeout_s``; reap the child."""
+        procs = self.tree()
+        if procs:
+            self.signal_group(signal.SIGTERM)
+            _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+            for p in alive:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            psutil.wait_procs(alive, timeout=5)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        self._log.close()
+
+    def tail(self, lines: int = 20) -> list[str]:
+        """The last ``lines`` lines of the child's log."""
+        try:
+            with open(self.log_path, errors="replace") as fh:
+                return [line.rstrip("\n") for line in deque(fh, maxlen=lines)]
+        except OSError:
+            return []
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http_ok(url: str, child: Child, timeout_s: float) -> float:
+    """Poll ``url`` until it answers 200; returns seconds waited.
+
+    Raises:
+        ChildDied: ``child`` exited first.
+        TimeoutError: no 200 within ``timeout_s``.
+    """
+    import httpx
+
+    t0 = time.monotonic()
+    while True:
+        code = child.poll()
+        if code is not None:
+            raise ChildDied(child, code)
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return time.monotonic() - t0
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"{child.name}: {url} did not answer within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+class ChildDied(RuntimeError):
+    """A child process exited when it should not have."""
+
+    def __init__(self, child: Child, code: int) -> None:
+        self.child = child
+        self.code = code
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        super().__init__(f"{child.name} (pid {child.pid}) {how}")

@@ -1,0 +1,154 @@
+"""TrainSink: finished episodes → scored groups → queued samples → batches.
+
+Guarantees: advantages of a group use only members that can still train (members
+older than ``min_fresh_version`` of the next step are left out, and a group with
+fewer than two such members is rejected); the queue sweep — not the dispatcher's
+cancellation — is what guarantees that nothing stale ships: every batch ``s`` is cut
+only after :meth:`TrainSink.sweep` dropped the samples older than
+``min_fresh_version(s, max_off_policy_steps)``.
+
+Advantages are GRPO's group-relative ones, ``A_i = r_i − mean(r)``, **not** divided by
+the group's reward std by default (``loss.std_normalize_advantages`` turns it on):
+Liu et al. 2025 ("Understanding R1-Zero-Like Training", Dr. GRPO) show the std
+division over-weights groups that are nearly all right or all wrong. A group whose
+advantages are all zero (every member got the same reward) carries no gradient and
+is rejected (counted), so batches hold only samples that teach something.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from rlrun.envs.base import Task
+from rlrun.orchestrator.types import Episode, TrainingSample, min_fresh_version
+
+ZERO_ADVANTAGE = 1e-9
+
+
+def grpo_advantages(rewards: list[float], std_normalize: bool = False, eps: float = 1e-6) -> list[float]:
+    """``r_i − mean(r)``, or ``(r_i − mean(r)) / (std(r) + eps)`` (population std) when ``std_normalize``.
+
+    Source: Shao et al. 2024 (DeepSeekMath, GRPO), outcome supervision; see the module docstring.
+    """
+    if not rewards:
+        return []
+    mean = sum(rewards) / len(rewards)
+    adv = [r - mean for r in rewards]
+    if std_normalize:
+        std = statistics.pstdev(rewards)
+        adv = [a / (std + eps) for a in adv]
+    return adv
+
+
+@dataclass
+class OpenGroup:
+    """A group still collecting members."""
+
+    group_id: int
+    task: Task
+    episodes: list[Episode] = field(default_factory=list)
+
+
+@dataclass
+class SinkCounters:
+    """Cumulative counts (samples unless named otherwise)."""
+
+    groups_scored: int = 0
+    groups_rejected: int = 0
+    samples_queued: int = 0
+    samples_shipped: int = 0
+    samples_dropped_stale: int = 0
+    members_left_out_stale: int = 0
+
+
+class TrainSink:
+    """Collects episodes into groups, scores them, queues samples and cuts batches.
+
+    Args:
+        group_size: members per group.
+        batch_size: samples per batch.
+        max_off_policy_steps: staleness bound (see :func:`min_fresh_version`).
+        std_normalize: divide advantages by the group's reward std.
+    """
+
+    def __init__(
+        self, group_size: int, batch_size: int, max_off_policy_steps: int, std_normalize: bool = False
+    ) -> None:
+        self.group_size = group_size
+        self.batch_size = batch_size
+        self.max_off_policy_steps = max_off_policy_steps
+        self.std_normalize = std_normalize
+        self.queue: list[TrainingSample] = []
+        self.open_groups: dict[int, OpenGroup] = {}
+        self.counters = SinkCounters()
+        self._recent_rewards: list[float] = []
+
+    def min_fresh(self, step: int) -> int:
+        """``min_fresh_version(step, max_off_policy_steps)``."""
+        return min_fresh_version(step, self.max_off_policy_steps)
+
+    def add_episodes(self, group_id: int, task: Task, episodes: list[Episode], next_step: int) -> list[TrainingSample]:
+        """Add finished members of group ``group_id``; score the group once it has ``group_size``.
+
+        Args:
+            next_step: the next batch to ship (decides which members are still fresh).
+
+        Returns:
+            The samples this call queued (empty while the group is open or when it was rejected).
+        """
+        group = self.open_groups.setdefault(group_id, OpenGroup(group_id, task))
+        group.episodes.extend(episodes)
+        if len(group.episodes) < self.group_size:
+            return []
+        del self.open_groups[group_id]
+        return self._score(group, next_step)
+
+    def _score(self, group: OpenGroup, next_step: int) -> list[TrainingSample]:
+        self.counters.groups_scored += 1
+        self._recent_rewards.extend(e.reward for e in group.episodes)
+        floor = self.min_fresh(next_step)
+        fresh = [e for e in group.episodes if e.policy_version >= floor]
+        self.counters.members_left_out_stale += len(group.episodes) - len(fresh)
+        advantages = grpo_advantages([e.reward for e in fresh], self.std_normalize)
+        if len(fresh) < 2 or all(abs(a) < ZERO_ADVANTAGE for a in advantages):
+            self.counters.groups_rejected += 1
+            return []
+        samples = [TrainingSample.from_episode(e, a) for e, a in zip(fresh, advantages, strict=True)]
+        self.queue.extend(samples)
+        self.counters.samples_queued += len(samples)
+        return samples
+
+    def sweep(self, step: int) -> list[TrainingSample]:
+        """Drop queued samples too old to train in batch ``step``; returns them."""
+        floor = self.min_fresh(step)
+        stale = [s for s in self.queue if s.trace.policy_version < floor]
+        if stale:
+            self.queue = [s for s in self.queue if s.trace.policy_version >= floor]
+            self.counters.samples_dropped_stale += len(stale)
+        return stale
+
+    def take_batch(self, step: int) -> list[TrainingSample] | None:
+        """Sweep for ``step``, then cut ``batch_size`` samples oldest-first by dispatch version.
+
+        The sort is stable, so samples of one group (queued together) stay adjacent and in
+        order; the overflow left in the queue is the youngest, with the most staleness
+        budget left. Returns None while fewer than ``batch_size`` fresh samples are queued.
+        """
+        self.sweep(step)
+        if len(self.queue) < self.batch_size:
+            return None
+        ordered = sorted(self.queue, key=lambda s: s.trace.policy_version)
+        batch, self.queue = ordered[: self.batch_size], ordered[self.batch_size :]
+        self.counters.samples_shipped += len(batch)
+        return batch
+
+    def drain_recent_rewards(self) -> list[float]:
+        """Rewards of every episode scored since the last call (rejected groups included)."""
+        out, self._recent_rewards = self._recent_rewards, []
+        return out
+
+    @property
+    def open_members(self) -> int:
+        """Finished episodes waiting in open groups."""
+        return sum(len(g.episodes) for g in self.open_groups.values())

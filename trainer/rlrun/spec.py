@@ -1,0 +1,248 @@
+"""The ``RLRun`` spec: pydantic models, the single source of truth for a run's settings.
+
+The same YAML document is what ``kubectl apply`` takes and what ``rlrun local``
+runs: a Kubernetes object with ``apiVersion``, ``kind: RLRun``, ``metadata`` and
+``spec``. Invalid input is rejected with every bad field named by its path and
+the reason, e.g. ``spec.group_size: must be ≥ 2``.
+
+Units: steps are optimizer steps (one shipped batch each); sizes count samples
+(one sample = one completion = one episode); ``max_tokens`` counts tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+API_GROUP = "rlrun.dev"
+API_VERSION = "v1alpha1"
+KIND = "RLRun"
+
+BUILTIN_MODELS = ("tiny-reverse",)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """Which policy to train: exactly one of ``builtin`` or ``name``.
+
+    ``builtin: tiny-reverse`` is built and warm-started by ``rlrun model init`` on
+    whatever machine needs it (deterministic, no download). ``name`` is a Hugging
+    Face model id or a local directory, loaded by the standard transformers / vLLM
+    code (needs network or a pre-filled cache).
+    """
+
+    builtin: Literal["tiny-reverse"] | None = None
+    name: str | None = Field(default=None, min_length=1)
+    revision: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelSpec:
+        if (self.builtin is None) == (self.name is None):
+            raise ValueError("set exactly one of builtin or name")
+        if self.builtin is not None and self.revision is not None:
+            raise ValueError("revision applies to name, not builtin")
+        return self
+
+    @property
+    def identity(self) -> str:
+        """A stable string naming the model (used to check a checkpoint belongs to this run)."""
+        if self.builtin is not None:
+            return f"builtin:{self.builtin}"
+        return f"{self.name}@{self.revision or 'main'}"
+
+
+class EnvSpec(_Strict):
+    """One environment the run samples tasks from.
+
+    Attributes:
+        name: a registered env (``rlrun.envs.ENVS``), e.g. ``reverse-text``.
+        weight: relative sampling weight among the run's envs.
+        args: keyword arguments for the env's constructor.
+    """
+
+    name: str = Field(min_length=1)
+    weight: float = Field(default=1.0, gt=0)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class SamplingSpec(_Strict):
+    """Rollout sampling parameters (OpenAI completions semantics)."""
+
+    temperature: float = Field(default=1.0, gt=0, le=4)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_tokens: int = Field(default=24, ge=1, le=32768)
+
+
+class OptimizerSpec(_Strict):
+    """AdamW settings of the trainer."""
+
+    lr: float = Field(default=3e-4, gt=0, le=1)
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(default=0.0, ge=0)
+    eps: float = Field(default=1e-8, gt=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+
+
+class LossSpec(_Strict):
+    """Policy-gradient loss settings (see ``rlrun.training.loss``).
+
+    Attributes:
+        ratio_clip: ε of the clipped importance ratio ``clip(r, 1 − ε, 1 + ε)``.
+        std_normalize_advantages: divide GRPO advantages by the group's reward std.
+    """
+
+    ratio_clip: float = Field(default=0.2, gt=0, le=10)
+    std_normalize_advantages: bool = False
+
+
+class CheckpointSpec(_Strict):
+    """Checkpoint cadence (``interval`` steps) and retention (the ``keep_last`` newest complete ones)."""
+
+    interval: int = Field(default=10, ge=1)
+    keep_last: int = Field(default=2, ge=1)
+
+
+class RolloutSpec(_Strict):
+    """Rollout servers (vLLM).
+
+    Attributes:
+        replicas: number of vLLM servers.
+        max_inflight: most rollout requests (single completions) outstanding across all servers.
+        kv_cache_gib: KV cache per server on CPU (``VLLM_CPU_KVCACHE_SPACE``), whole GiB.
+        max_model_len: context length the server allocates for, in tokens (None: the model's).
+    """
+
+    replicas: int = Field(default=1, ge=1)
+    max_inflight: int = Field(default=256, ge=1)
+    kv_cache_gib: int = Field(default=1, ge=1)
+    max_model_len: int | None = Field(default=None, ge=16)
+
+
+class RLRunSpec(_Strict):
+    """``RLRun.spec``: everything that defines a training run."""
+
+    model: ModelSpec
+    envs: list[EnvSpec] = Field(min_length=1)
+    group_size: int = Field(default=8, ge=2)
+    batch_size: int = Field(default=64, ge=2)
+    max_off_policy_steps: int = Field(default=1, ge=0)
+    max_steps: int = Field(default=100, ge=1)
+    seed: int = Field(default=0, ge=0)
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    loss: LossSpec = Field(default_factory=LossSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> RLRunSpec:
+        if self.batch_size < self.group_size:
+            raise ValueError(f"batch_size ({self.batch_size}) must be ≥ group_size ({self.group_size})")
+        if self.rollout.max_inflight < self.group_size:
+            raise ValueError(
+                f"rollout.max_inflight ({self.rollout.max_inflight}) must be ≥ group_size ({self.group_size}): "
+                "a group is requested at once"
+            )
+        names = [e.name for e in self.envs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"envs: names must be unique, got {names}")
+        return self
+
+
+class ObjectMeta(BaseModel):
+    """The part of Kubernetes ``metadata`` that rlrun reads; other keys are kept as given."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    namespace: str | None = None
+
+
+class RLRun(_Strict):
+    """A whole ``RLRun`` manifest."""
+
+    apiVersion: Literal["rlrun.dev/v1alpha1"]
+    kind: Literal["RLRun"]
+    metadata: ObjectMeta
+    spec: RLRunSpec
+    status: dict[str, Any] | None = None
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be used; ``errors`` holds one ``"path: reason"`` line per problem."""
+
+    def __init__(self, source: str, errors: list[str]) -> None:
+        self.source = source
+        self.errors = errors
+        super().__init__(f"invalid RLRun manifest {source}:\n" + "\n".join(f"  {e}" for e in errors))
+
+
+_REASONS = {
+    "greater_than_equal": lambda c: f"must be ≥ {c['ge']}",
+    "greater_than": lambda c: f"must be > {c['gt']}",
+    "less_than_equal": lambda c: f"must be ≤ {c['le']}",
+    "less_than": lambda c: f"must be < {c['lt']}",
+    "missing": lambda c: "required field is missing",
+    "extra_forbidden": lambda c: "unknown field",
+    "too_short": lambda c: f"must have at least {c.get('min_length')} item(s)",
+    "string_too_short": lambda c: f"must have at least {c.get('min_length')} character(s)",
+    "literal_error": lambda c: f"must be one of {c.get('expected')}",
+    "string_pattern_mismatch": lambda c: f"must match {c.get('pattern')}",
+}
+
+
+def format_validation_error(exc: ValidationError) -> list[str]:
+    """``["spec.group_size: must be ≥ 2", …]`` from a pydantic error (paths dotted, list indices in brackets)."""
+    lines = []
+    for err in exc.errors():
+        path = ""
+        for part in err["loc"]:
+            if isinstance(part, int):
+                path += f"[{part}]"
+            elif part.startswith("function-") or part in ("tagged-union",):
+                continue
+            else:
+                path += f".{part}" if path else str(part)
+        fmt = _REASONS.get(err["type"])
+        reason = fmt(err.get("ctx") or {}) if fmt else err["msg"]
+        if err["type"] == "value_error":
+            reason = str(err["ctx"]["error"]) if "ctx" in err else err["msg"]
+        lines.append(f"{path or '<root>'}: {reason}")
+    return lines
+
+
+def parse_manifest(data: Any, source: str = "<manifest>") -> RLRun:
+    """Validate a decoded manifest (a dict) into an :class:`RLRun`.
+
+    Raises:
+        ManifestError: with one line per invalid field.
+    """
+    if not isinstance(data, dict):
+        raise ManifestError(source, [f"<root>: must be a mapping (an RLRun object), got {type(data).__name__}"])
+    try:
+        return RLRun.model_validate(data)
+    except ValidationError as exc:
+        raise ManifestError(source, format_validation_error(exc)) from None
+
+
+def load_manifest(path: str | Path) -> RLRun:
+    """Read and validate a YAML manifest holding exactly one ``RLRun``.
+
+    Raises:
+        ManifestError: unreadable YAML, several documents, or invalid fields.
+        FileNotFoundError: ``path`` does not exist.
+    """
+    text = Path(path).read_text()
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ManifestError(str(path), [f"<root>: not valid YAML: {exc}"]) from None
+    if len(docs) != 1:
+        raise ManifestError(str(path), [f"<root>: expected exactly one YAML document, found {len(docs)}"])
+    return parse_manifest(docs[0], str(path))

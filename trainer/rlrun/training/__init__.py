@@ -1,0 +1,1 @@
+"""The trainer: reads shipped batches, optimizes the policy, publishes weights and checkpoints."""

@@ -1,0 +1,172 @@
+"""The trainer process: one optimizer step per shipped batch, then publish the new weights.
+
+Step ``s`` reads ``rollouts/step_s/`` (waiting until the orchestrator publishes it),
+takes one AdamW step on :func:`rlrun.training.loss.clipped_policy_loss`, publishes
+``broadcasts/step_s/model.safetensors`` (policy version ``s``) and, every
+``checkpoint.interval`` steps and at the last step, ``checkpoints/step_s/trainer/``.
+Both are published by an atomic directory rename, so readers never see a torn file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from rlrun.batch import read_batch
+from rlrun.checkpoint import (
+    TRAINER_PROGRESS_FILE,
+    WEIGHTS_FILE,
+    check_compatible,
+    latest_complete_checkpoint,
+    run_identity,
+)
+from rlrun.rundir import RunDir, publish_dir
+from rlrun.spec import RLRunSpec
+from rlrun.training.loss import clipped_policy_loss, token_logprobs
+
+log = logging.getLogger(__name__)
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    """Write the model's state dict (Hugging Face names) as one safetensors file."""
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(path), metadata={"format": "pt"})
+
+
+class Trainer:
+    """Trains ``spec``'s policy from the batches in ``run_dir``.
+
+    Args:
+        spec: the run's spec.
+        run_dir: shared run directory.
+        model_path: initial weights (path or Hugging Face id), see ``rlrun.model.resolve``.
+        max_steps: stop after this step (default ``spec.max_steps``).
+        resume: start from the newest complete checkpoint, if any.
+        poll_s: how often to look for the next batch, seconds.
+    """
+
+    def __init__(
+        self,
+        spec: RLRunSpec,
+        run_dir: RunDir,
+        model_path: str,
+        max_steps: int | None = None,
+        resume: bool = False,
+        poll_s: float = 0.02,
+    ) -> None:
+        self.spec = spec
+        self.run_dir = run_dir.ensure()
+        self.max_steps = max_steps or spec.max_steps
+        self.poll_s = poll_s
+        torch.manual_seed(spec.seed)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        opt = spec.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+        )
+        self.step = 0
+        if resume:
+            self._restore()
+        removed = run_dir.remove_steps_after(run_dir.broadcasts, self.step)
+        if removed:
+            log.info("removed broadcasts %s left by an earlier attempt (they are past step %d)", removed, self.step)
+
+    def _restore(self) -> None:
+        ckpt = latest_complete_checkpoint(self.run_dir)
+        if ckpt is None:
+            log.info("resume: no complete checkpoint in %s; starting from step 0", self.run_dir.root)
+            return
+        root = self.run_dir.trainer_checkpoint(ckpt.step)
+        check_compatible(ckpt.trainer.get("identity"), self.spec, str(root))
+        self.model.load_state_dict(load_file(str(root / WEIGHTS_FILE)))
+        self.optimizer.load_state_dict(torch.load(root / OPTIMIZER_FILE, weights_only=True))
+        self.step = ckpt.step
+        log.info("resume: restored trainer checkpoint step %d from %s", ckpt.step, root)
+
+    def _wait_for_batch(self, step: int) -> Path:
+        path = self.run_dir.rollout_batch(step)
+        t0 = time.monotonic()
+        next_note = 30.0
+        while not path.is_dir():
+            time.sleep(self.poll_s)
+            waited = time.monotonic() - t0
+            if waited > next_note:
+                log.info("still waiting for batch %d after %.0f s", step, waited)
+                next_note *= 2
+        return path
+
+    def train_step(self, step: int) -> dict:
+        """Train on batch ``step``; returns its metrics (loss, grad norm, ratio stats, seconds)."""
+        wait_t0 = time.perf_counter()
+        batch = read_batch(self._wait_for_batch(step))
+        t0 = time.perf_counter()
+        self.model.train()
+        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logprobs = token_logprobs(logits, batch.input_ids, self.spec.sampling.temperature)
+        loss, stats = clipped_policy_loss(
+            logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, self.spec.loss.ratio_clip
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.optimizer.max_grad_norm)
+        self.optimizer.step()
+        with torch.no_grad():
+            mask = batch.loss_mask
+            mismatch = (logprobs.detach() - batch.old_logprobs)[mask].abs().mean()
+        return {
+            "step": step,
+            "loss": loss.item(),
+            "grad_norm": float(grad_norm),
+            "samples": batch.num_samples,
+            **stats,
+            "logprob_abs_diff": float(mismatch),
+            "wait_s": round(t0 - wait_t0, 4),
+            "train_s": round(time.perf_counter() - t0, 4),
+            "time": time.time(),
+        }
+
+    def publish(self, step: int) -> None:
+        """Publish ``broadcasts/step_N/`` (weights after step N)."""
+        publish_dir(self.run_dir.broadcast(step), lambda tmp: save_weights(self.model, tmp / WEIGHTS_FILE))
+
+    def checkpoint(self, step: int) -> Path:
+        """Publish ``checkpoints/step_N/trainer/``: weights, optimizer state, progress."""
+
+        def fill(tmp: Path) -> None:
+            save_weights(self.model, tmp / WEIGHTS_FILE)
+            torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+            progress = {"step": step, "policy_version": step, "identity": run_identity(self.spec), "time": time.time()}
+            (tmp / TRAINER_PROGRESS_FILE).write_text(json.dumps(progress))
+
+        self.run_dir.checkpoint(step).mkdir(parents=True, exist_ok=True)
+        return publish_dir(self.run_dir.trainer_checkpoint(step), fill)
+
+    def run(self) -> int:
+        """Train until ``max_steps``; returns the last step trained."""
+        log.info("trainer starting at step %d, training to step %d", self.step, self.max_steps)
+        interval = self.spec.checkpoint.interval
+        while self.step < self.max_steps:
+            step = self.step + 1
+            metrics = self.train_step(step)
+            self.publish(step)
+            self.step = step
+            if step % interval == 0 or step == self.max_steps:
+                self.checkpoint(step)
+                metrics["checkpoint"] = True
+            with open(self.run_dir.trainer_metrics, "a") as fh:
+                fh.write(json.dumps(metrics) + "\n")
+            log.info(
+                "step %d loss %.4f grad_norm %.3f clip %.3f |Δlogp| %.4f train %.2fs wait %.2fs",
+                step, metrics["loss"], metrics["grad_norm"], metrics["clip_fraction"],
+                metrics["logprob_abs_diff"], metrics["train_s"], metrics["wait_s"],
+            )  # fmt: skip
+        log.info("trainer done at step %d", self.step)
+        return self.step
