@@ -40,8 +40,10 @@ def complete_step(rd: RunDir, step: int) -> None:
 
 def test_progress_round_trip_is_plain_data():
     state = {"step": 3, "source": {"cursor": 12}, "queue": [1.5, "x", None]}
-    data = encode_progress(state)
-    assert decode_progress(data, "p") == state
+    data = encode_progress(state, {"ids": torch.arange(5)})
+    decoded = decode_progress(data, "p")
+    assert decoded.pop("tensors")["ids"].tolist() == [0, 1, 2, 3, 4]
+    assert decoded == state
     # loadable with weights_only=True: no code from the file runs
     import io
 
@@ -74,6 +76,7 @@ def test_latest_complete_skips_incomplete_and_corrupt_steps(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         ckpt = latest_complete_checkpoint(rd)
     assert ckpt.step == 10 and ckpt.orchestrator["source"] == {"cursor": 100}
+    assert ckpt.orchestrator["tensors"] == {}
     assert "step 30 is not usable" in caplog.text and "missing" in caplog.text
     assert "step 20 is not usable" in caplog.text and "unreadable" in caplog.text
 

@@ -8,7 +8,8 @@
   ``input_ids[:, 1:]``: ``loss_mask [B, T-1]`` bool (True on completion tokens),
   ``old_logprobs [B, T-1]`` float32 (the sampling policy's logprobs, 0 off the mask);
   ``advantages [B]`` float32;
-- ``meta.json``: step, sample count, rewards and each sample's trace.
+- ``meta.json``: step, the orchestrator's attempt number, sample count, rewards and each
+  sample's trace.
 """
 
 from __future__ import annotations
@@ -74,11 +75,12 @@ def collate(samples: list[TrainingSample], pad_id: int) -> dict[str, torch.Tenso
     }
 
 
-def write_batch(path: Path, step: int, samples: list[TrainingSample], pad_id: int) -> Path:
-    """Publish ``samples`` as batch ``step`` at ``path`` (atomic directory rename)."""
+def write_batch(path: Path, step: int, samples: list[TrainingSample], pad_id: int, attempt: int = 0) -> Path:
+    """Publish ``samples`` as batch ``step`` of attempt ``attempt`` at ``path`` (atomic directory rename)."""
     tensors = collate(samples, pad_id)
     meta = {
         "step": step,
+        "attempt": attempt,
         "num_samples": len(samples),
         "rewards": [s.reward for s in samples],
         "traces": [asdict(s.trace) for s in samples],

@@ -41,15 +41,30 @@ class CheckpointError(RuntimeError):
     """A checkpoint part that is missing, torn, corrupt or from another run (message names the file)."""
 
 
-def encode_progress(state: dict[str, Any]) -> bytes:
-    """Serialize orchestrator ``state`` (JSON-compatible) into ``progress.pt`` bytes."""
+def _digest(payload: str, tensors: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256(payload.encode())
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(f"|{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def encode_progress(state: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None) -> bytes:
+    """Serialize orchestrator ``state`` (JSON-compatible) and bulk ``tensors`` into ``progress.pt`` bytes.
+
+    Token ids and logprobs travel as tensors (compact, and cheap to checksum); everything
+    else as one JSON string. The SHA-256 covers both.
+    """
+    tensors = {k: v.detach().cpu().contiguous() for k, v in (tensors or {}).items()}
     payload = json.dumps(state, separators=(",", ":"), sort_keys=True)
     buf = io.BytesIO()
     torch.save(
         {
             "schema_version": PROGRESS_SCHEMA_VERSION,
-            "sha256": hashlib.sha256(payload.encode()).hexdigest(),
+            "sha256": _digest(payload, tensors),
             "payload": payload,
+            "tensors": tensors,
         },
         buf,
     )
@@ -57,7 +72,7 @@ def encode_progress(state: dict[str, Any]) -> bytes:
 
 
 def decode_progress(data: bytes, source: str) -> dict[str, Any]:
-    """Inverse of :func:`encode_progress`.
+    """Inverse of :func:`encode_progress`: the state, with the tensors under ``state["tensors"]``.
 
     Raises:
         CheckpointError: unreadable file, unknown schema version, or checksum mismatch.
@@ -72,15 +87,20 @@ def decode_progress(data: bytes, source: str) -> dict[str, Any]:
     if version != PROGRESS_SCHEMA_VERSION:
         raise CheckpointError(f"{source}: schema version {version}, this rlrun reads {PROGRESS_SCHEMA_VERSION}")
     payload = obj["payload"]
-    if hashlib.sha256(payload.encode()).hexdigest() != obj.get("sha256"):
+    tensors = obj.get("tensors") or {}
+    if _digest(payload, tensors) != obj.get("sha256"):
         raise CheckpointError(f"{source}: checksum mismatch (file is corrupt)")
-    return json.loads(payload)
+    state = json.loads(payload)
+    state["tensors"] = tensors
+    return state
 
 
-def save_orchestrator_progress(run_dir: RunDir, step: int, state: dict[str, Any]) -> Path:
+def save_orchestrator_progress(
+    run_dir: RunDir, step: int, state: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None
+) -> Path:
     """Write ``checkpoints/step_N/orchestrator/progress.pt`` atomically (fsync, rename, dir fsync)."""
     path = run_dir.orchestrator_checkpoint(step) / PROGRESS_FILE
-    write_file_atomic(path, encode_progress(state))
+    write_file_atomic(path, encode_progress(state, tensors))
     return path
 
 

@@ -21,6 +21,7 @@ RunDirOpt = typer.Option(..., "--run-dir", help="Run directory shared by all pro
 MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop after this step (default: spec.max_steps).")
 ResumeOpt = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint.")
 CacheOpt = typer.Option(None, "--cache-dir", help="Model cache (default $RLRUN_CACHE_DIR or ~/.cache/rlrun).")
+AttemptOpt = typer.Option(0, "--attempt", min=0, help="Attempt number (the launcher or operator counts restarts).")
 
 
 def _setup_logging(role: str) -> None:
@@ -56,6 +57,9 @@ def local(
     max_steps: int = MaxStepsOpt,
     resume: bool = ResumeOpt,
     cache_dir: Path = CacheOpt,
+    preempt_at_step: int = typer.Option(
+        None, "--preempt-at-step", min=1, help="Simulate a preemption at this step: pause, SIGKILL all, resume."
+    ),
 ) -> None:
     """Run a manifest on this machine: rollout server(s), trainer and orchestrator as local processes."""
     from rlrun.launcher.local import LocalLauncher
@@ -63,7 +67,7 @@ def local(
     run = _load(manifest)
     launcher = LocalLauncher(
         manifest, run, run_dir=run_dir or Path("runs") / run.metadata.name, max_steps=max_steps,
-        resume=resume, cache_dir=cache_dir,
+        resume=resume, cache_dir=cache_dir, preempt_at_step=preempt_at_step,
     )  # fmt: skip
     raise typer.Exit(launcher.run())
 
@@ -91,6 +95,7 @@ def trainer(
     max_steps: int = MaxStepsOpt,
     resume: bool = ResumeOpt,
     cache_dir: Path = CacheOpt,
+    attempt: int = AttemptOpt,
 ) -> None:
     """Run the trainer process."""
     from rlrun.model.resolve import resolve_model
@@ -99,7 +104,7 @@ def trainer(
 
     _setup_logging("trainer")
     run = _load(manifest)
-    t = Trainer(run.spec, RunDir(run_dir), resolve_model(run.spec.model, cache_dir), max_steps, resume)
+    t = Trainer(run.spec, RunDir(run_dir), resolve_model(run.spec.model, cache_dir), max_steps, resume, attempt)
     t.run()
 
 
@@ -111,18 +116,52 @@ def orchestrator(
     max_steps: int = MaxStepsOpt,
     resume: bool = ResumeOpt,
     cache_dir: Path = CacheOpt,
+    attempt: int = AttemptOpt,
+    control_host: str = typer.Option("127.0.0.1", help="Address of the control server."),
+    control_port: int = typer.Option(
+        None, help="Port of the control server (its bearer token comes from $RLRUN_CONTROL_TOKEN)."
+    ),
 ) -> None:
-    """Run the orchestrator process."""
+    """Run the orchestrator process. Exits 0 when done, or after a pause once SIGTERM arrives."""
+    import os
+
     from rlrun.model.resolve import resolve_model
     from rlrun.orchestrator.loop import Orchestrator
     from rlrun.rundir import RunDir
 
     _setup_logging("orchestrator")
     run = _load(manifest)
+    token = os.environ.get("RLRUN_CONTROL_TOKEN")
+    if control_port is not None and not token:
+        typer.echo("error: --control-port needs $RLRUN_CONTROL_TOKEN (the bearer token)", err=True)
+        raise typer.Exit(2)
     orch = Orchestrator(
-        run.spec, RunDir(run_dir), rollout_url, resolve_model(run.spec.model, cache_dir), max_steps, resume
+        run.spec,
+        RunDir(run_dir),
+        rollout_url,
+        resolve_model(run.spec.model, cache_dir),
+        max_steps,
+        resume,
+        attempt=attempt,
+        control_port=control_port,
+        control_host=control_host,
+        control_token=token,
     )
     asyncio.run(orch.run())
+
+
+ledger_app = typer.Typer(no_args_is_help=True, help="Inspect a run's ledger of episode fates.")
+app.add_typer(ledger_app, name="ledger")
+
+
+@ledger_app.command("check")
+def ledger_check(run_dir: Path = typer.Argument(..., exists=True, file_okay=False, help="Run directory.")) -> None:
+    """Prove invariant 1 on a run: no finished episode lost, none trained twice. Exit 1 on a violation."""
+    from rlrun.ledger import check_ledger
+
+    report = check_ledger(run_dir / "ledger")
+    typer.echo(json.dumps(report.to_dict(), indent=2))
+    raise typer.Exit(0 if report.ok else 1)
 
 
 @model_app.command("init")

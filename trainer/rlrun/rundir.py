@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -37,21 +38,45 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+#: Save phases of :func:`write_file_atomic`, in order (crash-injection points for tests).
+SAVE_PHASES = ("before_write", "after_temp_write", "after_fsync", "after_rename", "after_dir_fsync")
+_phase_hits: dict[str, int] = {}
+
+
+def _fault_point(phase: str) -> None:
+    """Test-only crash injection: SIGKILL this process at ``phase`` when ``$RLRUN_CRASH_AT`` names it
+    (on its ``$RLRUN_CRASH_AT_HIT``-th occurrence, default 1). Costs one dict lookup otherwise."""
+    if os.environ.get("RLRUN_CRASH_AT") != phase:
+        return
+    _phase_hits[phase] = _phase_hits.get(phase, 0) + 1
+    if _phase_hits[phase] >= int(os.environ.get("RLRUN_CRASH_AT_HIT", "1")):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def write_file_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a fsynced temporary file and a rename; fsync the parent after."""
+    """Write ``data`` to ``path`` via a fsynced temporary file and a rename; fsync the parent after.
+
+    A kill at any instant leaves either the old file or the new one at ``path`` (and at worst
+    a stray ``.<name>.tmp-*`` file, which readers ignore).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _fault_point("before_write")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
+            _fault_point("after_temp_write")
             os.fsync(fh.fileno())
+        _fault_point("after_fsync")
         os.replace(tmp, path)
+        _fault_point("after_rename")
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+    _fault_point("after_dir_fsync")
 
 
 def publish_dir(final: str | os.PathLike, fill: Callable[[Path], None]) -> Path:

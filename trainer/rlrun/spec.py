@@ -116,12 +116,37 @@ class RolloutSpec(_Strict):
         max_inflight: most rollout requests (single completions) outstanding across all servers.
         kv_cache_gib: KV cache per server on CPU (``VLLM_CPU_KVCACHE_SPACE``), whole GiB.
         max_model_len: context length the server allocates for, in tokens (None: the model's).
+        members_per_request: members of a group sampled per completions request (None: the whole
+            group in one request, fastest on vLLM-CPU; smaller values let members finish apart).
     """
 
     replicas: int = Field(default=1, ge=1)
     max_inflight: int = Field(default=256, ge=1)
     kv_cache_gib: int = Field(default=1, ge=1)
     max_model_len: int | None = Field(default=None, ge=16)
+    members_per_request: int | None = Field(default=None, ge=1)
+
+
+class PreemptionSpec(_Strict):
+    """How a run is stopped for preemption.
+
+    Attributes:
+        snapshot_timeout_seconds: most time the orchestrator spends pausing and writing its
+            snapshot after SIGTERM before it exits anyway (files stay consistent either way).
+        termination_grace_period_seconds: the pods' grace period; must exceed the snapshot timeout.
+    """
+
+    snapshot_timeout_seconds: int = Field(default=60, ge=1)
+    termination_grace_period_seconds: int = Field(default=120, ge=1)
+
+    @model_validator(mode="after")
+    def _timeout_fits_grace(self) -> PreemptionSpec:
+        if self.snapshot_timeout_seconds >= self.termination_grace_period_seconds:
+            raise ValueError(
+                f"snapshot_timeout_seconds ({self.snapshot_timeout_seconds}) must be < "
+                f"termination_grace_period_seconds ({self.termination_grace_period_seconds})"
+            )
+        return self
 
 
 class RLRunSpec(_Strict):
@@ -139,6 +164,7 @@ class RLRunSpec(_Strict):
     loss: LossSpec = Field(default_factory=LossSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
 
     @model_validator(mode="after")
     def _cross_field(self) -> RLRunSpec:

@@ -4,9 +4,14 @@ The launcher builds (or finds cached) the model, starts ``rollout.replicas`` vLL
 servers and waits until they are healthy, then starts the trainer and the
 orchestrator — each the same ``rlrun`` command a pod runs — with their logs in
 ``<run_dir>/logs/``. It shows live progress from ``metrics.jsonl`` and ends with a
-table of reward per step. If any child dies, or on Ctrl-C, every child is stopped
-and the launcher exits non-zero, naming the dead child and showing its last log
-lines.
+table of reward per step and the ledger check. If any child dies, or on Ctrl-C,
+every child is stopped and the launcher exits non-zero, naming the dead child and
+showing its last log lines.
+
+``--preempt-at-step K`` exercises the preemption protocol: at step K the launcher
+asks the orchestrator to pause (``POST /pause``: snapshot written), SIGKILLs every
+process, restarts them all with ``--resume`` as the next attempt, prints what the
+resumed orchestrator restored, and carries on.
 """
 
 from __future__ import annotations
@@ -14,15 +19,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
 
+import httpx
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from rlrun.launcher.processes import Child, ChildDied, free_port, wait_http_ok
+from rlrun.ledger import check_ledger
 from rlrun.model.resolve import resolve_model
 from rlrun.rundir import RunDir, step_dirs
 from rlrun.spec import RLRun
@@ -88,6 +96,7 @@ class LocalLauncher:
         cache_dir: Path | None = None,
         console: Console | None = None,
         health_timeout_s: float = 600.0,
+        preempt_at_step: int | None = None,
     ) -> None:
         self.manifest_path = Path(manifest_path).absolute()
         self.manifest = run
@@ -99,6 +108,13 @@ class LocalLauncher:
         self.console = console or Console(soft_wrap=True)  # long paths stay on one line in logs
         self.health_timeout_s = health_timeout_s
         self.children: list[Child] = []
+        self.preempt_at_step = preempt_at_step
+        self.preemptions: list[dict] = []
+        self.resume_reports: list[dict] = []
+        self.control_token = secrets.token_urlsafe(24)
+        self.control_url = ""
+        self.attempt = 0
+        self._last_step = 0
 
     def _rlrun(self, *args: str) -> list[str]:
         argv = [sys.executable, "-m", "rlrun", *args, str(self.manifest_path)]
@@ -134,6 +150,89 @@ class LocalLauncher:
         for child in reversed(self.children):
             child.stop()
 
+    def _next_attempt(self, resume: bool) -> int:
+        """Record and return the next attempt number (``<run_dir>/attempts.jsonl``, one line per start)."""
+        path = self.run_dir.root / "attempts.jsonl"
+        n = len(path.read_text().splitlines()) if path.exists() else 0
+        with open(path, "a") as fh:
+            fh.write(json.dumps({"attempt": n + 1, "resume": resume, "time": time.time()}) + "\n")
+        return n + 1
+
+    def _start_all(self, model_path: str, resume: bool) -> tuple[Child, Child]:
+        """Start rollout servers (waiting until healthy), then the trainer and the orchestrator."""
+        console = self.console
+        self.attempt = self._next_attempt(resume)
+        env = dict(os.environ)
+        urls = []
+        for i in range(self.spec.rollout.replicas):
+            port = free_port()
+            self._start(f"rollout-{i}", self._rlrun("rollout", "--port", str(port)), env)
+            urls.append(f"http://127.0.0.1:{port}")
+        with console.status(f"starting {len(urls)} vLLM rollout server(s) (≈30 s on CPU)…"):
+            for child, url in zip(self.children, urls, strict=True):
+                waited = wait_http_ok(f"{url}/health", child, self.health_timeout_s)
+                console.print(f"{child.name} healthy at {url} after {waited:.0f} s")
+        common = [
+            "--run-dir",
+            str(self.run_dir.root),
+            "--max-steps",
+            str(self.max_steps),
+            "--attempt",
+            str(self.attempt),
+        ]
+        if resume:
+            common.append("--resume")
+        trainer_env = {**env, "OMP_NUM_THREADS": str(self.trainer_threads())}
+        trainer = self._start("trainer", self._rlrun("trainer", *common), trainer_env)
+        rollout_args = [a for u in urls for a in ("--rollout-url", u)]
+        self.control_url = f"http://127.0.0.1:{free_port()}"
+        orch_env = {**env, "RLRUN_CONTROL_TOKEN": self.control_token}
+        control = ["--control-port", self.control_url.rsplit(":", 1)[1]]
+        orch = self._start("orchestrator", self._rlrun("orchestrator", *common, *rollout_args, *control), orch_env)
+        return trainer, orch
+
+    def _control(self, method: str, path: str, timeout_s: float = 120.0) -> dict:
+        headers = {"Authorization": f"Bearer {self.control_token}"}
+        resp = httpx.request(method, f"{self.control_url}{path}", headers=headers, timeout=timeout_s)
+        resp.raise_for_status()
+        return resp.json()
+
+    def _preempt(self, model_path: str) -> tuple[Child, Child]:
+        """Simulated preemption: pause through the control server, SIGKILL everything, restart with --resume."""
+        console = self.console
+        snap = self._control("POST", "/pause")
+        console.print(
+            f"[yellow]preemption at step {self._last_step}:[/yellow] snapshot of step {snap['step']} with "
+            f"{snap['queued_traces']} queued traces and {snap['open_groups']} open groups "
+            f"({snap['finished_episodes_kept']} finished episodes kept) at {snap['path']}; killing every process"
+        )
+        for child in self.children:
+            child.kill()
+        self.children = []
+        self.preemptions.append(snap)
+        trainer, orch = self._start_all(model_path, resume=True)
+        deadline = time.monotonic() + self.health_timeout_s
+        while True:  # wait for the resumed orchestrator to report what it restored
+            for child in (trainer, orch):
+                if child.poll() not in (None, 0):
+                    raise ChildDied(child, child.poll())
+            try:
+                report = self._control("GET", "/status", timeout_s=5).get("resume")
+                if report:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("the resumed orchestrator did not report its resume")
+            time.sleep(0.5)
+        self.resume_reports.append(report)
+        console.print(
+            f"Resuming with {report['queued_traces']} queued traces and {report['open_groups']} open groups "
+            f"({report['finished_episodes_kept']} finished episodes kept); a progress-only checkpoint would have "
+            f"lost {report['progress_only_would_lose']} finished episodes"
+        )
+        return trainer, orch
+
     def run(self) -> int:
         """Start everything, show progress, stop everything; returns 0 on success."""
         console = self.console
@@ -147,24 +246,8 @@ class LocalLauncher:
             with console.status("preparing the model (built once, then cached)…"):
                 model_path = resolve_model(self.spec.model, self.cache_dir)
             console.print(f"model: {model_path}")
-            env = dict(os.environ)
-            urls = []
-            for i in range(self.spec.rollout.replicas):
-                port = free_port()
-                self._start(f"rollout-{i}", self._rlrun("rollout", "--port", str(port)), env)
-                urls.append(f"http://127.0.0.1:{port}")
-            with console.status(f"starting {len(urls)} vLLM rollout server(s) (≈30 s on CPU)…"):
-                for child, url in zip(self.children, urls, strict=True):
-                    waited = wait_http_ok(f"{url}/health", child, self.health_timeout_s)
-                    console.print(f"{child.name} healthy at {url} after {waited:.0f} s")
-            common = ["--run-dir", str(self.run_dir.root), "--max-steps", str(self.max_steps)]
-            if self.resume:
-                common.append("--resume")
-            trainer_env = {**env, "OMP_NUM_THREADS": str(self.trainer_threads())}
-            trainer = self._start("trainer", self._rlrun("trainer", *common), trainer_env)
-            rollout_args = [a for u in urls for a in ("--rollout-url", u)]
-            orch = self._start("orchestrator", self._rlrun("orchestrator", *common, *rollout_args), env)
-            rows = self._follow(trainer, orch)
+            trainer, orch = self._start_all(model_path, self.resume)
+            rows = self._follow(trainer, orch, model_path)
         except ChildDied as exc:
             console.print(f"[red]error:[/red] {exc}; last lines of {exc.child.log_path}:")
             for line in exc.child.tail(20):
@@ -185,10 +268,19 @@ class LocalLauncher:
             console.print(
                 f"mean reward, first 10 steps {gain[0]:.3f} → last 10 steps {gain[1]:.3f} ({gain[1] - gain[0]:+.3f})"
             )
+        report = check_ledger(self.run_dir.root / "ledger")
         console.print(
-            f"done: {len(rows)} steps in {time.monotonic() - t_start:.0f} s; run directory {self.run_dir.root}"
+            f"ledger: {'ok' if report.ok else 'VIOLATED'} — {report.finished} finished episodes: {report.trained} trained, "
+            f"{report.rejected} rejected, {report.dropped_stale} dropped stale, {report.leftover} left over; "
+            f"{report.rolled_back} rolled back"
         )
-        return 0
+        for problem in report.problems[:5]:
+            console.print(f"  [red]{problem}[/red]")
+        console.print(
+            f"done: {len(rows)} steps in {time.monotonic() - t_start:.0f} s, {len(self.preemptions)} preemption(s); "
+            f"run directory {self.run_dir.root}"
+        )
+        return 0 if report.ok else 1
 
     def _progress(self, rows: list[dict], t0: float) -> Table:
         table = Table.grid(padding=(0, 2))
@@ -204,7 +296,7 @@ class LocalLauncher:
         )
         return table
 
-    def _follow(self, trainer: Child, orch: Child) -> list[dict]:
+    def _follow(self, trainer: Child, orch: Child, model_path: str) -> list[dict]:
         rows: list[dict] = []
         offset = 0
         t0 = time.monotonic()
@@ -215,7 +307,11 @@ class LocalLauncher:
             while True:
                 new, offset = read_metrics(self.run_dir.metrics, offset)
                 rows.extend(new)
-                if self.console.is_terminal:
+                if rows:
+                    self._last_step = rows[-1]["step"]
+                if self.preempt_at_step and not self.preemptions and self._last_step >= self.preempt_at_step:
+                    trainer, orch = self._preempt(model_path)
+                    continue
                     live.update(self._progress(rows, t0))
                 else:
                     for row in new:
@@ -230,5 +326,6 @@ class LocalLauncher:
                     raise ChildDied(child, code)
                 if trainer.poll() == 0 and orch.poll() == 0:
                     rows.extend(read_metrics(self.run_dir.metrics, offset)[0])
-                    return rows
+                    latest = {r["step"]: r for r in rows}  # a step re-shipped after a resume: keep the last
+                    return [latest[s] for s in sorted(latest)]
                 time.sleep(0.25)

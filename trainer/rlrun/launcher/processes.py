@@ -79,6 +79,15 @@ class Child:
             with contextlib.suppress(psutil.Error):
                 p.send_signal(sig)
 
+    def kill(self) -> None:
+        """SIGKILL the whole tree at once (a simulated node loss) and reap the child."""
+        procs = self.tree()
+        self.signal_group(signal.SIGKILL)
+        psutil.wait_procs(procs, timeout=10)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        self._log.close()
+
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM the tree, then SIGKILL whatever is left after ``timeout_s``; reap the child."""
         procs = self.tree()

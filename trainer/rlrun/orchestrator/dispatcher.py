@@ -4,7 +4,8 @@ Guarantee: every dispatched group reaches the results queue exactly once — as 
 :class:`GroupResult` with its episodes, or not at all because it was cancelled
 (counted in ``cancelled_groups``) — and each episode carries the policy version
 that was current when its group was dispatched. One request with ``n = members``
-samples a whole group (they share the prompt); requests go to the endpoint with
+samples a whole group (they share the prompt) unless ``rollout.members_per_request``
+splits it, so that members finish at different times; requests go to the endpoint with
 the fewest samples in flight, and a transport failure is retried (tenacity) on
 whichever endpoint is then least loaded, so losing one rollout server only delays
 its groups. The endpoint set can be replaced at run time (:meth:`set_endpoints`).
@@ -36,6 +37,10 @@ class GroupResult:
     tokens: int
 
 
+def _key(request: GroupRequest) -> tuple[int, int]:
+    return (request.group_id, request.first_member)
+
+
 @dataclass
 class _Inflight:
     task: asyncio.Task
@@ -55,6 +60,7 @@ class Dispatcher:
         results: where finished groups go.
         retry_for_s: how long a group keeps retrying transport errors before the error propagates.
         client_factory: makes the client of an endpoint URL (tests and benchmarks pass fakes).
+        members_per_request: split a group into requests of at most this many members (None: one request).
     """
 
     def __init__(
@@ -68,6 +74,7 @@ class Dispatcher:
         results: asyncio.Queue,
         retry_for_s: float = 120.0,
         client_factory=RolloutClient,
+        members_per_request: int | None = None,
     ) -> None:
         self.client_factory = client_factory
         self.clients: dict[str, RolloutClient] = {}
@@ -80,8 +87,10 @@ class Dispatcher:
         self.sampling = sampling
         self.results = results
         self.retry_for_s = retry_for_s
-        self.inflight: dict[int, _Inflight] = {}
-        self.undelivered_samples = 0  # in results put on the queue and not yet taken
+        self.members_per_request = members_per_request
+        self.inflight: dict[tuple[int, int], _Inflight] = {}
+        # results put on the queue and not yet taken by the consumer, by (group id, first member)
+        self.undelivered: dict[tuple[int, int], GroupRequest] = {}
         self.cancelled_groups = 0
         self.failures: list[BaseException] = []
 
@@ -106,23 +115,35 @@ class Dispatcher:
     @property
     def outstanding_samples(self) -> int:
         """Samples dispatched that the consumer has not yet taken: in flight or waiting in the queue."""
-        return self.inflight_samples + self.undelivered_samples
+        return self.inflight_samples + sum(r.n for r in self.undelivered.values())
+
+    def emitted_requests(self) -> list[GroupRequest]:
+        """Requests dispatched whose results have not reached the consumer (in flight or queued).
+
+        These are ``emitted_train_groups`` of a sink snapshot: their results are not saved,
+        so a resume re-requests them (same task, same group id).
+        """
+        return [f.request for f in self.inflight.values()] + list(self.undelivered.values())
 
     def take(self, result: GroupResult) -> GroupResult:
         """Mark ``result`` (got from the results queue) as taken by the consumer."""
-        self.undelivered_samples -= len(result.episodes)
+        self.undelivered.pop(_key(result.request), None)
         return result
 
     def dispatch(self, request: GroupRequest, policy_version: int) -> None:
-        """Start rolling out ``request`` with the current policy ``policy_version``."""
-        task = asyncio.get_running_loop().create_task(self._run(request, policy_version))
-        self.inflight[request.group_id] = _Inflight(task, request, policy_version)
-        task.add_done_callback(lambda t, gid=request.group_id: self._done(gid, t))
+        """Start rolling out ``request`` with the current policy ``policy_version``, in requests of at most
+        ``members_per_request`` members (each a :class:`GroupRequest` of its own, same group id)."""
+        size = self.members_per_request or request.n
+        for first in range(request.first_member, request.next_member, size):
+            part = GroupRequest(request.group_id, request.task, min(size, request.next_member - first), first)
+            task = asyncio.get_running_loop().create_task(self._run(part, policy_version))
+            self.inflight[_key(part)] = _Inflight(task, part, policy_version)
+            task.add_done_callback(lambda t, key=_key(part): self._done(key, t))
 
-    def _done(self, group_id: int, task: asyncio.Task) -> None:
-        entry = self.inflight.get(group_id)
+    def _done(self, key: tuple[int, int], task: asyncio.Task) -> None:
+        entry = self.inflight.get(key)
         if entry is not None and entry.task is task:
-            del self.inflight[group_id]
+            del self.inflight[key]
         if not task.cancelled() and task.exception() is not None:
             self.failures.append(task.exception())
 
@@ -168,19 +189,19 @@ class Dispatcher:
                     finish_reason=c.finish_reason,
                 )
             )
-        self.undelivered_samples += len(episodes)
+        self.undelivered[_key(request)] = request
         self.results.put_nowait(GroupResult(request, episodes, sum(len(c.token_ids) for c in completions)))
 
-    def cancel_stale(self, min_version: int) -> int:
+    def cancel_stale(self, min_version: int) -> list[GroupRequest]:
         """Cancel in-flight groups dispatched before policy ``min_version`` (they can no longer train)."""
-        n = 0
+        cancelled = []
         for entry in list(self.inflight.values()):
             if entry.policy_version < min_version:
                 entry.task.cancel()
-                del self.inflight[entry.request.group_id]
-                n += 1
-        self.cancelled_groups += n
-        return n
+                del self.inflight[_key(entry.request)]
+                cancelled.append(entry.request)
+        self.cancelled_groups += len(cancelled)
+        return cancelled
 
     async def aclose(self) -> None:
         """Cancel everything in flight and close the HTTP clients."""

@@ -1,48 +1,63 @@
-"""The orchestrator's main loop: dispatch, collect, ship, follow the trainer.
+"""The orchestrator's main loop: dispatch, collect, ship, follow the trainer, snapshot, resume.
 
 Flow control. A rollout dispatched at policy version ``v`` can train at most in
 batch ``v + 1 + max_off_policy_steps``, so at version ``v`` with ``shipped``
 batches out, rollouts can still fill ``v + 1 + max_off_policy_steps − shipped``
-batches. The loop dispatches new groups only while queued + open + in-flight
-samples stay below that many batches (and in-flight samples below
-``rollout.max_inflight``): it never produces work that is stale on arrival, and
-with ``max_off_policy_steps = 0`` it is exactly synchronous on-policy RL.
+batches. New groups are dispatched only while queued + open + outstanding samples
+stay below that many batches (and in-flight samples below ``rollout.max_inflight``):
+no work is generated stale, and ``max_off_policy_steps = 0`` is synchronous RL.
 
-Checkpoints. When the trainer publishes ``checkpoints/step_N/trainer/``, the
-orchestrator writes its own part, ``progress.pt`` (batches shipped, data cursor),
-which completes step N. Batches shipped after step N stay on disk until a
-complete checkpoint past them exists, so a resume from N finds them and the
-trainer trains each exactly once; the resumed orchestrator adopts them rather
-than shipping new batches under the same step numbers.
+Consistent cut with the trainer. The trainer publishes ``checkpoints/step_N/trainer/``
+(step 0 at a fresh start); the orchestrator then writes ``progress.pt`` for N — its
+progress, train-source state and sink snapshot taken at that moment, with
+``shipped = M ≥ N`` batches out. Batch files ``N+1 … M`` stay on disk until a complete
+checkpoint past them exists; their samples are no longer in the snapshot's queue. A
+resume from N therefore has the trainer train ``N+1 … M`` from those files and the
+orchestrator ship ``M+1 …`` from the restored queue and groups: every episode finished
+before the snapshot is trained exactly once. Files past ``M`` (shipped after the
+snapshot by an attempt that then died) are deleted, and the trainer only accepts
+batches past ``M`` that carry the current attempt number, so it can never train one of
+them. A pause (``POST /pause`` or SIGTERM) stops dispatching and shipping and rewrites
+the orchestrator part of the newest trainer checkpoint with the current snapshot — the
+same cut, losing nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import shutil
+import signal
 import time
+from collections import deque
 from pathlib import Path
 
 from transformers import AutoTokenizer
 
 from rlrun.batch import write_batch
 from rlrun.checkpoint import (
+    TRAINER_PROGRESS_FILE,
     check_compatible,
     complete_steps,
+    encode_progress,
     latest_complete_checkpoint,
     prune_checkpoints,
     run_identity,
-    save_orchestrator_progress,
 )
 from rlrun.envs import make_env
+from rlrun.ledger import Ledger
+from rlrun.orchestrator import snapshot as sink_snapshot
+from rlrun.orchestrator.control import ControlServer
 from rlrun.orchestrator.dispatcher import Dispatcher, GroupResult
-from rlrun.orchestrator.sink import TrainSink
+from rlrun.orchestrator.sink import SinkCounters, TrainSink
 from rlrun.orchestrator.source import TrainSource
+from rlrun.orchestrator.types import GroupRequest
 from rlrun.orchestrator.weights import Signature, push_weights, weights_signature
 from rlrun.rollout.client import RolloutClient
-from rlrun.rundir import RunDir, step_dirs
+from rlrun.rundir import RunDir, step_dirs, write_file_atomic
 from rlrun.spec import RLRunSpec
 
 log = logging.getLogger(__name__)
@@ -50,6 +65,16 @@ log = logging.getLogger(__name__)
 
 class OrchestratorError(RuntimeError):
     """The orchestrator cannot go on (message says why and what to do)."""
+
+
+def part_attempt(path: Path) -> int | None:
+    """The attempt recorded in a published trainer part or broadcast (``None`` when unreadable)."""
+    for name in (TRAINER_PROGRESS_FILE, "meta.json"):
+        try:
+            return int(json.loads((path / name).read_text()).get("attempt", 0))
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 class Orchestrator:
@@ -62,6 +87,9 @@ class Orchestrator:
         model_path: the initial model (tokenizer and reference weight shapes come from it).
         max_steps: last step to ship (default ``spec.max_steps``).
         resume: continue from the newest complete checkpoint.
+        attempt: this attempt's number (the launcher or operator counts them; 0 = unnumbered).
+        control_port: port of the control server (None: no server).
+        control_token: its bearer token.
         health_timeout_s: how long to wait for every rollout server to answer ``/health``.
         poll_s: how often to look for trainer output, seconds.
         client_factory: makes a rollout client from a URL (benchmarks pass an instant fake).
@@ -75,32 +103,127 @@ class Orchestrator:
         model_path: str,
         max_steps: int | None = None,
         resume: bool = False,
+        attempt: int = 0,
+        control_port: int | None = None,
+        control_host: str = "127.0.0.1",
+        control_token: str | None = None,
         health_timeout_s: float = 600.0,
         poll_s: float = 0.05,
         client_factory=RolloutClient,
     ) -> None:
-        self.client_factory = client_factory
         self.spec = spec
         self.run_dir = run_dir.ensure()
         self.rollout_urls = rollout_urls
         self.model_path = model_path
         self.max_steps = max_steps or spec.max_steps
         self.resume = resume
+        self.attempt = attempt
         self.health_timeout_s = health_timeout_s
         self.poll_s = poll_s
+        self.client_factory = client_factory
+        self.ledger = Ledger(self.run_dir.root / "ledger", attempt, "orchestrator")
         self.envs = {e.name: make_env(e) for e in spec.envs}
         self.source = TrainSource([(self.envs[e.name], e.weight) for e in spec.envs], spec.seed)
         self.sink = TrainSink(
-            spec.group_size, spec.batch_size, spec.max_off_policy_steps, spec.loss.std_normalize_advantages
+            spec.group_size,
+            spec.batch_size,
+            spec.max_off_policy_steps,
+            spec.loss.std_normalize_advantages,
+            record=self._record,
         )
         self.results: asyncio.Queue[GroupResult] = asyncio.Queue()
         self.shipped = 0
         self.policy_version = 0
-        self.last_saved_checkpoint = 0
+        self.base_step = 0  # the checkpoint this attempt started from
+        self.last_saved_checkpoint = -1
         self.reference: Signature | None = None
+        self.phase = "starting"
+        self.paused = False
+        self.last_snapshot: dict | None = None
+        self.resume_report: dict | None = None
+        self.control = (
+            ControlServer(self, control_host, control_port, control_token or "") if control_port is not None else None
+        )
+        self.dispatcher: Dispatcher | None = None
+        self._pause_result: asyncio.Future | None = None
+        self._save_lock = asyncio.Lock()
+        self._stop = asyncio.Event()
         self._tokens_since_ship = 0
         self._last_ship_time = time.monotonic()
         self._metrics_file = None
+
+    def _record(self, event: str, ids: list[str], **fields) -> None:
+        self.ledger.write(event, ids=ids, **fields)
+
+    # -- status and control -------------------------------------------------------------------
+
+    def status(self) -> dict:
+        """What ``GET /status`` answers."""
+        return {
+            "phase": self.phase,
+            "attempt": self.attempt,
+            "step": self.shipped,
+            "policy_version": self.policy_version,
+            "max_steps": self.max_steps,
+            "last_checkpoint_step": self.last_saved_checkpoint if self.last_saved_checkpoint >= 0 else None,
+            "queued_traces": len(self.sink.queue),
+            "open_groups": len(self.sink.open_groups),
+            "finished_episodes_in_open_groups": self.sink.open_members,
+            "inflight_samples": self.dispatcher.inflight_samples if self.dispatcher else 0,
+            "resume_requests": len(self.source.resume_requests),
+            "last_snapshot": self.last_snapshot,
+            "resume": self.resume_report,
+        }
+
+    async def set_endpoints(self, endpoints: list[str]) -> None:
+        """Replace the rollout endpoints; new ones get the current weights first."""
+        assert self.dispatcher is not None
+        new = [e.rstrip("/") for e in endpoints if e.rstrip("/") not in self.dispatcher.clients]
+        self.dispatcher.set_endpoints(endpoints)
+        if new and self.policy_version > 0:
+            weights = self._weights_dir(self.policy_version)
+            if weights is not None:
+                await push_weights(
+                    [self.dispatcher.clients[u] for u in new], weights, self.policy_version, self.reference
+                )
+        log.info("rollout endpoints now %s", sorted(self.dispatcher.clients))
+
+    def _weights_dir(self, version: int) -> Path | None:
+        for p in (self.run_dir.broadcast(version), self.run_dir.trainer_checkpoint(version)):
+            if p.is_dir():
+                return p
+        return None
+
+    async def pause(self) -> dict:
+        """Stop dispatching and shipping, write the snapshot, and return its counts (idempotent)."""
+        if self._pause_result is None:
+            self.paused = True
+            self.phase = "pausing"
+            self._pause_result = asyncio.get_running_loop().create_future()
+            try:
+                step = self._newest_trainer_part()
+                if step is None:
+                    raise OrchestratorError("no trainer checkpoint to pair a snapshot with yet")
+                result = await self._save_checkpoint(step, reason="pause")
+                self.phase = "paused"
+                self._pause_result.set_result(result)
+            except BaseException as exc:
+                self._pause_result.set_exception(exc)
+                self._pause_result.exception()  # mark retrieved
+                self.phase = "failed"
+                raise
+        return await asyncio.shield(self._pause_result)
+
+    def _trainer_part_ok(self, step: int) -> bool:
+        """A trainer part this attempt may pair a snapshot with: the restored one, or one of ours."""
+        root = self.run_dir.trainer_checkpoint(step)
+        if not (root / TRAINER_PROGRESS_FILE).is_file():
+            return False
+        return step == self.base_step or part_attempt(root) == self.attempt
+
+    def _newest_trainer_part(self) -> int | None:
+        steps = [n for n in step_dirs(self.run_dir.checkpoints) if n >= self.base_step and self._trainer_part_ok(n)]
+        return max(steps, default=None)
 
     # -- set-up -------------------------------------------------------------------------------
 
@@ -119,63 +242,122 @@ class Orchestrator:
                 await asyncio.sleep(1.0)
 
     def _check_fresh_run_dir(self) -> None:
-        leftovers = [p for p in (self.run_dir.checkpoints, self.run_dir.rollouts) if step_dirs(p)]
+        # step 0 is the trainer's start-up checkpoint of this very run
+        leftovers = [p for p in (self.run_dir.checkpoints, self.run_dir.rollouts) if any(n > 0 for n in step_dirs(p))]
         if leftovers:
             raise OrchestratorError(
                 f"{self.run_dir.root} already holds a run ({', '.join(str(p) for p in leftovers)}); "
                 "resume it with --resume or choose another --run-dir"
             )
 
-    async def _restore(self) -> None:
+    async def _restore(self) -> bool:
+        """Restore from the newest complete checkpoint; False when there is none."""
         ckpt = await asyncio.to_thread(latest_complete_checkpoint, self.run_dir)
         if ckpt is None:
             log.info("resume: no complete checkpoint in %s; starting from step 0", self.run_dir.root)
-            self._check_fresh_run_dir()
-            return
+            return False
         state = ckpt.orchestrator
         check_compatible(state.get("identity"), self.spec, str(self.run_dir.orchestrator_checkpoint(ckpt.step)))
         self.source.load_state(state["source"])
-        self.policy_version = ckpt.step
-        self.last_saved_checkpoint = ckpt.step
+        self.policy_version = self.base_step = self.last_saved_checkpoint = ckpt.step
         self.shipped = int(state.get("shipped", ckpt.step))
-        # Batches shipped after the snapshot are still on disk: adopt them (the trainer trains them).
-        on_disk = step_dirs(self.run_dir.rollouts)
-        while self.shipped + 1 in on_disk:
-            self.shipped += 1
-        self.run_dir.remove_steps_after(self.run_dir.rollouts, self.shipped)
-        self.run_dir.remove_steps_after(self.run_dir.broadcasts, ckpt.step)
+        # Batches shipped after the snapshot hold samples the snapshot still has queued: drop them.
+        removed = self.run_dir.remove_steps_after(self.run_dir.rollouts, self.shipped)
+        snap = sink_snapshot.unpack(state.get("sink"), state.get("tensors", {}))
+        plan = sink_snapshot.restore_plan(
+            snap,
+            list(self.source.resume_requests),
+            self.shipped + 1,
+            self.spec.max_off_policy_steps,
+            self.spec.group_size,
+        )
+        if snap.counters:
+            self.sink.counters = SinkCounters(**snap.counters)
+        self.sink.queue = plan.queue
+        for group_id, task, episodes in plan.open_groups:
+            self.sink.open_groups[group_id] = sink_snapshot.OpenGroupState(group_id, task, list(episodes))
+        self.source.resume_requests = deque(plan.resume_requests)
+        self.sink.counters.samples_dropped_stale += len(plan.dropped_samples)
+        self.sink.counters.members_left_out_stale += len(plan.dropped_episodes)
+        dropped = [s.trace.episode_id for s in plan.dropped_samples] + [e.episode_id for e in plan.dropped_episodes]
+        lost_without_snapshot = len(snap.pending_batch) + sum(len(eps) for _, _, eps in snap.open_groups)
+        self.resume_report = {
+            "from_step": ckpt.step,
+            "from_attempt": state.get("attempt"),
+            "shipped": self.shipped,
+            "queued_traces": len(plan.queue),
+            "open_groups": plan.groups,
+            "finished_episodes_kept": plan.episodes_kept,
+            "dropped_stale": len(dropped),
+            "resume_requests": len(plan.resume_requests),
+            "members_requested": sum(r.n for r in plan.resume_requests),
+            "progress_only_would_lose": lost_without_snapshot,
+            "removed_batches": removed,
+            "time": time.time(),
+        }
+        self.ledger.write(
+            "resumed",
+            from_attempt=state.get("attempt"),
+            snapshot_line=state.get("ledger_line"),
+            step=ckpt.step,
+            **{k: v for k, v in self.resume_report.items() if k not in ("from_step", "from_attempt", "time")},
+        )
+        if dropped:
+            self._record("dropped_stale", dropped, step=self.shipped + 1, at="resume")
+        for r in plan.resume_requests:
+            self.ledger.write("redispatch_requested", group=r.group_id, n=r.n, first_member=r.first_member)
         weights = self.run_dir.trainer_checkpoint(ckpt.step)
         await push_weights(list(self.dispatcher.clients.values()), weights, ckpt.step, self.reference)
         log.info(
-            "resume: step %d, policy version %d, %d batches shipped, task cursor %d (weights from %s)",
-            ckpt.step, self.policy_version, self.shipped, self.source.cursor, weights,
+            "Resuming with %d queued traces and %d open groups (%d finished episodes kept); "
+            "step %d, %d batches shipped, %d stale dropped, %d members to re-dispatch, task cursor %d",
+            len(plan.queue), plan.groups, plan.episodes_kept, ckpt.step, self.shipped, len(dropped),
+            self.resume_report["members_requested"], self.source.cursor,
         )  # fmt: skip
+        return True
 
     # -- the loop ------------------------------------------------------------------------------
 
     def _fill(self) -> None:
         """Dispatch new groups while the flow-control budget (module docstring) allows."""
+        if self.paused:
+            return
         k = self.spec.max_off_policy_steps
         g = self.spec.group_size
         last_useful_step = min(self.policy_version + 1 + k, self.max_steps)
         budget = self.spec.batch_size * (last_useful_step - self.shipped)
         committed = len(self.sink.queue) + self.sink.open_members + self.dispatcher.outstanding_samples
         while committed < budget and self.dispatcher.inflight_samples + g <= self.spec.rollout.max_inflight:
-            self.dispatcher.dispatch(self.source.next_group(g), self.policy_version)
-            committed += g
+            request = self.source.next_group(g)
+            self.ledger.write(
+                "dispatched",
+                group=request.group_id,
+                task=request.task.index,
+                env=request.task.env,
+                first_member=request.first_member,
+                n=request.n,
+                v=self.policy_version,
+            )
+            self.dispatcher.dispatch(request, self.policy_version)
+            committed += request.n
 
     async def _maybe_ship(self) -> None:
-        while self.shipped < self.max_steps:
+        while self.shipped < self.max_steps and not self.paused:
             step = self.shipped + 1
             batch = self.sink.take_batch(step)
             if batch is None:
                 return
-            await asyncio.to_thread(write_batch, self.run_dir.rollout_batch(step), step, batch, self.pad_id)
+            await asyncio.to_thread(
+                write_batch, self.run_dir.rollout_batch(step), step, batch, self.pad_id, self.attempt
+            )
             self.shipped = step
+            self.ledger.write("shipped", step=step, ids=[s.trace.episode_id for s in batch])
             self._write_metrics(step, batch)
             cancelled = self.dispatcher.cancel_stale(self.sink.min_fresh(step + 1))
+            for r in cancelled:
+                self.ledger.write("cancelled", group=r.group_id, first_member=r.first_member, n=r.n)
             if cancelled:
-                log.info("cancelled %d in-flight groups that can no longer train", cancelled)
+                log.info("cancelled %d in-flight groups that can no longer train", len(cancelled))
 
     def _write_metrics(self, step: int, batch) -> None:
         now = time.monotonic()
@@ -185,6 +367,7 @@ class Orchestrator:
         c = self.sink.counters
         line = {
             "step": step,
+            "attempt": self.attempt,
             "policy_version": self.policy_version,
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "episodes_scored": len(rewards),
@@ -215,56 +398,125 @@ class Orchestrator:
     async def _follow_trainer(self) -> None:
         """Load new broadcasts into the rollout servers; complete trainer checkpoints with our part."""
         while True:
-            broadcasts = step_dirs(self.run_dir.broadcasts)
+            broadcasts = {
+                n: p
+                for n, p in step_dirs(self.run_dir.broadcasts).items()
+                if n > self.policy_version and part_attempt(p) == self.attempt
+            }
             newest = max(broadcasts, default=0)
-            if newest > self.policy_version:
+            if newest > self.policy_version and not self.paused:
                 seconds = await push_weights(
                     list(self.dispatcher.clients.values()), broadcasts[newest], newest, self.reference
                 )
                 log.info("policy version %d -> %d (weight update %.3f s)", self.policy_version, newest, seconds)
                 self.policy_version = newest
-                for n, p in broadcasts.items():
+                for n, p in step_dirs(self.run_dir.broadcasts).items():
                     if n < newest:
                         shutil.rmtree(p, ignore_errors=True)
                 self._fill()
-            for n in sorted(step_dirs(self.run_dir.checkpoints)):
-                if n > self.last_saved_checkpoint and (self.run_dir.trainer_checkpoint(n) / "progress.json").is_file():
-                    await self._save_checkpoint(n)
+            if not self.paused:
+                for n in sorted(step_dirs(self.run_dir.checkpoints)):
+                    if n > self.last_saved_checkpoint and self._trainer_part_ok(n):
+                        await self._save_checkpoint(n, reason="periodic")
             await asyncio.sleep(self.poll_s)
 
-    def snapshot(self, step: int) -> dict:
-        """The orchestrator's part of checkpoint ``step``: plain data, taken on the event loop."""
-        return {
+    def capture(self, step: int) -> tuple[dict, sink_snapshot.SinkSnapshot]:
+        """The orchestrator's part of checkpoint ``step``, copied on the event loop (no awaits)."""
+        self.ledger._fh.flush()
+        state = {
             "step": step,
             "shipped": self.shipped,
             "policy_version": self.policy_version,
+            "attempt": self.attempt,
+            "ledger_line": self.ledger.lines - 1,
             "source": self.source.state(),
             "identity": run_identity(self.spec),
             "time": time.time(),
         }
+        return state, sink_snapshot.capture(self.sink, self.dispatcher)
 
-    async def _save_checkpoint(self, step: int) -> None:
-        state = self.snapshot(step)  # copied on the loop; written in a thread
-        path = await asyncio.to_thread(save_orchestrator_progress, self.run_dir, step, state)
-        self.last_saved_checkpoint = step
-        removed = await asyncio.to_thread(prune_checkpoints, self.run_dir, self.spec.checkpoint.keep_last)
-        kept = complete_steps(self.run_dir)
-        if kept:
-            for n, p in step_dirs(self.run_dir.rollouts).items():
-                if n <= kept[0]:
-                    shutil.rmtree(p, ignore_errors=True)
-        log.info("checkpoint step %d complete (%s); pruned %s", step, path, removed or "nothing")
+    async def _save_checkpoint(self, step: int, reason: str) -> dict:
+        async with self._save_lock:
+            state, snap = self.capture(step)
+            self.ledger.write("snapshot", step=step, reason=reason, ledger_line=state["ledger_line"])
+            path = self.run_dir.orchestrator_checkpoint(step) / "progress.pt"
+
+            def write() -> None:
+                os.fsync(self.ledger._fh.fileno())  # the ledger lines the snapshot refers to are durable first
+                sink_state, tensors = sink_snapshot.pack(snap)
+                write_file_atomic(path, encode_progress({**state, "sink": sink_state}, tensors))
+
+            t0 = time.perf_counter()
+            await asyncio.to_thread(write)
+            self.last_saved_checkpoint = max(self.last_saved_checkpoint, step)
+            result = {
+                "step": step,
+                "queued_traces": len(snap.pending_batch),
+                "open_groups": len(
+                    {g for g, _, _ in snap.open_groups} | {r.group_id for r in snap.emitted_train_groups}
+                ),
+                "finished_episodes_kept": sum(len(eps) for _, _, eps in snap.open_groups),
+                "path": str(path),
+                "reason": reason,
+                "seconds": round(time.perf_counter() - t0, 4),
+                "time": time.time(),
+            }
+            self.last_snapshot = result
+            removed = await asyncio.to_thread(prune_checkpoints, self.run_dir, self.spec.checkpoint.keep_last)
+            kept = complete_steps(self.run_dir)
+            if kept:
+                for n, p in step_dirs(self.run_dir.rollouts).items():
+                    if n <= kept[0]:
+                        shutil.rmtree(p, ignore_errors=True)
+            log.info(
+                "checkpoint step %d complete (%s, %s): %d queued traces, %d open groups, %d finished episodes kept; pruned %s",
+                step, path, reason, result["queued_traces"], result["open_groups"],
+                result["finished_episodes_kept"], removed or "nothing",
+            )  # fmt: skip
+            return result
 
     def _done(self) -> bool:
         return self.shipped >= self.max_steps and self.last_saved_checkpoint >= self.max_steps
 
+    def request_stop(self) -> None:
+        """Make :meth:`run` return (after a pause, the process then exits)."""
+        self._stop.set()
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        state: dict = {"signals": 0}
+
+        def on_term() -> None:
+            state["signals"] += 1
+            if state["signals"] > 1:
+                log.warning("second termination signal: exiting now (files on disk stay consistent)")
+                os._exit(143)
+            timeout = self.spec.preemption.snapshot_timeout_seconds
+            log.info("SIGTERM: pausing and writing the snapshot (deadline %d s)", timeout)
+            loop.call_later(timeout, lambda: (log.error("snapshot deadline passed; exiting"), os._exit(1)))
+
+            async def graceful() -> None:
+                try:
+                    await self.pause()
+                finally:
+                    self.request_stop()
+
+            state["task"] = loop.create_task(graceful())
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, on_term)
+
     async def run(self) -> int:
-        """Run until batch ``max_steps`` is shipped and its checkpoint completed; returns the step.
+        """Run until batch ``max_steps`` is shipped and checkpointed, or a pause then stop; returns the step.
 
         Raises:
             OrchestratorError: unusable run dir or rollout servers that never get healthy.
             CheckpointMismatch: ``--resume`` against a checkpoint of a different run.
         """
+        self._install_signal_handlers()
+        if self.control is not None:
+            await self.control.start()
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self.model_path)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if Path(self.model_path).is_dir():
@@ -278,43 +530,67 @@ class Orchestrator:
             sampling=self.spec.sampling,
             results=self.results,
             client_factory=self.client_factory,
+            members_per_request=self.spec.rollout.members_per_request,
         )
+        follower = None
         try:
             await self._wait_healthy()
-            if self.resume:
-                await self._restore()
-            else:
+            if not (self.resume and await self._restore()):
                 self._check_fresh_run_dir()
             self._metrics_file = open(self.run_dir.metrics, "a")  # noqa: SIM115 - open for the run
+            self.phase = "running"
             follower = asyncio.create_task(self._follow_trainer())
             self._last_ship_time = time.monotonic()
             log.info(
-                "orchestrator running: step %d of %d, endpoints %s", self.shipped, self.max_steps, self.rollout_urls
-            )
+                "orchestrator running (attempt %d): step %d of %d, endpoints %s",
+                self.attempt, self.shipped, self.max_steps, self.rollout_urls,
+            )  # fmt: skip
+            await self._maybe_ship()  # a restored full batch ships at once
             self._fill()
-            while not self._done():
+            while not self._done() and not self._stop.is_set():
                 if follower.done():
                     follower.result()  # re-raises its error
                 if self.dispatcher.failures:
                     raise self.dispatcher.failures[0]
+                if self.paused:  # wait to be stopped; results are regenerated after resume
+                    await asyncio.sleep(self.poll_s)
+                    continue
                 try:
                     results = [await asyncio.wait_for(self.results.get(), timeout=self.poll_s)]
                 except asyncio.TimeoutError:
                     results = []
-                while not self.results.empty():
+                while not self.results.empty() and not self.paused:
                     results.append(self.results.get_nowait())
                 for result in results:
                     self.dispatcher.take(result)
-                    self._tokens_since_ship += result.tokens
-                    self.sink.add_episodes(
-                        result.request.group_id, result.request.task, result.episodes, self.shipped + 1
-                    )
+                    self._consume(result)
                 await self._maybe_ship()
                 self._fill()
-            follower.cancel()
-            log.info("orchestrator done: %d steps shipped and checkpointed", self.shipped)
+            if self._done():
+                self.phase = "done"
+                leftover = [s.trace.episode_id for s in self.sink.queue]
+                leftover += [e.episode_id for g in self.sink.open_groups.values() for e in g.episodes]
+                if leftover:
+                    self._record("leftover", leftover)
+                log.info("orchestrator done: %d steps shipped and checkpointed", self.shipped)
             return self.shipped
         finally:
+            if follower is not None:
+                follower.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await follower
             await self.dispatcher.aclose()
+            if self.control is not None:
+                await self.control.stop()
             if self._metrics_file is not None:
                 self._metrics_file.close()
+            self.ledger.close()
+
+    def _consume(self, result: GroupResult) -> None:
+        self._tokens_since_ship += result.tokens
+        for e in result.episodes:
+            self.ledger.write("finished", id=e.episode_id, reward=round(e.reward, 6), v=e.policy_version)
+        self.sink.add_episodes(result.request.group_id, result.request.task, result.episodes, self.shipped + 1)
+
+
+__all__ = ["GroupRequest", "Orchestrator", "OrchestratorError"]

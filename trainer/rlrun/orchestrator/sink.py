@@ -70,10 +70,17 @@ class TrainSink:
         batch_size: samples per batch.
         max_off_policy_steps: staleness bound (see :func:`min_fresh_version`).
         std_normalize: divide advantages by the group's reward std.
+        record: optional ``record(event, ids, **fields)`` called for ``queued``, ``rejected`` and
+            ``dropped_stale`` episodes (the ledger).
     """
 
     def __init__(
-        self, group_size: int, batch_size: int, max_off_policy_steps: int, std_normalize: bool = False
+        self,
+        group_size: int,
+        batch_size: int,
+        max_off_policy_steps: int,
+        std_normalize: bool = False,
+        record=None,
     ) -> None:
         self.group_size = group_size
         self.batch_size = batch_size
@@ -83,6 +90,7 @@ class TrainSink:
         self.open_groups: dict[int, OpenGroup] = {}
         self.counters = SinkCounters()
         self._recent_rewards: list[float] = []
+        self._record = record or (lambda event, ids, **fields: None)
 
     def min_fresh(self, step: int) -> int:
         """``min_fresh_version(step, max_off_policy_steps)``."""
@@ -109,14 +117,20 @@ class TrainSink:
         self._recent_rewards.extend(e.reward for e in group.episodes)
         floor = self.min_fresh(next_step)
         fresh = [e for e in group.episodes if e.policy_version >= floor]
-        self.counters.members_left_out_stale += len(group.episodes) - len(fresh)
+        stale = [e for e in group.episodes if e.policy_version < floor]
+        if stale:
+            self.counters.members_left_out_stale += len(stale)
+            self._record("dropped_stale", [e.episode_id for e in stale], group=group.group_id)
         advantages = grpo_advantages([e.reward for e in fresh], self.std_normalize)
         if len(fresh) < 2 or all(abs(a) < ZERO_ADVANTAGE for a in advantages):
             self.counters.groups_rejected += 1
+            reason = "too_few_fresh_members" if len(fresh) < 2 else "zero_advantage"
+            self._record("rejected", [e.episode_id for e in fresh], group=group.group_id, reason=reason)
             return []
         samples = [TrainingSample.from_episode(e, a) for e, a in zip(fresh, advantages, strict=True)]
         self.queue.extend(samples)
         self.counters.samples_queued += len(samples)
+        self._record("queued", [s.trace.episode_id for s in samples], group=group.group_id)
         return samples
 
     def sweep(self, step: int) -> list[TrainingSample]:
@@ -126,6 +140,7 @@ class TrainSink:
         if stale:
             self.queue = [s for s in self.queue if s.trace.policy_version >= floor]
             self.counters.samples_dropped_stale += len(stale)
+            self._record("dropped_stale", [s.trace.episode_id for s in stale], step=step)
         return stale
 
     def take_batch(self, step: int) -> list[TrainingSample] | None:

@@ -10,7 +10,7 @@ staleness rule reads.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rlrun.envs.base import Task
@@ -102,12 +102,28 @@ class TrainingSample:
         return cls(**{**d, "trace": QueuedTrace(**d["trace"])})
 
 
-@dataclass
+@dataclass(frozen=True)
 class GroupRequest:
-    """A request to roll out ``n`` members of group ``group_id`` on ``task``."""
+    """A request to roll out ``n`` members of group ``group_id`` on ``task``.
+
+    Members are numbered ``first_member … first_member + n − 1`` (episode ids
+    ``"<group_id>/<member>"``); a resumed group's new members continue after every
+    member dispatched before, so episode ids stay unique across attempts.
+    """
 
     group_id: int
     task: Task
     n: int
     first_member: int = 0
-    episodes_done: list[Episode] = field(default_factory=list)
+
+    @property
+    def next_member(self) -> int:
+        """Number the next request for this group would start at."""
+        return self.first_member + self.n
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"group_id": self.group_id, "task": self.task.to_dict(), "n": self.n, "first_member": self.first_member}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GroupRequest:
+        return cls(int(d["group_id"]), Task.from_dict(d["task"]), int(d["n"]), int(d.get("first_member", 0)))

@@ -3,8 +3,15 @@
 Step ``s`` reads ``rollouts/step_s/`` (waiting until the orchestrator publishes it),
 takes one AdamW step on :func:`rlrun.training.loss.clipped_policy_loss`, publishes
 ``broadcasts/step_s/model.safetensors`` (policy version ``s``) and, every
-``checkpoint.interval`` steps and at the last step, ``checkpoints/step_s/trainer/``.
-Both are published by an atomic directory rename, so readers never see a torn file.
+``checkpoint.interval`` steps and at the last step, ``checkpoints/step_s/trainer/``
+(a fresh run also checkpoints step 0, so a pause always has a trainer part to pair
+with). Both are published by an atomic directory rename, so readers never see a torn
+file, and both record the attempt number.
+
+Resume from step ``N``: the checkpoint's orchestrator part says ``M`` batches were
+shipped when it was taken. Batches ``N+1 … M`` on disk are trained as they are; a
+batch past ``M`` is trained only when it carries this attempt's number — one left by a
+dead attempt holds samples the restored snapshot has queued again.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from rlrun.batch import read_batch
+from rlrun.batch import META_FILE, read_batch
 from rlrun.checkpoint import (
     TRAINER_PROGRESS_FILE,
     WEIGHTS_FILE,
@@ -26,7 +33,8 @@ from rlrun.checkpoint import (
     latest_complete_checkpoint,
     run_identity,
 )
-from rlrun.rundir import RunDir, publish_dir
+from rlrun.ledger import Ledger
+from rlrun.rundir import RunDir, publish_dir, step_dirs
 from rlrun.spec import RLRunSpec
 from rlrun.training.loss import clipped_policy_loss, token_logprobs
 
@@ -50,6 +58,7 @@ class Trainer:
         model_path: initial weights (path or Hugging Face id), see ``rlrun.model.resolve``.
         max_steps: stop after this step (default ``spec.max_steps``).
         resume: start from the newest complete checkpoint, if any.
+        attempt: this attempt's number (see the module docstring; 0 = unnumbered).
         poll_s: how often to look for the next batch, seconds.
     """
 
@@ -60,9 +69,12 @@ class Trainer:
         model_path: str,
         max_steps: int | None = None,
         resume: bool = False,
+        attempt: int = 0,
         poll_s: float = 0.02,
     ) -> None:
         self.spec = spec
+        self.attempt = attempt
+        self.shipped_at_restore = 0
         self.run_dir = run_dir.ensure()
         self.max_steps = max_steps or spec.max_steps
         self.poll_s = poll_s
@@ -73,29 +85,52 @@ class Trainer:
             self.model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
         )
         self.step = 0
-        if resume:
-            self._restore()
-        removed = run_dir.remove_steps_after(run_dir.broadcasts, self.step)
-        if removed:
-            log.info("removed broadcasts %s left by an earlier attempt (they are past step %d)", removed, self.step)
+        restored = resume and self._restore()
+        if not restored and (step_dirs(run_dir.rollouts) or [n for n in step_dirs(run_dir.checkpoints) if n > 0]):
+            raise RuntimeError(
+                f"{run_dir.root} already holds a run; resume it with --resume or choose another --run-dir"
+            )
+        # Broadcasts and trainer parts past the restored step were written by a dead attempt.
+        for parent in (run_dir.broadcasts, run_dir.checkpoints):
+            removed = run_dir.remove_steps_after(parent, self.step)
+            if removed:
+                log.info("removed %s %s left by an earlier attempt (past step %d)", parent.name, removed, self.step)
+        self.ledger = Ledger(run_dir.root / "ledger", attempt, "trainer")
+        if not restored:
+            self.checkpoint(0)
 
-    def _restore(self) -> None:
+    def _restore(self) -> bool:
         ckpt = latest_complete_checkpoint(self.run_dir)
         if ckpt is None:
             log.info("resume: no complete checkpoint in %s; starting from step 0", self.run_dir.root)
-            return
+            return False
         root = self.run_dir.trainer_checkpoint(ckpt.step)
         check_compatible(ckpt.trainer.get("identity"), self.spec, str(root))
         self.model.load_state_dict(load_file(str(root / WEIGHTS_FILE)))
         self.optimizer.load_state_dict(torch.load(root / OPTIMIZER_FILE, weights_only=True))
         self.step = ckpt.step
-        log.info("resume: restored trainer checkpoint step %d from %s", ckpt.step, root)
+        self.shipped_at_restore = int(ckpt.orchestrator.get("shipped", ckpt.step))
+        log.info(
+            "resume: restored trainer checkpoint step %d from %s (batches up to %d were shipped before it)",
+            ckpt.step, root, self.shipped_at_restore,
+        )  # fmt: skip
+        return True
+
+    def _batch_ready(self, path: Path, step: int) -> bool:
+        if not path.is_dir():
+            return False
+        if step <= self.shipped_at_restore or self.attempt == 0:
+            return True
+        try:
+            return int(json.loads((path / META_FILE).read_text()).get("attempt", 0)) >= self.attempt
+        except (OSError, ValueError):
+            return False
 
     def _wait_for_batch(self, step: int) -> Path:
         path = self.run_dir.rollout_batch(step)
         t0 = time.monotonic()
         next_note = 30.0
-        while not path.is_dir():
+        while not self._batch_ready(path, step):
             time.sleep(self.poll_s)
             waited = time.monotonic() - t0
             if waited > next_note:
@@ -121,6 +156,7 @@ class Trainer:
         with torch.no_grad():
             mask = batch.loss_mask
             mismatch = (logprobs.detach() - batch.old_logprobs)[mask].abs().mean()
+        self.ledger.write("trained", step=step, ids=[t["episode_id"] for t in batch.meta["traces"]])
         return {
             "step": step,
             "loss": loss.item(),
@@ -134,8 +170,13 @@ class Trainer:
         }
 
     def publish(self, step: int) -> None:
-        """Publish ``broadcasts/step_N/`` (weights after step N)."""
-        publish_dir(self.run_dir.broadcast(step), lambda tmp: save_weights(self.model, tmp / WEIGHTS_FILE))
+        """Publish ``broadcasts/step_N/`` (weights after step N, and the attempt that made them)."""
+
+        def fill(tmp: Path) -> None:
+            save_weights(self.model, tmp / WEIGHTS_FILE)
+            (tmp / "meta.json").write_text(json.dumps({"step": step, "attempt": self.attempt}))
+
+        publish_dir(self.run_dir.broadcast(step), fill)
 
     def checkpoint(self, step: int) -> Path:
         """Publish ``checkpoints/step_N/trainer/``: weights, optimizer state, progress."""
@@ -143,7 +184,13 @@ class Trainer:
         def fill(tmp: Path) -> None:
             save_weights(self.model, tmp / WEIGHTS_FILE)
             torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-            progress = {"step": step, "policy_version": step, "identity": run_identity(self.spec), "time": time.time()}
+            progress = {
+                "step": step,
+                "policy_version": step,
+                "attempt": self.attempt,
+                "identity": run_identity(self.spec),
+                "time": time.time(),
+            }
             (tmp / TRAINER_PROGRESS_FILE).write_text(json.dumps(progress))
 
         self.run_dir.checkpoint(step).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,184 @@
+"""The ledger: append-only records of every episode's fate, and the checker of invariant 1.
+
+Each process of each attempt appends JSON lines to its own file,
+``<run_dir>/ledger/attempt-<K>.<role>.jsonl`` (role ``orchestrator`` or ``trainer``), so
+no two writers share a file. Orchestrator events: ``dispatched`` (group, members,
+policy version), ``finished`` (episode, reward), ``queued``, ``rejected`` (with the
+reason), ``dropped_stale``, ``cancelled`` (in-flight group), ``snapshot`` (checkpoint
+step and its id), ``resumed`` (from which attempt's snapshot, with what it restored),
+``leftover`` (queued or open when the run ended). Trainer event: ``trained`` (step,
+episode ids).
+
+Rollback: an attempt resumes from a snapshot of an earlier attempt; that attempt's
+orchestrator events after the snapshot are rolled back (their episodes are regenerated),
+and every attempt's ``trained`` records for steps after the restored step are superseded
+by the later attempt's. A graceful preemption snapshots last, so it rolls back nothing;
+an abrupt loss rolls back the work since the last periodic checkpoint, and the checker
+reports how much.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_FILE_RE = re.compile(r"^attempt-(\d+)\.(orchestrator|trainer)\.jsonl$")
+
+
+class Ledger:
+    """Appends events for one role of one attempt (line-buffered; each line is flushed).
+
+    Args:
+        root: ``<run_dir>/ledger``.
+        attempt: the attempt number.
+        role: ``"orchestrator"`` or ``"trainer"``.
+    """
+
+    def __init__(self, root: Path, attempt: int, role: str) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.path = root / f"attempt-{attempt}.{role}.jsonl"
+        self.lines = 0
+        if self.path.exists():
+            with open(self.path, "rb") as fh:
+                self.lines = sum(1 for _ in fh)
+        self._fh = open(self.path, "a", buffering=1)  # noqa: SIM115 - open for the process lifetime
+
+    def write(self, event: str, **fields: Any) -> int:
+        """Append one event; returns its line number (0-based) in this file."""
+        self._fh.write(json.dumps({"e": event, "t": round(time.time(), 3), **fields}) + "\n")
+        self.lines += 1
+        return self.lines - 1
+
+    def sync(self) -> None:
+        """fsync the file (called before a snapshot that refers to a line of it is written)."""
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_ledger(root: Path) -> dict[tuple[int, str], list[dict]]:
+    """``{(attempt, role): [event, …]}``; a torn last line (crash mid-write) is ignored."""
+    out: dict[tuple[int, str], list[dict]] = {}
+    if not root.is_dir():
+        return out
+    for p in root.iterdir():
+        m = _FILE_RE.match(p.name)
+        if not m:
+            continue
+        events = []
+        for i, line in enumerate(p.read_text().splitlines()):
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            ev["_line"] = i
+            events.append(ev)
+        out[(int(m.group(1)), m.group(2))] = events
+    return out
+
+
+@dataclass
+class LedgerReport:
+    """Result of :func:`check_ledger`; ``ok`` when ``problems`` is empty."""
+
+    attempts: list[int]
+    finished: int = 0
+    trained: int = 0
+    rejected: int = 0
+    dropped_stale: int = 0
+    leftover: int = 0
+    rolled_back: int = 0
+    steps: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "ok": self.ok}
+
+
+def check_ledger(root: Path) -> LedgerReport:
+    """Prove invariant 1 on a finished run from its ledger.
+
+    Every episode finished (and not rolled back) must end exactly once as trained (in the
+    final history), rejected, dropped stale, or left over at the end of the run; no episode
+    may be trained twice; every step 1..last must be trained exactly once in the final
+    history.
+    """
+    ledger = read_ledger(root)
+    attempts = sorted({a for a, _ in ledger})
+    report = LedgerReport(attempts)
+    if not attempts:
+        report.problems.append(f"{root}: no ledger files")
+        return report
+    orch = {a: ledger.get((a, "orchestrator"), []) for a in attempts}
+    # How far each attempt's orchestrator events count: up to the snapshot a later attempt resumed from.
+    cutoff: dict[int, int] = {a: len(orch[a]) for a in attempts}
+    restored_step: dict[int, int] = {}
+    for a in attempts:
+        for ev in orch[a]:
+            if ev["e"] == "resumed" and ev.get("from_attempt") is not None:
+                src = ev["from_attempt"]
+                line = ev.get("snapshot_line")
+                if src in cutoff and line is not None:
+                    cutoff[src] = min(cutoff[src], line + 1)
+                restored_step[a] = ev["step"]
+    # final fate of every episode
+    fates: dict[str, list[str]] = defaultdict(list)
+    finished: set[str] = set()
+    for a in attempts:
+        for ev in orch[a]:
+            live = ev["_line"] < cutoff[a]
+            if ev["e"] == "finished":
+                if live:
+                    finished.add(ev["id"])
+                else:
+                    report.rolled_back += 1
+            elif live and ev["e"] in ("rejected", "dropped_stale", "leftover"):
+                for eid in ev["ids"]:
+                    fates[eid].append(ev["e"])
+    # final training history: for each step, the last attempt that trained it (later attempts restart
+    # from a checkpoint and supersede the steps after it)
+    by_step: dict[int, tuple[int, list[str]]] = {}
+    for a in attempts:
+        for ev in ledger.get((a, "trainer"), []):
+            if ev["e"] == "trained":
+                prev = by_step.get(ev["step"])
+                if prev is None or a >= prev[0]:
+                    by_step[ev["step"]] = (a, ev["ids"])
+    for step, (_, ids) in by_step.items():
+        for eid in ids:
+            fates[eid].append(f"trained@{step}")
+    report.steps = len(by_step)
+    missing_steps = [s for s in range(1, max(by_step, default=0) + 1) if s not in by_step]
+    if missing_steps:
+        report.problems.append(f"steps never trained: {missing_steps[:10]}")
+    counts = Counter()
+    for eid in finished:
+        f = fates.get(eid, [])
+        if not f:
+            report.problems.append(f"episode {eid} finished but was never trained, rejected, dropped or left over")
+        elif len(f) > 1:
+            report.problems.append(f"episode {eid} has {len(f)} fates: {f}")
+        else:
+            counts[f[0].split("@")[0]] += 1
+    for eid, f in fates.items():
+        if eid not in finished and any(x.startswith("trained") for x in f):
+            report.problems.append(f"episode {eid} was trained but its finish was rolled back or never recorded")
+    report.finished = len(finished)
+    report.trained = counts["trained"]
+    report.rejected = counts["rejected"]
+    report.dropped_stale = counts["dropped_stale"]
+    report.leftover = counts["leftover"]
+    report.problems = report.problems[:50]
+    return report
