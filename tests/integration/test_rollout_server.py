@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import sys
 
 import pytest
 import torch
-from rlrun.launcher.processes import Child, free_port, wait_http_ok
 from rlrun.orchestrator.weights import WeightsError, push_weights, weights_signature
 from rlrun.rollout.client import RolloutClient
 from rlrun.spec import SamplingSpec
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from .helpers import alive, write_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -23,20 +19,9 @@ PROMPTS = ["flat is=", "never=", "beautiful=", "now is better="]
 GREEDY = SamplingSpec.model_construct(temperature=0.0, top_p=1.0, max_tokens=20)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, cache_dir, tiny_model):
-    tmp = tmp_path_factory.mktemp("rollout")
-    manifest = write_manifest(tmp / "m.yaml")
-    port = free_port()
-    argv = [sys.executable, "-m", "rlrun", "rollout", str(manifest), "--port", str(port), "--cache-dir", str(cache_dir)]
-    child = Child("rollout", argv, tmp / "rollout.log")
-    try:
-        wait_http_ok(f"http://127.0.0.1:{port}/health", child, timeout_s=300)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        tree = {p.pid for p in child.tree()}
-        child.stop()
-        assert alive(tree) == [], "rollout server left processes behind"
+@pytest.fixture
+def server(rollout_server):
+    return rollout_server
 
 
 def hf_greedy(model_dir, tok, prompts):

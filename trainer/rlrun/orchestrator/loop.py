@@ -52,7 +52,7 @@ from rlrun.ledger import Ledger
 from rlrun.orchestrator import snapshot as sink_snapshot
 from rlrun.orchestrator.control import ControlServer
 from rlrun.orchestrator.dispatcher import Dispatcher, GroupResult
-from rlrun.orchestrator.sink import SinkCounters, TrainSink
+from rlrun.orchestrator.sink import OpenGroup, SinkCounters, TrainSink
 from rlrun.orchestrator.source import TrainSource
 from rlrun.orchestrator.types import GroupRequest
 from rlrun.orchestrator.weights import Signature, push_weights, weights_signature
@@ -151,6 +151,7 @@ class Orchestrator:
         self._tokens_since_ship = 0
         self._last_ship_time = time.monotonic()
         self._metrics_file = None
+        self._next_member: dict[int, int] = {}  # next member number of each group with work out
 
     def _record(self, event: str, ids: list[str], **fields) -> None:
         self.ledger.write(event, ids=ids, **fields)
@@ -275,8 +276,9 @@ class Orchestrator:
             self.sink.counters = SinkCounters(**snap.counters)
         self.sink.queue = plan.queue
         for group_id, task, episodes in plan.open_groups:
-            self.sink.open_groups[group_id] = sink_snapshot.OpenGroupState(group_id, task, list(episodes))
+            self.sink.open_groups[group_id] = OpenGroup(group_id, task, list(episodes))
         self.source.resume_requests = deque(plan.resume_requests)
+        self._next_member = {r.group_id: r.next_member for r in plan.resume_requests}
         self.sink.counters.samples_dropped_stale += len(plan.dropped_samples)
         self.sink.counters.members_left_out_stale += len(plan.dropped_episodes)
         dropped = [s.trace.episode_id for s in plan.dropped_samples] + [e.episode_id for e in plan.dropped_episodes]
@@ -339,6 +341,7 @@ class Orchestrator:
                 v=self.policy_version,
             )
             self.dispatcher.dispatch(request, self.policy_version)
+            self._next_member[request.group_id] = max(self._next_member.get(request.group_id, 0), request.next_member)
             committed += request.n
 
     async def _maybe_ship(self) -> None:
@@ -353,11 +356,40 @@ class Orchestrator:
             self.shipped = step
             self.ledger.write("shipped", step=step, ids=[s.trace.episode_id for s in batch])
             self._write_metrics(step, batch)
-            cancelled = self.dispatcher.cancel_stale(self.sink.min_fresh(step + 1))
+            floor = self.sink.min_fresh(step + 1)
+            cancelled = self.dispatcher.cancel_stale(floor)
             for r in cancelled:
                 self.ledger.write("cancelled", group=r.group_id, first_member=r.first_member, n=r.n)
+                self._after_cancel(r, floor)
             if cancelled:
                 log.info("cancelled %d in-flight groups that can no longer train", len(cancelled))
+
+    def _after_cancel(self, request: GroupRequest, floor: int) -> None:
+        """A stale request of a group was cancelled: finish or abandon the group, never orphan it.
+
+        The group's finished members older than ``floor`` are dropped (they could not train);
+        if fresh members remain, or other requests of the group are still out, the cancelled
+        members are requested again (same task and group id, new member numbers) before any
+        new task; otherwise the group is abandoned. Without this, a half-finished group would
+        wait forever for members that were cancelled, and hold flow-control budget.
+        """
+        g = request.group_id
+        group = self.sink.open_groups.get(g)
+        fresh = []
+        if group is not None:
+            stale = [e for e in group.episodes if e.policy_version < floor]
+            fresh = [e for e in group.episodes if e.policy_version >= floor]
+            if stale:
+                self.sink.counters.members_left_out_stale += len(stale)
+                self._record("dropped_stale", [e.episode_id for e in stale], group=g, at="cancel")
+            group.episodes = fresh
+        still_out = any(r.group_id == g for r in self.dispatcher.emitted_requests())
+        if fresh or still_out:
+            first = self._next_member.get(g, request.next_member)
+            self.source.add_resume_request(GroupRequest(g, request.task, request.n, first))
+            self._next_member[g] = first + request.n
+        elif group is not None:
+            del self.sink.open_groups[g]
 
     def _write_metrics(self, step: int, batch) -> None:
         now = time.monotonic()
@@ -537,6 +569,8 @@ class Orchestrator:
             await self._wait_healthy()
             if not (self.resume and await self._restore()):
                 self._check_fresh_run_dir()
+                if self.reference is not None:  # servers may hold another run's weights: start from ours
+                    await push_weights(list(self.dispatcher.clients.values()), self.model_path, 0, self.reference)
             self._metrics_file = open(self.run_dir.metrics, "a")  # noqa: SIM115 - open for the run
             self.phase = "running"
             follower = asyncio.create_task(self._follow_trainer())
@@ -590,7 +624,10 @@ class Orchestrator:
         self._tokens_since_ship += result.tokens
         for e in result.episodes:
             self.ledger.write("finished", id=e.episode_id, reward=round(e.reward, 6), v=e.policy_version)
-        self.sink.add_episodes(result.request.group_id, result.request.task, result.episodes, self.shipped + 1)
+        g = result.request.group_id
+        self.sink.add_episodes(g, result.request.task, result.episodes, self.shipped + 1)
+        if g not in self.sink.open_groups and not any(r.group_id == g for r in self.dispatcher.emitted_requests()):
+            self._next_member.pop(g, None)  # the group is scored: forget its numbering
 
 
 __all__ = ["GroupRequest", "Orchestrator", "OrchestratorError"]
