@@ -101,9 +101,7 @@ def run_trial(tmp_path, cache_dir, url, crash_env=None, kill_after_s=None):
 @pytest.mark.parametrize("phase", SAVE_PHASES)
 def test_kill_between_save_phases_resumes_from_a_complete_checkpoint(tmp_path, cache_dir, rollout_server, phase, hit):
     # hit 1 is the step-0 save; hits 2 and 3 are the saves of steps 2 and 4
-    ckpt, _ = run_trial(
-        tmp_path, cache_dir, rollout_server, {"RLRUN_CRASH_AT": phase, "RLRUN_CRASH_AT_HIT": str(hit)}
-    )
+    ckpt, _ = run_trial(tmp_path, cache_dir, rollout_server, {"RLRUN_CRASH_AT": phase, "RLRUN_CRASH_AT_HIT": str(hit)})
     saved_step = 2 * (hit - 1)
     # killed before the rename: the save of that step never happened; after it: it did
     expected = saved_step if phase in ("after_rename", "after_dir_fsync") else saved_step - 2
