@@ -1,6 +1,8 @@
-"""Small real objects for unit tests."""
+"""Small real objects for unit tests (token fields as arrays, as the dispatcher makes them)."""
 
 from __future__ import annotations
+
+from array import array
 
 from rlrun.envs.base import Task
 from rlrun.orchestrator.types import Episode, QueuedTrace, TrainingSample
@@ -15,9 +17,9 @@ def episode(group_id: int, member: int, reward: float, version: int, completion=
         episode_id=f"{group_id}/{member}",
         group_id=group_id,
         task=task(group_id),
-        prompt_ids=[3, 4, 9],
-        completion_ids=list(completion),
-        logprobs=[-0.5] * len(completion),
+        prompt_ids=array("q", [3, 4, 9]),
+        completion_ids=array("q", completion),
+        logprobs=array("d", [-0.5] * len(completion)),
         policy_version=version,
         reward=reward,
         finish_reason="stop",
@@ -26,9 +28,9 @@ def episode(group_id: int, member: int, reward: float, version: int, completion=
 
 def sample(group_id: int, member: int, version: int, advantage: float = 0.5) -> TrainingSample:
     return TrainingSample(
-        prompt_ids=[3, 4, 9],
-        completion_ids=[5, 0],
-        logprobs=[-0.1, -0.2],
+        prompt_ids=array("q", [3, 4, 9]),
+        completion_ids=array("q", [5, 0]),
+        logprobs=array("d", [-0.1, -0.2]),
         advantage=advantage,
         reward=0.5,
         trace=QueuedTrace("reverse-text", version, group_id, f"{group_id}/{member}"),

@@ -59,13 +59,13 @@ def collate(samples: list[TrainingSample], pad_id: int) -> dict[str, torch.Tenso
     loss_mask = torch.zeros((b, width - 1), dtype=torch.bool)
     old_logprobs = torch.zeros((b, width - 1), dtype=torch.float32)
     for i, s in enumerate(samples):
-        ids = s.prompt_ids + s.completion_ids
+        ids = [*s.prompt_ids, *s.completion_ids]
         p, c = len(s.prompt_ids), len(s.completion_ids)
         input_ids[i, : len(ids)] = torch.tensor(ids)
         attention_mask[i, : len(ids)] = 1
         # target input_ids[:, t + 1] is predicted at position t: completion token j sits at p + j.
         loss_mask[i, p - 1 : p - 1 + c] = True
-        old_logprobs[i, p - 1 : p - 1 + c] = torch.tensor(s.logprobs, dtype=torch.float32)
+        old_logprobs[i, p - 1 : p - 1 + c] = torch.tensor(list(s.logprobs), dtype=torch.float32)
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,

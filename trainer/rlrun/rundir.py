@@ -25,6 +25,7 @@ import signal
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
@@ -53,8 +54,9 @@ def _fault_point(phase: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def write_file_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a fsynced temporary file and a rename; fsync the parent after.
+def write_file_atomic(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None]) -> None:
+    """Write ``data`` (bytes, or a function that writes to a binary file) to ``path`` via a fsynced
+    temporary file and a rename; fsync the parent after.
 
     A kill at any instant leaves either the old file or the new one at ``path`` (and at worst
     a stray ``.<name>.tmp-*`` file, which readers ignore).
@@ -65,7 +67,10 @@ def write_file_atomic(path: str | os.PathLike, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            if callable(data):
+                data(fh)
+            else:
+                fh.write(data)
             fh.flush()
             _fault_point("after_temp_write")
             os.fsync(fh.fileno())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from array import array
 from dataclasses import dataclass
 
 import httpx
@@ -172,6 +173,7 @@ class Dispatcher:
                     if url in self.load:
                         self.load[url] -= request.n
         env = self.envs[request.task.env]
+        prompt = array("q", prompt_ids)
         episodes = []
         for k, c in enumerate(completions):
             ids = c.token_ids[: c.token_ids.index(self.eos_id)] if self.eos_id in c.token_ids else c.token_ids
@@ -181,9 +183,9 @@ class Dispatcher:
                     episode_id=f"{request.group_id}/{member}",
                     group_id=request.group_id,
                     task=request.task,
-                    prompt_ids=prompt_ids,
-                    completion_ids=c.token_ids,
-                    logprobs=c.logprobs,
+                    prompt_ids=prompt,
+                    completion_ids=array("q", c.token_ids),
+                    logprobs=array("d", c.logprobs),
                     policy_version=policy_version,
                     reward=env.reward(request.task, self.decode(ids)),
                     finish_reason=c.finish_reason,

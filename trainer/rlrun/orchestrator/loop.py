@@ -31,6 +31,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -42,10 +43,10 @@ from rlrun.checkpoint import (
     TRAINER_PROGRESS_FILE,
     check_compatible,
     complete_steps,
-    encode_progress,
     latest_complete_checkpoint,
     prune_checkpoints,
     run_identity,
+    write_progress,
 )
 from rlrun.envs import make_env
 from rlrun.ledger import Ledger
@@ -61,6 +62,11 @@ from rlrun.rundir import RunDir, step_dirs, write_file_atomic
 from rlrun.spec import RLRunSpec
 
 log = logging.getLogger(__name__)
+
+#: GIL switch interval of the orchestrator process, seconds. Snapshots are serialized in a
+#: thread; with Python's default 5 ms the event loop can wait that long for the GIL at each
+#: switch (measured p99 7.2 ms at 10k queued traces), with 1 ms it waited 3.4 ms at p99.
+LOOP_SWITCH_INTERVAL_S = 0.001
 
 
 class OrchestratorError(RuntimeError):
@@ -476,7 +482,7 @@ class Orchestrator:
             def write() -> None:
                 os.fsync(self.ledger._fh.fileno())  # the ledger lines the snapshot refers to are durable first
                 sink_state, tensors = sink_snapshot.pack(snap)
-                write_file_atomic(path, encode_progress({**state, "sink": sink_state}, tensors))
+                write_file_atomic(path, lambda fh: write_progress(fh, {**state, "sink": sink_state}, tensors))
 
             t0 = time.perf_counter()
             await asyncio.to_thread(write)
@@ -546,6 +552,7 @@ class Orchestrator:
             OrchestratorError: unusable run dir or rollout servers that never get healthy.
             CheckpointMismatch: ``--resume`` against a checkpoint of a different run.
         """
+        sys.setswitchinterval(LOOP_SWITCH_INTERVAL_S)
         self._install_signal_handlers()
         if self.control is not None:
             await self.control.start()

@@ -53,6 +53,10 @@ def capture(sink, dispatcher) -> SinkSnapshot:
     )
 
 
+def _view(a: array, dtype: torch.dtype) -> torch.Tensor:
+    return torch.frombuffer(a, dtype=dtype) if len(a) else torch.zeros(0, dtype=dtype)
+
+
 class _Tokens:
     """Flat token/logprob arrays that records point into by index."""
 
@@ -72,28 +76,36 @@ class _Tokens:
         return len(self.prompt_lens) - 1
 
     def tensors(self) -> dict[str, torch.Tensor]:
+        """Zero-copy tensor views of the arrays (they stay alive with this object)."""
+        view = _view
         return {
-            "prompt_ids": torch.frombuffer(bytearray(self.prompt_ids), dtype=torch.int64)
-            if self.prompt_ids
-            else torch.zeros(0, dtype=torch.int64),
-            "completion_ids": torch.frombuffer(bytearray(self.completion_ids), dtype=torch.int64)
-            if self.completion_ids
-            else torch.zeros(0, dtype=torch.int64),
-            "logprobs": torch.frombuffer(bytearray(self.logprobs), dtype=torch.float64)
-            if self.logprobs
-            else torch.zeros(0, dtype=torch.float64),
-            "prompt_lens": torch.tensor(self.prompt_lens.tolist(), dtype=torch.int64),
-            "completion_lens": torch.tensor(self.completion_lens.tolist(), dtype=torch.int64),
+            "prompt_ids": view(self.prompt_ids, torch.int64),
+            "completion_ids": view(self.completion_ids, torch.int64),
+            "logprobs": view(self.logprobs, torch.float64),
+            "prompt_lens": view(self.prompt_lens, torch.int64),
+            "completion_lens": view(self.completion_lens, torch.int64),
         }
 
 
 def pack(snap: SinkSnapshot) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """JSON-compatible sink state and its token tensors (runs in a thread)."""
     tokens = _Tokens()
-    pending = []
+    # The queue can hold 10k+ samples: its per-sample fields go into arrays too, so the JSON
+    # part stays small (a long json.dumps holds the GIL and would stall the event loop).
+    envs: dict[str, int] = {}
+    cols = {k: array("d") for k in ("advantage", "reward")} | {
+        k: array("q") for k in ("policy_version", "group_id", "member", "env")
+    }
     for s in snap.pending_batch:
-        i = tokens.add(s.prompt_ids, s.completion_ids, s.logprobs)
-        pending.append({"row": i, "advantage": s.advantage, "reward": s.reward, "trace": asdict(s.trace)})
+        tokens.add(s.prompt_ids, s.completion_ids, s.logprobs)
+        t = s.trace
+        cols["advantage"].append(s.advantage)
+        cols["reward"].append(s.reward)
+        cols["policy_version"].append(t.policy_version)
+        cols["group_id"].append(t.group_id)
+        cols["member"].append(int(t.episode_id.rsplit("/", 1)[1]))
+        cols["env"].append(envs.setdefault(t.env, len(envs)))
+    pending = {"count": len(snap.pending_batch), "envs": list(envs)}
     groups = []
     for group_id, task, episodes in snap.open_groups:
         eps = []
@@ -116,7 +128,10 @@ def pack(snap: SinkSnapshot) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         "emitted_train_groups": [r.to_dict() for r in snap.emitted_train_groups],
         "counters": snap.counters,
     }
-    return state, {f"sink.{k}": v for k, v in tokens.tensors().items()}
+    tensors = {f"sink.{k}": v for k, v in tokens.tensors().items()}
+    for k, col in cols.items():
+        tensors[f"sink.pending.{k}"] = _view(col, torch.float64 if col.typecode == "d" else torch.int64)
+    return state, tensors
 
 
 def unpack(state: dict[str, Any] | None, tensors: dict[str, torch.Tensor]) -> SinkSnapshot:
@@ -126,23 +141,25 @@ def unpack(state: dict[str, Any] | None, tensors: dict[str, torch.Tensor]) -> Si
     t = {k.removeprefix("sink."): v for k, v in tensors.items() if k.startswith("sink.")}
     p_off = _offsets(t["prompt_lens"])
     c_off = _offsets(t["completion_lens"])
-    prompt_ids, completion_ids, logprobs = (
-        t["prompt_ids"].tolist(),
-        t["completion_ids"].tolist(),
-        t["logprobs"].tolist(),
-    )
+    prompt_ids = _array("q", t["prompt_ids"])
+    completion_ids = _array("q", t["completion_ids"])
+    logprobs = _array("d", t["logprobs"])
 
-    def row(i: int) -> tuple[list[int], list[int], list[float]]:
+    def row(i: int) -> tuple[array, array, array]:
         return (
             prompt_ids[p_off[i] : p_off[i + 1]],
             completion_ids[c_off[i] : c_off[i + 1]],
             logprobs[c_off[i] : c_off[i + 1]],
         )
 
+    pb = state["pending_batch"]
+    cols = {k.removeprefix("pending."): v.tolist() for k, v in t.items() if k.startswith("pending.")}
     pending = []
-    for rec in state["pending_batch"]:
-        p, c, lp = row(rec["row"])
-        pending.append(TrainingSample(p, c, lp, rec["advantage"], rec["reward"], QueuedTrace(**rec["trace"])))
+    for i in range(pb["count"]):
+        p, c, lp = row(i)
+        g = cols["group_id"][i]
+        trace = QueuedTrace(pb["envs"][cols["env"][i]], cols["policy_version"][i], g, f"{g}/{cols['member'][i]}")
+        pending.append(TrainingSample(p, c, lp, cols["advantage"][i], cols["reward"][i], trace))
     groups = []
     for g in state["open_groups"]:
         task = Task.from_dict(g["task"])
@@ -165,6 +182,12 @@ def unpack(state: dict[str, Any] | None, tensors: dict[str, torch.Tensor]) -> Si
         groups.append((g["group_id"], task, eps))
     emitted = [GroupRequest.from_dict(r) for r in state["emitted_train_groups"]]
     return SinkSnapshot(pending, groups, emitted, dict(state.get("counters", {})))
+
+
+def _array(typecode: str, t: torch.Tensor) -> array:
+    out = array(typecode)
+    out.frombytes(t.contiguous().numpy().tobytes())
+    return out
 
 
 def _offsets(lens: torch.Tensor) -> list[int]:

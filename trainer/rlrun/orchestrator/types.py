@@ -6,11 +6,16 @@ scored together; a **sample** is an episode with its advantage, ready to train;
 its **trace** (:class:`QueuedTrace`) records where it came from and the policy
 version that generated it (the start of its policy span), which is what the
 staleness rule reads.
+
+Token ids and logprobs are ``Sequence``s: the dispatcher stores them as
+``array("q")`` / ``array("d")`` (8 bytes per value instead of a Python object each),
+which also lets a sink snapshot copy them into flat tensors with ``memcpy`` speed.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rlrun.envs.base import Task
@@ -45,21 +50,12 @@ class Episode:
     episode_id: str
     group_id: int
     task: Task
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
+    prompt_ids: Sequence[int]
+    completion_ids: Sequence[int]
+    logprobs: Sequence[float]
     policy_version: int
     reward: float
     finish_reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["task"] = self.task.to_dict()
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Episode:
-        return cls(**{**d, "task": Task.from_dict(d["task"])})
 
 
 @dataclass(frozen=True)
@@ -76,9 +72,9 @@ class QueuedTrace:
 class TrainingSample:
     """An episode scored and ready to train: tokens, sampling logprobs, advantage, trace."""
 
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
+    prompt_ids: Sequence[int]
+    completion_ids: Sequence[int]
+    logprobs: Sequence[float]
     advantage: float
     reward: float
     trace: QueuedTrace
@@ -93,13 +89,6 @@ class TrainingSample:
             reward=ep.reward,
             trace=QueuedTrace(ep.task.env, ep.policy_version, ep.group_id, ep.episode_id),
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainingSample:
-        return cls(**{**d, "trace": QueuedTrace(**d["trace"])})
 
 
 @dataclass(frozen=True)
