@@ -49,7 +49,7 @@ def start(role, manifest, run_dir, cache_dir, url, attempt, resume, env_extra=No
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def run_trial(tmp_path, cache_dir, url, crash_env=None, kill_after_s=None):
+def run_trial(tmp_path, cache_dir, url, crash_env=None, kill_after_s=None, sigterm_at_step=None):
     manifest = write_manifest(
         tmp_path / "m.yaml",
         group_size=4,
@@ -69,6 +69,10 @@ def run_trial(tmp_path, cache_dir, url, crash_env=None, kill_after_s=None):
             while time.monotonic() < deadline and orch.poll() is None:
                 time.sleep(0.05)
             orch.send_signal(signal.SIGKILL)
+        if sigterm_at_step is not None:
+            while len(metrics(run_dir / "metrics.jsonl")) < sigterm_at_step and orch.poll() is None:
+                time.sleep(0.05)
+            orch.send_signal(signal.SIGTERM)
         code = orch.wait(timeout=180)
     finally:
         trainer.send_signal(signal.SIGKILL)
@@ -76,6 +80,10 @@ def run_trial(tmp_path, cache_dir, url, crash_env=None, kill_after_s=None):
         orch.kill()
     if crash_env:
         assert code == -signal.SIGKILL, (run_dir / "orchestrator-1.log").read_text()[-3000:]
+    if sigterm_at_step is not None:
+        log1 = (run_dir / "orchestrator-1.log").read_text()
+        assert code == 0, log1[-3000:]
+        assert "SIGTERM: pausing" in log1 and ", pause)" in log1
     ckpt = latest_complete_checkpoint(RunDir(run_dir))  # what the resume will start from (may be none)
     trainer = start("trainer", manifest, run_dir, cache_dir, url, 2, True)
     orch = start("orchestrator", manifest, run_dir, cache_dir, url, 2, True)
@@ -114,3 +122,8 @@ def test_kill_at_a_random_instant_resumes_and_loses_nothing_finished_before_the_
 ):
     kill_after = random.Random(seed).uniform(4.0, 9.0)
     run_trial(tmp_path, cache_dir, rollout_server, kill_after_s=kill_after)
+
+
+def test_sigterm_pauses_writes_the_snapshot_and_exits_0_and_nothing_is_rolled_back(tmp_path, cache_dir, rollout_server):
+    _, report = run_trial(tmp_path, cache_dir, rollout_server, sigterm_at_step=3)
+    assert report.rolled_back == 0

@@ -282,18 +282,21 @@ class LocalLauncher:
         )
         return 0 if report.ok else 1
 
-    def _progress(self, rows: list[dict], t0: float) -> Table:
-        table = Table.grid(padding=(0, 2))
+    def _progress_cells(self, rows: list[dict], t0: float) -> list[str]:
         last = rows[-1] if rows else {}
-        table.add_row(
-            f"step [bold]{last.get('step', 0)}[/bold]/{self.max_steps}",
+        return [
+            f"step {last.get('step', 0)}/{self.max_steps}",
             f"reward {last.get('reward_mean') or 0:.3f}",
             f"{last.get('rollout_tokens_per_s', 0):.0f} tok/s",
             f"queue {last.get('queue', 0)}",
             f"staleness {last.get('staleness_mean', 0):.2f} (max {last.get('staleness_max', 0)})",
             f"policy v{last.get('policy_version', 0)}",
             f"{time.monotonic() - t0:.0f} s",
-        )
+        ]
+
+    def _progress(self, rows: list[dict], t0: float) -> Table:
+        table = Table.grid(padding=(0, 2))
+        table.add_row(*self._progress_cells(rows, t0))
         return table
 
     def _follow(self, trainer: Child, orch: Child, model_path: str) -> list[dict]:
@@ -316,7 +319,7 @@ class LocalLauncher:
                 else:
                     for row in new:
                         if row["step"] % every == 0 or row["step"] == self.max_steps:
-                            self.console.print(self._progress([row], t0))
+                            self.console.print("  ".join(self._progress_cells([row], t0)), markup=False)
                 for child in self.children:
                     code = child.poll()
                     if code is None:

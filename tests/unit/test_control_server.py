@@ -1,0 +1,113 @@
+"""The orchestrator's control server, on the real Orchestrator with instant fake rollout endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+
+import httpx
+import pytest
+from rlrun.checkpoint import latest_complete_checkpoint
+from rlrun.orchestrator.loop import Orchestrator
+from rlrun.rollout.client import RolloutClient
+from rlrun.rundir import RunDir, publish_dir
+from rlrun.spec import parse_manifest
+
+TOKEN = "s3cret-token"
+
+
+def fake_vllm():
+    """Answers vLLM's API at once; completions are the prompt reversed with some noise."""
+    rng = random.Random(0)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/completions":
+            body = json.loads(request.content)
+            answer = body["prompt"][-2::-1]
+            choices = [
+                {
+                    "index": i,
+                    "token_ids": [*(rng.randrange(2, 97) if rng.random() < 0.3 else t for t in answer), 0],
+                    "logprobs": {"token_logprobs": [-0.1] * (len(answer) + 1)},
+                    "finish_reason": "stop",
+                }
+                for i in range(body["n"])
+            ]
+            return httpx.Response(200, json={"choices": choices})
+        if request.url.path == "/collective_rpc":
+            return httpx.Response(200, json={"results": [{"ok": True}]})
+        return httpx.Response(200, json={})
+
+    return handler
+
+
+@pytest.fixture
+def orchestrator(tmp_path, tiny_model):
+    spec = parse_manifest(
+        {
+            "apiVersion": "rlrun.dev/v1alpha1",
+            "kind": "RLRun",
+            "metadata": {"name": "ctl"},
+            "spec": {
+                "model": {"builtin": "tiny-reverse"},
+                "envs": [{"name": "reverse-text"}],
+                "group_size": 4,
+                "batch_size": 10,
+                "max_steps": 50,
+                "rollout": {"max_inflight": 16, "members_per_request": 2},
+            },
+        }
+    ).spec
+    run_dir = RunDir(tmp_path / "run")
+
+    def trainer_part(tmp):  # what the trainer publishes at start-up: step 0
+        shutil.copy(tiny_model / "model.safetensors", tmp / "model.safetensors")
+        (tmp / "progress.json").write_text(json.dumps({"step": 0, "attempt": 0}))
+
+    run_dir.checkpoint(0).mkdir(parents=True)
+    publish_dir(run_dir.trainer_checkpoint(0), trainer_part)
+    handler = fake_vllm()
+    return Orchestrator(
+        spec,
+        run_dir,
+        ["http://fake-rollout:1"],
+        str(tiny_model),
+        control_port=0,
+        control_token=TOKEN,
+        client_factory=lambda url: RolloutClient(url, transport=httpx.MockTransport(handler)),
+    )
+
+
+async def test_status_and_pause_need_the_token_and_pause_writes_a_complete_checkpoint(orchestrator):
+    run = asyncio.create_task(orchestrator.run())
+    while orchestrator.shipped < 2:  # no trainer: flow control stops it after v + 1 + k = 2 batches
+        assert not run.done(), run.exception() if run.done() else None
+        await asyncio.sleep(0.01)
+    base = f"http://127.0.0.1:{orchestrator.control.port}"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=base) as http:
+        assert (await http.get("/healthz")).status_code == 200
+        assert (await http.get("/status")).status_code == 401
+        assert (await http.post("/pause", headers={"Authorization": "Bearer wrong"})).status_code == 401
+        status = (await http.get("/status", headers=auth)).json()
+        assert status["phase"] == "running" and status["step"] == 2
+        paused = (await http.post("/pause", headers=auth)).json()
+        assert set(paused) >= {"step", "queued_traces", "open_groups", "finished_episodes_kept", "path"}
+        assert paused["step"] == 0 and paused["queued_traces"] == len(orchestrator.sink.queue)
+        assert (await http.post("/pause", headers=auth)).json() == paused  # idempotent
+        status = (await http.get("/status", headers=auth)).json()
+        assert status["phase"] == "paused" and status["last_snapshot"] == paused
+        bad = await http.put("/rollout-endpoints", headers=auth, json={"endpoints": "nope"})
+        assert bad.status_code == 400
+    shipped = orchestrator.shipped
+    orchestrator.request_stop()
+    await asyncio.wait_for(run, 10)
+    ckpt = latest_complete_checkpoint(orchestrator.run_dir)
+    assert ckpt.step == 0 and ckpt.orchestrator["shipped"] == shipped == 2
+    assert (
+        len(ckpt.orchestrator["sink"]["emitted_train_groups"]) + ckpt.orchestrator["sink"]["pending_batch"]["count"]
+        >= 0
+    )
+    assert ckpt.orchestrator["sink"]["pending_batch"]["count"] == paused["queued_traces"]
