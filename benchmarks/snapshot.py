@@ -31,7 +31,6 @@ import time
 from array import array
 from pathlib import Path
 
-import httpx
 from rlrun.checkpoint import decode_progress, run_identity, save_orchestrator_progress, write_progress
 from rlrun.orchestrator.snapshot import SinkSnapshot, pack, unpack
 from rlrun.orchestrator.types import QueuedTrace, TrainingSample
@@ -131,52 +130,17 @@ def measure_size(n: int) -> dict:
     }
 
 
-def fake_vllm(rate: float):
-    """Async handler: reverse-text answers, served at ``rate`` samples/s in aggregate."""
-    rng = random.Random(0)
-    state = {"free_at": 0.0}
-
-    async def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/completions":
-            body = json.loads(request.content)
-            n = body.get("n", 1)
-            loop = asyncio.get_running_loop()
-            state["free_at"] = max(state["free_at"], loop.time()) + n / rate
-            await asyncio.sleep(state["free_at"] - loop.time())
-            answer = body["prompt"][-2::-1]
-            choices = []
-            for i in range(n):
-                ids = [rng.randrange(2, 97) if rng.random() < 0.2 else t for t in answer] + [0]
-                choices.append(
-                    {
-                        "index": i,
-                        "token_ids": ids,
-                        "logprobs": {"token_logprobs": [-0.1] * len(ids)},
-                        "finish_reason": "stop",
-                    }
-                )
-            return httpx.Response(200, json={"choices": choices})
-        if request.url.path == "/collective_rpc":
-            return httpx.Response(200, json={"results": [{"ok": True}]})
-        return httpx.Response(200, json={})
-
-    return handler
-
-
 def measure_resume(rate: float) -> dict:
     """Cold start → first batch vs resume (a full batch restored) → first batch, real orchestrator."""
     from rlrun.model.resolve import resolve_model
     from rlrun.orchestrator.loop import Orchestrator
-    from rlrun.rollout.client import RolloutClient
+    from rlrun.rollout.fake import fake_client_factory
     from rlrun.rundir import RunDir, publish_dir
     from rlrun.spec import load_manifest
 
     spec = load_manifest(ROOT / "examples" / "reverse-text.yaml").spec
     model_dir = resolve_model(spec.model)
-    handler = fake_vllm(rate)
-
-    def factory(url):
-        return RolloutClient(url, transport=httpx.MockTransport(handler))
+    factory = fake_client_factory(samples_per_s=rate)
 
     async def first_batch(orch: Orchestrator, step: int) -> float:
         t0 = time.perf_counter()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import shutil
 import statistics
 import subprocess
@@ -31,8 +30,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-
-import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "examples" / "reverse-text.yaml"
@@ -66,40 +63,6 @@ def measure_rl(steps: int, warmup: int, cache_dir: Path | None) -> dict:
     }
 
 
-def fake_vllm(vocab: list[int], eos: int, error_rate: float = 0.15):
-    """An httpx transport handler that answers vLLM's API instantly.
-
-    Completions are the prompt's text reversed (reverse-text prompts end with one separator
-    token) with each token replaced by a random one with probability ``error_rate``, so
-    rewards and group rejections look like a real run's.
-    """
-    rng = random.Random(0)
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        if path == "/v1/completions":
-            body = json.loads(request.content)
-            choices = []
-            answer = body["prompt"][-2::-1]
-            for i in range(body.get("n", 1)):
-                ids = [rng.choice(vocab) if rng.random() < error_rate else t for t in answer] + [eos]
-                choices.append(
-                    {
-                        "index": i,
-                        "text": "",
-                        "token_ids": ids,
-                        "logprobs": {"token_logprobs": [-rng.random() for _ in ids]},
-                        "finish_reason": "stop",
-                    }
-                )
-            return httpx.Response(200, json={"choices": choices})
-        if path == "/collective_rpc":
-            return httpx.Response(200, json={"results": [{"ok": True}]})
-        return httpx.Response(200, json={})
-
-    return handler
-
-
 def fake_trainer(run_dir, model_dir: Path, steps: int, interval: int, stop: threading.Event) -> None:
     """Publish broadcasts and trainer checkpoints as soon as each batch appears."""
     from rlrun.rundir import publish_dir
@@ -125,17 +88,13 @@ def fake_trainer(run_dir, model_dir: Path, steps: int, interval: int, stop: thre
 def measure_orchestrator(steps: int, cache_dir: Path | None) -> dict:
     from rlrun.model.resolve import resolve_model
     from rlrun.orchestrator.loop import Orchestrator
-    from rlrun.rollout.client import RolloutClient
+    from rlrun.rollout.fake import fake_client_factory
     from rlrun.rundir import RunDir
     from rlrun.spec import load_manifest
 
     spec = load_manifest(MANIFEST).spec
     model_dir = Path(resolve_model(spec.model, cache_dir))
-    vocab = list(range(2, 97))
-    handler = fake_vllm(vocab, eos=0)
-
-    def factory(url):
-        return RolloutClient(url, transport=httpx.MockTransport(handler))
+    factory = fake_client_factory(error_rate=0.15)
 
     with tempfile.TemporaryDirectory(prefix="rlrun-bench-orch-") as tmp:
         run_dir = RunDir(tmp)

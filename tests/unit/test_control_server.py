@@ -4,43 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import shutil
 
 import httpx
 import pytest
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.orchestrator.loop import Orchestrator
-from rlrun.rollout.client import RolloutClient
+from rlrun.rollout.fake import fake_client_factory
 from rlrun.rundir import RunDir, publish_dir
 from rlrun.spec import parse_manifest
 
 TOKEN = "s3cret-token"
-
-
-def fake_vllm():
-    """Answers vLLM's API at once; completions are the prompt reversed with some noise."""
-    rng = random.Random(0)
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/completions":
-            body = json.loads(request.content)
-            answer = body["prompt"][-2::-1]
-            choices = [
-                {
-                    "index": i,
-                    "token_ids": [*(rng.randrange(2, 97) if rng.random() < 0.3 else t for t in answer), 0],
-                    "logprobs": {"token_logprobs": [-0.1] * (len(answer) + 1)},
-                    "finish_reason": "stop",
-                }
-                for i in range(body["n"])
-            ]
-            return httpx.Response(200, json={"choices": choices})
-        if request.url.path == "/collective_rpc":
-            return httpx.Response(200, json={"results": [{"ok": True}]})
-        return httpx.Response(200, json={})
-
-    return handler
 
 
 @pytest.fixture
@@ -68,7 +42,6 @@ def orchestrator(tmp_path, tiny_model):
 
     run_dir.checkpoint(0).mkdir(parents=True)
     publish_dir(run_dir.trainer_checkpoint(0), trainer_part)
-    handler = fake_vllm()
     return Orchestrator(
         spec,
         run_dir,
@@ -76,7 +49,7 @@ def orchestrator(tmp_path, tiny_model):
         str(tiny_model),
         control_port=0,
         control_token=TOKEN,
-        client_factory=lambda url: RolloutClient(url, transport=httpx.MockTransport(handler)),
+        client_factory=fake_client_factory(error_rate=0.3),
     )
 
 

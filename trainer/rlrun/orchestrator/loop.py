@@ -226,7 +226,11 @@ class Orchestrator:
         root = self.run_dir.trainer_checkpoint(step)
         if not (root / TRAINER_PROGRESS_FILE).is_file():
             return False
-        return step == self.base_step or part_attempt(root) == self.attempt
+        return step == self.base_step or self._ours(root)
+
+    def _ours(self, part: Path) -> bool:
+        """Whether a trainer part or broadcast was written by this attempt (always, when unnumbered)."""
+        return self.attempt == 0 or part_attempt(part) == self.attempt
 
     def _newest_trainer_part(self) -> int | None:
         steps = [n for n in step_dirs(self.run_dir.checkpoints) if n >= self.base_step and self._trainer_part_ok(n)]
@@ -439,7 +443,7 @@ class Orchestrator:
             broadcasts = {
                 n: p
                 for n, p in step_dirs(self.run_dir.broadcasts).items()
-                if n > self.policy_version and part_attempt(p) == self.attempt
+                if n > self.policy_version and self._ours(p)
             }
             newest = max(broadcasts, default=0)
             if newest > self.policy_version and not self.paused:
