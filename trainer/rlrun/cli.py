@@ -148,6 +148,8 @@ def orchestrator(
         control_token=token,
     )
     asyncio.run(orch.run())
+    if orch.pause_error is not None:
+        raise typer.Exit(1)
 
 
 ledger_app = typer.Typer(no_args_is_help=True, help="Inspect a run's ledger of episode fates.")

@@ -152,6 +152,7 @@ class Orchestrator:
         )
         self.dispatcher: Dispatcher | None = None
         self._pause_result: asyncio.Future | None = None
+        self.pause_error: BaseException | None = None  # a SIGTERM pause that failed (the process exits 1)
         self._save_lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._tokens_since_ship = 0
@@ -441,9 +442,7 @@ class Orchestrator:
         """Load new broadcasts into the rollout servers; complete trainer checkpoints with our part."""
         while True:
             broadcasts = {
-                n: p
-                for n, p in step_dirs(self.run_dir.broadcasts).items()
-                if n > self.policy_version and self._ours(p)
+                n: p for n, p in step_dirs(self.run_dir.broadcasts).items() if n > self.policy_version and self._ours(p)
             }
             newest = max(broadcasts, default=0)
             if newest > self.policy_version and not self.paused:
@@ -540,6 +539,9 @@ class Orchestrator:
             async def graceful() -> None:
                 try:
                     await self.pause()
+                except Exception as exc:
+                    self.pause_error = exc
+                    log.error("SIGTERM: could not write the snapshot (%s); exiting without one", exc)
                 finally:
                     self.request_stop()
 
