@@ -128,7 +128,11 @@ class Dispatcher:
 
     def take(self, result: GroupResult) -> GroupResult:
         """Mark ``result`` (got from the results queue) as taken by the consumer."""
-        self.undelivered.pop(_key(result.request), None)
+        key = _key(result.request)
+        self.undelivered.pop(key, None)
+        # The task's done-callback may not have run yet; the request is no longer in flight either way,
+        # and a snapshot must not list it as emitted once its episodes are in the sink.
+        self.inflight.pop(key, None)
         return result
 
     def dispatch(self, request: GroupRequest, policy_version: int) -> None:

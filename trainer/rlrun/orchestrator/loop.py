@@ -357,15 +357,21 @@ class Orchestrator:
 
     async def _maybe_ship(self) -> None:
         while self.shipped < self.max_steps and not self.paused:
-            step = self.shipped + 1
-            batch = self.sink.take_batch(step)
-            if batch is None:
-                return
-            await asyncio.to_thread(
-                write_batch, self.run_dir.rollout_batch(step), step, batch, self.pad_id, self.attempt
-            )
-            self.shipped = step
-            self.ledger.write("shipped", step=step, ids=[s.trace.episode_id for s in batch])
+            # Cutting a batch and counting it shipped straddle an await (the file write): a snapshot
+            # taken in between would hold the batch neither in its queue nor as shipped, and a resume
+            # would lose it. The save lock keeps snapshots out of that window.
+            async with self._save_lock:
+                if self.paused:
+                    return
+                step = self.shipped + 1
+                batch = self.sink.take_batch(step)
+                if batch is None:
+                    return
+                await asyncio.to_thread(
+                    write_batch, self.run_dir.rollout_batch(step), step, batch, self.pad_id, self.attempt
+                )
+                self.shipped = step
+                self.ledger.write("shipped", step=step, ids=[s.trace.episode_id for s in batch])
             self._write_metrics(step, batch)
             floor = self.sink.min_fresh(step + 1)
             cancelled = self.dispatcher.cancel_stale(floor)
