@@ -8,8 +8,8 @@ table of reward per step and the ledger check. If any child dies, or on Ctrl-C,
 every child is stopped and the launcher exits non-zero, naming the dead child and
 showing its last log lines.
 
-``--preempt-at-step K`` exercises the preemption protocol: at step K the launcher
-asks the orchestrator to pause (``POST /pause``: snapshot written), SIGKILLs every
+``--preempt-at-step K`` exercises the preemption protocol: just after the trainer
+finishes step K, while new rollouts are in flight, the launcher asks the orchestrator to pause (``POST /pause``: snapshot written), SIGKILLs every
 process, restarts them all with ``--resume`` as the next attempt, prints what the
 resumed orchestrator restored, and carries on.
 """
@@ -34,6 +34,9 @@ from rlrun.ledger import check_ledger
 from rlrun.model.resolve import resolve_model
 from rlrun.rundir import RunDir, step_dirs
 from rlrun.spec import RLRun
+
+#: Seconds between the trainer finishing step K and a simulated preemption (see ``_preempt_due``).
+PREEMPT_DELAY_S = 0.3
 
 
 def read_metrics(path: Path, offset: int = 0) -> tuple[list[dict], int]:
@@ -115,6 +118,7 @@ class LocalLauncher:
         self.control_url = ""
         self.attempt = 0
         self._last_step = 0
+        self._trainer_done_at: float | None = None
 
     def _rlrun(self, *args: str) -> list[str]:
         argv = [sys.executable, "-m", "rlrun", *args, str(self.manifest_path)]
@@ -197,12 +201,27 @@ class LocalLauncher:
         resp.raise_for_status()
         return resp.json()
 
+    def _preempt_due(self) -> bool:
+        """True once the trainer has finished step ``preempt_at_step``, plus ``PREEMPT_DELAY_S``.
+
+        Right after a trainer step the orchestrator loads the new weights and rolls out the
+        batches they unlock, so groups are in flight and partly queued: the moment a node loss
+        costs the most finished work, which is what the simulation is for. (Pausing right after
+        a batch ships would often find an idle orchestrator waiting for the trainer.)
+        """
+        if self._trainer_done_at is None:
+            rows, _ = read_metrics(self.run_dir.trainer_metrics)
+            if any(r["step"] >= self.preempt_at_step for r in rows):
+                self._trainer_done_at = time.monotonic()
+            return False
+        return time.monotonic() - self._trainer_done_at >= PREEMPT_DELAY_S
+
     def _preempt(self, model_path: str) -> tuple[Child, Child]:
         """Simulated preemption: pause through the control server, SIGKILL everything, restart with --resume."""
         console = self.console
         snap = self._control("POST", "/pause")
         console.print(
-            f"[yellow]preemption at step {self._last_step}:[/yellow] snapshot of step {snap['step']} with "
+            f"[yellow]preemption after trainer step {self.preempt_at_step}:[/yellow] snapshot of step {snap['step']} with "
             f"{snap['queued_traces']} queued traces and {snap['open_groups']} open groups "
             f"({snap['finished_episodes_kept']} finished episodes kept) at {snap['path']}; killing every process"
         )
@@ -312,9 +331,10 @@ class LocalLauncher:
                 rows.extend(new)
                 if rows:
                     self._last_step = rows[-1]["step"]
-                if self.preempt_at_step and not self.preemptions and self._last_step >= self.preempt_at_step:
+                if self.preempt_at_step and not self.preemptions and self._preempt_due():
                     trainer, orch = self._preempt(model_path)
                     continue
+                if self.console.is_terminal:
                     live.update(self._progress(rows, t0))
                 else:
                     for row in new:

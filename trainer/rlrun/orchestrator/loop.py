@@ -612,7 +612,9 @@ class Orchestrator:
                     results = [await asyncio.wait_for(self.results.get(), timeout=self.poll_s)]
                 except asyncio.TimeoutError:
                     results = []
-                while not self.results.empty() and not self.paused:
+                if self.paused:  # a snapshot was taken meanwhile and lists these as emitted: they are re-run
+                    continue
+                while not self.results.empty():
                     results.append(self.results.get_nowait())
                 for result in results:
                     self.dispatcher.take(result)
