@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import psutil
@@ -54,3 +55,19 @@ def metrics(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def local_argv(manifest: Path, run_dir: Path, cache_dir: Path, *extra: str) -> list[str]:
+    """argv of ``rlrun local`` on ``manifest`` with its own run dir and model cache."""
+    return [
+        sys.executable,
+        "-m",
+        "rlrun",
+        "local",
+        str(manifest),
+        "--run-dir",
+        str(run_dir),
+        "--cache-dir",
+        str(cache_dir),
+        *extra,
+    ]

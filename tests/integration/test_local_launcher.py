@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
@@ -13,25 +12,15 @@ import pytest
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.rundir import RunDir
 
-from .helpers import alive, descendants, metrics, write_manifest
+from .helpers import alive, descendants, local_argv, metrics, write_manifest
 
 pytestmark = pytest.mark.integration
 
 
 def start_local(manifest, run_dir, cache_dir, *extra):
-    argv = [
-        sys.executable,
-        "-m",
-        "rlrun",
-        "local",
-        str(manifest),
-        "--run-dir",
-        str(run_dir),
-        "--cache-dir",
-        str(cache_dir),
-        *extra,
-    ]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        local_argv(manifest, run_dir, cache_dir, *extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def watch(proc, timeout_s, until=None):

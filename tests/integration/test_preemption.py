@@ -10,7 +10,7 @@ import sys
 import pytest
 from rlrun.ledger import check_ledger
 
-from .helpers import metrics, write_manifest
+from .helpers import local_argv, metrics, write_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -27,18 +27,8 @@ def test_preempt_at_step_resumes_queued_samples_and_open_groups(tmp_path, cache_
         rollout={"max_inflight": 64, "members_per_request": 2},
     )
     run_dir = tmp_path / "run"
-    argv = [
-        sys.executable,
-        "-m",
-        "rlrun",
-        "local",
-        str(manifest),
-        "--run-dir",
-        str(run_dir),
-        "--cache-dir",
-        str(cache_dir),
-    ]
-    proc = subprocess.run([*argv, "--preempt-at-step", "5"], capture_output=True, text=True, timeout=900)
+    argv = local_argv(manifest, run_dir, cache_dir, "--preempt-at-step", "5")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     m = re.search(r"Resuming with (\d+) queued traces and (\d+) open groups \((\d+) finished episodes kept\)", out)
