@@ -1,9 +1,17 @@
-"""The rlrun Kubernetes operator (kopf): reconciles ``RLRun`` objects into pods.
+"""The rlrun Kubernetes operator (kopf): reconciles ``RLRun`` objects into pods and reports status.
 
 The package is importable as ``rlrun_operator`` — never as ``operator``, which would
-shadow Python's standard library. Reconcile handlers arrive with the operator issue;
-for now the package exposes the API group and version the CRD will use, so both sides
-agree on them from the start.
+shadow Python's standard library. Layout, one job per module:
+
+- :mod:`.settings` — operator configuration from the environment (images, intervals);
+- :mod:`.naming` — object names and labels of a run;
+- :mod:`.builders` — pure functions: an RLRun in, Kubernetes object dicts out;
+- :mod:`.status` — pure functions: conditions and status fields from observations;
+- :mod:`.kube` — the few Kubernetes API calls, with retries on transient errors;
+- :mod:`.control` — the orchestrator's control-server client (``/status``, ``/pause``, endpoints);
+- :mod:`.metrics` — Prometheus metrics of the operator;
+- :mod:`.handlers` — thin kopf handlers tying these together;
+- :mod:`.main` — ``rlrun operator``: run kopf with liveness and metrics endpoints.
 """
 
 from rlrun.spec import API_GROUP, API_VERSION, KIND

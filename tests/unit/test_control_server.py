@@ -84,3 +84,26 @@ async def test_status_and_pause_need_the_token_and_pause_writes_a_complete_check
         >= 0
     )
     assert ckpt.orchestrator["sink"]["pending_batch"]["count"] == paused["queued_traces"]
+
+
+async def test_without_endpoints_it_waits_for_the_operator_to_send_them(orchestrator):
+    """On Kubernetes the orchestrator starts with no rollout URL; ``PUT /rollout-endpoints`` starts the work."""
+    orchestrator.rollout_urls = []
+    run = asyncio.create_task(orchestrator.run())
+    while orchestrator.control is None or orchestrator.control.port == 0 or orchestrator.dispatcher is None:
+        await asyncio.sleep(0.01)
+    base = f"http://127.0.0.1:{orchestrator.control.port}"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=base) as http:
+        await asyncio.sleep(0.5)
+        status = (await http.get("/status", headers=auth)).json()
+        assert status["phase"] == "starting" and status["rollout_endpoints"] == [] and status["step"] == 0
+        put = await http.put("/rollout-endpoints", headers=auth, json={"endpoints": ["http://fake-rollout:2/"]})
+        assert put.status_code == 200
+        while orchestrator.shipped < 1:
+            assert not run.done(), run.exception() if run.done() else None
+            await asyncio.sleep(0.01)
+        status = (await http.get("/status", headers=auth)).json()
+        assert status["phase"] == "running" and status["rollout_endpoints"] == ["http://fake-rollout:2"]
+    orchestrator.request_stop()
+    await asyncio.wait_for(run, 10)

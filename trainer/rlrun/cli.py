@@ -112,7 +112,9 @@ def trainer(
 def orchestrator(
     manifest: Path = ManifestArg,
     run_dir: Path = RunDirOpt,
-    rollout_url: list[str] = typer.Option(..., "--rollout-url", help="Base URL of a rollout server (repeatable)."),
+    rollout_url: list[str] = typer.Option(
+        [], "--rollout-url", help="Base URL of a rollout server (repeatable; none: wait for PUT /rollout-endpoints)."
+    ),
     max_steps: int = MaxStepsOpt,
     resume: bool = ResumeOpt,
     cache_dir: Path = CacheOpt,
@@ -135,6 +137,9 @@ def orchestrator(
     if control_port is not None and not token:
         typer.echo("error: --control-port needs $RLRUN_CONTROL_TOKEN (the bearer token)", err=True)
         raise typer.Exit(2)
+    if not rollout_url and control_port is None:
+        typer.echo("error: give --rollout-url, or --control-port so the operator can send the endpoints", err=True)
+        raise typer.Exit(2)
     orch = Orchestrator(
         run.spec,
         RunDir(run_dir),
@@ -150,6 +155,48 @@ def orchestrator(
     asyncio.run(orch.run())
     if orch.pause_error is not None:
         raise typer.Exit(1)
+
+
+@app.command("operator")
+def operator_(
+    namespace: list[str] = typer.Option([], "--namespace", "-n", help="Namespace to watch (repeatable; none: all)."),
+    health_port: int = typer.Option(8080, help="Port of GET /healthz (liveness)."),
+    metrics_port: int = typer.Option(9090, help="Port of the Prometheus /metrics endpoint."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Run the Kubernetes operator: reconcile RLRun objects into pods and report their status."""
+    try:
+        from rlrun_operator.main import run_operator
+    except ImportError as exc:
+        typer.echo(f"error: the operator needs the 'operator' extra (pip install 'rlrun[operator]'): {exc}", err=True)
+        raise typer.Exit(2) from None
+    run_operator(namespace, health_port, metrics_port, log_level)
+
+
+@app.command()
+def crd(
+    root: Path = typer.Option(Path("."), "--root", file_okay=False, help="Repository root to write into."),
+    check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 if the files differ."),
+    stdout: bool = typer.Option(False, "--stdout", help="Print the CRD instead of writing files."),
+) -> None:
+    """Generate the RLRun CRD from the spec into crds/ and the Helm chart's crds/."""
+    from rlrun.crd import CHART_CRD_FILE, CRD_FILE, render_crd, write_crds
+
+    if stdout:
+        typer.echo(render_crd(), nl=False)
+        return
+    if check:
+        text = render_crd()
+        stale = [
+            str(p) for p in (CRD_FILE, CHART_CRD_FILE) if not (root / p).is_file() or (root / p).read_text() != text
+        ]
+        if stale:
+            typer.echo(f"out of date (run `rlrun crd`): {', '.join(stale)}", err=True)
+            raise typer.Exit(1)
+        typer.echo("CRDs up to date")
+        return
+    for path in write_crds(root):
+        typer.echo(f"wrote {path}")
 
 
 ledger_app = typer.Typer(no_args_is_help=True, help="Inspect a run's ledger of episode fates.")

@@ -7,12 +7,16 @@ the reason, e.g. ``spec.group_size: must be ≥ 2``.
 
 Units: steps are optimizer steps (one shipped batch each); sizes count samples
 (one sample = one completion = one episode); ``max_tokens`` counts tokens.
+
+Some settings only matter on Kubernetes (``suspend``, ``storage``, ``scheduling``, the
+roles' ``image``/``resources``/``gpus``); ``rlrun local`` accepts and ignores them, so one
+manifest serves both. The CRD's schema is generated from these models (``rlrun crd``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -22,10 +26,13 @@ API_VERSION = "v1alpha1"
 KIND = "RLRun"
 
 BUILTIN_MODELS = ("tiny-reverse",)
+#: Longest ``metadata.name`` of an RLRun (see :class:`ObjectMeta`).
+MAX_NAME_LENGTH = 50
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: "yes" is not a bool nor "8" an int, as for the API server's schema validation
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ModelSpec(_Strict):
@@ -83,7 +90,7 @@ class OptimizerSpec(_Strict):
     """AdamW settings of the trainer."""
 
     lr: float = Field(default=3e-4, gt=0, le=1)
-    betas: tuple[float, float] = (0.9, 0.99)
+    betas: tuple[float, float] = Field(default=(0.9, 0.99), strict=False)  # YAML gives a list
     weight_decay: float = Field(default=0.0, ge=0)
     eps: float = Field(default=1e-8, gt=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
@@ -108,8 +115,49 @@ class CheckpointSpec(_Strict):
     keep_last: int = Field(default=2, ge=1)
 
 
-class RolloutSpec(_Strict):
-    """Rollout servers (vLLM).
+#: A Kubernetes resource quantity ("500m", "16Gi", "1"); the pattern is Kubernetes' own.
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+#: Kubernetes' label-value / DNS-1123 label pattern (names of claims and priority classes).
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class ResourcesSpec(_Strict):
+    """Container resources of one role's pods, as in a Kubernetes container (quantities as strings).
+
+    GPUs are asked for with the role's ``gpus`` instead of an ``nvidia.com/gpu`` key here.
+    """
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+
+
+class RoleSpec(_Strict):
+    """How the operator runs one role's pods (ignored by ``rlrun local``).
+
+    Attributes:
+        image: container image; None: the operator's default for the role.
+        resources: CPU / memory requests and limits.
+        gpus: ``nvidia.com/gpu`` requested and limited per pod (0: a CPU pod).
+    """
+
+    image: str | None = Field(default=None, min_length=1)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    gpus: int = Field(default=0, ge=0, le=16)
+
+
+class OrchestratorSpec(RoleSpec):
+    """The orchestrator pod (CPU only: it samples, scores and queues)."""
+
+    gpus: int = Field(default=0, ge=0, le=0)
+
+
+class TrainerSpec(RoleSpec):
+    """The trainer pod (one process; multi-node training is not supported yet)."""
+
+
+class RolloutSpec(RoleSpec):
+    """Rollout servers (vLLM), one pod each on Kubernetes.
 
     Attributes:
         replicas: number of vLLM servers.
@@ -120,7 +168,7 @@ class RolloutSpec(_Strict):
             group in one request, fastest on vLLM-CPU; smaller values let members finish apart).
     """
 
-    replicas: int = Field(default=1, ge=1)
+    replicas: int = Field(default=1, ge=1, le=256)
     max_inflight: int = Field(default=256, ge=1)
     kv_cache_gib: int = Field(default=1, ge=1)
     max_model_len: int | None = Field(default=None, ge=16)
@@ -149,11 +197,49 @@ class PreemptionSpec(_Strict):
         return self
 
 
+class StorageSpec(_Strict):
+    """The volume holding the run directory (checkpoints, batches, broadcasts, ledger, logs).
+
+    Every pod of a run mounts it, so pods on different nodes need ``ReadWriteMany``.
+
+    Attributes:
+        size: capacity of the claim the operator creates.
+        storage_class_name: its storage class (None: the cluster's default).
+        access_modes: its access modes.
+        existing_claim: use this PersistentVolumeClaim (in the run's namespace) instead of
+            creating one; it is never deleted by the operator.
+        retention_policy: what happens to a created claim when the RLRun is deleted:
+            ``Retain`` (default: the run directory outlives the RLRun) or ``Delete``.
+    """
+
+    size: Quantity = "20Gi"
+    storage_class_name: str | None = Field(default=None, min_length=1)
+    access_modes: list[Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"]] = Field(
+        default_factory=lambda: ["ReadWriteMany"], min_length=1, max_length=3
+    )
+    existing_claim: str | None = Field(default=None, max_length=253, pattern=DNS_LABEL_PATTERN)
+    retention_policy: Literal["Retain", "Delete"] = "Retain"
+
+
+class SchedulingSpec(_Strict):
+    """Where the run's pods may go: passed through to every pod unchanged (Kubernetes' own shapes)."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    affinity: dict[str, Any] | None = None
+    priority_class_name: str | None = Field(default=None, pattern=DNS_LABEL_PATTERN)
+
+
 class RLRunSpec(_Strict):
-    """``RLRun.spec``: everything that defines a training run."""
+    """``RLRun.spec``: everything that defines a training run.
+
+    ``suspend: true`` (Kueue's convention) has the operator pause the orchestrator (a
+    snapshot is written) and remove the pods; ``false`` again starts the next attempt
+    from that snapshot.
+    """
 
     model: ModelSpec
-    envs: list[EnvSpec] = Field(min_length=1)
+    envs: list[EnvSpec] = Field(min_length=1, max_length=64)
     group_size: int = Field(default=8, ge=2)
     batch_size: int = Field(default=64, ge=2)
     max_off_policy_steps: int = Field(default=1, ge=0)
@@ -165,6 +251,11 @@ class RLRunSpec(_Strict):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
+    orchestrator: OrchestratorSpec = Field(default_factory=OrchestratorSpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    storage: StorageSpec = Field(default_factory=StorageSpec)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    suspend: bool = False
 
     @model_validator(mode="after")
     def _cross_field(self) -> RLRunSpec:
@@ -186,7 +277,9 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    # ≤ 50 characters starting with a letter: the orchestrator Service is named "<name>-orchestrator",
+    # which must be a DNS-1035 label of at most 63 characters.
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
     namespace: str | None = None
 
 

@@ -181,11 +181,15 @@ class Orchestrator:
             "resume_requests": len(self.source.resume_requests),
             "last_snapshot": self.last_snapshot,
             "resume": self.resume_report,
+            "rollout_endpoints": sorted(self.dispatcher.clients) if self.dispatcher else list(self.rollout_urls),
         }
 
     async def set_endpoints(self, endpoints: list[str]) -> None:
         """Replace the rollout endpoints; new ones get the current weights first."""
-        assert self.dispatcher is not None
+        self.rollout_urls = [e.rstrip("/") for e in endpoints]
+        if self.dispatcher is None:  # still starting: the dispatcher is created with these
+            log.info("rollout endpoints now %s", sorted(self.rollout_urls))
+            return
         new = [e.rstrip("/") for e in endpoints if e.rstrip("/") not in self.dispatcher.clients]
         self.dispatcher.set_endpoints(endpoints)
         if new and self.policy_version > 0:
@@ -240,9 +244,21 @@ class Orchestrator:
     # -- set-up -------------------------------------------------------------------------------
 
     async def _wait_healthy(self) -> None:
+        """Wait for every rollout server to answer; with none yet, wait for ``PUT /rollout-endpoints``.
+
+        On Kubernetes the operator sends the endpoints once rollout pods are ready, which may take
+        as long as scheduling a GPU node: that wait has no deadline (the operator reports it).
+        """
+        waited = time.monotonic()
+        while not self.dispatcher.clients:
+            if time.monotonic() - waited > 30:
+                log.info("waiting for rollout endpoints (PUT /rollout-endpoints on the control server)")
+                waited = time.monotonic()
+            await asyncio.sleep(0.2)
         deadline = time.monotonic() + self.health_timeout_s
         pending = set(self.dispatcher.clients)
         while pending:
+            pending &= set(self.dispatcher.clients)  # endpoints removed meanwhile are not waited for
             for url in list(pending):
                 if await self.dispatcher.clients[url].healthy():
                     pending.discard(url)

@@ -1,0 +1,129 @@
+{{/*
+Chart name, truncated to 63 characters (the label value limit).
+*/}}
+{{- define "rlrun-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name of the namespaced objects: "<release>-<chart>", or "<release>" when the release name
+already contains the chart name; truncated to 63 characters.
+*/}}
+{{- define "rlrun-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Name of the cluster-scoped objects (ClusterRole, ClusterRoleBinding): the full name prefixed with
+the release namespace, so the same release name in two namespaces does not collide.
+*/}}
+{{- define "rlrun-operator.clusterName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "rlrun-operator.fullname" .) }}
+{{- end }}
+
+{{/*
+"name-version" for the helm.sh/chart label.
+*/}}
+{{- define "rlrun-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels of every object.
+*/}}
+{{- define "rlrun-operator.labels" -}}
+helm.sh/chart: {{ include "rlrun-operator.chart" . }}
+{{ include "rlrun-operator.selectorLabels" . }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: rlrun
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+Selector labels (stable across upgrades: never add version-dependent labels here).
+*/}}
+{{- define "rlrun-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rlrun-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Name of the operator's ServiceAccount.
+*/}}
+{{- define "rlrun-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "rlrun-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+"repository:tag" of an image value ({repository, tag}); an empty tag means the chart's appVersion.
+Call with (list $image $).
+*/}}
+{{- define "rlrun-operator.imageRef" -}}
+{{- $image := index . 0 }}
+{{- $root := index . 1 }}
+{{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) }}
+{{- end }}
+
+{{/*
+THE RBAC rules of the operator, the only place they are written. A YAML map of three rule lists:
+  namespaced     resources in the namespaces the operator watches: in the ClusterRole when it
+                 watches all namespaces, else in a Role in each watched namespace
+  clusterScoped  cluster-scoped reads it always needs (CRDs): always in a ClusterRole
+  clusterWide    only needed when it watches all namespaces (namespace discovery)
+templates/rbac.yaml reads it with fromYaml; tests compare the rendered rules with it and with the
+API calls the operator makes.
+*/}}
+{{- define "rlrun-operator.rbacRules" -}}
+namespaced:
+  - apiGroups: ["rlrun.dev"]
+    resources: ["rlruns"]
+    verbs: ["get", "list", "watch", "patch"]
+  - apiGroups: ["rlrun.dev"]
+    resources: ["rlruns/status"]
+    verbs: ["get", "patch"]
+  - apiGroups: [""]
+    resources: ["pods"]
+    verbs: ["list", "watch", "create", "delete"]
+  - apiGroups: [""]
+    resources: ["services"]
+    verbs: ["create"]
+  - apiGroups: [""]
+    resources: ["persistentvolumeclaims"]
+    verbs: ["create"]
+  - apiGroups: [""]
+    resources: ["configmaps"]
+    verbs: ["create", "patch"]
+  - apiGroups: [""]
+    resources: ["secrets"]
+    verbs: ["create", "get"]
+  - apiGroups: [""]
+    resources: ["events"]
+    verbs: ["create"]
+  - apiGroups: ["events.k8s.io"]
+    resources: ["events"]
+    verbs: ["create"]
+clusterScoped:
+  - apiGroups: ["apiextensions.k8s.io"]
+    resources: ["customresourcedefinitions"]
+    verbs: ["list", "watch"]
+clusterWide:
+  - apiGroups: [""]
+    resources: ["namespaces"]
+    verbs: ["list", "watch"]
+{{- end }}

@@ -1,0 +1,280 @@
+"""Pure builders: one RLRun in, the Kubernetes objects it needs out (plain dicts, nothing sent).
+
+For a run named ``R`` in attempt ``N``:
+
+| object | name | owned by the RLRun |
+|---|---|---|
+| PersistentVolumeClaim (run directory + model cache) | ``R-run`` | only with ``retention_policy: Delete`` |
+| Secret (orchestrator control token) | ``R-control`` | yes |
+| ConfigMap (the resolved manifest every pod reads) | ``R-config`` | yes |
+| Service (orchestrator control port) | ``R-orchestrator`` | yes |
+| Pod ``rlrun orchestrator`` | ``R-orchestrator-aN`` | yes |
+| Pod ``rlrun trainer`` | ``R-trainer-aN`` | yes |
+| Pods ``rlrun rollout`` (vLLM), ``rollout.replicas`` of them | ``R-rollout-I-aN`` | yes |
+
+Every pod mounts the claim at ``/var/lib/rlrun`` (run directory ``run/``, model cache
+``cache/``) and the ConfigMap at ``/etc/rlrun``; runs as a non-root user with no
+capabilities; gets ``terminationGracePeriodSeconds`` from ``spec.preemption`` (the
+orchestrator writes its snapshot on SIGTERM within ``snapshot_timeout_seconds``).
+Pods have ``restartPolicy: Never``: a restart is a new attempt, which the operator
+numbers (and which resumes from the newest complete checkpoint: every role gets
+``--resume``, which starts fresh on an empty run directory).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import yaml
+from rlrun.spec import API_GROUP, API_VERSION, KIND, RLRun, RoleSpec
+
+from rlrun_operator import naming as n
+from rlrun_operator.settings import OperatorSettings
+
+#: Non-root user and group of every container (the images create this user).
+RUN_AS_USER = 1000
+GPU_RESOURCE = "nvidia.com/gpu"
+#: Default requests of roles that give none: enough to schedule the tiny example.
+DEFAULT_REQUESTS = {
+    n.ORCHESTRATOR: {"cpu": "1", "memory": "2Gi"},
+    n.TRAINER: {"cpu": "1", "memory": "4Gi"},
+    n.ROLLOUT: {"cpu": "1", "memory": "4Gi"},
+}
+
+
+def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
+    """An owner reference to the RLRun ``body`` (deleting the RLRun garbage-collects the object)."""
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "name": body["metadata"]["name"],
+        "uid": body["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _meta(
+    body: dict[str, Any], name: str, component: str | None = None, attempt: int | None = None, owned: bool = True
+) -> dict[str, Any]:
+    run = body["metadata"]["name"]
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": body["metadata"]["namespace"],
+        "labels": n.labels(run, component, attempt),
+    }
+    if owned:
+        meta["ownerReferences"] = [owner_reference(body)]
+    return meta
+
+
+def resolved_manifest(run: RLRun, namespace: str) -> str:
+    """The manifest every pod reads: the spec with every default filled in, as YAML."""
+    doc = {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "metadata": {"name": run.metadata.name, "namespace": namespace},
+        "spec": run.spec.model_dump(mode="json"),
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def claim_name(run: RLRun) -> str:
+    """The claim a run's pods mount: the user's existing one, or the one the operator creates."""
+    return run.spec.storage.existing_claim or n.claim_name(run.metadata.name)
+
+
+def build_claim(body: dict[str, Any], run: RLRun) -> dict[str, Any] | None:
+    """The run directory's PersistentVolumeClaim, or None when ``storage.existing_claim`` is used.
+
+    Owned by the RLRun (so deleted with it) only when ``storage.retention_policy`` is ``Delete``.
+    """
+    storage = run.spec.storage
+    if storage.existing_claim:
+        return None
+    spec: dict[str, Any] = {
+        "accessModes": list(storage.access_modes),
+        "resources": {"requests": {"storage": storage.size}},
+    }
+    if storage.storage_class_name:
+        spec["storageClassName"] = storage.storage_class_name
+    meta = _meta(body, n.claim_name(run.metadata.name), owned=storage.retention_policy == "Delete")
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}
+
+
+def build_secret(body: dict[str, Any], token: str) -> dict[str, Any]:
+    """The Secret holding the orchestrator's control-server bearer token."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(body, n.secret_name(body["metadata"]["name"])),
+        "type": "Opaque",
+        "data": {n.TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def build_configmap(body: dict[str, Any], run: RLRun) -> dict[str, Any]:
+    """The ConfigMap with the resolved manifest (``rlrun.yaml``) that every role's command reads."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(body, n.configmap_name(run.metadata.name)),
+        "data": {n.MANIFEST_KEY: resolved_manifest(run, body["metadata"]["namespace"])},
+    }
+
+
+def build_orchestrator_service(body: dict[str, Any]) -> dict[str, Any]:
+    """The Service the operator reaches the orchestrator's control server through."""
+    run = body["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(body, n.orchestrator_service(run), n.ORCHESTRATOR),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {n.INSTANCE: run, n.COMPONENT: n.ORCHESTRATOR, n.MANAGED_BY: n.OPERATOR_NAME},
+            "ports": [{"name": "control", "port": n.CONTROL_PORT, "targetPort": "control", "protocol": "TCP"}],
+        },
+    }
+
+
+def _resources(role: RoleSpec, component: str) -> dict[str, Any]:
+    requests = dict(role.resources.requests) or dict(DEFAULT_REQUESTS[component])
+    limits = dict(role.resources.limits)
+    if role.gpus:
+        requests[GPU_RESOURCE] = str(role.gpus)
+        limits[GPU_RESOURCE] = str(role.gpus)
+    out: dict[str, Any] = {"requests": requests}
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def command(component: str, attempt: int) -> list[str]:
+    """The ``rlrun`` command a role's container runs (tests parse it with the real CLI)."""
+    if component == n.ORCHESTRATOR:
+        return [
+            "rlrun", "orchestrator", n.MANIFEST_PATH, "--run-dir", n.RUN_DIR, "--cache-dir", n.CACHE_DIR,
+            "--attempt", str(attempt), "--resume", "--control-host", "0.0.0.0", "--control-port", str(n.CONTROL_PORT),
+        ]  # fmt: skip
+    if component == n.TRAINER:
+        return [
+            "rlrun", "trainer", n.MANIFEST_PATH, "--run-dir", n.RUN_DIR, "--cache-dir", n.CACHE_DIR,
+            "--attempt", str(attempt), "--resume",
+        ]  # fmt: skip
+    if component == n.ROLLOUT:
+        return [
+            "rlrun", "rollout", n.MANIFEST_PATH, "--cache-dir", n.CACHE_DIR,
+            "--host", "0.0.0.0", "--port", str(n.ROLLOUT_PORT),
+        ]  # fmt: skip
+    raise ValueError(f"unknown component {component!r}")
+
+
+def _pod(
+    body: dict[str, Any],
+    run: RLRun,
+    settings: OperatorSettings,
+    component: str,
+    attempt: int,
+    index: int | None = None,
+) -> dict[str, Any]:
+    spec = run.spec
+    role: RoleSpec = {n.ORCHESTRATOR: spec.orchestrator, n.TRAINER: spec.trainer, n.ROLLOUT: spec.rollout}[component]
+    default_image = settings.rollout_image if component == n.ROLLOUT else settings.trainer_image
+    env = [
+        {"name": "RLRUN_CACHE_DIR", "value": n.CACHE_DIR},
+        {"name": "HF_HOME", "value": f"{n.CACHE_DIR}/hf"},
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    mounts = [
+        {"name": "data", "mountPath": n.DATA_DIR},
+        {"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "data", "persistentVolumeClaim": {"claimName": claim_name(run)}},
+        {"name": "config", "configMap": {"name": n.configmap_name(run.metadata.name)}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    container: dict[str, Any] = {
+        "name": component,
+        "image": role.image or default_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": command(component, attempt),
+        "env": env,
+        "resources": _resources(role, component),
+        "volumeMounts": mounts,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        },
+    }
+    if component == n.ORCHESTRATOR:
+        env.append(
+            {
+                "name": "RLRUN_CONTROL_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": n.secret_name(run.metadata.name), "key": n.TOKEN_KEY}},
+            }
+        )
+        container["ports"] = [{"name": "control", "containerPort": n.CONTROL_PORT, "protocol": "TCP"}]
+        container["readinessProbe"] = {
+            "httpGet": {"path": "/healthz", "port": "control"},
+            "periodSeconds": 5,
+            "failureThreshold": 3,
+        }
+    elif component == n.ROLLOUT:
+        # vLLM's worker processes share tensors through /dev/shm; the container default (64 MiB) is too small.
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        container["ports"] = [{"name": "http", "containerPort": n.ROLLOUT_PORT, "protocol": "TCP"}]
+        probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
+        # loading a model can take minutes: the startup probe allows 20 of them before liveness applies
+        container["startupProbe"] = {**probe, "periodSeconds": 10, "failureThreshold": 120}
+        container["readinessProbe"] = {**probe, "failureThreshold": 2}
+        container["livenessProbe"] = {**probe, "periodSeconds": 15, "failureThreshold": 4}
+    # The trainer serves nothing, so it has no probe: its progress is the orchestrator's step.
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": spec.preemption.termination_grace_period_seconds,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    scheduling = spec.scheduling
+    if scheduling.node_selector:
+        pod_spec["nodeSelector"] = dict(scheduling.node_selector)
+    if scheduling.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in scheduling.tolerations]
+    if scheduling.affinity:
+        pod_spec["affinity"] = dict(scheduling.affinity)
+    if scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = scheduling.priority_class_name
+    meta = _meta(body, n.pod_name(run.metadata.name, component, attempt, index), component, attempt)
+    if index is not None:
+        meta["labels"][n.ROLLOUT_INDEX] = str(index)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def build_pods(body: dict[str, Any], run: RLRun, settings: OperatorSettings, attempt: int) -> list[dict[str, Any]]:
+    """The pods of one attempt: rollout servers first (they take longest), trainer, orchestrator."""
+    pods = [_pod(body, run, settings, n.ROLLOUT, attempt, i) for i in range(run.spec.rollout.replicas)]
+    pods.append(_pod(body, run, settings, n.TRAINER, attempt))
+    pods.append(_pod(body, run, settings, n.ORCHESTRATOR, attempt))
+    return pods
+
+
+def build_run_objects(body: dict[str, Any], run: RLRun, settings: OperatorSettings, token: str) -> list[dict[str, Any]]:
+    """Everything a run needs besides its pods, in creation order (claim, Secret, ConfigMap, Service)."""
+    objects = [build_claim(body, run), build_secret(body, token), build_configmap(body, run)]
+    objects.append(build_orchestrator_service(body))
+    return [o for o in objects if o is not None]

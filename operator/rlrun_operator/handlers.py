@@ -1,0 +1,323 @@
+"""kopf handlers: thin glue between RLRun events, the builders, the API and the orchestrator.
+
+| handler | on | does |
+|---|---|---|
+| :func:`create_run` | RLRun created | claim, Secret, ConfigMap, Service, then attempt 0's pods (none if suspended) |
+| :func:`spec_changed` | ``spec`` updated | ``suspend`` → pause + remove pods / recreate them as the next attempt; other fields → ConfigMap (next attempt) |
+| :func:`poll_status` | timer, every ``status_interval_seconds`` | orchestrator ``/status`` + pods → status and conditions; endpoints kept in sync |
+| :func:`rollout_pod_changed` | a rollout pod changes | ready rollout servers → ``PUT /rollout-endpoints`` at once |
+| :func:`run_pods` | index of the operator's pods | per run, what the other handlers need of its pods |
+
+Deletion needs no handler: everything but a retained claim carries an owner reference
+and is garbage-collected. kopf keeps its progress in ``rlrun.dev/*`` annotations and,
+because of the timer, a finalizer it removes once the timer has stopped.
+
+Errors: a spec the pydantic model refuses → ``Failed`` condition (``InvalidSpec``) and
+``kopf.PermanentError`` (never retried); API errors → retried in :mod:`.kube`, then by kopf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+from typing import Any
+
+import kopf
+from rlrun.crd import PLURAL
+from rlrun.spec import API_GROUP, API_VERSION, KIND, ManifestError, RLRun, parse_manifest
+
+from rlrun_operator import naming as n
+from rlrun_operator.builders import build_configmap, build_pods, build_run_objects
+from rlrun_operator.control import ControlClient, ControlError
+from rlrun_operator.kube import Kube, load_api_client
+from rlrun_operator.metrics import OperatorMetrics
+from rlrun_operator.settings import OperatorSettings
+from rlrun_operator.status import PodView, failed, observe, pod_view, rollout_endpoints, suspended
+
+log = logging.getLogger(__name__)
+
+SETTINGS = OperatorSettings.from_env()
+METRICS = OperatorMetrics()
+RUNS = (API_GROUP, API_VERSION, PLURAL)
+OUR_PODS = {n.MANAGED_BY: n.OPERATOR_NAME}
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+class _State:
+    """Per-process caches: the API wrapper, one control client per run, the endpoints last pushed."""
+
+    def __init__(self) -> None:
+        self.kube: Kube | None = None
+        self.clients: dict[tuple[str, str], ControlClient] = {}
+        self.pushed: dict[tuple[str, str], list[str]] = {}
+
+
+STATE = _State()
+
+
+# -- start-up -------------------------------------------------------------------------------------
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_) -> None:
+    """kopf settings (annotations under ``rlrun.dev``, events only for warnings) and the API client."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=API_GROUP, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{API_GROUP}/finalizer"
+    settings.posting.level = logging.WARNING  # log lines become Events only from WARNING; transitions post their own
+    settings.execution.max_workers = 32
+    STATE.kube = Kube(load_api_client())
+
+
+@kopf.on.login()
+def login(**kwargs) -> kopf.ConnectionInfo | None:
+    """In a pod: the service account; elsewhere: ``$KUBECONFIG`` (tests point it at the API emulator)."""
+    if os.path.exists(SERVICE_ACCOUNT_TOKEN):
+        return kopf.login_with_service_account(**kwargs)
+    return kopf.login_with_kubeconfig(**kwargs)
+
+
+def _kube() -> Kube:
+    if STATE.kube is None:  # handlers may run before startup in embedded use; build it lazily then
+        STATE.kube = Kube(load_api_client())
+    return STATE.kube
+
+
+# -- the index of our pods ------------------------------------------------------------------------
+
+
+@kopf.index("pods", labels=OUR_PODS)
+def run_pods(body, namespace, labels, **_) -> dict[tuple[str, str], PodView]:
+    """``{(namespace, run): PodView}`` for every pod the operator created."""
+    return {(namespace, labels.get(n.INSTANCE, "")): pod_view(body)}
+
+
+def _pods_of(index: kopf.Index, namespace: str, name: str) -> list[PodView]:
+    return list(index.get((namespace, name), []))
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def _parse(body: dict[str, Any]) -> RLRun:
+    """The RLRun as the pydantic model; raises ManifestError like ``rlrun validate`` does."""
+    meta = body["metadata"]
+    return parse_manifest(
+        {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": KIND,
+            "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
+            "spec": dict(body.get("spec") or {}),
+        },
+        source=f"{meta.get('namespace')}/{meta['name']}",
+    )
+
+
+def _reject(body, patch, status, exc: ManifestError) -> kopf.PermanentError:
+    message = "; ".join(exc.errors)
+    patch.status.update(failed(dict(status), body["metadata"].get("generation"), "InvalidSpec", message))
+    kopf.warn(body, reason="InvalidSpec", message=message)
+    METRICS.set_phase(body["metadata"]["namespace"], body["metadata"]["name"], "Failed")
+    return kopf.PermanentError(f"invalid spec: {message}")
+
+
+async def _control(namespace: str, name: str) -> ControlClient:
+    key = (namespace, name)
+    if key not in STATE.clients:
+        token = await asyncio.to_thread(_kube().read_token, namespace, name)
+        url = SETTINGS.orchestrator_url.format(name=name, namespace=namespace, service=n.orchestrator_service(name))
+        STATE.clients[key] = ControlClient(url, token, SETTINGS.request_timeout_seconds)
+    return STATE.clients[key]
+
+
+async def _start_attempt(body, run: RLRun, attempt: int, logger) -> int:
+    """Create attempt ``attempt``'s pods; returns how many were created (existing ones are kept)."""
+    pods = build_pods(body, run, SETTINGS, attempt)
+    created = 0
+    for pod in pods:
+        created += await asyncio.to_thread(_kube().create, pod)
+    STATE.pushed.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
+    logger.info("attempt %d: %d pods created (%d already there)", attempt, created, len(pods) - created)
+    return created
+
+
+def _pending_status(status, generation: int | None, attempt: int) -> dict[str, Any]:
+    out = observe({**dict(status), "attempt": attempt}, generation, [], None, "waiting for the orchestrator to start")
+    out.update(attempt=attempt, preemptions=status.get("preemptions") or 0)
+    return out
+
+
+async def _delete_pods(pods: list[PodView], namespace: str, grace_s: int, components=n.COMPONENTS) -> int:
+    doomed = [p for p in pods if p.component in components and not p.deleting]
+    await asyncio.gather(*(asyncio.to_thread(_kube().delete_pod, namespace, p.name, grace_s) for p in doomed))
+    return len(doomed)
+
+
+# -- RLRun lifecycle ------------------------------------------------------------------------------
+
+
+@kopf.on.create(*RUNS)
+async def create_run(body, name, namespace, status, patch, logger, **_) -> None:
+    """Create the run's objects and, unless ``spec.suspend``, attempt 0's pods."""
+    with METRICS.track("create"):
+        try:
+            run = _parse(body)
+        except ManifestError as exc:
+            raise _reject(body, patch, status, exc) from None
+        generation = body["metadata"].get("generation")
+        for obj in build_run_objects(body, run, SETTINGS, secrets.token_urlsafe(32)):
+            await asyncio.to_thread(_kube().create, obj)
+        if run.spec.suspend:
+            patch.status.update(suspended(dict(status), generation, "Suspended", "created suspended"))
+            METRICS.set_phase(namespace, name, "Suspended")
+            kopf.info(body, reason="Suspended", message="created with spec.suspend: no pods until it is false")
+            return
+        count = await _start_attempt(body, run, 0, logger)
+        patch.status.update(_pending_status(status, generation, 0))
+        METRICS.set_phase(namespace, name, "Pending")
+        kopf.info(body, reason="Created", message=f"attempt 0: {count} pods created")
+
+
+@kopf.on.update(*RUNS, field="spec")
+async def spec_changed(body, old, new, name, namespace, status, patch, logger, run_pods: kopf.Index, **_) -> None:
+    """``suspend`` flips: suspend or resume the run. Other changes: the ConfigMap, used from the next attempt."""
+    with METRICS.track("update"):
+        old, new = dict(old or {}), dict(new or {})
+        try:
+            run = _parse(body)
+        except ManifestError as exc:
+            raise _reject(body, patch, status, exc) from None
+        generation = body["metadata"].get("generation")
+        if {k: v for k, v in old.items() if k != "suspend"} != {k: v for k, v in new.items() if k != "suspend"}:
+            cm = build_configmap(body, run)
+            await asyncio.to_thread(_kube().patch_configmap, namespace, cm["metadata"]["name"], cm["data"])
+            kopf.info(body, reason="SpecUpdated", message="the new spec takes effect at the next attempt")
+        was, now = bool(old.get("suspend")), bool(new.get("suspend"))
+        if was == now or status.get("phase") in TERMINAL_PHASES:
+            patch.status["observedGeneration"] = generation
+            return
+        pods = _pods_of(run_pods, namespace, name)
+        if now:
+            await _suspend(body, run, status, patch, pods, logger)
+        else:
+            attempt = 0 if status.get("attempt") is None else int(status["attempt"]) + 1
+            count = await _start_attempt(body, run, attempt, logger)
+            patch.status.update(_pending_status(status, generation, attempt))
+            METRICS.set_phase(namespace, name, "Pending")
+            kopf.info(body, reason="Resumed", message=f"attempt {attempt}: {count} pods created, resuming")
+
+
+async def _suspend(body, run: RLRun, status, patch, pods: list[PodView], logger) -> None:
+    """Pause the orchestrator (its snapshot keeps queued samples and open groups), then remove the pods."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    generation = body["metadata"].get("generation")
+    grace = run.spec.preemption.termination_grace_period_seconds
+    try:
+        client = await _control(namespace, name)
+        snap = await client.pause(timeout_s=run.spec.preemption.snapshot_timeout_seconds)
+        message = (
+            f"snapshot at step {snap.get('step')}: {snap.get('queued_traces')} queued samples, "
+            f"{snap.get('open_groups')} open groups ({snap.get('finished_episodes_kept')} finished episodes)"
+        )
+        kopf.info(body, reason="Paused", message=message)
+    except Exception as exc:  # the pods go regardless; SIGTERM makes the orchestrator pause itself
+        message = f"pause failed ({exc}); pods stop on SIGTERM and the run resumes from its newest checkpoint"
+        kopf.warn(body, reason="PauseFailed", message=message)
+    removed = await _delete_pods(pods, namespace, grace)
+    STATE.pushed.pop((namespace, name), None)
+    logger.info("suspended: %d pods deleted", removed)
+    patch.status.update(suspended(dict(status), generation, "Suspended", f"suspended; {message}"))
+    METRICS.set_phase(namespace, name, "Suspended")
+    kopf.info(body, reason="Suspended", message=f"{removed} pods deleted")
+
+
+@kopf.on.delete(*RUNS, optional=True)
+def forget_run(name, namespace, **_) -> None:
+    """Drop per-run caches (the objects themselves go by owner references)."""
+    STATE.pushed.pop((namespace, name), None)
+    client = STATE.clients.pop((namespace, name), None)
+    if client is not None:
+        asyncio.get_event_loop().create_task(client.aclose())
+    METRICS.set_phase(namespace, name, None)
+
+
+# -- status and endpoints -------------------------------------------------------------------------
+
+
+async def _push_endpoints(namespace: str, name: str, desired: list[str], logger) -> bool:
+    try:
+        client = await _control(namespace, name)
+        await client.set_endpoints(desired)
+    except Exception as exc:  # unreachable, 4xx/5xx, or the token's Secret gone: the timer tries again
+        logger.debug("endpoints not pushed yet: %s", exc)
+        return False
+    STATE.pushed[(namespace, name)] = desired
+    METRICS.endpoint_updates.inc()
+    logger.info("rollout endpoints sent to the orchestrator: %s", desired)
+    return True
+
+
+@kopf.timer(*RUNS, interval=SETTINGS.status_interval_seconds)
+async def poll_status(body, name, namespace, status, spec, patch, logger, run_pods: kopf.Index, **_) -> None:
+    """Poll the orchestrator's ``/status``, fold it and the pods into ``status``, keep endpoints in sync."""
+    phase = status.get("phase")
+    if spec.get("suspend") or phase in (*TERMINAL_PHASES, "Suspended") or status.get("attempt") is None:
+        return
+    with METRICS.track("status"):
+        generation = body["metadata"].get("generation")
+        pods = _pods_of(run_pods, namespace, name)
+        attempt = int(status["attempt"])
+        report, error = None, None
+        try:
+            report = await (await _control(namespace, name)).status()
+        except ControlError as exc:
+            error = str(exc)
+        desired = rollout_endpoints(pods, attempt)
+        if report is not None and report.get("rollout_endpoints") != desired:
+            await _push_endpoints(namespace, name, desired, logger)
+        new = observe(dict(status), generation, pods, report, error)
+        if new["phase"] == "Succeeded" and phase != "Succeeded":
+            grace = int(spec.get("preemption", {}).get("termination_grace_period_seconds", 30))
+            freed = await _delete_pods(pods, namespace, grace, components=(n.ROLLOUT,))
+            kopf.info(body, reason="Succeeded", message=f"{new['message']}; {freed} rollout pods removed")
+        elif new["phase"] == "Failed" and phase != "Failed":
+            kopf.warn(body, reason="Failed", message=new["message"])
+        elif new["phase"] == "Running" and phase != "Running":
+            kopf.info(body, reason="Running", message=new["message"])
+        changed = {k: v for k, v in new.items() if status.get(k) != v}
+        if changed:
+            patch.status.update(changed)
+        METRICS.set_phase(namespace, name, new["phase"])
+
+
+@kopf.on.event("pods", labels={**OUR_PODS, n.COMPONENT: n.ROLLOUT})
+async def rollout_pod_changed(namespace, labels, logger, run_pods: kopf.Index, **_) -> None:
+    """A rollout pod became ready, unready or went away: send the new endpoint set at once."""
+    name = labels.get(n.INSTANCE)
+    if not name:
+        return
+    pods = _pods_of(run_pods, namespace, name)
+    attempts = [p.attempt for p in pods if p.component == n.ORCHESTRATOR and not p.deleting]
+    if not attempts:
+        return
+    desired = rollout_endpoints(pods, max(attempts))
+    if STATE.pushed.get((namespace, name)) != desired:
+        with METRICS.track("endpoints"):
+            await _push_endpoints(namespace, name, desired, logger)
+
+
+__all__ = [
+    "METRICS",
+    "SETTINGS",
+    "configure",
+    "create_run",
+    "poll_status",
+    "rollout_pod_changed",
+    "run_pods",
+    "spec_changed",
+]

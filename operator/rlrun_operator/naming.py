@@ -1,0 +1,75 @@
+"""Names and labels of the objects the operator creates for one RLRun.
+
+Pods carry the attempt in their name and the ``rlrun.dev/attempt`` label: a new attempt's
+pods can be created while the previous attempt's are still terminating. Services select
+by run and component only, so they follow the run across attempts.
+"""
+
+from __future__ import annotations
+
+from rlrun.spec import API_GROUP
+
+OPERATOR_NAME = "rlrun-operator"
+APP_NAME = "rlrun"
+
+NAME = "app.kubernetes.io/name"
+INSTANCE = "app.kubernetes.io/instance"
+COMPONENT = "app.kubernetes.io/component"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+ATTEMPT = f"{API_GROUP}/attempt"
+ROLLOUT_INDEX = f"{API_GROUP}/rollout-index"
+
+ORCHESTRATOR = "orchestrator"
+TRAINER = "trainer"
+ROLLOUT = "rollout"
+COMPONENTS = (ORCHESTRATOR, TRAINER, ROLLOUT)
+
+#: Ports: the orchestrator's control server and vLLM's HTTP server.
+CONTROL_PORT = 8080
+ROLLOUT_PORT = 8000
+#: Paths inside the pods.
+CONFIG_DIR = "/etc/rlrun"
+MANIFEST_PATH = f"{CONFIG_DIR}/rlrun.yaml"
+DATA_DIR = "/var/lib/rlrun"
+RUN_DIR = f"{DATA_DIR}/run"
+CACHE_DIR = f"{DATA_DIR}/cache"
+#: Key of the control token in the run's Secret, and of the manifest in its ConfigMap.
+TOKEN_KEY = "token"
+MANIFEST_KEY = "rlrun.yaml"
+
+
+def labels(run: str, component: str | None = None, attempt: int | None = None) -> dict[str, str]:
+    """The labels of a run's objects (``component`` and ``attempt`` where they apply)."""
+    out = {NAME: APP_NAME, INSTANCE: run, MANAGED_BY: OPERATOR_NAME}
+    if component is not None:
+        out[COMPONENT] = component
+    if attempt is not None:
+        out[ATTEMPT] = str(attempt)
+    return out
+
+
+def selector(run: str, component: str | None = None) -> str:
+    """A label selector string matching the run's objects (of one component)."""
+    return ",".join(f"{k}={v}" for k, v in labels(run, component).items())
+
+
+def claim_name(run: str) -> str:
+    return f"{run}-run"
+
+
+def secret_name(run: str) -> str:
+    return f"{run}-control"
+
+
+def configmap_name(run: str) -> str:
+    return f"{run}-config"
+
+
+def orchestrator_service(run: str) -> str:
+    return f"{run}-orchestrator"
+
+
+def pod_name(run: str, component: str, attempt: int, index: int | None = None) -> str:
+    """``<run>-orchestrator-a0``, ``<run>-trainer-a0``, ``<run>-rollout-1-a0``."""
+    middle = component if index is None else f"{component}-{index}"
+    return f"{run}-{middle}-a{attempt}"

@@ -1,0 +1,43 @@
+"""Operator settings, read from ``RLRUN_OPERATOR_*`` environment variables (the Helm chart sets them)."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ENV_PREFIX = "RLRUN_OPERATOR_"
+
+
+class OperatorSettings(BaseModel):
+    """How the operator builds pods and how often it looks at runs.
+
+    Attributes:
+        trainer_image: default image of the orchestrator and trainer pods (a role's ``image`` overrides).
+        rollout_image: default image of the rollout (vLLM) pods.
+        image_pull_policy: ``imagePullPolicy`` of every container it creates.
+        status_interval_seconds: how often each run's orchestrator ``/status`` is polled, seconds.
+        orchestrator_url: template of the orchestrator control URL; ``{name}`` and ``{namespace}``
+            are the RLRun's, ``{service}`` the control Service's name.
+        request_timeout_seconds: timeout of one control-server request, seconds.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trainer_image: str = "ghcr.io/rlrun/rlrun-trainer:0.1.0"
+    rollout_image: str = "ghcr.io/rlrun/rlrun-rollout:0.1.0"
+    image_pull_policy: str = Field(default="IfNotPresent", pattern="^(Always|IfNotPresent|Never)$")
+    status_interval_seconds: float = Field(default=5.0, gt=0)
+    orchestrator_url: str = "http://{service}.{namespace}.svc:8080"
+    request_timeout_seconds: float = Field(default=5.0, gt=0)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> OperatorSettings:
+        """Settings from ``RLRUN_OPERATOR_<FIELD>`` variables (e.g. ``RLRUN_OPERATOR_TRAINER_IMAGE``).
+
+        Raises:
+            pydantic.ValidationError: a variable with a value of the wrong type.
+        """
+        env = os.environ if environ is None else environ
+        values = {f: env[ENV_PREFIX + f.upper()] for f in cls.model_fields if ENV_PREFIX + f.upper() in env}
+        return cls.model_validate(values)

@@ -1,0 +1,166 @@
+"""The pure builders: schema-valid objects, owner references, labels, and commands the real CLI accepts."""
+
+from __future__ import annotations
+
+import base64
+
+import kubernetes_validate
+import pytest
+import yaml
+from rlrun.cli import app
+from rlrun.spec import parse_manifest
+from rlrun_operator import naming as n
+from rlrun_operator.builders import build_pods, build_run_objects, command
+from rlrun_operator.settings import OperatorSettings
+from typer.main import get_command
+
+K8S_VERSION = kubernetes_validate.utils.latest_version()
+SETTINGS = OperatorSettings(trainer_image="registry.example/trainer:1", rollout_image="registry.example/rollout:1")
+
+
+def make(**spec_changes):
+    spec = {"model": {"builtin": "tiny-reverse"}, "envs": [{"name": "reverse-text"}], **spec_changes}
+    doc = {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "demo"}, "spec": spec}
+    body = {**doc, "metadata": {"name": "demo", "namespace": "team-a", "uid": "1234-uid", "generation": 1}}
+    return body, parse_manifest(doc)
+
+
+def all_objects(body, run, attempt=0):
+    return build_run_objects(body, run, SETTINGS, "tok") + build_pods(body, run, SETTINGS, attempt)
+
+
+def test_every_object_passes_the_kubernetes_schema_strictly():
+    body, run = make(
+        rollout={"replicas": 2, "gpus": 1, "resources": {"requests": {"cpu": "4", "memory": "32Gi"}}},
+        trainer={"gpus": 2, "image": "my/trainer:2", "resources": {"limits": {"memory": "64Gi"}}},
+        scheduling={
+            "node_selector": {"pool": "gpu"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "spot", "operator": "In", "values": ["1"]}]}
+                        ]
+                    }
+                }
+            },
+            "priority_class_name": "training",
+        },
+        storage={"storage_class_name": "fast-rwx", "size": "100Gi"},
+    )
+    objects = all_objects(body, run, attempt=3)
+    kinds = [o["kind"] for o in objects]
+    assert kinds == ["PersistentVolumeClaim", "Secret", "ConfigMap", "Service", "Pod", "Pod", "Pod", "Pod"]
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_labels_owner_references_and_attempt():
+    body, run = make(rollout={"replicas": 2})
+    for obj in all_objects(body, run, attempt=2):
+        labels = obj["metadata"]["labels"]
+        assert labels[n.NAME] == "rlrun" and labels[n.INSTANCE] == "demo" and labels[n.MANAGED_BY] == "rlrun-operator"
+        if obj["kind"] == "PersistentVolumeClaim":
+            assert "ownerReferences" not in obj["metadata"]  # retention policy Retain (the default)
+            continue
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert ref == {
+            "apiVersion": "rlrun.dev/v1alpha1",
+            "kind": "RLRun",
+            "name": "demo",
+            "uid": "1234-uid",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        if obj["kind"] == "Pod":
+            assert labels[n.ATTEMPT] == "2" and obj["metadata"]["name"].endswith("-a2")
+            assert labels[n.COMPONENT] in n.COMPONENTS
+    pods = [o for o in all_objects(body, run) if o["kind"] == "Pod"]
+    assert [p["metadata"]["name"] for p in pods] == [
+        "demo-rollout-0-a0",
+        "demo-rollout-1-a0",
+        "demo-trainer-a0",
+        "demo-orchestrator-a0",
+    ]
+
+
+def test_claim_retention_and_existing_claim():
+    body, run = make(storage={"retention_policy": "Delete", "access_modes": ["ReadWriteOnce"]})
+    claim = all_objects(body, run)[0]
+    assert claim["kind"] == "PersistentVolumeClaim" and claim["metadata"]["ownerReferences"][0]["uid"] == "1234-uid"
+    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "20Gi"}}}
+    body, run = make(storage={"existing_claim": "shared-runs"})
+    objects = all_objects(body, run)
+    assert "PersistentVolumeClaim" not in [o["kind"] for o in objects]
+    for pod in (o for o in objects if o["kind"] == "Pod"):
+        claims = [
+            v["persistentVolumeClaim"]["claimName"] for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v
+        ]
+        assert claims == ["shared-runs"]
+
+
+def test_pods_get_resources_gpus_scheduling_probes_and_grace_period():
+    body, run = make(
+        rollout={"replicas": 1, "gpus": 1},
+        trainer={"gpus": 2, "resources": {"requests": {"cpu": "8"}, "limits": {"memory": "64Gi"}}},
+        preemption={"snapshot_timeout_seconds": 30, "termination_grace_period_seconds": 90},
+        scheduling={"node_selector": {"pool": "spot"}, "tolerations": [{"key": "spot", "operator": "Exists"}]},
+    )
+    pods = {p["metadata"]["labels"][n.COMPONENT]: p for p in build_pods(body, run, SETTINGS, 0)}
+    trainer = pods["trainer"]["spec"]["containers"][0]
+    assert trainer["resources"] == {
+        "requests": {"cpu": "8", "nvidia.com/gpu": "2"},
+        "limits": {"memory": "64Gi", "nvidia.com/gpu": "2"},
+    }
+    assert trainer["image"] == "registry.example/trainer:1" and "readinessProbe" not in trainer
+    rollout = pods["rollout"]["spec"]["containers"][0]
+    assert rollout["image"] == "registry.example/rollout:1"
+    assert rollout["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert rollout["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    orch = pods["orchestrator"]["spec"]["containers"][0]
+    assert orch["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "control"}
+    token_env = next(e for e in orch["env"] if e["name"] == "RLRUN_CONTROL_TOKEN")
+    assert token_env["valueFrom"]["secretKeyRef"] == {"name": "demo-control", "key": "token"}
+    for pod in pods.values():
+        spec = pod["spec"]
+        assert spec["terminationGracePeriodSeconds"] == 90 and spec["restartPolicy"] == "Never"
+        assert spec["nodeSelector"] == {"pool": "spot"} and spec["tolerations"] == [
+            {"key": "spot", "operator": "Exists"}
+        ]
+        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
+        ctx = spec["containers"][0]["securityContext"]
+        assert ctx["allowPrivilegeEscalation"] is False and ctx["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_secret_and_configmap_contents():
+    body, run = make(max_steps=7)
+    _, secret, configmap, service = build_run_objects(body, run, SETTINGS, "s3cret")
+    assert base64.b64decode(secret["data"]["token"]).decode() == "s3cret"
+    manifest = yaml.safe_load(configmap["data"]["rlrun.yaml"])
+    assert manifest["metadata"] == {"name": "demo", "namespace": "team-a"}
+    assert manifest["spec"]["max_steps"] == 7 and manifest["spec"]["group_size"] == 8  # defaults resolved
+    assert parse_manifest(manifest).spec == run.spec
+    assert service["metadata"]["name"] == "demo-orchestrator"
+    assert service["spec"]["selector"][n.COMPONENT] == "orchestrator" and n.ATTEMPT not in service["spec"]["selector"]
+
+
+@pytest.mark.parametrize("component", n.COMPONENTS)
+def test_pod_commands_are_real_rlrun_subcommands(component, tmp_path):
+    """Each pod's command parses with the real ``rlrun`` CLI (the manifest path swapped for the ConfigMap's file)."""
+    body, run = make()
+    configmap = build_run_objects(body, run, SETTINGS, "tok")[2]
+    manifest = tmp_path / "rlrun.yaml"
+    manifest.write_text(configmap["data"]["rlrun.yaml"])
+    pod = next(p for p in build_pods(body, run, SETTINGS, 4) if p["metadata"]["labels"][n.COMPONENT] == component)
+    argv = pod["spec"]["containers"][0]["command"]
+    assert argv == command(component, 4) and argv[0] == "rlrun"
+    args = [str(manifest) if a == n.MANIFEST_PATH else a for a in argv[1:]]
+    group = get_command(app)
+    ctx = group.make_context("rlrun", list(args), resilient_parsing=False)
+    sub = group.get_command(ctx, args[0])
+    assert sub is not None, f"rlrun has no subcommand {args[0]!r}"
+    sub_ctx = sub.make_context(args[0], list(args[1:]), parent=ctx)  # raises on an unknown option or bad value
+    assert sub_ctx.params["manifest"] == manifest
+    if component != n.ROLLOUT:
+        assert sub_ctx.params["attempt"] == 4 and sub_ctx.params["resume"] is True

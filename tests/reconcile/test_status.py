@@ -1,0 +1,131 @@
+"""Pure status logic: phases, conditions in the Kubernetes shape, resume totals, endpoints."""
+
+from __future__ import annotations
+
+from rlrun.status import RLRunStatus
+from rlrun_operator.status import PodView, failed, observe, pod_view, rollout_endpoints, set_condition, suspended
+
+T0, T1 = "2026-11-29T12:00:00Z", "2026-11-29T12:05:00Z"
+
+
+def pods(attempt=0, ready_rollouts=2, orch_phase="Running"):
+    out = [PodView(f"r-rollout-{i}-a{attempt}", "rollout", attempt, "Running", True, f"10.0.0.{i}") for i in range(2)]
+    out = out[:ready_rollouts] + [
+        PodView(f"r-rollout-{i}-a{attempt}", "rollout", attempt, "Running", False, None)
+        for i in range(ready_rollouts, 2)
+    ]
+    out.append(PodView(f"r-trainer-a{attempt}", "trainer", attempt, "Running", True, "10.0.1.1"))
+    out.append(PodView(f"r-orchestrator-a{attempt}", "orchestrator", attempt, orch_phase, True, "10.0.1.2"))
+    return out
+
+
+def conds(status):
+    return {c["type"]: c["status"] for c in status["conditions"]}
+
+
+REPORT = {"phase": "running", "step": 12, "max_steps": 100, "policy_version": 11, "last_checkpoint_step": 10}
+
+
+def test_running_with_ready_rollouts_is_ready_and_progressing():
+    out = observe({"attempt": 0}, 3, pods(), REPORT, now=T0)
+    assert out["phase"] == "Running" and out["step"] == 12 and out["lastCheckpointStep"] == 10
+    assert conds(out) == {
+        "Ready": "True",
+        "Progressing": "True",
+        "Degraded": "False",
+        "Succeeded": "False",
+        "Failed": "False",
+    }
+    assert all(c["observedGeneration"] == 3 and c["lastTransitionTime"] == T0 for c in out["conditions"])
+    RLRunStatus.model_validate(out)  # the shape the CRD's status schema accepts
+
+
+def test_transition_time_changes_only_with_the_status():
+    first = observe({"attempt": 0}, 1, pods(), REPORT, now=T0)
+    again = observe({"attempt": 0, **first}, 1, pods(), {**REPORT, "step": 13}, now=T1)
+    assert {c["lastTransitionTime"] for c in again["conditions"]} == {T0}
+    down = observe({"attempt": 0, **again}, 1, pods(ready_rollouts=0), REPORT, now=T1)
+    ready = next(c for c in down["conditions"] if c["type"] == "Ready")
+    degraded = next(c for c in down["conditions"] if c["type"] == "Degraded")
+    assert ready["status"] == "False" and ready["lastTransitionTime"] == T1
+    assert degraded["status"] == "True" and degraded["reason"] == "NoRolloutEndpoints"
+
+
+def test_unreachable_orchestrator_is_pending_with_the_reason():
+    out = observe({"attempt": 0}, 1, pods(), None, "connection refused")
+    ready = next(c for c in out["conditions"] if c["type"] == "Ready")
+    assert out["phase"] == "Pending" and ready["reason"] == "OrchestratorUnreachable"
+    assert ready["message"] == "connection refused" and "step" not in out
+
+
+def test_orchestrator_pod_exit_decides_succeeded_or_failed():
+    out = observe({"attempt": 0}, 1, pods(orch_phase="Succeeded"), None)
+    assert out["phase"] == "Succeeded" and conds(out)["Succeeded"] == "True" and conds(out)["Ready"] == "False"
+    out = observe({"attempt": 0}, 1, pods(orch_phase="Failed"), None)
+    assert out["phase"] == "Failed" and conds(out)["Failed"] == "True"
+    assert next(c for c in out["conditions"] if c["type"] == "Failed")["reason"] == "OrchestratorFailed"
+
+
+def test_resume_totals_add_each_attempt_once():
+    report = {
+        **REPORT,
+        "resume": {"from_step": 10, "open_groups": 3, "queued_traces": 104, "finished_episodes_kept": 8},
+    }
+    first = observe({"attempt": 1, "resumedGroups": 2, "resumedTraces": 50, "resumedEpisodes": 1}, 1, pods(1), report)
+    assert (first["resumedGroups"], first["resumedTraces"], first["resumedEpisodes"]) == (5, 154, 9)
+    assert first["lastResume"] == {
+        "attempt": 1,
+        "fromStep": 10,
+        "groups": 3,
+        "queuedTraces": 104,
+        "finishedEpisodes": 8,
+    }
+    again = observe({"attempt": 1, **first}, 1, pods(1), report)
+    assert again["resumedGroups"] == 5 and again["resumedTraces"] == 154  # the same report is not added twice
+
+
+def test_endpoints_are_the_ready_rollout_pods_of_the_current_attempt():
+    everything = pods(0) + pods(1, ready_rollouts=1)
+    assert rollout_endpoints(everything, 0) == ["http://10.0.0.0:8000", "http://10.0.0.1:8000"]
+    assert rollout_endpoints(everything, 1) == ["http://10.0.0.0:8000"]
+    deleting = [PodView("x", "rollout", 0, "Running", True, "10.9.9.9", deleting=True)]
+    assert rollout_endpoints(deleting, 0) == []
+
+
+def test_pod_view_reads_readiness_ip_and_exit_reason():
+    body = {
+        "metadata": {"name": "p", "labels": {"app.kubernetes.io/component": "trainer", "rlrun.dev/attempt": "2"}},
+        "status": {
+            "phase": "Failed",
+            "podIP": "10.1.2.3",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}],
+        },
+    }
+    assert pod_view(body) == PodView("p", "trainer", 2, "Failed", False, "10.1.2.3", "OOMKilled")
+
+
+def test_suspended_and_failed_patches():
+    out = suspended({}, 4, "Suspended", "suspended by user", now=T0)
+    assert out["phase"] == "Suspended" and conds(out) == {"Ready": "False", "Progressing": "False", "Degraded": "False"}
+    out = failed({}, 1, "InvalidSpec", "spec.group_size: must be ≥ 2", now=T0)
+    failed_cond = next(c for c in out["conditions"] if c["type"] == "Failed")
+    assert (
+        out["phase"] == "Failed" and failed_cond["reason"] == "InvalidSpec" and "group_size" in failed_cond["message"]
+    )
+    RLRunStatus.model_validate(out)
+
+
+def test_set_condition_replaces_by_type():
+    conditions = set_condition([], "Ready", True, "A", "", 1, T0)
+    conditions = set_condition(conditions, "Ready", True, "B", "m", 2, T1)
+    assert conditions == [
+        {
+            "type": "Ready",
+            "status": "True",
+            "reason": "B",
+            "message": "m",
+            "lastTransitionTime": T0,
+            "observedGeneration": 2,
+        }
+    ]

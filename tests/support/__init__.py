@@ -1,0 +1,1 @@
+"""Test support shared by several test packages (binaries, Kubernetes API emulator)."""

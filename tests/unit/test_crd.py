@@ -1,0 +1,186 @@
+"""The generated CRD: in sync on disk, structural, and as strict as the pydantic spec.
+
+Every invalid manifest below is rejected twice — by the CRD (JSON Schema + CEL rules,
+what the API server checks) and by ``rlrun.spec`` (what ``rlrun local`` checks) — and
+both name the same field.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from rlrun.crd import (
+    CHART_CRD_FILE,
+    CRD_FILE,
+    PRINTER_COLUMNS,
+    apply_defaults,
+    build_crd,
+    cel_violations,
+    render_crd,
+    to_json_schema,
+)
+from rlrun.spec import ManifestError, parse_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+SPEC_SCHEMA = SCHEMA["properties"]["spec"]
+
+
+def crd_errors(manifest: dict, old: dict | None = None) -> list[str]:
+    """What the API server would reject: schema errors (with the field's path) and CEL rule failures."""
+    validator = jsonschema.Draft202012Validator(to_json_schema(SCHEMA))
+    errors = []
+    for err in validator.iter_errors(manifest):
+        path = ".".join(str(p) for p in err.absolute_path)
+        if err.validator == "additionalProperties":
+            unknown = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+            path = ".".join(filter(None, [path, *unknown]))
+        elif err.validator == "required":
+            path = ".".join(filter(None, [path, err.message.split("'")[1]]))
+        errors.append(f"{path}: {err.message}")
+    if not errors:
+        old_spec = old["spec"] if old else None
+        errors += [f"spec{e}" for e in cel_violations(SPEC_SCHEMA, manifest["spec"], old_spec)]
+    return errors
+
+
+def manifest(**spec) -> dict:
+    base = {"model": {"builtin": "tiny-reverse"}, "envs": [{"name": "reverse-text"}]}
+    base.update(spec)
+    return {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "demo"}, "spec": base}
+
+
+def test_crd_files_match_the_generator():
+    text = render_crd()
+    for rel in (CRD_FILE, CHART_CRD_FILE):
+        assert (ROOT / rel).read_text() == text, f"{rel} is stale: run `rlrun crd`"
+
+
+def test_schema_is_structural():
+    """Every node states its type (or preserves unknown fields); no refs or unions are left."""
+
+    def walk(node, path):
+        assert not {"$ref", "anyOf", "oneOf", "allOf", "prefixItems", "title", "const"} & set(node), path
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{path} has no type"
+        for name, sub in node.get("properties", {}).items():
+            walk(sub, f"{path}.{name}")
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"], f"{path}.*")
+        if "items" in node:
+            walk(node["items"], f"{path}[]")
+
+    walk(SCHEMA, "")
+
+
+def test_crd_shape_for_kubectl():
+    crd = build_crd()
+    version = crd["spec"]["versions"][0]
+    assert crd["spec"]["names"]["shortNames"] == ["rlr"]
+    assert "rlrun" in crd["spec"]["names"]["categories"]
+    assert version["subresources"] == {"status": {}}
+    shown = [c["name"] for c in PRINTER_COLUMNS if "priority" not in c]
+    assert shown == ["Phase", "Step", "Resumed", "Preemptions", "Age"]
+    assert SPEC_SCHEMA["properties"]["suspend"] == {"type": "boolean", "default": False}
+
+
+def test_defaults_match_the_pydantic_spec():
+    """The API server's defaulting yields what pydantic fills in for the same minimal manifest."""
+    defaulted = apply_defaults(SPEC_SCHEMA, manifest()["spec"])
+    resolved = parse_manifest(manifest()).spec.model_dump(mode="json")
+    for key in ("group_size", "batch_size", "max_off_policy_steps", "sampling", "checkpoint", "preemption"):
+        assert defaulted[key] == resolved[key], key
+    assert defaulted["optimizer"]["betas"] == [0.9, 0.99]
+    assert defaulted["storage"]["retention_policy"] == "Retain"
+    assert defaulted["storage"]["access_modes"] == ["ReadWriteMany"]
+    assert defaulted["rollout"]["replicas"] == 1 and defaulted["suspend"] is False
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_pass_the_crd(path):
+    doc = yaml.safe_load(path.read_text())
+    assert crd_errors(doc) == []
+
+
+INVALID = [
+    # (spec change, field the CRD names, field rlrun.spec names)
+    ({"group_size": "eight"}, "spec.group_size", "spec.group_size"),
+    ({"group_size": 1}, "spec.group_size", "spec.group_size"),
+    ({"batch_size": 4, "group_size": 8}, "spec.batch_size", "spec"),
+    ({"max_off_policy_steps": -1}, "spec.max_off_policy_steps", "spec.max_off_policy_steps"),
+    ({"max_steps": 1.5}, "spec.max_steps", "spec.max_steps"),
+    ({"envs": []}, "spec.envs", "spec.envs"),
+    ({"envs": [{"weight": 1}]}, "spec.envs.0.name", "spec.envs[0].name"),
+    ({"model": {"builtin": "gpt-9"}}, "spec.model.builtin", "spec.model.builtin"),
+    ({"model": {"builtin": "tiny-reverse", "name": "Qwen/Qwen3-0.6B"}}, "spec.model", "spec.model"),
+    ({"model": {}}, "spec.model", "spec.model"),
+    ({"group_sise": 4}, "spec.group_sise", "spec.group_sise"),
+    ({"sampling": {"temperature": 0}}, "spec.sampling.temperature", "spec.sampling.temperature"),
+    ({"sampling": {"top_p": 1.5}}, "spec.sampling.top_p", "spec.sampling.top_p"),
+    ({"optimizer": {"betas": [0.9]}}, "spec.optimizer.betas", "spec.optimizer.betas[1]"),
+    ({"checkpoint": {"keep_last": 0}}, "spec.checkpoint.keep_last", "spec.checkpoint.keep_last"),
+    ({"rollout": {"replicas": 0}}, "spec.rollout.replicas", "spec.rollout.replicas"),
+    ({"rollout": {"max_inflight": 4}}, "spec.rollout.max_inflight", "spec"),
+    ({"rollout": {"resources": {"requests": {"memory": "lots"}}}}, "spec.rollout.resources.requests.memory",
+     "spec.rollout.resources.requests.memory"),
+    ({"trainer": {"gpus": -1}}, "spec.trainer.gpus", "spec.trainer.gpus"),
+    ({"orchestrator": {"gpus": 1}}, "spec.orchestrator.gpus", "spec.orchestrator.gpus"),
+    ({"preemption": {"snapshot_timeout_seconds": 120, "termination_grace_period_seconds": 60}},
+     "spec.preemption.snapshot_timeout_seconds", "spec.preemption"),
+    ({"storage": {"retention_policy": "Keep"}}, "spec.storage.retention_policy", "spec.storage.retention_policy"),
+    ({"storage": {"existing_claim": "Bad_Name"}}, "spec.storage.existing_claim", "spec.storage.existing_claim"),
+    ({"storage": {"access_modes": ["ReadMostly"]}}, "spec.storage.access_modes.0", "spec.storage.access_modes[0]"),
+    ({"suspend": "yes"}, "spec.suspend", "spec.suspend"),
+    ({"scheduling": {"node_selector": {"pool": 3}}}, "spec.scheduling.node_selector.pool",
+     "spec.scheduling.node_selector.pool"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("change", "crd_field", "spec_field"), INVALID, ids=[str(c[0]) for c in INVALID])
+def test_invalid_manifest_is_rejected_naming_the_field(change, crd_field, spec_field):
+    doc = manifest(**change)
+    errors = crd_errors(doc)
+    assert errors, "the CRD accepted it"
+    assert any(e.startswith(f"{crd_field}:") for e in errors), errors
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(doc)
+    assert any(e.startswith(f"{spec_field}:") for e in info.value.errors), info.value.errors
+
+
+def test_missing_spec_and_wrong_kind_types():
+    doc = manifest()
+    del doc["spec"]
+    assert any(e.startswith("spec:") for e in crd_errors(doc))
+    doc = manifest()
+    doc["spec"]["envs"] = {"name": "reverse-text"}
+    assert any(e.startswith("spec.envs:") for e in crd_errors(doc))
+
+
+def test_model_and_storage_are_immutable():
+    old = manifest(storage={"size": "20Gi"})
+    assert crd_errors(copy.deepcopy(old), old) == []  # an unchanged update is fine
+    new = copy.deepcopy(old)
+    new["spec"]["model"] = {"name": "Qwen/Qwen3-0.6B"}
+    assert any(e.startswith("spec.model:") and "immutable" in e for e in crd_errors(new, old))
+    new = copy.deepcopy(old)
+    new["spec"]["storage"]["size"] = "40Gi"
+    assert any(e.startswith("spec.storage:") and "immutable" in e for e in crd_errors(new, old))
+    new = copy.deepcopy(old)
+    new["spec"]["max_steps"] = 500  # other fields may change
+    new["spec"]["suspend"] = True
+    assert crd_errors(new, old) == []
+
+
+@pytest.mark.parametrize("name", ["x" * 51, "9lives"])
+def test_run_names_leave_room_for_the_service_name(name):
+    doc = manifest()
+    doc["metadata"]["name"] = name
+    assert any(e.startswith(".metadata.name:") for e in cel_violations(SCHEMA, doc))
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(doc)
+    assert any(e.startswith("metadata.name:") for e in info.value.errors)
+    doc["metadata"]["name"] = "x" * 50
+    assert cel_violations(SCHEMA, doc) == [] and parse_manifest(doc)

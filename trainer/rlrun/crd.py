@@ -1,0 +1,421 @@
+"""The ``RLRun`` CustomResourceDefinition, generated from the pydantic spec (``rlrun crd``).
+
+The CRD is never edited by hand: :func:`build_crd` turns :class:`rlrun.spec.RLRunSpec`
+and :class:`rlrun.status.RLRunStatus` into an ``apiextensions.k8s.io/v1`` structural
+schema, and ``rlrun crd`` writes it to ``crds/`` and the Helm chart's ``crds/`` (a test
+fails when either differs from the generated text).
+
+Conversion rules, pydantic JSON Schema (2020-12) → Kubernetes OpenAPI v3 (structural):
+
+- ``$ref`` inlined; ``title`` dropped; class docstrings become ``description`` (their first
+  paragraph), ``Attributes:`` entries become the fields' descriptions (``kubectl explain``);
+- ``anyOf: [X, null]`` → ``X`` with ``nullable: true``; ``const`` → one-value ``enum``;
+- ``exclusiveMinimum: x`` → ``minimum: x, exclusiveMinimum: true`` (OpenAPI 3.0 form);
+- tuples (``prefixItems``) → arrays of the common item type with ``minItems = maxItems``;
+- free-form mappings (``dict[str, Any]``) → ``x-kubernetes-preserve-unknown-fields``;
+- optional nested objects get ``default: {}`` so the API server applies their fields'
+  defaults (defaulting recurses into objects that exist);
+- cross-field rules of the pydantic validators are repeated as CEL rules
+  (``x-kubernetes-validations``, :data:`CEL_RULES`) so ``kubectl apply`` rejects them.
+
+Unknown fields are pruned by a structural schema; ``kubectl apply`` (field validation
+``Strict`` by default since Kubernetes 1.27) rejects them with the field named.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlrun.spec import API_GROUP, API_VERSION, KIND, MAX_NAME_LENGTH, RLRunSpec
+from rlrun.status import RLRunStatus
+
+PLURAL = "rlruns"
+SINGULAR = "rlrun"
+SHORT_NAMES = ["rlr"]
+CATEGORIES = ["rlrun", "all-rl"]
+CRD_NAME = f"{PLURAL}.{API_GROUP}"
+#: Where ``rlrun crd`` writes, relative to the repository root.
+CRD_FILE = Path("crds") / f"{API_GROUP}_{PLURAL}.yaml"
+CHART_CRD_FILE = Path("charts") / "rlrun-operator" / "crds" / f"{API_GROUP}_{PLURAL}.yaml"
+
+#: CEL rules by the path of the spec object they sit on (``()`` = ``spec``). Defaults are applied
+#: before validation, so defaulted fields exist; ``has()`` guards the optional ones anyway.
+CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
+    (): [
+        {
+            "rule": "self.group_size >= 2",
+            "message": "group_size must be ≥ 2: GRPO advantages compare the members of a group",
+            "fieldPath": ".group_size",
+        },
+        {
+            "rule": "self.batch_size >= self.group_size",
+            "message": "batch_size must be ≥ group_size: a batch holds whole groups",
+            "fieldPath": ".batch_size",
+        },
+        {
+            "rule": "!has(self.rollout) || self.rollout.max_inflight >= self.group_size",
+            "message": "rollout.max_inflight must be ≥ group_size: a group is requested at once",
+            "fieldPath": ".rollout.max_inflight",
+        },
+    ],
+    ("model",): [
+        {
+            "rule": "has(self.builtin) != has(self.name)",
+            "message": "set exactly one of model.builtin or model.name",
+        },
+        {
+            "rule": "!has(self.builtin) || !has(self.revision)",
+            "message": "model.revision applies to model.name, not model.builtin",
+            "fieldPath": ".revision",
+        },
+        {
+            "rule": "self == oldSelf",
+            "message": "model is immutable: checkpoints of this run belong to it (create a new RLRun)",
+        },
+    ],
+    ("storage",): [
+        {
+            "rule": "self == oldSelf",
+            "message": "storage is immutable: the run directory lives on it (create a new RLRun)",
+        },
+    ],
+    ("preemption",): [
+        {
+            "rule": "self.snapshot_timeout_seconds < self.termination_grace_period_seconds",
+            "message": "snapshot_timeout_seconds must be < termination_grace_period_seconds: "
+            "the snapshot must be written before the kubelet kills the pod",
+            "fieldPath": ".snapshot_timeout_seconds",
+        },
+    ],
+}
+
+#: ``kubectl get rlrun`` columns.
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.step", "description": "Batches shipped to the trainer"},
+    {
+        "name": "Resumed",
+        "type": "integer",
+        "jsonPath": ".status.resumedGroups",
+        "description": "Open rollout groups restored from snapshots, all attempts",
+    },
+    {
+        "name": "Preemptions",
+        "type": "integer",
+        "jsonPath": ".status.preemptions",
+        "description": "Attempts ended by a preemption",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {
+        "name": "Samples",
+        "type": "integer",
+        "jsonPath": ".status.resumedTraces",
+        "description": "Queued samples restored from snapshots, all attempts",
+        "priority": 1,
+    },
+    {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.lastCheckpointStep", "priority": 1},
+    {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1},
+]
+
+
+def _attributes(doc: str) -> dict[str, str]:
+    """``{name: text}`` from the ``Attributes:`` section of a Google-style docstring."""
+    out: dict[str, str] = {}
+    lines = doc.splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == "Attributes:")
+    except StopIteration:
+        return out
+    current = None
+    for line in lines[start + 1 :]:
+        if not line.strip():
+            break
+        m = re.match(r"^\s{2,}(\w+):\s*(.*)$", line)
+        if m and (current is None or len(line) - len(line.lstrip()) <= 4):
+            current = m.group(1)
+            out[current] = m.group(2)
+        elif current is not None:
+            out[current] += " " + line.strip()
+    return out
+
+
+def _clean_doc(text: str) -> str:
+    """First paragraph of a docstring, reST literals turned into plain quotes."""
+    first = text.strip().split("\n\n")[0]
+    return " ".join(first.split()).replace("``", "`")
+
+
+class _Converter:
+    def __init__(self, defs: dict[str, Any]) -> None:
+        self.defs = defs
+
+    def convert(self, node: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+        node = dict(node)
+        if "$ref" in node:
+            target = self.defs[node.pop("$ref").rsplit("/", 1)[-1]]
+            node = {**target, **node}
+        nullable = False
+        if "anyOf" in node:
+            options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+            if len(options) != 1:
+                raise ValueError(f"spec{''.join('.' + p for p in path)}: unions are not expressible in a CRD")
+            nullable = True
+            node = {**self.convert(options[0], path), **{k: v for k, v in node.items() if k != "default"}}
+            if node.get("default") is None:
+                node.pop("default", None)
+        out: dict[str, Any] = {}
+        if "description" in node:
+            out["description"] = _clean_doc(node["description"])
+        kind = node.get("type")
+        if "const" in node:
+            out["type"] = kind or "string"
+            out["enum"] = [node["const"]]
+        elif kind == "object" or "properties" in node:
+            out["type"] = "object"
+            props = node.get("properties")
+            extra = node.get("additionalProperties")
+            if props:
+                docs = _attributes(node.get("description", ""))
+                out["properties"] = {}
+                for name, sub in props.items():
+                    conv = self.convert(sub, (*path, name))
+                    if name in docs and "description" not in sub:
+                        conv = {"description": _clean_doc(docs[name]), **conv}
+                    elif name in docs:
+                        conv["description"] = _clean_doc(docs[name])
+                    out["properties"][name] = conv
+                if node.get("required"):
+                    out["required"] = list(node["required"])
+            elif isinstance(extra, dict) and extra:
+                out["additionalProperties"] = self.convert(extra, (*path, "*"))
+            else:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+        elif kind == "array":
+            out["type"] = "array"
+            if "prefixItems" in node:
+                items = [self.convert(i, path) for i in node["prefixItems"]]
+                if any(i != items[0] for i in items):
+                    raise ValueError(f"spec.{'.'.join(path)}: tuples of mixed types are not expressible in a CRD")
+                out["items"] = items[0]
+            else:
+                out["items"] = self.convert(node.get("items", {}), (*path, "[]"))
+        elif kind is not None:
+            out["type"] = kind
+        for key in ("enum", "format", "pattern", "minLength", "maxLength", "minItems", "maxItems"):
+            if key in node:
+                out[key] = node[key]
+        for key in ("minimum", "maximum"):
+            if key in node:
+                out[key] = node[key]
+        if "exclusiveMinimum" in node:
+            out["minimum"], out["exclusiveMinimum"] = node["exclusiveMinimum"], True
+        if "exclusiveMaximum" in node:
+            out["maximum"], out["exclusiveMaximum"] = node["exclusiveMaximum"], True
+        if node.get("default") is not None:
+            out["default"] = node["default"]
+        if nullable:
+            out["nullable"] = True
+        return out
+
+
+def _defaults_for_models(schema: dict[str, Any], model: type) -> None:
+    """Add ``default: {}`` to optional nested objects and the factory defaults pydantic leaves out."""
+    from pydantic import BaseModel
+
+    for name, field in model.model_fields.items():
+        prop = schema["properties"][name]
+        if field.is_required():
+            continue
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            prop.setdefault("default", {})
+            _defaults_for_models(prop, ann)
+        elif "default" not in prop and field.default_factory is not None:
+            value = field.default_factory()
+            if value not in ({}, [], None):
+                prop["default"] = value
+        items = prop.get("items")
+        args = getattr(ann, "__args__", ())
+        item_model = args[0] if args and isinstance(args[0], type) and issubclass(args[0], BaseModel) else None
+        if items and "properties" in items and item_model is not None:
+            _defaults_for_models(items, item_model)
+
+
+def _schema_of(model: type) -> dict[str, Any]:
+    js = model.model_json_schema(mode="validation")
+    out = _Converter(js.get("$defs", {})).convert(js, ())
+    _defaults_for_models(out, model)
+    return out
+
+
+def spec_schema() -> dict[str, Any]:
+    """The OpenAPI v3 schema of ``RLRun.spec`` with CEL rules and list semantics."""
+    schema = _schema_of(RLRunSpec)
+    schema["properties"]["envs"]["x-kubernetes-list-type"] = "map"
+    schema["properties"]["envs"]["x-kubernetes-list-map-keys"] = ["name"]
+    for path, rules in CEL_RULES.items():
+        node = schema
+        for part in path:
+            node = node["properties"][part]
+        node["x-kubernetes-validations"] = copy.deepcopy(rules)
+    return schema
+
+
+def status_schema() -> dict[str, Any]:
+    """The OpenAPI v3 schema of ``RLRun.status`` (written by the operator)."""
+    schema = _schema_of(RLRunStatus)
+    conditions = schema["properties"]["conditions"]
+    conditions["x-kubernetes-list-type"] = "map"
+    conditions["x-kubernetes-list-map-keys"] = ["type"]
+    return schema
+
+
+def build_crd() -> dict[str, Any]:
+    """The whole ``CustomResourceDefinition`` object (a dict ready for YAML)."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": CRD_NAME,
+            "labels": {"app.kubernetes.io/name": "rlrun", "app.kubernetes.io/part-of": "rlrun"},
+        },
+        "spec": {
+            "group": API_GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": SHORT_NAMES,
+                "categories": CATEGORIES,
+            },
+            "versions": [
+                {
+                    "name": API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "description": "An asynchronous GRPO training run: rollout, trainer and orchestrator "
+                            "pods sharing one run directory, resumed without losing finished rollouts.",
+                            "type": "object",
+                            "required": ["spec"],
+                            "x-kubernetes-validations": [
+                                {
+                                    "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH} && "
+                                    "self.metadata.name.matches('^[a-z]')",
+                                    "message": f"metadata.name must start with a letter and be at most "
+                                    f"{MAX_NAME_LENGTH} characters (the run's Service is named <name>-orchestrator)",
+                                    "fieldPath": ".metadata.name",
+                                }
+                            ],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema(),
+                                "status": status_schema(),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render_crd() -> str:
+    """The CRD as the YAML text written to disk (stable: same input, same bytes)."""
+    header = "# Generated by `rlrun crd` from rlrun.spec and rlrun.status. Do not edit.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, allow_unicode=True, width=100)
+
+
+def to_json_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A CRD's OpenAPI v3 schema as JSON Schema for :mod:`jsonschema` (offline validation).
+
+    ``nullable`` becomes a ``null`` type, boolean ``exclusiveMinimum`` the numeric form, and
+    objects with ``properties`` reject unknown fields (what ``kubectl apply``'s strict field
+    validation does). CEL rules are not evaluated here (see :func:`cel_violations`).
+    """
+    node = {k: v for k, v in schema.items() if not k.startswith("x-kubernetes-") and k not in ("nullable", "default")}
+    if schema.get("nullable") and "type" in node:
+        node["type"] = [node["type"], "null"]
+        if "enum" in node:
+            node["enum"] = [*node["enum"], None]
+    if schema.get("exclusiveMinimum") is True:
+        node["exclusiveMinimum"] = node.pop("minimum")
+    if schema.get("exclusiveMaximum") is True:
+        node["exclusiveMaximum"] = node.pop("maximum")
+    if "properties" in schema:
+        node["properties"] = {k: to_json_schema(v) for k, v in schema["properties"].items()}
+        if not schema.get("x-kubernetes-preserve-unknown-fields"):
+            node["additionalProperties"] = False
+    if isinstance(schema.get("additionalProperties"), dict):
+        node["additionalProperties"] = to_json_schema(schema["additionalProperties"])
+    if "items" in schema:
+        node["items"] = to_json_schema(schema["items"])
+    return node
+
+
+def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """``value`` with the schema's defaults filled in, as the API server does before validation."""
+    if not isinstance(value, dict) or "properties" not in schema:
+        if isinstance(value, list) and "items" in schema:
+            return [apply_defaults(schema["items"], v) for v in value]
+        return value
+    out = dict(value)
+    for name, sub in schema["properties"].items():
+        if name not in out and "default" in sub:
+            out[name] = copy.deepcopy(sub["default"])
+        if name in out:
+            out[name] = apply_defaults(sub, out[name])
+    return out
+
+
+def cel_violations(schema: dict[str, Any], value: Any, old: Any = None, path: str = "") -> list[str]:
+    """Evaluate the schema's ``x-kubernetes-validations`` on ``value`` (defaults applied first).
+
+    ``old`` is the previous object for transition rules (``oldSelf``); without it those rules
+    are skipped, as the API server does on create. Returns ``"<path>: <message>"`` lines.
+    """
+    import celpy
+
+    value = apply_defaults(schema, value)
+    old = apply_defaults(schema, old) if old is not None else None
+    errors: list[str] = []
+    env = celpy.Environment()
+    for rule in schema.get("x-kubernetes-validations", []):
+        if "oldSelf" in rule["rule"] and old is None:
+            continue
+        activation = {"self": celpy.json_to_cel(value)}
+        if old is not None:
+            activation["oldSelf"] = celpy.json_to_cel(old)
+        result = env.program(env.compile(rule["rule"])).evaluate(activation)
+        if result is not True and not (isinstance(result, celpy.celtypes.BoolType) and bool(result)):
+            errors.append(f"{path}{rule.get('fieldPath', '')}: {rule['message']}")
+    if isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in value:
+                sub_old = old.get(name) if isinstance(old, dict) else None
+                errors += cel_violations(sub, value[name], sub_old, f"{path}.{name}")
+    return errors
+
+
+def write_crds(root: Path) -> list[Path]:
+    """Write the CRD to ``root/crds/`` and the chart's ``crds/``; returns the paths written."""
+    text = render_crd()
+    paths = []
+    for rel in (CRD_FILE, CHART_CRD_FILE):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        paths.append(path)
+    return paths
