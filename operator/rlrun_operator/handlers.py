@@ -69,7 +69,8 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
         prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{API_GROUP}/finalizer"
-    settings.posting.level = logging.WARNING  # log lines become Events only from WARNING; transitions post their own
+    # log lines become Events only from WARNING up; transitions post their own with kopf.event
+    settings.posting.level = logging.WARNING
     settings.execution.max_workers = 32
     STATE.kube = Kube(load_api_client())
 
@@ -121,7 +122,7 @@ def _parse(body: dict[str, Any]) -> RLRun:
 def _reject(body, patch, status, exc: ManifestError) -> kopf.PermanentError:
     message = "; ".join(exc.errors)
     patch.status.update(failed(dict(status), body["metadata"].get("generation"), "InvalidSpec", message))
-    kopf.warn(body, reason="InvalidSpec", message=message)
+    kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
     METRICS.set_phase(body["metadata"]["namespace"], body["metadata"]["name"], "Failed")
     return kopf.PermanentError(f"invalid spec: {message}")
 
@@ -175,12 +176,14 @@ async def create_run(body, name, namespace, status, patch, logger, **_) -> None:
         if run.spec.suspend:
             patch.status.update(suspended(dict(status), generation, "Suspended", "created suspended"))
             METRICS.set_phase(namespace, name, "Suspended")
-            kopf.info(body, reason="Suspended", message="created with spec.suspend: no pods until it is false")
+            kopf.event(
+                body, type="Normal", reason="Suspended", message="created with spec.suspend: no pods until it is false"
+            )
             return
         count = await _start_attempt(body, run, 0, logger)
         patch.status.update(_pending_status(status, generation, 0))
         METRICS.set_phase(namespace, name, "Pending")
-        kopf.info(body, reason="Created", message=f"attempt 0: {count} pods created")
+        kopf.event(body, type="Normal", reason="Created", message=f"attempt 0: {count} pods created")
 
 
 @kopf.on.update(*RUNS, field="spec")
@@ -196,7 +199,9 @@ async def spec_changed(body, old, new, name, namespace, status, patch, logger, r
         if {k: v for k, v in old.items() if k != "suspend"} != {k: v for k, v in new.items() if k != "suspend"}:
             cm = build_configmap(body, run)
             await asyncio.to_thread(_kube().patch_configmap, namespace, cm["metadata"]["name"], cm["data"])
-            kopf.info(body, reason="SpecUpdated", message="the new spec takes effect at the next attempt")
+            kopf.event(
+                body, type="Normal", reason="SpecUpdated", message="the new spec takes effect at the next attempt"
+            )
         was, now = bool(old.get("suspend")), bool(new.get("suspend"))
         if was == now or status.get("phase") in TERMINAL_PHASES:
             patch.status["observedGeneration"] = generation
@@ -209,7 +214,9 @@ async def spec_changed(body, old, new, name, namespace, status, patch, logger, r
             count = await _start_attempt(body, run, attempt, logger)
             patch.status.update(_pending_status(status, generation, attempt))
             METRICS.set_phase(namespace, name, "Pending")
-            kopf.info(body, reason="Resumed", message=f"attempt {attempt}: {count} pods created, resuming")
+            kopf.event(
+                body, type="Normal", reason="Resumed", message=f"attempt {attempt}: {count} pods created, resuming"
+            )
 
 
 async def _suspend(body, run: RLRun, status, patch, pods: list[PodView], logger) -> None:
@@ -224,25 +231,25 @@ async def _suspend(body, run: RLRun, status, patch, pods: list[PodView], logger)
             f"snapshot at step {snap.get('step')}: {snap.get('queued_traces')} queued samples, "
             f"{snap.get('open_groups')} open groups ({snap.get('finished_episodes_kept')} finished episodes)"
         )
-        kopf.info(body, reason="Paused", message=message)
+        kopf.event(body, type="Normal", reason="Paused", message=message)
     except Exception as exc:  # the pods go regardless; SIGTERM makes the orchestrator pause itself
         message = f"pause failed ({exc}); pods stop on SIGTERM and the run resumes from its newest checkpoint"
-        kopf.warn(body, reason="PauseFailed", message=message)
+        kopf.event(body, type="Warning", reason="PauseFailed", message=message)
     removed = await _delete_pods(pods, namespace, grace)
     STATE.pushed.pop((namespace, name), None)
     logger.info("suspended: %d pods deleted", removed)
     patch.status.update(suspended(dict(status), generation, "Suspended", f"suspended; {message}"))
     METRICS.set_phase(namespace, name, "Suspended")
-    kopf.info(body, reason="Suspended", message=f"{removed} pods deleted")
+    kopf.event(body, type="Normal", reason="Suspended", message=f"{removed} pods deleted")
 
 
 @kopf.on.delete(*RUNS, optional=True)
-def forget_run(name, namespace, **_) -> None:
+async def forget_run(name, namespace, **_) -> None:
     """Drop per-run caches (the objects themselves go by owner references)."""
     STATE.pushed.pop((namespace, name), None)
     client = STATE.clients.pop((namespace, name), None)
     if client is not None:
-        asyncio.get_event_loop().create_task(client.aclose())
+        await client.aclose()
     METRICS.set_phase(namespace, name, None)
 
 
@@ -284,11 +291,13 @@ async def poll_status(body, name, namespace, status, spec, patch, logger, run_po
         if new["phase"] == "Succeeded" and phase != "Succeeded":
             grace = int(spec.get("preemption", {}).get("termination_grace_period_seconds", 30))
             freed = await _delete_pods(pods, namespace, grace, components=(n.ROLLOUT,))
-            kopf.info(body, reason="Succeeded", message=f"{new['message']}; {freed} rollout pods removed")
+            kopf.event(
+                body, type="Normal", reason="Succeeded", message=f"{new['message']}; {freed} rollout pods removed"
+            )
         elif new["phase"] == "Failed" and phase != "Failed":
-            kopf.warn(body, reason="Failed", message=new["message"])
+            kopf.event(body, type="Warning", reason="Failed", message=new["message"])
         elif new["phase"] == "Running" and phase != "Running":
-            kopf.info(body, reason="Running", message=new["message"])
+            kopf.event(body, type="Normal", reason="Running", message=new["message"])
         changed = {k: v for k, v in new.items() if status.get(k) != v}
         if changed:
             patch.status.update(changed)

@@ -73,7 +73,8 @@ class Kube:
             ApiException: a non-transient refusal (403, 422, …) or one that outlasted the retries.
         """
         try:
-            self._create[obj["kind"]](obj["metadata"]["namespace"], obj)
+            # the generated client sets no Content-Type for bodies it did not build itself
+            self._create[obj["kind"]](obj["metadata"]["namespace"], obj, _content_type="application/json")
             return True
         except ApiException as exc:
             if exc.status == 409:
@@ -102,4 +103,6 @@ class Kube:
     @_retry
     def patch_configmap(self, namespace: str, name: str, data: dict[str, str]) -> None:
         """Replace keys of a ConfigMap's ``data``."""
-        self.core.patch_namespaced_config_map(name, namespace, {"data": data})
+        self.core.patch_namespaced_config_map(
+            name, namespace, {"data": data}, _content_type="application/merge-patch+json"
+        )

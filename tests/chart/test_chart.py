@@ -273,7 +273,7 @@ def test_all_namespaces_mode_binds_one_cluster_role_with_every_rule():
     assert ("rlrun.dev", "rlruns/status", "patch") in perms
     assert ("", "pods", "create") in perms
     assert ("apiextensions.k8s.io", "customresourcedefinitions", "watch") in perms
-    assert ("", "namespaces", "watch") in perms
+    assert ("", "namespaces", "watch") not in perms  # exact namespace names: kopf needs no namespace discovery
 
 
 def test_watched_namespaces_get_a_role_each_and_the_cluster_role_keeps_only_cluster_scoped_reads():
@@ -291,6 +291,8 @@ def test_watched_namespaces_get_a_role_each_and_the_cluster_role_keeps_only_clus
     assert cluster_perms == {
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+        ("", "namespaces", "list"),  # kopf follows the listed namespaces
+        ("", "namespaces", "watch"),
     }
     assert only(objects, "ClusterRoleBinding")["roleRef"]["name"] == only(objects, "ClusterRole")["metadata"]["name"]
 

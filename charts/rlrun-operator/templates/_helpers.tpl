@@ -85,44 +85,44 @@ THE RBAC rules of the operator, the only place they are written. A YAML map of t
   namespaced     resources in the namespaces the operator watches: in the ClusterRole when it
                  watches all namespaces, else in a Role in each watched namespace
   clusterScoped  cluster-scoped reads it always needs (CRDs): always in a ClusterRole
-  clusterWide    only needed when it watches all namespaces (namespace discovery)
+  listedNamespaces  only needed with watchNamespaces: kopf lists and watches namespaces to follow
+                 the listed ones (watching all namespaces needs no namespace reads)
 templates/rbac.yaml reads it with fromYaml; tests compare the rendered rules with it and with the
 API calls the operator makes.
 */}}
 {{- define "rlrun-operator.rbacRules" -}}
 namespaced:
+  # kopf watches RLRuns, patches its progress annotations and finalizer, and writes status
   - apiGroups: ["rlrun.dev"]
     resources: ["rlruns"]
-    verbs: ["get", "list", "watch", "patch"]
+    verbs: ["list", "watch", "patch"]
   - apiGroups: ["rlrun.dev"]
     resources: ["rlruns/status"]
-    verbs: ["get", "patch"]
+    verbs: ["patch"]
+  # the pods index and endpoint updates watch pods; attempts create them, suspend deletes them
   - apiGroups: [""]
     resources: ["pods"]
     verbs: ["list", "watch", "create", "delete"]
   - apiGroups: [""]
-    resources: ["services"]
+    resources: ["services", "persistentvolumeclaims"]
     verbs: ["create"]
-  - apiGroups: [""]
-    resources: ["persistentvolumeclaims"]
-    verbs: ["create"]
+  # the resolved manifest; rewritten when the spec changes
   - apiGroups: [""]
     resources: ["configmaps"]
     verbs: ["create", "patch"]
+  # the control token: created once, read back to call the orchestrator
   - apiGroups: [""]
     resources: ["secrets"]
     verbs: ["create", "get"]
   - apiGroups: [""]
     resources: ["events"]
     verbs: ["create"]
-  - apiGroups: ["events.k8s.io"]
-    resources: ["events"]
-    verbs: ["create"]
 clusterScoped:
+  # kopf follows CRDs to learn the RLRun resource
   - apiGroups: ["apiextensions.k8s.io"]
     resources: ["customresourcedefinitions"]
     verbs: ["list", "watch"]
-clusterWide:
+listedNamespaces:
   - apiGroups: [""]
     resources: ["namespaces"]
     verbs: ["list", "watch"]

@@ -1,0 +1,111 @@
+"""A cluster for operator tests: the API emulator serving the real CRD, fake orchestrators, real kopf.
+
+``cluster`` starts all three per test (≈0.3 s). The operator's handlers are the real
+module (``rlrun_operator.handlers``, kopf's default registry); its status timer ticks
+every 0.2 s here (``RLRUN_OPERATOR_STATUS_INTERVAL_SECONDS``, read when the module is
+first imported — set before that by this conftest). Every (group, resource, verb) the
+operator used is collected into :data:`RBAC_USAGE` for the RBAC proof.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ["RLRUN_OPERATOR_STATUS_INTERVAL_SECONDS"] = "0.2"
+
+import kopf  # noqa: E402
+import pytest  # noqa: E402
+from rlrun_operator import handlers  # noqa: E402
+
+from tests.reconcile.fake_orchestrator import FakeOrchestrators  # noqa: E402
+from tests.support.kube import KopfThread, KubeServer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "team-a"
+#: (apiGroup, resource[/subresource], verb) the operator used in this test session.
+RBAC_USAGE: set[tuple[str, str, str]] = set()
+
+
+def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
+    """Poll ``predicate`` every 20 ms until it returns something truthy; return that.
+
+    Raises:
+        AssertionError: naming ``what`` after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def manifest(name: str = "demo", **spec) -> dict:
+    base = {"model": {"builtin": "tiny-reverse"}, "envs": [{"name": "reverse-text"}], **spec}
+    return {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": name}, "spec": base}
+
+
+@dataclass
+class Cluster:
+    """What an operator test works with."""
+
+    kube: KubeServer
+    orchestrators: FakeOrchestrators
+    operator: KopfThread
+    kubeconfig: Path
+
+    def rlrun(self, name: str = "demo", namespace: str = NAMESPACE) -> dict | None:
+        return self.kube.get("rlruns", name, namespace)
+
+    def pods(self, name: str = "demo", namespace: str = NAMESPACE) -> list[dict]:
+        return self.kube.list("pods", namespace, label_selector=f"app.kubernetes.io/instance={name}")
+
+    def pod(self, component: str, name: str = "demo", namespace: str = NAMESPACE, index: int = 0) -> dict:
+        pods = [
+            p for p in self.pods(name, namespace) if p["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        ]
+        return sorted(pods, key=lambda p: p["metadata"]["name"])[index]
+
+    def set_pod_status(self, pod: dict, phase: str = "Running", ready: bool = True, ip: str | None = None, **extra):
+        """Do the kubelet's part: write a pod's phase, readiness and IP."""
+        status = {
+            "phase": phase,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            **({"podIP": ip} if ip else {}),
+            **extra,
+        }
+        meta = pod["metadata"]
+        self.kube.patch("pods", meta["name"], {"status": status}, meta["namespace"], subresource="status")
+
+    def status(self, name: str = "demo", namespace: str = NAMESPACE) -> dict:
+        return (self.rlrun(name, namespace) or {}).get("status") or {}
+
+    def condition(self, type_: str, name: str = "demo", namespace: str = NAMESPACE) -> dict | None:
+        return next((c for c in self.status(name, namespace).get("conditions", []) if c["type"] == type_), None)
+
+    def restart_operator(self) -> None:
+        self.operator.stop()
+        self.operator = KopfThread(kopf.get_default_registry(), self.kube).start()
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    with KubeServer(crds=ROOT / "crds") as kube, FakeOrchestrators() as orchestrators:
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig", namespace=NAMESPACE)
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        url = orchestrators.url_template
+        monkeypatch.setattr(handlers, "SETTINGS", handlers.SETTINGS.model_copy(update={"orchestrator_url": url}))
+        handlers.STATE.__init__()
+        kube.create("namespaces", {"metadata": {"name": NAMESPACE}})
+        operator = KopfThread(kopf.get_default_registry(), kube).start()
+        c = Cluster(kube, orchestrators, operator, kubeconfig)
+        try:
+            yield c
+        finally:
+            c.operator.stop()
+            RBAC_USAGE.update(kube.rbac_usage())

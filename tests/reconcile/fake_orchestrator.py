@@ -1,0 +1,122 @@
+"""Fake orchestrator control servers for operator tests: every run's routes behind one local port.
+
+The operator reaches run ``ns/name`` at ``{url}/{ns}/{name}`` (its ``orchestrator_url``
+setting is pointed at :attr:`FakeOrchestrators.url_template`). Each run answers
+``GET /status`` from :attr:`FakeRun.status`, records ``PUT /rollout-endpoints`` and
+``POST /pause`` calls, and checks the bearer token against the one set in
+:attr:`FakeRun.token` (None: first token seen is remembered and required afterwards).
+A run marked ``reachable = False`` answers 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class FakeRun:
+    """The state one fake orchestrator serves and the calls it received."""
+
+    status: dict[str, Any] = field(
+        default_factory=lambda: {
+            "phase": "running",
+            "attempt": 0,
+            "step": 0,
+            "policy_version": 0,
+            "max_steps": 100,
+            "last_checkpoint_step": None,
+            "queued_traces": 0,
+            "open_groups": 0,
+            "resume": None,
+            "rollout_endpoints": [],
+        }
+    )
+    token: str | None = None
+    reachable: bool = True
+    endpoint_puts: list[list[str]] = field(default_factory=list)
+    pauses: int = 0
+    pause_answer: dict[str, Any] = field(
+        default_factory=lambda: {"step": 10, "queued_traces": 104, "open_groups": 3, "finished_episodes_kept": 8}
+    )
+
+
+class FakeOrchestrators:
+    """An aiohttp server in its own thread serving :class:`FakeRun` s by ``(namespace, name)``."""
+
+    def __init__(self) -> None:
+        self.runs: dict[tuple[str, str], FakeRun] = {}
+        self.lock = threading.Lock()
+        self._port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url_template(self) -> str:
+        """The operator's ``orchestrator_url`` setting for this server."""
+        return f"http://127.0.0.1:{self._port}/{{namespace}}/{{name}}"
+
+    def run(self, namespace: str, name: str) -> FakeRun:
+        """The fake of run ``namespace/name`` (created on first use)."""
+        with self.lock:
+            return self.runs.setdefault((namespace, name), FakeRun())
+
+    def _authorized(self, run: FakeRun, request: web.Request) -> bool:
+        header = request.headers.get("Authorization", "")
+        if not header.startswith("Bearer "):
+            return False
+        if run.token is None:
+            run.token = header[7:]
+        return header[7:] == run.token
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        run = self.run(request.match_info["ns"], request.match_info["name"])
+        if not run.reachable:
+            return web.json_response({"error": "unavailable"}, status=503)
+        if not self._authorized(run, request):
+            return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        route = (request.method, request.match_info["route"])
+        if route == ("GET", "status"):
+            return web.json_response(run.status)
+        if route == ("PUT", "rollout-endpoints"):
+            endpoints = (await request.json())["endpoints"]
+            run.endpoint_puts.append(endpoints)
+            run.status["rollout_endpoints"] = sorted(endpoints)
+            return web.json_response({"endpoints": endpoints})
+        if route == ("POST", "pause"):
+            run.pauses += 1
+            run.status["phase"] = "paused"
+            return web.json_response(run.pause_answer)
+        return web.json_response({"error": "no such route"}, status=404)
+
+    def _serve(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_route("*", "/{ns}/{name}/{route}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self._port = site._server.sockets[0].getsockname()[1]
+        self._started.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(self._runner.cleanup())
+        self._loop.close()
+
+    def __enter__(self) -> FakeOrchestrators:
+        self._thread = threading.Thread(target=self._serve, name="fake-orchestrators", daemon=True)
+        self._thread.start()
+        self._started.wait(5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(5)

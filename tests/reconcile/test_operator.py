@@ -1,0 +1,201 @@
+"""The real operator (kopf + rlrun_operator.handlers) against the API emulator and fake orchestrators."""
+
+from __future__ import annotations
+
+import base64
+import copy
+
+import jsonschema
+import kubernetes_validate
+import yaml
+from prometheus_client import REGISTRY
+from rlrun.crd import build_crd, to_json_schema
+
+from tests.reconcile.conftest import NAMESPACE, manifest, wait_for
+
+K8S_VERSION = kubernetes_validate.utils.latest_version()
+RLRUN_SCHEMA = to_json_schema(build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
+
+
+def validate_object(obj: dict) -> None:
+    """Kubernetes' own schema, strictly, on what the operator created (status written by us excluded)."""
+    kubernetes_validate.validate({k: v for k, v in obj.items() if k != "status"}, K8S_VERSION, strict=True)
+
+
+def validate_rlrun(obj: dict) -> None:
+    doc = copy.deepcopy(obj)
+    doc["metadata"] = {"name": doc["metadata"]["name"]}
+    jsonschema.validate(doc, RLRUN_SCHEMA)
+
+
+def objects_of(cluster, name="demo"):
+    sel = f"app.kubernetes.io/instance={name}"
+    out = {}
+    for resource in ("persistentvolumeclaims", "secrets", "configmaps", "services", "pods"):
+        out[resource] = cluster.kube.list(resource, NAMESPACE, label_selector=sel)
+    return out
+
+
+def metric(name: str, **labels) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_create_makes_every_object_owned_labelled_and_schema_valid(cluster):
+    created_before = metric("rlrun_operator_reconciles_total", handler="create")
+    run = cluster.kube.create("rlruns", manifest(rollout={"replicas": 2}), NAMESPACE)
+    objects = wait_for(lambda: (o := objects_of(cluster)) and len(o["pods"]) == 4 and o, what="4 pods")
+    assert [len(objects[r]) for r in ("persistentvolumeclaims", "secrets", "configmaps", "services")] == [1, 1, 1, 1]
+    uid = run["metadata"]["uid"]
+    for resource, items in objects.items():
+        for obj in items:
+            validate_object(obj)
+            labels = obj["metadata"]["labels"]
+            assert labels["app.kubernetes.io/managed-by"] == "rlrun-operator"
+            assert labels["app.kubernetes.io/name"] == "rlrun"
+            owners = obj["metadata"].get("ownerReferences", [])
+            if resource == "persistentvolumeclaims":
+                assert owners == []  # retention policy Retain: the run directory outlives the RLRun
+            else:
+                assert [(o["kind"], o["uid"], o["controller"]) for o in owners] == [("RLRun", uid, True)]
+    names = sorted(p["metadata"]["name"] for p in objects["pods"])
+    assert names == ["demo-orchestrator-a0", "demo-rollout-0-a0", "demo-rollout-1-a0", "demo-trainer-a0"]
+    assert {p["metadata"]["labels"]["rlrun.dev/attempt"] for p in objects["pods"]} == {"0"}
+    token = base64.b64decode(objects["secrets"][0]["data"]["token"]).decode()
+    assert len(token) >= 32
+    resolved = yaml.safe_load(objects["configmaps"][0]["data"]["rlrun.yaml"])
+    assert resolved["spec"]["rollout"]["replicas"] == 2 and resolved["metadata"]["namespace"] == NAMESPACE
+    status = wait_for(lambda: cluster.status().get("phase") and cluster.status(), what="a status")
+    assert status["phase"] == "Pending" and status["attempt"] == 0
+    validate_rlrun(cluster.rlrun())
+    assert metric("rlrun_operator_reconciles_total", handler="create") == created_before + 1
+
+
+def test_status_follows_the_orchestrator_and_ready_rollouts_get_pushed(cluster):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    fake = cluster.orchestrators.run(NAMESPACE, "demo")
+    fake.status.update(step=12, policy_version=11, last_checkpoint_step=10)
+    # no rollout server ready: running but not Ready
+    wait_for(lambda: cluster.status().get("step") == 12, what="step 12")
+    assert cluster.condition("Ready")["status"] == "False"
+    rollout = cluster.pod("rollout")
+    cluster.set_pod_status(rollout, ip="10.0.0.7")
+    wait_for(lambda: fake.endpoint_puts and fake.endpoint_puts[-1] == ["http://10.0.0.7:8000"], what="endpoints PUT")
+    secret = cluster.kube.get("secrets", "demo-control", NAMESPACE)
+    assert fake.token == base64.b64decode(secret["data"]["token"]).decode()  # the run's own token
+    ready = wait_for(lambda: (c := cluster.condition("Ready")) and c["status"] == "True" and c, what="Ready")
+    status = cluster.status()
+    assert status["phase"] == "Running" and status["lastCheckpointStep"] == 10 and status["policyVersion"] == 11
+    assert status["rolloutEndpoints"] == 1 and ready["reason"] == "Running"
+    assert ready["observedGeneration"] == cluster.rlrun()["metadata"]["generation"]
+    validate_rlrun(cluster.rlrun())
+    # a resume report becomes the printer columns' totals
+    fake.status["resume"] = {"from_step": 10, "open_groups": 3, "queued_traces": 104, "finished_episodes_kept": 8}
+    wait_for(lambda: cluster.status().get("resumedGroups") == 3, what="resumedGroups")
+    assert cluster.status()["resumedTraces"] == 104
+    # the rollout pod goes unready: the orchestrator is told at once, and the run is Degraded
+    cluster.set_pod_status(rollout, ready=False, ip="10.0.0.7")
+    wait_for(lambda: fake.endpoint_puts[-1] == [], what="empty endpoints PUT")
+    wait_for(lambda: (c := cluster.condition("Degraded")) and c["status"] == "True", what="Degraded")
+    events = cluster.kube.list("events", NAMESPACE)
+    assert {"Created", "Running"} <= {e.get("reason") for e in events}
+
+
+def test_suspend_pauses_then_removes_pods_and_unsuspend_resumes_as_next_attempt(cluster):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    fake = cluster.orchestrators.run(NAMESPACE, "demo")
+    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    cluster.kube.patch("rlruns", "demo", {"spec": {"suspend": True}}, NAMESPACE)
+    wait_for(lambda: cluster.status().get("phase") == "Suspended", what="Suspended")
+    assert fake.pauses == 1
+    assert cluster.pods() == []
+    assert "104 queued samples, 3 open groups" in cluster.condition("Ready")["message"]
+    fake.status["phase"] = "running"
+    cluster.kube.patch("rlruns", "demo", {"spec": {"suspend": False}}, NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="attempt 1 pods")
+    assert {p["metadata"]["labels"]["rlrun.dev/attempt"] for p in cluster.pods()} == {"1"}
+    orch = cluster.pod("orchestrator")
+    command = orch["spec"]["containers"][0]["command"]
+    assert command[command.index("--attempt") + 1] == "1" and "--resume" in command
+    wait_for(lambda: cluster.status().get("attempt") == 1, what="attempt 1")
+    reasons = [e.get("reason") for e in cluster.kube.list("events", NAMESPACE)]
+    assert {"Paused", "Suspended", "Resumed"} <= set(reasons)
+
+
+def test_created_suspended_starts_no_pods_until_unsuspended(cluster):
+    cluster.kube.create("rlruns", manifest(suspend=True), NAMESPACE)
+    wait_for(lambda: cluster.status().get("phase") == "Suspended", what="Suspended")
+    assert cluster.pods() == [] and len(cluster.kube.list("configmaps", NAMESPACE)) == 1
+    cluster.kube.patch("rlruns", "demo", {"spec": {"suspend": False}}, NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="attempt 0 pods")
+    assert {p["metadata"]["labels"]["rlrun.dev/attempt"] for p in cluster.pods()} == {"0"}
+
+
+def test_success_frees_the_rollout_pods(cluster):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    cluster.orchestrators.run(NAMESPACE, "demo").status.update(phase="done", step=100)
+    cluster.set_pod_status(cluster.pod("orchestrator"), phase="Succeeded", ready=False)
+    wait_for(lambda: cluster.status().get("phase") == "Succeeded", what="Succeeded")
+    assert cluster.condition("Succeeded")["status"] == "True"
+    wait_for(lambda: not any(p["metadata"]["name"].startswith("demo-rollout") for p in cluster.pods()), what="freed")
+    assert {p["metadata"]["name"] for p in cluster.pods()} == {"demo-orchestrator-a0", "demo-trainer-a0"}
+
+
+def test_orchestrator_failure_is_reported(cluster):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    terminated = {"state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}, "name": "orchestrator"}
+    cluster.set_pod_status(cluster.pod("orchestrator"), phase="Failed", ready=False, containerStatuses=[terminated])
+    failed = wait_for(lambda: (c := cluster.condition("Failed")) and c["status"] == "True" and c, what="Failed")
+    assert failed["reason"] == "OrchestratorFailed" and "OOMKilled" in failed["message"]
+    assert cluster.status()["phase"] == "Failed"
+
+
+def test_invalid_spec_gets_a_failed_condition_naming_the_field(cluster):
+    # passes the CRD's OpenAPI schema (CEL rules are not run by the emulator), fails rlrun.spec
+    cluster.kube.create("rlruns", manifest(group_size=16, batch_size=8), NAMESPACE)
+    failed = wait_for(lambda: (c := cluster.condition("Failed")) and c, what="Failed condition")
+    assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
+    assert "batch_size (8) must be ≥ group_size (16)" in failed["message"]
+    assert cluster.status()["phase"] == "Failed" and cluster.pods() == []
+    warnings = [e for e in cluster.kube.list("events", NAMESPACE) if e.get("reason") == "InvalidSpec"]
+    assert warnings and warnings[0]["type"] == "Warning"
+
+
+def test_a_run_that_existed_before_a_restart_is_handled_once(cluster):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3 and cluster.status().get("phase"), what="pods and status")
+    cluster.restart_operator()
+    cluster.kube.create("rlruns", manifest("second"), NAMESPACE)  # the restarted operator is live
+    wait_for(lambda: len(cluster.pods("second")) == 3, what="second run's pods")
+    creates = [r for r in cluster.kube.requests if r.rbac == ("", "pods", "create")]
+    assert len(creates) == 6  # 3 per run: the first run's were not created again
+    created_events = [e for e in cluster.kube.list("events", NAMESPACE) if e.get("reason") == "Created"]
+    assert len(created_events) == 2
+
+
+def test_spec_change_updates_the_configmap_for_the_next_attempt(cluster):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    cluster.kube.patch("rlruns", "demo", {"spec": {"max_steps": 300}}, NAMESPACE)
+
+    def max_steps():
+        cm = cluster.kube.get("configmaps", "demo-config", NAMESPACE)
+        return yaml.safe_load(cm["data"]["rlrun.yaml"])["spec"]["max_steps"] == 300
+
+    wait_for(max_steps, what="ConfigMap update")
+    assert len(cluster.pods()) == 3  # running pods are left alone
+
+
+def test_deleting_the_run_removes_its_finalizer_and_owned_objects(cluster):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    wait_for(lambda: cluster.rlrun()["metadata"].get("finalizers"), what="kopf's finalizer")
+    cluster.kube.delete("rlruns", "demo", NAMESPACE)
+    wait_for(lambda: cluster.rlrun() is None, what="the RLRun gone")
+    wait_for(lambda: cluster.pods() == [], what="pods garbage-collected")
+    # the claim is retained (no owner reference) so the run directory survives
+    assert [c["metadata"]["name"] for c in cluster.kube.list("persistentvolumeclaims", NAMESPACE)] == ["demo-run"]
