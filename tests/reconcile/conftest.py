@@ -16,12 +16,12 @@ from pathlib import Path
 
 os.environ["RLRUN_OPERATOR_STATUS_INTERVAL_SECONDS"] = "0.2"
 
-import kopf  # noqa: E402
-import pytest  # noqa: E402
-from rlrun_operator import handlers  # noqa: E402
+import kopf
+import pytest
+from rlrun_operator import handlers
 
-from tests.reconcile.fake_orchestrator import FakeOrchestrators  # noqa: E402
-from tests.support.kube import KopfThread, KubeServer  # noqa: E402
+from tests.reconcile.fake_orchestrator import FakeOrchestrators
+from tests.support.kube import KopfThread, KubeServer
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "team-a"
