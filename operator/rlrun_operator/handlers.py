@@ -139,9 +139,7 @@ async def _control(namespace: str, name: str) -> ControlClient:
 async def _start_attempt(body, run: RLRun, attempt: int, logger) -> int:
     """Create attempt ``attempt``'s pods; returns how many were created (existing ones are kept)."""
     pods = build_pods(body, run, SETTINGS, attempt)
-    created = 0
-    for pod in pods:
-        created += await asyncio.to_thread(_kube().create, pod)
+    created = sum(await asyncio.gather(*(asyncio.to_thread(_kube().create, pod) for pod in pods)))
     STATE.pushed.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
     logger.info("attempt %d: %d pods created (%d already there)", attempt, created, len(pods) - created)
     return created
@@ -171,8 +169,8 @@ async def create_run(body, name, namespace, status, patch, logger, **_) -> None:
         except ManifestError as exc:
             raise _reject(body, patch, status, exc) from None
         generation = body["metadata"].get("generation")
-        for obj in build_run_objects(body, run, SETTINGS, secrets.token_urlsafe(32)):
-            await asyncio.to_thread(_kube().create, obj)
+        objects = build_run_objects(body, run, SETTINGS, secrets.token_urlsafe(32))
+        await asyncio.gather(*(asyncio.to_thread(_kube().create, obj) for obj in objects))
         if run.spec.suspend:
             patch.status.update(suspended(dict(status), generation, "Suspended", "created suspended"))
             METRICS.set_phase(namespace, name, "Suspended")
