@@ -72,6 +72,7 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     # log lines become Events only from WARNING up; transitions post their own with kopf.event
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = 32
+    STATE.__init__()  # control clients belong to an event loop: a restarted operator makes new ones
     STATE.kube = Kube(load_api_client())
 
 
@@ -129,11 +130,12 @@ def _reject(body, patch, status, exc: ManifestError) -> kopf.PermanentError:
 
 async def _control(namespace: str, name: str) -> ControlClient:
     key = (namespace, name)
-    if key not in STATE.clients:
+    url = SETTINGS.orchestrator_url.format(name=name, namespace=namespace, service=n.orchestrator_service(name))
+    client = STATE.clients.get(key)
+    if client is None or client.base_url != url.rstrip("/"):
         token = await asyncio.to_thread(_kube().read_token, namespace, name)
-        url = SETTINGS.orchestrator_url.format(name=name, namespace=namespace, service=n.orchestrator_service(name))
-        STATE.clients[key] = ControlClient(url, token, SETTINGS.request_timeout_seconds)
-    return STATE.clients[key]
+        client = STATE.clients[key] = ControlClient(url, token, SETTINGS.request_timeout_seconds)
+    return client
 
 
 async def _start_attempt(body, run: RLRun, attempt: int, logger) -> int:
@@ -147,7 +149,9 @@ async def _start_attempt(body, run: RLRun, attempt: int, logger) -> int:
 
 def _pending_status(status, generation: int | None, attempt: int) -> dict[str, Any]:
     out = observe({**dict(status), "attempt": attempt}, generation, [], None, "waiting for the orchestrator to start")
-    out.update(attempt=attempt, preemptions=status.get("preemptions") or 0)
+    out.update(attempt=attempt, preemptions=status.get("preemptions") or 0, step=status.get("step") or 0)
+    for total in ("resumedGroups", "resumedTraces", "resumedEpisodes"):  # printer columns show 0, not blank
+        out[total] = status.get(total) or 0
     return out
 
 

@@ -58,6 +58,8 @@ class Cluster:
     orchestrators: FakeOrchestrators
     operator: KopfThread
     kubeconfig: Path
+    #: whether this test's API calls count as the operator's in ``RBAC_USAGE`` (not when kubectl calls too)
+    operator_only: bool = True
 
     def rlrun(self, name: str = "demo", namespace: str = NAMESPACE) -> dict | None:
         return self.kube.get("rlruns", name, namespace)
@@ -88,6 +90,15 @@ class Cluster:
     def condition(self, type_: str, name: str = "demo", namespace: str = NAMESPACE) -> dict | None:
         return next((c for c in self.status(name, namespace).get("conditions", []) if c["type"] == type_), None)
 
+    def wait_for_events(self, *reasons: str, namespace: str = NAMESPACE) -> list[dict]:
+        """The namespace's Events once one of each ``reason`` is there (kopf posts them asynchronously)."""
+
+        def events():
+            found = self.kube.list("events", namespace)
+            return found if set(reasons) <= {e.get("reason") for e in found} else None
+
+        return wait_for(events, what=f"events {reasons}")
+
     def restart_operator(self) -> None:
         self.operator.stop()
         self.operator = KopfThread(kopf.get_default_registry(), self.kube).start()
@@ -108,4 +119,5 @@ def cluster(tmp_path, monkeypatch):
             yield c
         finally:
             c.operator.stop()
-            RBAC_USAGE.update(kube.rbac_usage())
+            if c.operator_only:
+                RBAC_USAGE.update(kube.rbac_usage())
