@@ -40,6 +40,7 @@ format: setup
 bench: setup
 	$(PY) benchmarks/step_time.py
 	$(PY) benchmarks/snapshot.py
+	$(PY) benchmarks/operator.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

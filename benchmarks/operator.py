@@ -1,7 +1,7 @@
 """Operator latency (JSON on stdout): RLRun create → all pods, orchestrator status change → RLRun status.
 
 The real operator (kopf + ``rlrun_operator.handlers``) runs against the API emulator
-(``tests/support/kube.py``, the real CRD) and fake orchestrator control servers, with
+(``tests/support/kube/``, the real CRD) and fake orchestrator control servers, with
 ``--runs`` RLRuns created at once (default 1 and 50). For each size:
 
 - ``create_to_pods_s``: per run, time from its create request to all of its pods existing
