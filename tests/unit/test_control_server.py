@@ -107,3 +107,19 @@ async def test_without_endpoints_it_waits_for_the_operator_to_send_them(orchestr
         assert status["phase"] == "running" and status["rollout_endpoints"] == ["http://fake-rollout:2"]
     orchestrator.request_stop()
     await asyncio.wait_for(run, 10)
+
+
+async def test_pause_before_starting_writes_nothing_and_stop_ends_the_wait(orchestrator):
+    """Suspending a run whose rollout servers never came up: no empty snapshot, and SIGTERM's stop ends it."""
+    orchestrator.rollout_urls = []
+    run = asyncio.create_task(orchestrator.run())
+    while orchestrator.control is None or orchestrator.control.port == 0 or orchestrator.dispatcher is None:
+        await asyncio.sleep(0.01)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{orchestrator.control.port}") as http:
+        paused = (await http.post("/pause", headers=auth)).json()
+        assert paused["step"] is None and paused["queued_traces"] == 0 and "nothing to save" in paused["note"]
+        assert (await http.get("/status", headers=auth)).json()["phase"] == "paused"
+    orchestrator.request_stop()
+    assert await asyncio.wait_for(run, 5) == 0
+    assert not orchestrator.run_dir.orchestrator_checkpoint(0).exists()  # nothing was written

@@ -207,16 +207,29 @@ class Orchestrator:
         return None
 
     async def pause(self) -> dict:
-        """Stop dispatching and shipping, write the snapshot, and return its counts (idempotent)."""
+        """Stop dispatching and shipping, write the snapshot, and return its counts (idempotent).
+
+        Before the orchestrator has started (still waiting for rollout servers, or restoring), this
+        attempt holds no work of its own: nothing is written (a snapshot would pair an empty sink
+        with some trainer checkpoint), the newest complete checkpoint stays what the next attempt
+        resumes from, and the answer says so (``step`` None).
+        """
         if self._pause_result is None:
             self.paused = True
+            starting = self.phase == "starting"
             self.phase = "pausing"
             self._pause_result = asyncio.get_running_loop().create_future()
             try:
-                step = self._newest_trainer_part()
-                if step is None:
-                    raise OrchestratorError("no trainer checkpoint to pair a snapshot with yet")
-                result = await self._save_checkpoint(step, reason="pause")
+                if starting:
+                    result = {"step": None, "queued_traces": 0, "open_groups": 0, "finished_episodes_kept": 0}
+                    result |= {"path": None, "note": "paused before starting: nothing to save"}
+                    self.last_snapshot = result
+                    log.info("paused before starting: no snapshot needed")
+                else:
+                    step = self._newest_trainer_part()
+                    if step is None:
+                        raise OrchestratorError("no trainer checkpoint to pair a snapshot with yet")
+                    result = await self._save_checkpoint(step, reason="pause")
                 self.phase = "paused"
                 self._pause_result.set_result(result)
             except BaseException as exc:
@@ -250,14 +263,14 @@ class Orchestrator:
         as long as scheduling a GPU node: that wait has no deadline (the operator reports it).
         """
         waited = time.monotonic()
-        while not self.dispatcher.clients:
+        while not self.dispatcher.clients and not self._stop.is_set():
             if time.monotonic() - waited > 30:
                 log.info("waiting for rollout endpoints (PUT /rollout-endpoints on the control server)")
                 waited = time.monotonic()
             await asyncio.sleep(0.2)
         deadline = time.monotonic() + self.health_timeout_s
         pending = set(self.dispatcher.clients)
-        while pending:
+        while pending and not self._stop.is_set():
             pending &= set(self.dispatcher.clients)  # endpoints removed meanwhile are not waited for
             for url in list(pending):
                 if await self.dispatcher.clients[url].healthy():
@@ -602,12 +615,16 @@ class Orchestrator:
         follower = None
         try:
             await self._wait_healthy()
+            if self._stop.is_set():  # stopped (SIGTERM after a pause) before it started
+                log.info("stopped before starting")
+                return self.shipped
             if not (self.resume and await self._restore()):
                 self._check_fresh_run_dir()
                 if self.reference is not None:  # servers may hold another run's weights: start from ours
                     await push_weights(list(self.dispatcher.clients.values()), self.model_path, 0, self.reference)
             self._metrics_file = open(self.run_dir.metrics, "a")  # noqa: SIM115 - open for the run
-            self.phase = "running"
+            if not self.paused:  # a pause during set-up stands
+                self.phase = "running"
             follower = asyncio.create_task(self._follow_trainer())
             self._last_ship_time = time.monotonic()
             log.info(
