@@ -3,7 +3,7 @@
 | handler | on | does |
 |---|---|---|
 | :func:`create_run` | RLRun created | claim, Secret, ConfigMap, Service, then attempt 0's pods (none if suspended) |
-| :func:`spec_changed` | ``spec`` updated | ``suspend`` → pause + remove pods / recreate them as the next attempt; other fields → ConfigMap (next attempt) |
+| :func:`spec_changed` | ``spec`` updated | ``suspend`` → pause + remove pods / recreate them as the next attempt; other fields → ConfigMap (next attempt); a fixed invalid spec → what creation did |
 | :func:`poll_status` | timer, every ``status_interval_seconds`` | orchestrator ``/status`` + pods → status and conditions; endpoints kept in sync |
 | :func:`rollout_pod_changed` | a rollout pod changes | ready rollout servers → ``PUT /rollout-endpoints`` at once |
 | :func:`run_pods` | index of the operator's pods | per run, what the other handlers need of its pods |
@@ -172,20 +172,29 @@ async def create_run(body, name, namespace, status, patch, logger, **_) -> None:
             run = _parse(body)
         except ManifestError as exc:
             raise _reject(body, patch, status, exc) from None
-        generation = body["metadata"].get("generation")
-        objects = build_run_objects(body, run, SETTINGS, secrets.token_urlsafe(32))
-        await asyncio.gather(*(asyncio.to_thread(_kube().create, obj) for obj in objects))
-        if run.spec.suspend:
-            patch.status.update(suspended(dict(status), generation, "Suspended", "created suspended"))
-            METRICS.set_phase(namespace, name, "Suspended")
-            kopf.event(
-                body, type="Normal", reason="Suspended", message="created with spec.suspend: no pods until it is false"
-            )
-            return
-        count = await _start_attempt(body, run, 0, logger)
-        patch.status.update(_pending_status(status, generation, 0))
-        METRICS.set_phase(namespace, name, "Pending")
-        kopf.event(body, type="Normal", reason="Created", message=f"attempt 0: {count} pods created")
+        await _create(body, run, status, patch, logger)
+
+
+async def _create(body, run: RLRun, status, patch, logger) -> None:
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    generation = body["metadata"].get("generation")
+    objects = build_run_objects(body, run, SETTINGS, secrets.token_urlsafe(32))
+    await asyncio.gather(*(asyncio.to_thread(_kube().create, obj) for obj in objects))
+    if run.spec.suspend:
+        patch.status.update(suspended(dict(status), generation, "Suspended", "created suspended"))
+        METRICS.set_phase(namespace, name, "Suspended")
+        message = "created with spec.suspend: no pods until it is false"
+        kopf.event(body, type="Normal", reason="Suspended", message=message)
+        return
+    count = await _start_attempt(body, run, 0, logger)
+    patch.status.update(_pending_status(status, generation, 0))
+    METRICS.set_phase(namespace, name, "Pending")
+    kopf.event(body, type="Normal", reason="Created", message=f"attempt 0: {count} pods created")
+
+
+def _rejected(status) -> bool:
+    """Whether the run was refused for an invalid spec (nothing was created for it)."""
+    return any(c.get("type") == "Failed" and c.get("reason") == "InvalidSpec" for c in status.get("conditions") or [])
 
 
 @kopf.on.update(*RUNS, field="spec")
@@ -198,9 +207,12 @@ async def spec_changed(body, old, new, name, namespace, status, patch, logger, r
         except ManifestError as exc:
             raise _reject(body, patch, status, exc) from None
         generation = body["metadata"].get("generation")
+        if _rejected(status):  # the spec is valid now: do what creation could not
+            kopf.event(body, type="Normal", reason="SpecFixed", message="the spec is valid now; creating the run")
+            await _create(body, run, {**dict(status), "conditions": [], "phase": None}, patch, logger)
+            return
         if {k: v for k, v in old.items() if k != "suspend"} != {k: v for k, v in new.items() if k != "suspend"}:
-            cm = build_configmap(body, run)
-            await asyncio.to_thread(_kube().patch_configmap, namespace, cm["metadata"]["name"], cm["data"])
+            await asyncio.to_thread(_kube().apply_configmap, build_configmap(body, run))
             kopf.event(
                 body, type="Normal", reason="SpecUpdated", message="the new spec takes effect at the next attempt"
             )
@@ -229,10 +241,13 @@ async def _suspend(body, run: RLRun, status, patch, pods: list[PodView], logger)
     try:
         client = await _control(namespace, name)
         snap = await client.pause(timeout_s=run.spec.preemption.snapshot_timeout_seconds)
-        message = (
-            f"snapshot at step {snap.get('step')}: {snap.get('queued_traces')} queued samples, "
-            f"{snap.get('open_groups')} open groups ({snap.get('finished_episodes_kept')} finished episodes)"
-        )
+        if snap.get("step") is None:
+            message = "paused before it started: nothing to save; it resumes from its newest checkpoint"
+        else:
+            message = (
+                f"snapshot at step {snap.get('step')}: {snap.get('queued_traces')} queued samples, "
+                f"{snap.get('open_groups')} open groups ({snap.get('finished_episodes_kept')} finished episodes)"
+            )
         kopf.event(body, type="Normal", reason="Paused", message=message)
     except Exception as exc:  # the pods go regardless; SIGTERM makes the orchestrator pause itself
         message = f"pause failed ({exc}); pods stop on SIGTERM and the run resumes from its newest checkpoint"

@@ -101,8 +101,14 @@ class Kube:
         return base64.b64decode(secret.data[n.TOKEN_KEY]).decode()
 
     @_retry
-    def patch_configmap(self, namespace: str, name: str, data: dict[str, str]) -> None:
-        """Replace keys of a ConfigMap's ``data``."""
-        self.core.patch_namespaced_config_map(
-            name, namespace, {"data": data}, _content_type="application/merge-patch+json"
-        )
+    def apply_configmap(self, obj: dict[str, Any]) -> None:
+        """Replace the keys of ConfigMap ``obj``'s ``data`` (creating it if it is gone)."""
+        meta = obj["metadata"]
+        try:
+            self.core.patch_namespaced_config_map(
+                meta["name"], meta["namespace"], {"data": obj["data"]}, _content_type="application/merge-patch+json"
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.create(obj)

@@ -162,6 +162,12 @@ def test_invalid_spec_gets_a_failed_condition_naming_the_field(cluster):
     assert cluster.status()["phase"] == "Failed" and cluster.pods() == []
     events = cluster.wait_for_events("InvalidSpec")
     assert next(e for e in events if e.get("reason") == "InvalidSpec")["type"] == "Warning"
+    # fixing the manifest (kubectl apply again) creates the run after all
+    cluster.kube.patch("rlruns", "demo", {"spec": {"batch_size": 32}}, NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods once the spec is fixed")
+    wait_for(lambda: cluster.condition("Failed")["status"] == "False", what="Failed cleared")
+    assert cluster.status()["attempt"] == 0 and cluster.status()["phase"] in ("Pending", "Running")
+    cluster.wait_for_events("SpecFixed", "Created")
 
 
 def test_a_run_that_existed_before_a_restart_is_handled_once(cluster):
