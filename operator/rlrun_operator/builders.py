@@ -140,8 +140,10 @@ def build_orchestrator_service(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resources(role: RoleSpec, component: str) -> dict[str, Any]:
-    requests = dict(role.resources.requests) or dict(DEFAULT_REQUESTS[component])
     limits = dict(role.resources.limits)
+    # No requests given: the defaults, except that a limit is its own request (what Kubernetes does
+    # for a container that sets only limits, and a request above its limit would be refused).
+    requests = dict(role.resources.requests) or {**DEFAULT_REQUESTS[component], **limits}
     if role.gpus:
         requests[GPU_RESOURCE] = str(role.gpus)
         limits[GPU_RESOURCE] = str(role.gpus)

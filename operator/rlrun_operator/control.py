@@ -33,6 +33,11 @@ class ControlClient:
         try:
             extra = {"timeout": timeout_s} if timeout_s is not None else {}
             resp = await self._http.request(method, path, **kwargs, **extra)
+        except httpx.TimeoutException as exc:
+            waited = timeout_s if timeout_s is not None else self._http.timeout.read
+            raise ControlError(
+                f"{method} {self.base_url}{path}: no answer within {waited} s ({type(exc).__name__})"
+            ) from None
         except httpx.HTTPError as exc:
             raise ControlError(f"{method} {self.base_url}{path}: {type(exc).__name__}: {exc}") from None
         if resp.status_code != 200:

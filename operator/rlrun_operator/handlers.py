@@ -179,9 +179,17 @@ async def _create(body, run: RLRun, status, patch, logger) -> None:
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     generation = body["metadata"].get("generation")
     objects = build_run_objects(body, run, SETTINGS, secrets.token_urlsafe(32))
-    await asyncio.gather(*(asyncio.to_thread(_kube().create, obj) for obj in objects))
+    created = await asyncio.gather(*(asyncio.to_thread(_kube().create, obj) for obj in objects))
+    if objects[0]["kind"] == "PersistentVolumeClaim" and not created[0]:
+        # Retained from an earlier RLRun of this name (retention Retain): resuming it is the point of
+        # retaining, but the user should know; its size and retention are the old claim's.
+        message = (
+            f"claim {objects[0]['metadata']['name']} already existed (kept from an earlier run of this name?): "
+            "its run directory is resumed; storage.size and retention_policy do not apply to it"
+        )
+        kopf.event(body, type="Warning", reason="ExistingClaim", message=message)
     if run.spec.suspend:
-        patch.status.update(suspended(dict(status), generation, "Suspended", "created suspended"))
+        patch.status.update(suspended(dict(status), generation, "created suspended"))
         METRICS.set_phase(namespace, name, "Suspended")
         message = "created with spec.suspend: no pods until it is false"
         kopf.event(body, type="Normal", reason="Suspended", message=message)
@@ -205,7 +213,12 @@ async def spec_changed(body, old, new, name, namespace, status, patch, logger, r
         try:
             run = _parse(body)
         except ManifestError as exc:
-            raise _reject(body, patch, status, exc) from None
+            if _rejected(status):  # never created: it stays Failed, with the new reasons
+                raise _reject(body, patch, status, exc) from None
+            message = "; ".join(exc.errors)
+            text = f"change ignored, the run goes on with its previous spec: {message}"
+            kopf.event(body, type="Warning", reason="InvalidSpec", message=text)
+            raise kopf.PermanentError(f"invalid spec change: {message}") from None
         generation = body["metadata"].get("generation")
         if _rejected(status):  # the spec is valid now: do what creation could not
             kopf.event(body, type="Normal", reason="SpecFixed", message="the spec is valid now; creating the run")
@@ -217,7 +230,7 @@ async def spec_changed(body, old, new, name, namespace, status, patch, logger, r
                 body, type="Normal", reason="SpecUpdated", message="the new spec takes effect at the next attempt"
             )
         was, now = bool(old.get("suspend")), bool(new.get("suspend"))
-        if was == now or status.get("phase") in TERMINAL_PHASES:
+        if was == now or status.get("phase") == "Succeeded":  # a failed run may be suspended and resumed
             patch.status["observedGeneration"] = generation
             return
         pods = _pods_of(run_pods, namespace, name)
@@ -228,9 +241,11 @@ async def spec_changed(body, old, new, name, namespace, status, patch, logger, r
             count = await _start_attempt(body, run, attempt, logger)
             patch.status.update(_pending_status(status, generation, attempt))
             METRICS.set_phase(namespace, name, "Pending")
-            kopf.event(
-                body, type="Normal", reason="Resumed", message=f"attempt {attempt}: {count} pods created, resuming"
-            )
+            if attempt == 0:  # created suspended: this is its start
+                kopf.event(body, type="Normal", reason="Created", message=f"attempt 0: {count} pods created")
+            else:
+                message = f"attempt {attempt}: {count} pods created, resuming from the newest checkpoint"
+                kopf.event(body, type="Normal", reason="Resumed", message=message)
 
 
 async def _suspend(body, run: RLRun, status, patch, pods: list[PodView], logger) -> None:
@@ -255,7 +270,7 @@ async def _suspend(body, run: RLRun, status, patch, pods: list[PodView], logger)
     removed = await _delete_pods(pods, namespace, grace)
     STATE.pushed.pop((namespace, name), None)
     logger.info("suspended: %d pods deleted", removed)
-    patch.status.update(suspended(dict(status), generation, "Suspended", f"suspended; {message}"))
+    patch.status.update(suspended(dict(status), generation, f"suspended; {message}"))
     METRICS.set_phase(namespace, name, "Suspended")
     kopf.event(body, type="Normal", reason="Suspended", message=f"{removed} pods deleted")
 
@@ -290,6 +305,8 @@ async def _push_endpoints(namespace: str, name: str, desired: list[str], logger)
 async def poll_status(body, name, namespace, status, spec, patch, logger, run_pods: kopf.Index, **_) -> None:
     """Poll the orchestrator's ``/status``, fold it and the pods into ``status``, keep endpoints in sync."""
     phase = status.get("phase")
+    if phase is not None:  # counted even when there is nothing to poll (an operator restart forgets)
+        METRICS.set_phase(namespace, name, phase)
     if spec.get("suspend") or phase in (*TERMINAL_PHASES, "Suspended") or status.get("attempt") is None:
         return
     with METRICS.track("status"):
@@ -301,18 +318,25 @@ async def poll_status(body, name, namespace, status, spec, patch, logger, run_po
             report = await (await _control(namespace, name)).status()
         except ControlError as exc:
             error = str(exc)
+        if report is not None and report.get("attempt") not in (None, attempt):
+            # the Service follows the run across attempts: an old attempt's orchestrator may still answer
+            report, error = None, f"the orchestrator answering is attempt {report.get('attempt')}, not {attempt}"
         desired = rollout_endpoints(pods, attempt)
         if report is not None and report.get("rollout_endpoints") != desired:
             await _push_endpoints(namespace, name, desired, logger)
-        new = observe(dict(status), generation, pods, report, error)
+        replicas = int((spec.get("rollout") or {}).get("replicas", 1))
+        new = observe(dict(status), generation, pods, report, error, rollout_replicas=replicas)
+        grace = int((spec.get("preemption") or {}).get("termination_grace_period_seconds", 30))
         if new["phase"] == "Succeeded" and phase != "Succeeded":
-            grace = int(spec.get("preemption", {}).get("termination_grace_period_seconds", 30))
             freed = await _delete_pods(pods, namespace, grace, components=(n.ROLLOUT,))
-            kopf.event(
-                body, type="Normal", reason="Succeeded", message=f"{new['message']}; {freed} rollout pods removed"
-            )
+            message = f"{new['message']}; {freed} rollout pods removed"
+            kopf.event(body, type="Normal", reason="Succeeded", message=message)
         elif new["phase"] == "Failed" and phase != "Failed":
-            kopf.event(body, type="Warning", reason="Failed", message=new["message"])
+            # the trainer and rollout servers cannot go on without it: free their GPUs (logs stay in the
+            # orchestrator pod); suspend, then unsuspend, starts a new attempt from the newest checkpoint
+            freed = await _delete_pods(pods, namespace, grace, components=(n.TRAINER, n.ROLLOUT))
+            message = f"{new['message']}; {freed} pods removed; suspend and unsuspend to retry"
+            kopf.event(body, type="Warning", reason="Failed", message=message)
         elif new["phase"] == "Running" and phase != "Running":
             kopf.event(body, type="Normal", reason="Running", message=new["message"])
         changed = {k: v for k, v in new.items() if status.get(k) != v}

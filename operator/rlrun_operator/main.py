@@ -13,6 +13,13 @@ import kopf
 import prometheus_client
 
 
+class _QuietTimer(logging.Filter):
+    """Drops kopf's "Timer 'poll_status' succeeded." line, logged for every run at every tick."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno <= logging.INFO and str(record.msg).startswith("Timer 'poll_status' succeeded"))
+
+
 def run_operator(
     namespaces: list[str],
     health_port: int | None = 8080,
@@ -32,6 +39,9 @@ def run_operator(
         format="%(asctime)s operator %(levelname)s %(name)s: %(message)s",
         force=True,
     )
+    # Every status poll is an HTTP request and a timer run: at INFO they would drown what matters.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("kopf.objects").addFilter(_QuietTimer())
     if metrics_port is not None:
         prometheus_client.start_http_server(metrics_port)
     import rlrun_operator.handlers  # noqa: F401 - registers the handlers with kopf

@@ -6,8 +6,8 @@ phase and the conditions, so the timer, the suspend handler and the tests agree:
 | phase | when | Ready | Progressing | Degraded | Succeeded | Failed |
 |---|---|---|---|---|---|---|
 | Pending | pods created, orchestrator not running yet | False | True | False | False | False |
-| Running | orchestrator running with ≥ 1 rollout endpoint | True | True | pods failed? | False | False |
-| Suspending / Suspended | ``spec.suspend: true`` | False | False | False | False | False |
+| Running | orchestrator running (Ready once ≥ 1 rollout server is) | endpoints? | True | pods failed/missing? | False | False |
+| Suspended | ``spec.suspend: true`` | False | False | False | False | False |
 | Succeeded | orchestrator pod exited 0 | False | False | False | True | False |
 | Failed | bad spec, or the orchestrator pod failed | False | False | True | False | True |
 
@@ -143,6 +143,7 @@ def observe(
     orchestrator: dict[str, Any] | None,
     orchestrator_error: str | None = None,
     now: str | None = None,
+    rollout_replicas: int | None = None,
 ) -> dict[str, Any]:
     """The status patch for a running (not suspended) run.
 
@@ -153,6 +154,7 @@ def observe(
         orchestrator: the orchestrator's ``/status`` answer, or None when it could not be reached.
         orchestrator_error: why it could not be reached (for the message).
         now: the time to stamp transitions with (tests pass one).
+        rollout_replicas: rollout pods the attempt should have (None: not checked).
 
     Returns:
         a dict of status fields to merge into ``status`` (``conditions`` is the whole new list).
@@ -197,9 +199,15 @@ def observe(
         cond("Degraded", True, "PodFailed", message)
     else:
         running = orchestrator is not None and orchestrator.get("phase") in ("running", "done")
-        phase = "Running" if running else "Pending"
+        # one unanswered poll (a busy orchestrator) does not make a running run Pending again
+        phase = "Running" if running or (orchestrator is None and status.get("phase") == "Running") else "Pending"
+        missing = [c for c in (n.ORCHESTRATOR, n.TRAINER) if not by_component[c]]
+        if rollout_replicas is not None and len(by_component[n.ROLLOUT]) < rollout_replicas:
+            missing.append(f"{rollout_replicas - len(by_component[n.ROLLOUT])} rollout")
         if failed:
             cond("Degraded", True, "PodFailed", "; ".join(f"{p.name}: {p.reason or 'failed'}" for p in failed))
+        elif missing:
+            cond("Degraded", True, "PodsMissing", f"attempt {attempt} lacks pods: {', '.join(missing)}")
         elif running and not endpoints:
             cond("Degraded", True, "NoRolloutEndpoints", "no rollout server is ready")
         else:
@@ -223,13 +231,12 @@ def observe(
     return out
 
 
-def suspended(status: dict[str, Any], generation: int | None, phase: str, message: str, now: str | None = None):
-    """The status patch of a run being suspended (``Suspending``) or suspended (``Suspended``)."""
+def suspended(status: dict[str, Any], generation: int | None, message: str, now: str | None = None):
+    """The status patch of a suspended run (pods removed; ``Failed`` cleared: unsuspending retries)."""
     conditions = list(status.get("conditions") or [])
-    for type_ in ("Ready", "Progressing", "Degraded"):
-        reason = "Suspended" if phase == "Suspended" else "Suspending"
-        conditions = set_condition(conditions, type_, False, reason, message, generation, now)
-    return {"phase": phase, "observedGeneration": generation, "message": message, "conditions": conditions}
+    for type_ in ("Ready", "Progressing", "Degraded", "Failed"):
+        conditions = set_condition(conditions, type_, False, "Suspended", message, generation, now)
+    return {"phase": "Suspended", "observedGeneration": generation, "message": message, "conditions": conditions}
 
 
 def failed(status: dict[str, Any], generation: int | None, reason: str, message: str, now: str | None = None):

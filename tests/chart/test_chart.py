@@ -343,6 +343,11 @@ def test_schema_rejects_a_bad_value_naming_the_field(value, field):
     assert field in result.stderr, result.stderr
 
 
+def test_health_and_metrics_ports_must_differ():
+    result = run_helm("template", RELEASE, str(CHART), "--set", "metrics.port=8080")
+    assert result.returncode != 0 and "health.port and metrics.port must differ" in result.stderr
+
+
 def test_notes_tell_how_to_apply_the_example():
     result = run_helm("install", RELEASE, str(CHART), "--dry-run=client", "--namespace", NAMESPACE)
     assert result.returncode == 0, result.stderr

@@ -164,3 +164,13 @@ def test_pod_commands_are_real_rlrun_subcommands(component, tmp_path):
     assert sub_ctx.params["manifest"] == manifest
     if component != n.ROLLOUT:
         assert sub_ctx.params["attempt"] == 4 and sub_ctx.params["resume"] is True
+
+
+def test_limits_alone_are_their_own_requests():
+    """As Kubernetes does for a container with limits only; a default request above a limit would be refused."""
+    body, run = make(orchestrator={"resources": {"limits": {"cpu": "500m", "memory": "1Gi"}}})
+    orch = next(p for p in build_pods(body, run, SETTINGS, 0) if p["metadata"]["labels"][n.COMPONENT] == "orchestrator")
+    assert orch["spec"]["containers"][0]["resources"] == {
+        "requests": {"cpu": "500m", "memory": "1Gi"},
+        "limits": {"cpu": "500m", "memory": "1Gi"},
+    }

@@ -158,7 +158,7 @@ def test_invalid_spec_gets_a_failed_condition_naming_the_field(cluster):
     cluster.kube.create("rlruns", manifest(group_size=16, batch_size=8), NAMESPACE)
     failed = wait_for(lambda: (c := cluster.condition("Failed")) and c, what="Failed condition")
     assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
-    assert "batch_size (8) must be ≥ group_size (16)" in failed["message"]
+    assert "spec.batch_size: must be ≥ group_size (16)" in failed["message"]
     assert cluster.status()["phase"] == "Failed" and cluster.pods() == []
     events = cluster.wait_for_events("InvalidSpec")
     assert next(e for e in events if e.get("reason") == "InvalidSpec")["type"] == "Warning"
@@ -210,3 +210,50 @@ def test_deleting_the_run_removes_its_finalizer_and_owned_objects(cluster):
     wait_for(lambda: cluster.pods() == [], what="pods garbage-collected")
     # the claim is retained (no owner reference) so the run directory survives
     assert [c["metadata"]["name"] for c in cluster.kube.list("persistentvolumeclaims", NAMESPACE)] == ["demo-run"]
+
+
+def test_an_invalid_change_to_a_running_run_is_ignored_with_a_warning(cluster):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    cluster.kube.patch("rlruns", "demo", {"spec": {"batch_size": 4}}, NAMESPACE)  # < group_size 8
+    events = cluster.wait_for_events("InvalidSpec")
+    warning = next(e for e in events if e.get("reason") == "InvalidSpec")
+    assert warning["type"] == "Warning" and warning["message"].startswith("change ignored")
+    time.sleep(0.5)
+    assert cluster.status()["phase"] == "Running" and len(cluster.pods()) == 3
+    assert cluster.condition("Failed")["status"] == "False"
+    cm = cluster.kube.get("configmaps", "demo-config", NAMESPACE)
+    assert yaml.safe_load(cm["data"]["rlrun.yaml"])["spec"]["batch_size"] == 64  # the previous spec stands
+
+
+def test_a_failed_orchestrator_frees_the_other_pods_and_suspend_resume_retries(cluster):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    cluster.set_pod_status(cluster.pod("orchestrator"), phase="Failed", ready=False)
+    wait_for(lambda: cluster.status().get("phase") == "Failed", what="Failed")
+    wait_for(lambda: [p["metadata"]["name"] for p in cluster.pods()] == ["demo-orchestrator-a0"], what="freed")
+    cluster.kube.patch("rlruns", "demo", {"spec": {"suspend": True}}, NAMESPACE)
+    wait_for(lambda: cluster.status().get("phase") == "Suspended", what="Suspended")
+    cluster.kube.patch("rlruns", "demo", {"spec": {"suspend": False}}, NAMESPACE)
+    wait_for(lambda: cluster.status().get("attempt") == 1 and len(cluster.pods()) == 3, what="attempt 1")
+    assert cluster.condition("Failed")["status"] == "False"
+
+
+def test_an_answer_from_another_attempts_orchestrator_is_not_taken(cluster):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    fake = cluster.orchestrators.run(NAMESPACE, "demo")
+    fake.status.update(attempt=5, step=99, resume={"open_groups": 7, "queued_traces": 1, "finished_episodes_kept": 0})
+    ready = wait_for(lambda: (c := cluster.condition("Ready")) and "attempt 5" in c["message"] and c, what="refused")
+    assert ready["status"] == "False" and cluster.status().get("step") == 0 and cluster.status()["resumedGroups"] == 0
+
+
+def test_recreating_a_run_over_its_retained_claim_says_so(cluster):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    cluster.kube.delete("rlruns", "demo", NAMESPACE)
+    wait_for(lambda: cluster.rlrun() is None and cluster.pods() == [], what="deleted")
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    events = cluster.wait_for_events("ExistingClaim")
+    claim = next(e for e in events if e.get("reason") == "ExistingClaim")
+    assert claim["type"] == "Warning" and "demo-run already existed" in claim["message"]

@@ -106,8 +106,9 @@ def test_pod_view_reads_readiness_ip_and_exit_reason():
 
 
 def test_suspended_and_failed_patches():
-    out = suspended({}, 4, "Suspended", "suspended by user", now=T0)
-    assert out["phase"] == "Suspended" and conds(out) == {"Ready": "False", "Progressing": "False", "Degraded": "False"}
+    out = suspended({}, 4, "suspended by user", now=T0)
+    assert out["phase"] == "Suspended"
+    assert conds(out) == {"Ready": "False", "Progressing": "False", "Degraded": "False", "Failed": "False"}
     out = failed({}, 1, "InvalidSpec", "spec.group_size: must be ≥ 2", now=T0)
     failed_cond = next(c for c in out["conditions"] if c["type"] == "Failed")
     assert (
@@ -129,3 +130,19 @@ def test_set_condition_replaces_by_type():
             "observedGeneration": 2,
         }
     ]
+
+
+def test_missing_pods_make_the_run_degraded():
+    without_trainer = [p for p in pods() if p.component != "trainer"]
+    out = observe({"attempt": 0}, 1, without_trainer, REPORT, rollout_replicas=3)
+    degraded = next(c for c in out["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "PodsMissing"
+    assert degraded["message"] == "attempt 0 lacks pods: trainer, 1 rollout"
+
+
+def test_one_unanswered_poll_keeps_a_running_run_running():
+    running = observe({"attempt": 0}, 1, pods(), REPORT, now=T0)
+    out = observe({"attempt": 0, **running}, 1, pods(), None, "GET /status: no answer within 5.0 s", now=T1)
+    assert out["phase"] == "Running"
+    ready = next(c for c in out["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "OrchestratorUnreachable"

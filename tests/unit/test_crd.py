@@ -85,6 +85,8 @@ def test_crd_shape_for_kubectl():
     shown = [c["name"] for c in PRINTER_COLUMNS if "priority" not in c]
     assert shown == ["Phase", "Step", "Resumed", "Preemptions", "Age"]
     assert SPEC_SCHEMA["properties"]["suspend"] == {"type": "boolean", "default": False}
+    envs = SPEC_SCHEMA["properties"]["envs"]  # the API server keeps env names unique
+    assert envs["x-kubernetes-list-type"] == "map" and envs["x-kubernetes-list-map-keys"] == ["name"]
 
 
 def test_defaults_match_the_pydantic_spec():
@@ -109,7 +111,7 @@ INVALID = [
     # (spec change, field the CRD names, field rlrun.spec names)
     ({"group_size": "eight"}, "spec.group_size", "spec.group_size"),
     ({"group_size": 1}, "spec.group_size", "spec.group_size"),
-    ({"batch_size": 4, "group_size": 8}, "spec.batch_size", "spec"),
+    ({"batch_size": 4, "group_size": 8}, "spec.batch_size", "spec.batch_size"),
     ({"max_off_policy_steps": -1}, "spec.max_off_policy_steps", "spec.max_off_policy_steps"),
     ({"max_steps": 1.5}, "spec.max_steps", "spec.max_steps"),
     ({"envs": []}, "spec.envs", "spec.envs"),
@@ -123,13 +125,13 @@ INVALID = [
     ({"optimizer": {"betas": [0.9]}}, "spec.optimizer.betas", "spec.optimizer.betas[1]"),
     ({"checkpoint": {"keep_last": 0}}, "spec.checkpoint.keep_last", "spec.checkpoint.keep_last"),
     ({"rollout": {"replicas": 0}}, "spec.rollout.replicas", "spec.rollout.replicas"),
-    ({"rollout": {"max_inflight": 4}}, "spec.rollout.max_inflight", "spec"),
+    ({"rollout": {"max_inflight": 4}}, "spec.rollout.max_inflight", "spec.rollout"),
     ({"rollout": {"resources": {"requests": {"memory": "lots"}}}}, "spec.rollout.resources.requests.memory",
      "spec.rollout.resources.requests.memory"),
     ({"trainer": {"gpus": -1}}, "spec.trainer.gpus", "spec.trainer.gpus"),
     ({"orchestrator": {"gpus": 1}}, "spec.orchestrator.gpus", "spec.orchestrator.gpus"),
     ({"preemption": {"snapshot_timeout_seconds": 120, "termination_grace_period_seconds": 60}},
-     "spec.preemption.snapshot_timeout_seconds", "spec.preemption"),
+     "spec.preemption.termination_grace_period_seconds", "spec.preemption.termination_grace_period_seconds"),
     ({"storage": {"retention_policy": "Keep"}}, "spec.storage.retention_policy", "spec.storage.retention_policy"),
     ({"storage": {"existing_claim": "Bad_Name"}}, "spec.storage.existing_claim", "spec.storage.existing_claim"),
     ({"storage": {"access_modes": ["ReadMostly"]}}, "spec.storage.access_modes.0", "spec.storage.access_modes[0]"),
@@ -174,7 +176,7 @@ def test_model_and_storage_are_immutable():
     assert crd_errors(new, old) == []
 
 
-@pytest.mark.parametrize("name", ["x" * 51, "9lives"])
+@pytest.mark.parametrize("name", ["x" * 51, "9lives", "dotted.run", "trailing-"])
 def test_run_names_leave_room_for_the_service_name(name):
     doc = manifest()
     doc["metadata"]["name"] = name

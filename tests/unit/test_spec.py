@@ -41,9 +41,9 @@ def test_defaults_fill_a_minimal_manifest():
         ({"envs": [{"weight": 1}]}, "spec.envs[0].name: required field is missing"),
         ({"model": {}}, "spec.model: set exactly one of builtin or name"),
         ({"model": {"builtin": "huge"}}, "spec.model.builtin: must be one of 'tiny-reverse'"),
-        ({"group_size": "eight"}, "spec.group_size: Input should be a valid integer"),
-        ({"batch_size": 4, "group_size": 8}, "spec: batch_size (4) must be ≥ group_size (8)"),
-        ({"rollout": {"max_inflight": 4}, "group_size": 8}, "spec: rollout.max_inflight (4) must be ≥ group_size (8)"),
+        ({"group_size": "eight"}, "spec.group_size: must be an integer"),
+        ({"batch_size": 4, "group_size": 8}, "spec.batch_size: must be ≥ group_size (8)"),
+        ({"rollout": {"max_inflight": 4}, "group_size": 8}, "spec.rollout: max_inflight (4) must be ≥ group_size (8)"),
     ],
 )
 def test_invalid_spec_names_the_field(spec, expected):
@@ -88,3 +88,13 @@ def test_stdlib_operator_module_is_not_shadowed():
     value, path = out.stdout.split()
     assert value == "5"
     assert "site-packages" not in path and str(ROOT) not in path
+
+
+def test_env_name_and_args_are_checked_by_building_the_env():
+    assert errors_of(manifest(envs=[{"name": "no-such-env"}])) == [
+        "spec.envs[0].name: unknown env 'no-such-env'; registered envs: ['reverse-text']"
+    ]
+    (error,) = errors_of(manifest(envs=[{"name": "reverse-text", "args": {"bogus": 1}}]))
+    assert error.startswith("spec.envs[0].args: env 'reverse-text': bad args {'bogus': 1}")
+    (error,) = errors_of(manifest(envs=[{"name": "reverse-text", "args": {"max_words": 0}}]))
+    assert error == "spec.envs[0].args: reverse-text: max_words must be ≥ 1, got 0"

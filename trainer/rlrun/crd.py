@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from rlrun.spec import API_GROUP, API_VERSION, KIND, MAX_NAME_LENGTH, RLRunSpec
+from rlrun.spec import API_GROUP, API_VERSION, KIND, MAX_NAME_LENGTH, NAME_PATTERN, RLRunSpec
 from rlrun.status import RLRunStatus
 
 PLURAL = "rlruns"
@@ -87,9 +87,9 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     ("preemption",): [
         {
             "rule": "self.snapshot_timeout_seconds < self.termination_grace_period_seconds",
-            "message": "snapshot_timeout_seconds must be < termination_grace_period_seconds: "
+            "message": "termination_grace_period_seconds must be > snapshot_timeout_seconds: "
             "the snapshot must be written before the kubelet kills the pod",
-            "fieldPath": ".snapshot_timeout_seconds",
+            "fieldPath": ".termination_grace_period_seconds",
         },
     ],
 }
@@ -311,9 +311,10 @@ def build_crd() -> dict[str, Any]:
                             "x-kubernetes-validations": [
                                 {
                                     "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH} && "
-                                    "self.metadata.name.matches('^[a-z]')",
-                                    "message": f"metadata.name must start with a letter and be at most "
-                                    f"{MAX_NAME_LENGTH} characters (the run's Service is named <name>-orchestrator)",
+                                    f"self.metadata.name.matches('{NAME_PATTERN}')",
+                                    "message": f"metadata.name must be a DNS-1035 label (lower-case letters, digits, "
+                                    f"'-', starting with a letter) of at most {MAX_NAME_LENGTH} characters: the "
+                                    "run's Service is named <name>-orchestrator",
                                     "fieldPath": ".metadata.name",
                                 }
                             ],

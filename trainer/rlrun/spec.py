@@ -19,15 +19,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 API_GROUP = "rlrun.dev"
 API_VERSION = "v1alpha1"
 KIND = "RLRun"
 
 BUILTIN_MODELS = ("tiny-reverse",)
-#: Longest ``metadata.name`` of an RLRun (see :class:`ObjectMeta`).
+#: Longest ``metadata.name`` of an RLRun, and its pattern (a DNS-1035 label; see :class:`ObjectMeta`).
 MAX_NAME_LENGTH = 50
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
 class _Strict(BaseModel):
@@ -187,14 +188,16 @@ class PreemptionSpec(_Strict):
     snapshot_timeout_seconds: int = Field(default=60, ge=1)
     termination_grace_period_seconds: int = Field(default=120, ge=1)
 
-    @model_validator(mode="after")
-    def _timeout_fits_grace(self) -> PreemptionSpec:
-        if self.snapshot_timeout_seconds >= self.termination_grace_period_seconds:
+    @field_validator("termination_grace_period_seconds")
+    @classmethod
+    def _grace_fits_timeout(cls, grace: int, info: ValidationInfo) -> int:
+        timeout = info.data.get("snapshot_timeout_seconds")
+        if timeout is not None and timeout >= grace:
             raise ValueError(
-                f"snapshot_timeout_seconds ({self.snapshot_timeout_seconds}) must be < "
-                f"termination_grace_period_seconds ({self.termination_grace_period_seconds})"
+                f"must be > snapshot_timeout_seconds ({timeout}): the snapshot must be written before the "
+                f"kubelet kills the pod, got {grace}"
             )
-        return self
+        return grace
 
 
 class StorageSpec(_Strict):
@@ -257,19 +260,32 @@ class RLRunSpec(_Strict):
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     suspend: bool = False
 
-    @model_validator(mode="after")
-    def _cross_field(self) -> RLRunSpec:
-        if self.batch_size < self.group_size:
-            raise ValueError(f"batch_size ({self.batch_size}) must be ≥ group_size ({self.group_size})")
-        if self.rollout.max_inflight < self.group_size:
-            raise ValueError(
-                f"rollout.max_inflight ({self.rollout.max_inflight}) must be ≥ group_size ({self.group_size}): "
-                "a group is requested at once"
-            )
-        names = [e.name for e in self.envs]
+    # Cross-field rules are validators of the later field, so errors name it (fields validate in order).
+    @field_validator("batch_size")
+    @classmethod
+    def _batch_holds_groups(cls, batch_size: int, info: ValidationInfo) -> int:
+        group_size = info.data.get("group_size")
+        if group_size is not None and batch_size < group_size:
+            raise ValueError(f"must be ≥ group_size ({group_size}): a batch holds whole groups, got {batch_size}")
+        return batch_size
+
+    @field_validator("envs")
+    @classmethod
+    def _unique_env_names(cls, envs: list[EnvSpec]) -> list[EnvSpec]:
+        names = [e.name for e in envs]
         if len(set(names)) != len(names):
-            raise ValueError(f"envs: names must be unique, got {names}")
-        return self
+            raise ValueError(f"names must be unique, got {names}")
+        return envs
+
+    @field_validator("rollout")
+    @classmethod
+    def _inflight_holds_a_group(cls, rollout: RolloutSpec, info: ValidationInfo) -> RolloutSpec:
+        group_size = info.data.get("group_size")
+        if group_size is not None and rollout.max_inflight < group_size:
+            raise ValueError(
+                f"max_inflight ({rollout.max_inflight}) must be ≥ group_size ({group_size}): a group is requested at once"
+            )
+        return rollout
 
 
 class ObjectMeta(BaseModel):
@@ -279,7 +295,7 @@ class ObjectMeta(BaseModel):
 
     # ≤ 50 characters starting with a letter: the orchestrator Service is named "<name>-orchestrator",
     # which must be a DNS-1035 label of at most 63 characters.
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)
     namespace: str | None = None
 
 
@@ -313,6 +329,15 @@ _REASONS = {
     "string_too_short": lambda c: f"must have at least {c.get('min_length')} character(s)",
     "literal_error": lambda c: f"must be one of {c.get('expected')}",
     "string_pattern_mismatch": lambda c: f"must match {c.get('pattern')}",
+    "string_too_long": lambda c: f"must have at most {c.get('max_length')} character(s)",
+    "too_long": lambda c: f"must have at most {c.get('max_length')} item(s)",
+    "int_type": lambda c: "must be an integer",
+    "int_from_float": lambda c: "must be an integer",
+    "float_type": lambda c: "must be a number",
+    "bool_type": lambda c: "must be true or false",
+    "string_type": lambda c: "must be a string",
+    "dict_type": lambda c: "must be a mapping",
+    "list_type": lambda c: "must be a list",
 }
 
 
@@ -345,9 +370,27 @@ def parse_manifest(data: Any, source: str = "<manifest>") -> RLRun:
     if not isinstance(data, dict):
         raise ManifestError(source, [f"<root>: must be a mapping (an RLRun object), got {type(data).__name__}"])
     try:
-        return RLRun.model_validate(data)
+        run = RLRun.model_validate(data)
     except ValidationError as exc:
         raise ManifestError(source, format_validation_error(exc)) from None
+    errors = _env_errors(run.spec)
+    if errors:
+        raise ManifestError(source, errors)
+    return run
+
+
+def _env_errors(spec: RLRunSpec) -> list[str]:
+    """Build every env once, so an unknown name or bad ``args`` fails here, not in a pod later."""
+    from rlrun.envs import make_env  # the env registry imports this module
+
+    errors = []
+    for i, env in enumerate(spec.envs):
+        try:
+            make_env(env)
+        except ValueError as exc:
+            field = "name" if "unknown env" in str(exc) else "args"
+            errors.append(f"spec.envs[{i}].{field}: {exc}")
+    return errors
 
 
 def load_manifest(path: str | Path) -> RLRun:

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 #: Lifecycle phases, in the order a run normally goes through them.
-PHASES = ("Pending", "Running", "Suspending", "Suspended", "Succeeded", "Failed")
+PHASES = ("Pending", "Running", "Suspended", "Succeeded", "Failed")
 #: Condition types the operator maintains.
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Failed", "Succeeded")
 
@@ -63,7 +63,7 @@ class RLRunStatus(BaseModel):
     """The operator's view of a run.
 
     Attributes:
-        phase: Pending, Running, Suspending, Suspended, Succeeded or Failed.
+        phase: Pending, Running, Suspended, Succeeded or Failed.
         observedGeneration: the RLRun generation last acted on.
         attempt: current attempt (0 first; +1 on every restart of the pods).
         step: batches shipped to the trainer.
@@ -82,7 +82,7 @@ class RLRunStatus(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    phase: Literal["Pending", "Running", "Suspending", "Suspended", "Succeeded", "Failed"] | None = None
+    phase: Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"] | None = None
     observedGeneration: int | None = Field(default=None, ge=0)
     attempt: int | None = Field(default=None, ge=0)
     step: int | None = Field(default=None, ge=0)
