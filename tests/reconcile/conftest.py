@@ -17,6 +17,7 @@ from pathlib import Path
 os.environ["RLRUN_OPERATOR_STATUS_INTERVAL_SECONDS"] = "0.2"
 
 import kopf
+import kubernetes_validate
 import pytest
 from rlrun_operator import handlers
 
@@ -24,6 +25,7 @@ from tests.reconcile.fake_orchestrator import FakeOrchestrators
 from tests.support.kube import KopfThread, KubeServer
 
 ROOT = Path(__file__).resolve().parents[2]
+K8S_VERSION = kubernetes_validate.utils.latest_version()
 NAMESPACE = "team-a"
 #: (apiGroup, resource[/subresource], verb) the operator used in this test session.
 RBAC_USAGE: set[tuple[str, str, str]] = set()
@@ -117,7 +119,16 @@ def cluster(tmp_path, monkeypatch):
         c = Cluster(kube, orchestrators, operator, kubeconfig)
         try:
             yield c
+            validate_created_objects(kube)
         finally:
             c.operator.stop()
             if c.operator_only:
                 RBAC_USAGE.update(kube.rbac_usage())
+
+
+def validate_created_objects(kube: KubeServer) -> None:
+    """Every object the operator created in a test passes Kubernetes' own schema, strictly."""
+    for resource in ("persistentvolumeclaims", "secrets", "configmaps", "services", "pods"):
+        for obj in kube.list(resource, label_selector="app.kubernetes.io/managed-by=rlrun-operator"):
+            # status is the kubelet's (written by the tests here), not the operator's
+            kubernetes_validate.validate({k: v for k, v in obj.items() if k != "status"}, K8S_VERSION, strict=True)

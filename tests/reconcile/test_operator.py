@@ -257,3 +257,14 @@ def test_recreating_a_run_over_its_retained_claim_says_so(cluster):
     events = cluster.wait_for_events("ExistingClaim")
     claim = next(e for e in events if e.get("reason") == "ExistingClaim")
     assert claim["type"] == "Warning" and "demo-run already existed" in claim["message"]
+
+
+def test_a_run_created_while_the_operator_was_down_is_handled_once(cluster):
+    cluster.operator.stop()
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    cluster.restart_operator()
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    cluster.wait_for_events("Created")
+    time.sleep(0.5)
+    assert len([r for r in cluster.kube.requests if r.rbac == ("", "pods", "create")]) == 3
+    assert len([e for e in cluster.kube.list("events", NAMESPACE) if e.get("reason") == "Created"]) == 1
