@@ -34,7 +34,7 @@ from rlrun_operator.control import ControlClient, ControlError
 from rlrun_operator.kube import Kube, load_api_client
 from rlrun_operator.metrics import OperatorMetrics
 from rlrun_operator.settings import OperatorSettings
-from rlrun_operator.status import PodView, failed, observe, pod_view, rollout_endpoints, suspended
+from rlrun_operator.status import PodView, failed, observe, pod_view, rollout_endpoints, starting, suspended
 
 log = logging.getLogger(__name__)
 
@@ -147,14 +147,6 @@ async def _start_attempt(body, run: RLRun, attempt: int, logger) -> int:
     return created
 
 
-def _pending_status(status, generation: int | None, attempt: int) -> dict[str, Any]:
-    out = observe({**dict(status), "attempt": attempt}, generation, [], None, "waiting for the orchestrator to start")
-    out.update(attempt=attempt, preemptions=status.get("preemptions") or 0, step=status.get("step") or 0)
-    for total in ("resumedGroups", "resumedTraces", "resumedEpisodes"):  # printer columns show 0, not blank
-        out[total] = status.get(total) or 0
-    return out
-
-
 async def _delete_pods(pods: list[PodView], namespace: str, grace_s: int, components=n.COMPONENTS) -> int:
     doomed = [p for p in pods if p.component in components and not p.deleting]
     await asyncio.gather(*(asyncio.to_thread(_kube().delete_pod, namespace, p.name, grace_s) for p in doomed))
@@ -195,7 +187,7 @@ async def _create(body, run: RLRun, status, patch, logger) -> None:
         kopf.event(body, type="Normal", reason="Suspended", message=message)
         return
     count = await _start_attempt(body, run, 0, logger)
-    patch.status.update(_pending_status(status, generation, 0))
+    patch.status.update(starting(dict(status), generation, 0))
     METRICS.set_phase(namespace, name, "Pending")
     kopf.event(body, type="Normal", reason="Created", message=f"attempt 0: {count} pods created")
 
@@ -239,7 +231,7 @@ async def spec_changed(body, old, new, name, namespace, status, patch, logger, r
         else:
             attempt = 0 if status.get("attempt") is None else int(status["attempt"]) + 1
             count = await _start_attempt(body, run, attempt, logger)
-            patch.status.update(_pending_status(status, generation, attempt))
+            patch.status.update(starting(dict(status), generation, attempt))
             METRICS.set_phase(namespace, name, "Pending")
             if attempt == 0:  # created suspended: this is its start
                 kopf.event(body, type="Normal", reason="Created", message=f"attempt 0: {count} pods created")

@@ -231,6 +231,33 @@ def observe(
     return out
 
 
+def starting(status: dict[str, Any], generation: int | None, attempt: int, now: str | None = None):
+    """The status patch of an attempt whose pods were just created (``Pending``, nothing known yet)."""
+    conditions = list(status.get("conditions") or [])
+    message = f"attempt {attempt}: pods created, waiting for the orchestrator to start"
+    for type_, value, reason in (
+        ("Ready", False, "Starting"),
+        ("Progressing", True, "Starting"),
+        ("Degraded", False, "AsExpected"),
+        ("Succeeded", False, "Starting"),
+        ("Failed", False, "Starting"),
+    ):
+        conditions = set_condition(
+            conditions, type_, value, reason, message if value or type_ == "Ready" else "", generation, now
+        )
+    return {
+        "phase": "Pending",
+        "observedGeneration": generation,
+        "attempt": attempt,
+        "message": message,
+        "conditions": conditions,
+        "preemptions": status.get("preemptions") or 0,
+        "step": status.get("step") or 0,
+        # printer columns show 0, not blank
+        **{k: status.get(k) or 0 for k in ("resumedGroups", "resumedTraces", "resumedEpisodes")},
+    }
+
+
 def suspended(status: dict[str, Any], generation: int | None, message: str, now: str | None = None):
     """The status patch of a suspended run (pods removed; ``Failed`` cleared: unsuspending retries)."""
     conditions = list(status.get("conditions") or [])

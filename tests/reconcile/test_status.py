@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from rlrun.status import RLRunStatus
-from rlrun_operator.status import PodView, failed, observe, pod_view, rollout_endpoints, set_condition, suspended
+from rlrun_operator.status import (
+    PodView,
+    failed,
+    observe,
+    pod_view,
+    rollout_endpoints,
+    set_condition,
+    starting,
+    suspended,
+)
 
 T0, T1 = "2026-11-29T12:00:00Z", "2026-11-29T12:05:00Z"
 
@@ -146,3 +155,18 @@ def test_one_unanswered_poll_keeps_a_running_run_running():
     assert out["phase"] == "Running"
     ready = next(c for c in out["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "False" and ready["reason"] == "OrchestratorUnreachable"
+
+
+def test_a_new_attempt_starts_pending_and_not_degraded():
+    out = starting(
+        {"resumedGroups": 3, "conditions": failed({}, 1, "OrchestratorFailed", "x", now=T0)["conditions"]}, 2, 1, now=T1
+    )
+    assert out["phase"] == "Pending" and out["attempt"] == 1 and out["resumedGroups"] == 3 and out["step"] == 0
+    assert conds(out) == {
+        "Ready": "False",
+        "Progressing": "True",
+        "Degraded": "False",
+        "Succeeded": "False",
+        "Failed": "False",
+    }
+    RLRunStatus.model_validate(out)
