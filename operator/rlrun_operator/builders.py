@@ -252,6 +252,8 @@ def _pod(
         "containers": [container],
         "volumes": volumes,
     }
+    if settings.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in settings.image_pull_secrets]
     scheduling = spec.scheduling
     if scheduling.node_selector:
         pod_spec["nodeSelector"] = dict(scheduling.node_selector)

@@ -16,6 +16,8 @@ class OperatorSettings(BaseModel):
         trainer_image: default image of the orchestrator and trainer pods (a role's ``image`` overrides).
         rollout_image: default image of the rollout (vLLM) pods.
         image_pull_policy: ``imagePullPolicy`` of every container it creates.
+        image_pull_secrets: names of Secrets (in each run's namespace) its pods pull images with;
+            from the environment as a comma-separated list.
         status_interval_seconds: how often each run's orchestrator ``/status`` is polled, seconds.
         orchestrator_url: template of the orchestrator control URL; ``{name}`` and ``{namespace}``
             are the RLRun's, ``{service}`` the control Service's name.
@@ -27,6 +29,7 @@ class OperatorSettings(BaseModel):
     trainer_image: str = "ghcr.io/rlrun/rlrun-trainer:0.1.0"
     rollout_image: str = "ghcr.io/rlrun/rlrun-rollout:0.1.0"
     image_pull_policy: str = Field(default="IfNotPresent", pattern="^(Always|IfNotPresent|Never)$")
+    image_pull_secrets: tuple[str, ...] = ()
     status_interval_seconds: float = Field(default=5.0, gt=0)
     orchestrator_url: str = "http://{service}.{namespace}.svc:8080"
     request_timeout_seconds: float = Field(default=5.0, gt=0)
@@ -39,5 +42,11 @@ class OperatorSettings(BaseModel):
             pydantic.ValidationError: a variable with a value of the wrong type.
         """
         env = os.environ if environ is None else environ
-        values = {f: env[ENV_PREFIX + f.upper()] for f in cls.model_fields if ENV_PREFIX + f.upper() in env}
+        values: dict[str, object] = {}
+        for field, info in cls.model_fields.items():
+            raw = env.get(ENV_PREFIX + field.upper())
+            if raw is None:
+                continue
+            is_list = info.annotation is not None and "tuple" in str(info.annotation)
+            values[field] = tuple(v.strip() for v in raw.split(",") if v.strip()) if is_list else raw
         return cls.model_validate(values)

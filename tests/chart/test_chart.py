@@ -238,12 +238,14 @@ def test_env_gives_the_operator_its_run_images_tagged_with_the_app_version_by_de
 def test_operator_settings_accept_the_environment_the_chart_sets():
     from rlrun_operator.settings import ENV_PREFIX, OperatorSettings
 
-    env = {e["name"]: e["value"] for e in operator_container(render("--set-json=statusIntervalSeconds=2.5"))["env"]}
+    objects = render("--set-json=statusIntervalSeconds=2.5", "runImages.pullSecrets={regcred,mirror}")
+    env = {e["name"]: e["value"] for e in operator_container(objects)["env"]}
     known = {ENV_PREFIX + field.upper() for field in OperatorSettings.model_fields}
     assert {name for name in env if name.startswith(ENV_PREFIX)} <= known
     settings = OperatorSettings.from_env(env)
     assert settings.trainer_image == env["RLRUN_OPERATOR_TRAINER_IMAGE"]
     assert settings.status_interval_seconds == 2.5
+    assert settings.image_pull_secrets == ("regcred", "mirror")
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -174,3 +174,12 @@ def test_limits_alone_are_their_own_requests():
         "requests": {"cpu": "500m", "memory": "1Gi"},
         "limits": {"cpu": "500m", "memory": "1Gi"},
     }
+
+
+def test_image_pull_secrets_reach_every_pod():
+    body, run = make(rollout={"replicas": 2})
+    settings = SETTINGS.model_copy(update={"image_pull_secrets": ("regcred",)})
+    for pod in build_pods(body, run, settings, 0):
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    assert "imagePullSecrets" not in build_pods(body, run, SETTINGS, 0)[0]["spec"]
