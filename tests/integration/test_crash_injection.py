@@ -49,7 +49,16 @@ def start(role, manifest, run_dir, cache_dir, url, attempt, resume, env_extra=No
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def run_trial(tmp_path, cache_dir, url, crash_env=None, kill_after_s=None, sigterm_at_step=None):
+def run_trial(
+    tmp_path,
+    cache_dir,
+    url,
+    crash_env=None,
+    kill_after_s=None,
+    sigterm_at_step=None,
+    kill_at_step=None,
+    first_trainer=True,
+):
     manifest = write_manifest(
         tmp_path / "m.yaml",
         group_size=4,
@@ -61,7 +70,7 @@ def run_trial(tmp_path, cache_dir, url, crash_env=None, kill_after_s=None, sigte
     )
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    trainer = start("trainer", manifest, run_dir, cache_dir, url, 1, False)
+    trainer = start("trainer", manifest, run_dir, cache_dir, url, 1, False) if first_trainer else None
     orch = start("orchestrator", manifest, run_dir, cache_dir, url, 1, False, crash_env)
     try:
         if kill_after_s is not None:
@@ -73,10 +82,15 @@ def run_trial(tmp_path, cache_dir, url, crash_env=None, kill_after_s=None, sigte
             while len(metrics(run_dir / "metrics.jsonl")) < sigterm_at_step and orch.poll() is None:
                 time.sleep(0.05)
             orch.send_signal(signal.SIGTERM)
+        if kill_at_step is not None:
+            while len(metrics(run_dir / "metrics.jsonl")) < kill_at_step and orch.poll() is None:
+                time.sleep(0.05)
+            orch.send_signal(signal.SIGKILL)
         code = orch.wait(timeout=180)
     finally:
-        trainer.send_signal(signal.SIGKILL)
-        trainer.wait(timeout=30)
+        if trainer is not None:
+            trainer.send_signal(signal.SIGKILL)
+            trainer.wait(timeout=30)
         orch.kill()
     if crash_env:
         assert code == -signal.SIGKILL, (run_dir / "orchestrator-1.log").read_text()[-3000:]
@@ -122,6 +136,14 @@ def test_kill_at_a_random_instant_resumes_and_loses_nothing_finished_before_the_
 ):
     kill_after = random.Random(seed).uniform(4.0, 9.0)
     run_trial(tmp_path, cache_dir, rollout_server, kill_after_s=kill_after)
+
+
+def test_kill_before_any_complete_checkpoint_starts_over_and_loses_nothing(tmp_path, cache_dir, rollout_server):
+    """A trainer too slow to publish anything (here: none at all) when the orchestrator dies after shipping a
+    batch: ``--resume`` finds no complete checkpoint and starts over, discarding the dead attempt's batch."""
+    ckpt, report = run_trial(tmp_path, cache_dir, rollout_server, kill_at_step=1, first_trainer=False)
+    assert ckpt is None and report.rolled_back > 0
+    assert "starting over from step 0; removed batches [1" in (tmp_path / "run" / "orchestrator-2.log").read_text()
 
 
 def test_sigterm_pauses_writes_the_snapshot_and_exits_0_and_nothing_is_rolled_back(tmp_path, cache_dir, rollout_server):

@@ -197,6 +197,9 @@ def prune_checkpoints(run_dir: RunDir, keep_last: int) -> list[int]:
         if n in keep or newest is None or n > newest:
             continue
         shutil.rmtree(p, ignore_errors=True)
+        if p.exists():  # something wrote into it meanwhile; the next prune tries again
+            log.warning("checkpoint %s could not be removed completely", p)
+            continue
         removed.append(n)
     return sorted(removed)
 

@@ -64,6 +64,14 @@ class Ledger:
         self._fh.close()
 
 
+def ledger_attempts(root: Path, role: str) -> list[int]:
+    """The attempts that wrote a ``role`` ledger under ``root``, ascending."""
+    if not root.is_dir():
+        return []
+    found = (_FILE_RE.match(p.name) for p in root.iterdir())
+    return sorted(int(m.group(1)) for m in found if m and m.group(2) == role)
+
+
 def read_ledger(root: Path) -> dict[tuple[int, str], list[dict]]:
     """``{(attempt, role): [event, …]}``; a torn last line (crash mid-write) is ignored."""
     out: dict[tuple[int, str], list[dict]] = {}

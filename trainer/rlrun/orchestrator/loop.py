@@ -49,7 +49,7 @@ from rlrun.checkpoint import (
     write_progress,
 )
 from rlrun.envs import make_env
-from rlrun.ledger import Ledger
+from rlrun.ledger import Ledger, ledger_attempts
 from rlrun.orchestrator import snapshot as sink_snapshot
 from rlrun.orchestrator.control import ControlServer
 from rlrun.orchestrator.dispatcher import Dispatcher, GroupResult
@@ -281,6 +281,24 @@ class Orchestrator:
                         f"rollout servers not healthy after {self.health_timeout_s:.0f} s: {sorted(pending)}"
                     )
                 await asyncio.sleep(1.0)
+
+    def _start_over(self) -> None:
+        """``--resume`` with no complete checkpoint: start from step 0, discarding what dead attempts left.
+
+        An attempt killed before its first complete checkpoint leaves batches (and orchestrator parts)
+        past step 0 that nothing can resume from; they go (the trainer removes its own parts and
+        broadcasts), and every earlier attempt's ledger events are rolled back by a ``resumed`` event
+        from no snapshot (line −1), so the ledger check does not count them.
+        """
+        removed = self.run_dir.remove_steps_after(self.run_dir.rollouts, 0)
+        parts = [n for n in step_dirs(self.run_dir.checkpoints) if n > 0]
+        for n in parts:
+            shutil.rmtree(self.run_dir.orchestrator_checkpoint(n), ignore_errors=True)
+        for earlier in ledger_attempts(self.ledger.path.parent, "orchestrator"):
+            if earlier < self.attempt:
+                self.ledger.write("resumed", from_attempt=earlier, snapshot_line=-1, step=0, removed_batches=removed)
+        if removed:
+            log.info("resume: starting over from step 0; removed batches %s left by an earlier attempt", removed)
 
     def _check_fresh_run_dir(self) -> None:
         # step 0 is the trainer's start-up checkpoint of this very run
@@ -619,7 +637,10 @@ class Orchestrator:
                 log.info("stopped before starting")
                 return self.shipped
             if not (self.resume and await self._restore()):
-                self._check_fresh_run_dir()
+                if self.resume:
+                    self._start_over()
+                else:
+                    self._check_fresh_run_dir()
                 if self.reference is not None:  # servers may hold another run's weights: start from ours
                     await push_weights(list(self.dispatcher.clients.values()), self.model_path, 0, self.reference)
             self._metrics_file = open(self.run_dir.metrics, "a")  # noqa: SIM115 - open for the run
@@ -667,6 +688,8 @@ class Orchestrator:
                 follower.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await follower
+            if self._done():  # the last save's prune may have been cut short by the cancel: retention holds
+                await asyncio.to_thread(prune_checkpoints, self.run_dir, self.spec.checkpoint.keep_last)
             await self.dispatcher.aclose()
             if self.control is not None:
                 await self.control.stop()

@@ -87,7 +87,8 @@ class Trainer:
         self.step = 0
         restored = resume and self._restore()
         # Batches may already be arriving from this run's orchestrator; checkpoints past 0 cannot be ours.
-        if not restored and [n for n in step_dirs(run_dir.checkpoints) if n > 0]:
+        # With --resume and nothing complete to resume from, they are a dead attempt's: removed below.
+        if not restored and not resume and [n for n in step_dirs(run_dir.checkpoints) if n > 0]:
             raise RuntimeError(
                 f"{run_dir.root} already holds a run; resume it with --resume or choose another --run-dir"
             )
