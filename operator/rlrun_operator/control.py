@@ -57,4 +57,5 @@ class ControlClient:
         return await self._call("PUT", "/rollout-endpoints", json={"endpoints": endpoints})
 
     async def aclose(self) -> None:
+        """Close the HTTP connections (the client cannot be used afterwards)."""
         await self._http.aclose()

@@ -48,24 +48,23 @@ def labels(run: str, component: str | None = None, attempt: int | None = None) -
     return out
 
 
-def selector(run: str, component: str | None = None) -> str:
-    """A label selector string matching the run's objects (of one component)."""
-    return ",".join(f"{k}={v}" for k, v in labels(run, component).items())
-
-
 def claim_name(run: str) -> str:
+    """The PersistentVolumeClaim the operator creates for the run directory: ``<run>-run``."""
     return f"{run}-run"
 
 
 def secret_name(run: str) -> str:
+    """The Secret holding the orchestrator's control token: ``<run>-control``."""
     return f"{run}-control"
 
 
 def configmap_name(run: str) -> str:
+    """The ConfigMap holding the resolved manifest: ``<run>-config``."""
     return f"{run}-config"
 
 
 def orchestrator_service(run: str) -> str:
+    """The Service of the orchestrator's control port: ``<run>-orchestrator``."""
     return f"{run}-orchestrator"
 
 

@@ -126,9 +126,14 @@ def cluster(tmp_path, monkeypatch):
                 RBAC_USAGE.update(kube.rbac_usage())
 
 
+def validate_object(obj: dict) -> None:
+    """Kubernetes' own schema, strictly, on an object the operator created (its status is the kubelet's,
+    written by the tests here, so it is left out)."""
+    kubernetes_validate.validate({k: v for k, v in obj.items() if k != "status"}, K8S_VERSION, strict=True)
+
+
 def validate_created_objects(kube: KubeServer) -> None:
     """Every object the operator created in a test passes Kubernetes' own schema, strictly."""
     for resource in ("persistentvolumeclaims", "secrets", "configmaps", "services", "pods"):
         for obj in kube.list(resource, label_selector="app.kubernetes.io/managed-by=rlrun-operator"):
-            # status is the kubelet's (written by the tests here), not the operator's
-            kubernetes_validate.validate({k: v for k, v in obj.items() if k != "status"}, K8S_VERSION, strict=True)
+            validate_object(obj)

@@ -9,17 +9,10 @@ import subprocess
 import sys
 
 import httpx
+from rlrun.launcher.processes import free_port
 
 from tests.reconcile.conftest import NAMESPACE, ROOT, manifest, wait_for
 from tests.support.kube import KubeServer
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str) -> httpx.Response | None:

@@ -7,21 +7,13 @@ import copy
 import time
 
 import jsonschema
-import kubernetes_validate
 import yaml
 from prometheus_client import REGISTRY
 from rlrun.crd import build_crd, to_json_schema
 
-from tests.reconcile.conftest import NAMESPACE, manifest, wait_for
+from tests.reconcile.conftest import NAMESPACE, manifest, validate_object, wait_for
 
-K8S_VERSION = kubernetes_validate.utils.latest_version()
 RLRUN_SCHEMA = to_json_schema(build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
-SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields")
-
-
-def validate_object(obj: dict) -> None:
-    """Kubernetes' own schema, strictly, on what the operator created (status written by us excluded)."""
-    kubernetes_validate.validate({k: v for k, v in obj.items() if k != "status"}, K8S_VERSION, strict=True)
 
 
 def validate_rlrun(obj: dict) -> None:
