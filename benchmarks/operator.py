@@ -75,7 +75,7 @@ def measure(n_runs: int, interval: float, namespace: str = "bench") -> dict:
         direct = Kube(kube.api_client())
         body = {"metadata": {"name": "baseline", "namespace": "baseline", "uid": "u-0"}}
         kube.create("namespaces", {"metadata": {"name": "baseline"}})
-        from rlrun.spec import parse_manifest
+        from rlrun.manifest import parse_manifest
 
         run = parse_manifest(manifest("baseline"))
         objects = build_run_objects(body, run, handlers.SETTINGS, "token") + build_pods(body, run, handlers.SETTINGS, 0)

@@ -33,8 +33,8 @@ from pathlib import Path
 
 from rlrun.checkpoint import decode_progress, run_identity, save_orchestrator_progress, write_progress
 from rlrun.orchestrator.snapshot import SinkSnapshot, pack, unpack
-from rlrun.orchestrator.types import QueuedTrace, TrainingSample
 from rlrun.rundir import write_file_atomic
+from rlrun.samples import QueuedTrace, TrainingSample
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,9 +49,7 @@ def make_queue(n: int, prompt: int = 64, completion: int = 448, version: int | N
             logprobs=array("d", [-rng.random() for _ in range(completion)]),
             advantage=rng.random() - 0.5,
             reward=rng.random(),
-            trace=QueuedTrace(
-                "reverse-text", rng.randrange(5) if version is None else version, i // 8, f"{i // 8}/{i % 8}"
-            ),
+            trace=QueuedTrace("reverse-text", rng.randrange(5) if version is None else version, i // 8, i % 8),
         )
         for i in range(n)
     ]
@@ -132,11 +130,11 @@ def measure_size(n: int) -> dict:
 
 def measure_resume(rate: float) -> dict:
     """Cold start → first batch vs resume (a full batch restored) → first batch, real orchestrator."""
+    from rlrun.manifest import load_manifest
     from rlrun.model.resolve import resolve_model
     from rlrun.orchestrator.loop import Orchestrator
     from rlrun.rollout.fake import fake_client_factory
     from rlrun.rundir import RunDir, publish_dir
-    from rlrun.spec import load_manifest
 
     spec = load_manifest(ROOT / "examples" / "reverse-text.yaml").spec
     model_dir = resolve_model(spec.model)

@@ -86,11 +86,11 @@ def fake_trainer(run_dir, model_dir: Path, steps: int, interval: int, stop: thre
 
 
 def measure_orchestrator(steps: int, cache_dir: Path | None) -> dict:
+    from rlrun.manifest import load_manifest
     from rlrun.model.resolve import resolve_model
     from rlrun.orchestrator.loop import Orchestrator
     from rlrun.rollout.fake import fake_client_factory
     from rlrun.rundir import RunDir
-    from rlrun.spec import load_manifest
 
     spec = load_manifest(MANIFEST).spec
     model_dir = Path(resolve_model(spec.model, cache_dir))

@@ -27,9 +27,9 @@ import base64
 from typing import Any
 
 import yaml
-from rlrun.spec import API_GROUP, API_VERSION, KIND, RLRun, RoleSpec
+from rlrun.api.spec import API_GROUP, API_VERSION, KIND, RLRun, RoleSpec
 
-from rlrun_operator import naming as n
+from rlrun_operator import naming
 from rlrun_operator.settings import OperatorSettings
 
 #: Non-root user and group of every container (the images create this user).
@@ -37,9 +37,9 @@ RUN_AS_USER = 1000
 GPU_RESOURCE = "nvidia.com/gpu"
 #: Default requests of roles that give none: enough to schedule the tiny example.
 DEFAULT_REQUESTS = {
-    n.ORCHESTRATOR: {"cpu": "1", "memory": "2Gi"},
-    n.TRAINER: {"cpu": "1", "memory": "4Gi"},
-    n.ROLLOUT: {"cpu": "1", "memory": "4Gi"},
+    naming.ORCHESTRATOR: {"cpu": "1", "memory": "2Gi"},
+    naming.TRAINER: {"cpu": "1", "memory": "4Gi"},
+    naming.ROLLOUT: {"cpu": "1", "memory": "4Gi"},
 }
 
 
@@ -62,7 +62,7 @@ def _meta(
     meta: dict[str, Any] = {
         "name": name,
         "namespace": body["metadata"]["namespace"],
-        "labels": n.labels(run, component, attempt),
+        "labels": naming.labels(run, component, attempt),
     }
     if owned:
         meta["ownerReferences"] = [owner_reference(body)]
@@ -80,9 +80,9 @@ def resolved_manifest(run: RLRun, namespace: str) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def claim_name(run: RLRun) -> str:
-    """The claim a run's pods mount: the user's existing one, or the one the operator creates."""
-    return run.spec.storage.existing_claim or n.claim_name(run.metadata.name)
+def mounted_claim_name(run: RLRun) -> str:
+    """The claim a run's pods mount: ``storage.existing_claim``, or the one the operator creates."""
+    return run.spec.storage.existing_claim or naming.created_claim_name(run.metadata.name)
 
 
 def build_claim(body: dict[str, Any], run: RLRun) -> dict[str, Any] | None:
@@ -99,7 +99,7 @@ def build_claim(body: dict[str, Any], run: RLRun) -> dict[str, Any] | None:
     }
     if storage.storage_class_name:
         spec["storageClassName"] = storage.storage_class_name
-    meta = _meta(body, n.claim_name(run.metadata.name), owned=storage.retention_policy == "Delete")
+    meta = _meta(body, naming.created_claim_name(run.metadata.name), owned=storage.retention_policy == "Delete")
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}
 
 
@@ -108,9 +108,9 @@ def build_secret(body: dict[str, Any], token: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _meta(body, n.secret_name(body["metadata"]["name"])),
+        "metadata": _meta(body, naming.secret_name(body["metadata"]["name"])),
         "type": "Opaque",
-        "data": {n.TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+        "data": {naming.TOKEN_KEY: base64.b64encode(token.encode()).decode()},
     }
 
 
@@ -119,8 +119,8 @@ def build_configmap(body: dict[str, Any], run: RLRun) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(body, n.configmap_name(run.metadata.name)),
-        "data": {n.MANIFEST_KEY: resolved_manifest(run, body["metadata"]["namespace"])},
+        "metadata": _meta(body, naming.configmap_name(run.metadata.name)),
+        "data": {naming.MANIFEST_KEY: resolved_manifest(run, body["metadata"]["namespace"])},
     }
 
 
@@ -130,11 +130,15 @@ def build_orchestrator_service(body: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(body, n.orchestrator_service(run), n.ORCHESTRATOR),
+        "metadata": _meta(body, naming.orchestrator_service_name(run), naming.ORCHESTRATOR),
         "spec": {
             "type": "ClusterIP",
-            "selector": {n.INSTANCE: run, n.COMPONENT: n.ORCHESTRATOR, n.MANAGED_BY: n.OPERATOR_NAME},
-            "ports": [{"name": "control", "port": n.CONTROL_PORT, "targetPort": "control", "protocol": "TCP"}],
+            "selector": {
+                naming.INSTANCE: run,
+                naming.COMPONENT: naming.ORCHESTRATOR,
+                naming.MANAGED_BY: naming.OPERATOR_NAME,
+            },
+            "ports": [{"name": "control", "port": naming.CONTROL_PORT, "targetPort": "control", "protocol": "TCP"}],
         },
     }
 
@@ -154,21 +158,25 @@ def _resources(role: RoleSpec, component: str) -> dict[str, Any]:
 
 
 def command(component: str, attempt: int) -> list[str]:
-    """The ``rlrun`` command a role's container runs (tests parse it with the real CLI)."""
-    if component == n.ORCHESTRATOR:
+    """The ``rlrun`` command a role's container runs (tests parse it with the real CLI).
+
+    Raises:
+        ValueError: ``component`` is not one of :data:`rlrun_operator.naming.COMPONENTS`.
+    """
+    if component == naming.ORCHESTRATOR:
         return [
-            "rlrun", "orchestrator", n.MANIFEST_PATH, "--run-dir", n.RUN_DIR, "--cache-dir", n.CACHE_DIR,
-            "--attempt", str(attempt), "--resume", "--control-host", "0.0.0.0", "--control-port", str(n.CONTROL_PORT),
+            "rlrun", "orchestrator", naming.MANIFEST_PATH, "--run-dir", naming.RUN_DIR, "--cache-dir", naming.CACHE_DIR,
+            "--attempt", str(attempt), "--resume", "--control-host", "0.0.0.0", "--control-port", str(naming.CONTROL_PORT),
         ]  # fmt: skip
-    if component == n.TRAINER:
+    if component == naming.TRAINER:
         return [
-            "rlrun", "trainer", n.MANIFEST_PATH, "--run-dir", n.RUN_DIR, "--cache-dir", n.CACHE_DIR,
+            "rlrun", "trainer", naming.MANIFEST_PATH, "--run-dir", naming.RUN_DIR, "--cache-dir", naming.CACHE_DIR,
             "--attempt", str(attempt), "--resume",
         ]  # fmt: skip
-    if component == n.ROLLOUT:
+    if component == naming.ROLLOUT:
         return [
-            "rlrun", "rollout", n.MANIFEST_PATH, "--cache-dir", n.CACHE_DIR,
-            "--host", "0.0.0.0", "--port", str(n.ROLLOUT_PORT),
+            "rlrun", "rollout", naming.MANIFEST_PATH, "--cache-dir", naming.CACHE_DIR,
+            "--host", "0.0.0.0", "--port", str(naming.ROLLOUT_PORT),
         ]  # fmt: skip
     raise ValueError(f"unknown component {component!r}")
 
@@ -182,22 +190,26 @@ def _pod(
     index: int | None = None,
 ) -> dict[str, Any]:
     spec = run.spec
-    role: RoleSpec = {n.ORCHESTRATOR: spec.orchestrator, n.TRAINER: spec.trainer, n.ROLLOUT: spec.rollout}[component]
-    default_image = settings.rollout_image if component == n.ROLLOUT else settings.trainer_image
+    role: RoleSpec = {
+        naming.ORCHESTRATOR: spec.orchestrator,
+        naming.TRAINER: spec.trainer,
+        naming.ROLLOUT: spec.rollout,
+    }[component]
+    default_image = settings.rollout_image if component == naming.ROLLOUT else settings.trainer_image
     env = [
-        {"name": "RLRUN_CACHE_DIR", "value": n.CACHE_DIR},
-        {"name": "HF_HOME", "value": f"{n.CACHE_DIR}/hf"},
+        {"name": "RLRUN_CACHE_DIR", "value": naming.CACHE_DIR},
+        {"name": "HF_HOME", "value": f"{naming.CACHE_DIR}/hf"},
         {"name": "HOME", "value": "/tmp"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     mounts = [
-        {"name": "data", "mountPath": n.DATA_DIR},
-        {"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True},
+        {"name": "data", "mountPath": naming.DATA_DIR},
+        {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
     volumes: list[dict[str, Any]] = [
-        {"name": "data", "persistentVolumeClaim": {"claimName": claim_name(run)}},
-        {"name": "config", "configMap": {"name": n.configmap_name(run.metadata.name)}},
+        {"name": "data", "persistentVolumeClaim": {"claimName": mounted_claim_name(run)}},
+        {"name": "config", "configMap": {"name": naming.configmap_name(run.metadata.name)}},
         {"name": "tmp", "emptyDir": {}},
     ]
     container: dict[str, Any] = {
@@ -214,24 +226,24 @@ def _pod(
             "runAsNonRoot": True,
         },
     }
-    if component == n.ORCHESTRATOR:
+    if component == naming.ORCHESTRATOR:
         env.append(
             {
                 "name": "RLRUN_CONTROL_TOKEN",
-                "valueFrom": {"secretKeyRef": {"name": n.secret_name(run.metadata.name), "key": n.TOKEN_KEY}},
+                "valueFrom": {"secretKeyRef": {"name": naming.secret_name(run.metadata.name), "key": naming.TOKEN_KEY}},
             }
         )
-        container["ports"] = [{"name": "control", "containerPort": n.CONTROL_PORT, "protocol": "TCP"}]
+        container["ports"] = [{"name": "control", "containerPort": naming.CONTROL_PORT, "protocol": "TCP"}]
         container["readinessProbe"] = {
             "httpGet": {"path": "/healthz", "port": "control"},
             "periodSeconds": 5,
             "failureThreshold": 3,
         }
-    elif component == n.ROLLOUT:
+    elif component == naming.ROLLOUT:
         # vLLM's worker processes share tensors through /dev/shm; the container default (64 MiB) is too small.
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
-        container["ports"] = [{"name": "http", "containerPort": n.ROLLOUT_PORT, "protocol": "TCP"}]
+        container["ports"] = [{"name": "http", "containerPort": naming.ROLLOUT_PORT, "protocol": "TCP"}]
         probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
         # loading a model can take minutes: the startup probe allows 20 of them before liveness applies
         container["startupProbe"] = {**probe, "periodSeconds": 10, "failureThreshold": 120}
@@ -263,17 +275,22 @@ def _pod(
         pod_spec["affinity"] = dict(scheduling.affinity)
     if scheduling.priority_class_name:
         pod_spec["priorityClassName"] = scheduling.priority_class_name
-    meta = _meta(body, n.pod_name(run.metadata.name, component, attempt, index), component, attempt)
+    meta = _meta(body, naming.pod_name(run.metadata.name, component, attempt, index), component, attempt)
     if index is not None:
-        meta["labels"][n.ROLLOUT_INDEX] = str(index)
+        meta["labels"][naming.ROLLOUT_INDEX] = str(index)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
 def build_pods(body: dict[str, Any], run: RLRun, settings: OperatorSettings, attempt: int) -> list[dict[str, Any]]:
-    """The pods of one attempt: rollout servers first (they take longest), trainer, orchestrator."""
-    pods = [_pod(body, run, settings, n.ROLLOUT, attempt, i) for i in range(run.spec.rollout.replicas)]
-    pods.append(_pod(body, run, settings, n.TRAINER, attempt))
-    pods.append(_pod(body, run, settings, n.ORCHESTRATOR, attempt))
+    """The pods of one attempt: rollout servers first (they take longest), trainer, orchestrator.
+
+    Args:
+        body: the RLRun object (``metadata.name``, ``namespace`` and ``uid`` are read).
+        run: its spec, parsed (the model's defaults filled in).
+    """
+    pods = [_pod(body, run, settings, naming.ROLLOUT, attempt, i) for i in range(run.spec.rollout.replicas)]
+    pods.append(_pod(body, run, settings, naming.TRAINER, attempt))
+    pods.append(_pod(body, run, settings, naming.ORCHESTRATOR, attempt))
     return pods
 
 

@@ -12,8 +12,21 @@ Deletion needs no handler: everything but a retained claim carries an owner refe
 and is garbage-collected. kopf keeps its progress in ``rlrun.dev/*`` annotations and,
 because of the timer, a finalizer it removes once the timer has stopped.
 
-Errors: a spec the pydantic model refuses → ``Failed`` condition (``InvalidSpec``) and
-``kopf.PermanentError`` (never retried); API errors → retried in :mod:`.kube`, then by kopf.
+Every handler reads the spec as the parsed :class:`~rlrun.api.spec.RLRun` (defaults
+filled in by the model, never by the handler). An invalid change to a run that exists is
+ignored with a Warning Event: the run goes on with its previous spec, which this process
+remembers per run (the last valid spec it parsed, :func:`_spec_in_force`). An operator
+restarted since that change knows no previous spec: the status timer then posts a Warning
+Event (``InvalidSpec``) saying to fix the spec and raises ``kopf.TemporaryError`` (retried
+every 60 s), leaving the run as it is until the spec is valid again. (Guessing would be
+worse: the raw spec's values are the invalid change, and the ConfigMap's copy of the last
+valid spec would cost a ``get`` on ConfigMaps the operator has no other use for.)
+
+Errors: a spec the pydantic model refuses at creation → ``Failed`` condition
+(``InvalidSpec``) and ``kopf.PermanentError`` (never retried); API errors → retried in
+:mod:`.kube`, then by kopf; an orchestrator that does not answer, or answers outside the
+contract (:mod:`rlrun.api.control`) → ``Ready`` False (``OrchestratorUnreachable``), tried
+again at the next tick.
 """
 
 from __future__ import annotations
@@ -22,13 +35,16 @@ import asyncio
 import logging
 import os
 import secrets
-from typing import Any
+from typing import Any, NamedTuple
 
 import kopf
-from rlrun.crd import PLURAL
-from rlrun.spec import API_GROUP, API_VERSION, KIND, ManifestError, RLRun, parse_manifest
+from rlrun.api.control import PauseResult
+from rlrun.api.crd import PLURAL
+from rlrun.api.spec import API_GROUP, API_VERSION, KIND, RLRun
+from rlrun.api.status import ConditionType, EventReason, Phase, Reason
+from rlrun.manifest import ManifestError, parse_manifest
 
-from rlrun_operator import naming as n
+from rlrun_operator import naming
 from rlrun_operator.builders import build_configmap, build_pods, build_run_objects
 from rlrun_operator.control import ControlClient, ControlError
 from rlrun_operator.kube import Kube, load_api_client
@@ -41,18 +57,29 @@ log = logging.getLogger(__name__)
 SETTINGS = OperatorSettings.from_env()
 METRICS = OperatorMetrics()
 RUNS = (API_GROUP, API_VERSION, PLURAL)
-OUR_PODS = {n.MANAGED_BY: n.OPERATOR_NAME}
+OUR_PODS = {naming.MANAGED_BY: naming.OPERATOR_NAME}
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-TERMINAL_PHASES = ("Succeeded", "Failed")
+TERMINAL_PHASES = (Phase.SUCCEEDED, Phase.FAILED)
+#: Seconds between retries of the status timer while a run's spec is invalid and no valid one is known.
+UNKNOWN_SPEC_RETRY_SECONDS = 60
+
+
+class _ValidSpec(NamedTuple):
+    """A run's spec as last parsed valid, and the ``metadata.generation`` it had."""
+
+    generation: int
+    run: RLRun
 
 
 class _State:
-    """Per-process caches: the API wrapper, one control client per run, the endpoints last pushed."""
+    """Per-process caches, by ``(namespace, name)``: the API wrapper, one control client per run, the
+    endpoints last pushed, and the last valid spec of each run (what it goes on with after an invalid change)."""
 
     def __init__(self) -> None:
         self.kube: Kube | None = None
         self.clients: dict[tuple[str, str], ControlClient] = {}
         self.pushed: dict[tuple[str, str], list[str]] = {}
+        self.valid_specs: dict[tuple[str, str], _ValidSpec] = {}
 
 
 STATE = _State()
@@ -69,7 +96,8 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
         prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{API_GROUP}/finalizer"
-    # log lines become Events only from WARNING up; transitions post their own with kopf.event
+    # transitions post their own Events (kopf.event); kopf posts log lines only if settings.posting.loggers is
+    # turned on (off by default), and then only from WARNING up
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = 32
     STATE.__init__()  # control clients belong to an event loop: a restarted operator makes new ones
@@ -96,7 +124,7 @@ def _kube() -> Kube:
 @kopf.index("pods", labels=OUR_PODS)
 def run_pods(body, namespace, labels, **_) -> dict[tuple[str, str], PodView]:
     """``{(namespace, run): PodView}`` for every pod the operator created."""
-    return {(namespace, labels.get(n.INSTANCE, "")): pod_view(body)}
+    return {(namespace, labels.get(naming.INSTANCE, "")): pod_view(body)}
 
 
 def _pods_of(index: kopf.Index, namespace: str, name: str) -> list[PodView]:
@@ -106,31 +134,69 @@ def _pods_of(index: kopf.Index, namespace: str, name: str) -> list[PodView]:
 # -- helpers --------------------------------------------------------------------------------------
 
 
-def _parse(body: dict[str, Any]) -> RLRun:
-    """The RLRun as the pydantic model; raises ManifestError like ``rlrun validate`` does."""
+def _parse(body: dict[str, Any], spec: dict[str, Any] | None = None) -> RLRun:
+    """The RLRun ``body`` (with ``spec`` instead of its own, if given) as the model; a valid one is remembered.
+
+    Raises:
+        ManifestError: the spec is invalid (one line per field, as ``rlrun validate`` prints).
+    """
     meta = body["metadata"]
-    return parse_manifest(
+    run = parse_manifest(
         {
             "apiVersion": f"{API_GROUP}/{API_VERSION}",
             "kind": KIND,
             "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
-            "spec": dict(body.get("spec") or {}),
+            "spec": dict(body.get("spec") or {}) if spec is None else dict(spec),
         },
         source=f"{meta.get('namespace')}/{meta['name']}",
     )
+    if spec is None:
+        key, generation = (meta["namespace"], meta["name"]), meta.get("generation") or 0
+        known = STATE.valid_specs.get(key)
+        if known is None or generation >= known.generation:  # a timer may hold an older body than a handler
+            STATE.valid_specs[key] = _ValidSpec(generation, run)
+    return run
 
 
-def _reject(body, patch, status, exc: ManifestError) -> kopf.PermanentError:
+def _spec_in_force(body: dict[str, Any]) -> RLRun:
+    """The spec the run goes on with: the body's when valid, else the last valid one this process parsed.
+
+    Raises:
+        kopf.TemporaryError: the body's spec is invalid and no valid one is known (the operator
+            restarted since the invalid change); a Warning Event (``InvalidSpec``) says to fix the
+            spec, and the caller is retried after :data:`UNKNOWN_SPEC_RETRY_SECONDS`.
+    """
+    meta = body["metadata"]
+    known = STATE.valid_specs.get((meta["namespace"], meta["name"]))
+    if known is not None and known.generation == (meta.get("generation") or 0):
+        return known.run
+    try:
+        return _parse(body)
+    except ManifestError as exc:
+        if known is not None:
+            return known.run
+        message = (
+            f"the spec is invalid ({'; '.join(exc.errors)}) and the operator knows no earlier valid spec of this "
+            "run (it restarted since the change): fix the spec; until then the run's status is not updated"
+        )
+        kopf.event(body, type="Warning", reason=EventReason.INVALID_SPEC, message=message)
+        raise kopf.TemporaryError(message, delay=UNKNOWN_SPEC_RETRY_SECONDS) from None
+
+
+def _refuse_invalid_spec(body, patch, status, exc: ManifestError) -> kopf.PermanentError:
+    """Mark a run that cannot be created as Failed (``InvalidSpec``); returns the error for the handler to raise."""
     message = "; ".join(exc.errors)
-    patch.status.update(failed(dict(status), body["metadata"].get("generation"), "InvalidSpec", message))
-    kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
-    METRICS.set_phase(body["metadata"]["namespace"], body["metadata"]["name"], "Failed")
+    patch.status.update(failed(dict(status), body["metadata"].get("generation"), Reason.INVALID_SPEC, message))
+    kopf.event(body, type="Warning", reason=EventReason.INVALID_SPEC, message=message)
+    METRICS.set_phase(body["metadata"]["namespace"], body["metadata"]["name"], Phase.FAILED)
     return kopf.PermanentError(f"invalid spec: {message}")
 
 
 async def _control(namespace: str, name: str) -> ControlClient:
     key = (namespace, name)
-    url = SETTINGS.orchestrator_url.format(name=name, namespace=namespace, service=n.orchestrator_service(name))
+    url = SETTINGS.orchestrator_url.format(
+        name=name, namespace=namespace, service=naming.orchestrator_service_name(name)
+    )
     client = STATE.clients.get(key)
     if client is None or client.base_url != url.rstrip("/"):
         token = await asyncio.to_thread(_kube().read_token, namespace, name)
@@ -147,7 +213,7 @@ async def _start_attempt(body, run: RLRun, attempt: int, logger) -> int:
     return created
 
 
-async def _delete_pods(pods: list[PodView], namespace: str, grace_s: int, components=n.COMPONENTS) -> int:
+async def _delete_pods(pods: list[PodView], namespace: str, grace_s: int, components=naming.COMPONENTS) -> int:
     doomed = [p for p in pods if p.component in components and not p.deleting]
     await asyncio.gather(*(asyncio.to_thread(_kube().delete_pod, namespace, p.name, grace_s) for p in doomed))
     return len(doomed)
@@ -163,7 +229,7 @@ async def create_run(body, name, namespace, status, patch, logger, **_) -> None:
         try:
             run = _parse(body)
         except ManifestError as exc:
-            raise _reject(body, patch, status, exc) from None
+            raise _refuse_invalid_spec(body, patch, status, exc) from None
         await _create(body, run, status, patch, logger)
 
 
@@ -179,50 +245,65 @@ async def _create(body, run: RLRun, status, patch, logger) -> None:
             f"claim {objects[0]['metadata']['name']} already existed (kept from an earlier run of this name?): "
             "its run directory is resumed; storage.size and retention_policy do not apply to it"
         )
-        kopf.event(body, type="Warning", reason="ExistingClaim", message=message)
+        kopf.event(body, type="Warning", reason=EventReason.EXISTING_CLAIM, message=message)
     if run.spec.suspend:
         patch.status.update(suspended(dict(status), generation, "created suspended"))
-        METRICS.set_phase(namespace, name, "Suspended")
+        METRICS.set_phase(namespace, name, Phase.SUSPENDED)
         message = "created with spec.suspend: no pods until it is false"
-        kopf.event(body, type="Normal", reason="Suspended", message=message)
+        kopf.event(body, type="Normal", reason=EventReason.SUSPENDED, message=message)
         return
     count = await _start_attempt(body, run, 0, logger)
     patch.status.update(starting(dict(status), generation, 0))
-    METRICS.set_phase(namespace, name, "Pending")
-    kopf.event(body, type="Normal", reason="Created", message=f"attempt 0: {count} pods created")
+    METRICS.set_phase(namespace, name, Phase.PENDING)
+    kopf.event(body, type="Normal", reason=EventReason.CREATED, message=f"attempt 0: {count} pods created")
 
 
-def _rejected(status) -> bool:
+def _was_refused(status) -> bool:
     """Whether the run was refused for an invalid spec (nothing was created for it)."""
-    return any(c.get("type") == "Failed" and c.get("reason") == "InvalidSpec" for c in status.get("conditions") or [])
+    return any(
+        c.get("type") == ConditionType.FAILED and c.get("reason") == Reason.INVALID_SPEC
+        for c in status.get("conditions") or []
+    )
+
+
+def _parsed_or_none(body, spec: dict[str, Any]) -> RLRun | None:
+    try:
+        return _parse(body, spec)
+    except ManifestError:
+        return None
 
 
 @kopf.on.update(*RUNS, field="spec")
 async def spec_changed(body, old, new, name, namespace, status, patch, logger, run_pods: kopf.Index, **_) -> None:
-    """``suspend`` flips: suspend or resume the run. Other changes: the ConfigMap, used from the next attempt."""
+    """``suspend`` flips: suspend or resume the run. Other changes: the ConfigMap, used from the next attempt.
+
+    The change is ``old`` → ``new`` as kopf saw it, both read through the model. An ``old`` the
+    model refuses (an earlier change that was ignored) counts as suspended when the run's phase is.
+    """
     with METRICS.track("update"):
-        old, new = dict(old or {}), dict(new or {})
         try:
             run = _parse(body)
         except ManifestError as exc:
-            if _rejected(status):  # never created: it stays Failed, with the new reasons
-                raise _reject(body, patch, status, exc) from None
+            if _was_refused(status):  # never created: it stays Failed, with the new reasons
+                raise _refuse_invalid_spec(body, patch, status, exc) from None
             message = "; ".join(exc.errors)
             text = f"change ignored, the run goes on with its previous spec: {message}"
-            kopf.event(body, type="Warning", reason="InvalidSpec", message=text)
+            kopf.event(body, type="Warning", reason=EventReason.INVALID_SPEC, message=text)
             raise kopf.PermanentError(f"invalid spec change: {message}") from None
         generation = body["metadata"].get("generation")
-        if _rejected(status):  # the spec is valid now: do what creation could not
-            kopf.event(body, type="Normal", reason="SpecFixed", message="the spec is valid now; creating the run")
+        if _was_refused(status):  # the spec is valid now: do what creation could not
+            message = "the spec is valid now; creating the run"
+            kopf.event(body, type="Normal", reason=EventReason.SPEC_FIXED, message=message)
             await _create(body, run, {**dict(status), "conditions": [], "phase": None}, patch, logger)
             return
-        if {k: v for k, v in old.items() if k != "suspend"} != {k: v for k, v in new.items() if k != "suspend"}:
+        previous = _parsed_or_none(body, dict(old or {}))
+        if previous is None or previous.spec.model_copy(update={"suspend": run.spec.suspend}) != run.spec:
             await asyncio.to_thread(_kube().apply_configmap, build_configmap(body, run))
-            kopf.event(
-                body, type="Normal", reason="SpecUpdated", message="the new spec takes effect at the next attempt"
-            )
-        was, now = bool(old.get("suspend")), bool(new.get("suspend"))
-        if was == now or status.get("phase") == "Succeeded":  # a failed run may be suspended and resumed
+            message = "the new spec takes effect at the next attempt"
+            kopf.event(body, type="Normal", reason=EventReason.SPEC_UPDATED, message=message)
+        was = previous.spec.suspend if previous is not None else status.get("phase") == Phase.SUSPENDED
+        now = run.spec.suspend
+        if was == now or status.get("phase") == Phase.SUCCEEDED:  # a failed run may be suspended and resumed
             patch.status["observedGeneration"] = generation
             return
         pods = _pods_of(run_pods, namespace, name)
@@ -232,12 +313,12 @@ async def spec_changed(body, old, new, name, namespace, status, patch, logger, r
             attempt = 0 if status.get("attempt") is None else int(status["attempt"]) + 1
             count = await _start_attempt(body, run, attempt, logger)
             patch.status.update(starting(dict(status), generation, attempt))
-            METRICS.set_phase(namespace, name, "Pending")
+            METRICS.set_phase(namespace, name, Phase.PENDING)
             if attempt == 0:  # created suspended: this is its start
-                kopf.event(body, type="Normal", reason="Created", message=f"attempt 0: {count} pods created")
+                kopf.event(body, type="Normal", reason=EventReason.CREATED, message=f"attempt 0: {count} pods created")
             else:
                 message = f"attempt {attempt}: {count} pods created, resuming from the newest checkpoint"
-                kopf.event(body, type="Normal", reason="Resumed", message=message)
+                kopf.event(body, type="Normal", reason=EventReason.RESUMED, message=message)
 
 
 async def _suspend(body, run: RLRun, status, patch, pods: list[PodView], logger) -> None:
@@ -247,30 +328,35 @@ async def _suspend(body, run: RLRun, status, patch, pods: list[PodView], logger)
     grace = run.spec.preemption.termination_grace_period_seconds
     try:
         client = await _control(namespace, name)
-        snap = await client.pause(timeout_s=run.spec.preemption.snapshot_timeout_seconds)
-        if snap.get("step") is None:
-            message = "paused before it started: nothing to save; it resumes from its newest checkpoint"
-        else:
-            message = (
-                f"snapshot at step {snap.get('step')}: {snap.get('queued_traces')} queued samples, "
-                f"{snap.get('open_groups')} open groups ({snap.get('finished_episodes_kept')} finished episodes)"
-            )
-        kopf.event(body, type="Normal", reason="Paused", message=message)
+        paused = await client.pause(timeout_s=run.spec.preemption.snapshot_timeout_seconds)
+        message = _pause_message(paused)
+        kopf.event(body, type="Normal", reason=EventReason.PAUSED, message=message)
     except Exception as exc:  # the pods go regardless; SIGTERM makes the orchestrator pause itself
         message = f"pause failed ({exc}); pods stop on SIGTERM and the run resumes from its newest checkpoint"
-        kopf.event(body, type="Warning", reason="PauseFailed", message=message)
+        kopf.event(body, type="Warning", reason=EventReason.PAUSE_FAILED, message=message)
     removed = await _delete_pods(pods, namespace, grace)
     STATE.pushed.pop((namespace, name), None)
     logger.info("suspended: %d pods deleted", removed)
     patch.status.update(suspended(dict(status), generation, f"suspended; {message}"))
-    METRICS.set_phase(namespace, name, "Suspended")
-    kopf.event(body, type="Normal", reason="Suspended", message=f"{removed} pods deleted")
+    METRICS.set_phase(namespace, name, Phase.SUSPENDED)
+    kopf.event(body, type="Normal", reason=EventReason.SUSPENDED, message=f"{removed} pods deleted")
+
+
+def _pause_message(paused: PauseResult) -> str:
+    """The Paused Event's sentence: what the snapshot saved, in the contract's words."""
+    if paused.step is None:
+        return "paused before it started: nothing to save; it resumes from its newest checkpoint"
+    return (
+        f"snapshot at step {paused.step}: {paused.queued_traces} queued traces, {paused.open_groups} open groups, "
+        f"{paused.requested_groups} requested groups, {paused.finished_episodes_kept} finished episodes kept"
+    )
 
 
 @kopf.on.delete(*RUNS, optional=True)
 async def forget_run(name, namespace, **_) -> None:
     """Drop per-run caches (the objects themselves go by owner references)."""
     STATE.pushed.pop((namespace, name), None)
+    STATE.valid_specs.pop((namespace, name), None)
     client = STATE.clients.pop((namespace, name), None)
     if client is not None:
         await client.aclose()
@@ -294,14 +380,21 @@ async def _push_endpoints(namespace: str, name: str, desired: list[str], logger)
 
 
 @kopf.timer(*RUNS, interval=SETTINGS.status_interval_seconds)
-async def poll_status(body, name, namespace, status, spec, patch, logger, run_pods: kopf.Index, **_) -> None:
-    """Poll the orchestrator's ``/status``, fold it and the pods into ``status``, keep endpoints in sync."""
+async def poll_status(body, name, namespace, status, patch, logger, run_pods: kopf.Index, **_) -> None:
+    """Poll the orchestrator's ``/status``, fold it and the pods into ``status``, keep endpoints in sync.
+
+    Raises:
+        kopf.TemporaryError: the spec is invalid and no earlier valid one is known (see :func:`_spec_in_force`).
+    """
     phase = status.get("phase")
     if phase is not None:  # counted even when there is nothing to poll (an operator restart forgets)
         METRICS.set_phase(namespace, name, phase)
-    if spec.get("suspend") or phase in (*TERMINAL_PHASES, "Suspended") or status.get("attempt") is None:
+    if phase in (*TERMINAL_PHASES, Phase.SUSPENDED) or status.get("attempt") is None:
         return
     with METRICS.track("status"):
+        run = _spec_in_force(body)
+        if run.spec.suspend:  # the suspend handler is at work
+            return
         generation = body["metadata"].get("generation")
         pods = _pods_of(run_pods, namespace, name)
         attempt = int(status["attempt"])
@@ -310,41 +403,40 @@ async def poll_status(body, name, namespace, status, spec, patch, logger, run_po
             report = await (await _control(namespace, name)).status()
         except ControlError as exc:
             error = str(exc)
-        if report is not None and report.get("attempt") not in (None, attempt):
+        if report is not None and report.attempt != attempt:
             # the Service follows the run across attempts: an old attempt's orchestrator may still answer
-            report, error = None, f"the orchestrator answering is attempt {report.get('attempt')}, not {attempt}"
+            report, error = None, f"the orchestrator answering is attempt {report.attempt}, not {attempt}"
         desired = rollout_endpoints(pods, attempt)
-        if report is not None and report.get("rollout_endpoints") != desired:
+        if report is not None and report.rollout_endpoints != desired:
             await _push_endpoints(namespace, name, desired, logger)
-        replicas = int((spec.get("rollout") or {}).get("replicas", 1))
-        new = observe(dict(status), generation, pods, report, error, rollout_replicas=replicas)
-        grace = int((spec.get("preemption") or {}).get("termination_grace_period_seconds", 30))
-        if new["phase"] == "Succeeded" and phase != "Succeeded":
-            freed = await _delete_pods(pods, namespace, grace, components=(n.ROLLOUT,))
+        new = observe(dict(status), generation, pods, report, error, rollout_replicas=run.spec.rollout.replicas)
+        grace = run.spec.preemption.termination_grace_period_seconds
+        if new["phase"] == Phase.SUCCEEDED and phase != Phase.SUCCEEDED:
+            freed = await _delete_pods(pods, namespace, grace, components=(naming.ROLLOUT,))
             message = f"{new['message']}; {freed} rollout pods removed"
-            kopf.event(body, type="Normal", reason="Succeeded", message=message)
-        elif new["phase"] == "Failed" and phase != "Failed":
+            kopf.event(body, type="Normal", reason=EventReason.SUCCEEDED, message=message)
+        elif new["phase"] == Phase.FAILED and phase != Phase.FAILED:
             # the trainer and rollout servers cannot go on without it: free their GPUs (logs stay in the
             # orchestrator pod); suspend, then unsuspend, starts a new attempt from the newest checkpoint
-            freed = await _delete_pods(pods, namespace, grace, components=(n.TRAINER, n.ROLLOUT))
+            freed = await _delete_pods(pods, namespace, grace, components=(naming.TRAINER, naming.ROLLOUT))
             message = f"{new['message']}; {freed} pods removed; suspend and unsuspend to retry"
-            kopf.event(body, type="Warning", reason="Failed", message=message)
-        elif new["phase"] == "Running" and phase != "Running":
-            kopf.event(body, type="Normal", reason="Running", message=new["message"])
+            kopf.event(body, type="Warning", reason=EventReason.FAILED, message=message)
+        elif new["phase"] == Phase.RUNNING and phase != Phase.RUNNING:
+            kopf.event(body, type="Normal", reason=EventReason.RUNNING, message=new["message"])
         changed = {k: v for k, v in new.items() if status.get(k) != v}
         if changed:
             patch.status.update(changed)
         METRICS.set_phase(namespace, name, new["phase"])
 
 
-@kopf.on.event("pods", labels={**OUR_PODS, n.COMPONENT: n.ROLLOUT})
+@kopf.on.event("pods", labels={**OUR_PODS, naming.COMPONENT: naming.ROLLOUT})
 async def rollout_pod_changed(namespace, labels, logger, run_pods: kopf.Index, **_) -> None:
     """A rollout pod became ready, unready or went away: send the new endpoint set at once."""
-    name = labels.get(n.INSTANCE)
+    name = labels.get(naming.INSTANCE)
     if not name:
         return
     pods = _pods_of(run_pods, namespace, name)
-    attempts = [p.attempt for p in pods if p.component == n.ORCHESTRATOR and not p.deleting]
+    attempts = [p.attempt for p in pods if p.component == naming.ORCHESTRATOR and not p.deleting]
     if not attempts:
         return
     desired = rollout_endpoints(pods, max(attempts))

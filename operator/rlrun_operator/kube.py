@@ -19,7 +19,7 @@ from kubernetes.client import ApiClient, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
-from rlrun_operator import naming as n
+from rlrun_operator import naming
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,11 @@ class Kube:
 
     @_retry
     def delete_pod(self, namespace: str, name: str, grace_period_s: int) -> None:
-        """Delete a pod (SIGTERM, then SIGKILL after ``grace_period_s``); a missing pod is fine."""
+        """Delete a pod (SIGTERM, then SIGKILL after ``grace_period_s``); a missing pod is fine.
+
+        Raises:
+            ApiException: a refusal other than 404, or a transient error that outlasted the retries.
+        """
         try:
             self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_period_s)
         except ApiException as exc:
@@ -97,12 +101,16 @@ class Kube:
         Raises:
             ApiException: 404 when the Secret is gone.
         """
-        secret = self.core.read_namespaced_secret(n.secret_name(run), namespace)
-        return base64.b64decode(secret.data[n.TOKEN_KEY]).decode()
+        secret = self.core.read_namespaced_secret(naming.secret_name(run), namespace)
+        return base64.b64decode(secret.data[naming.TOKEN_KEY]).decode()
 
     @_retry
     def apply_configmap(self, obj: dict[str, Any]) -> None:
-        """Replace the keys of ConfigMap ``obj``'s ``data`` (creating it if it is gone)."""
+        """Replace the keys of ConfigMap ``obj``'s ``data`` (creating it if it is gone).
+
+        Raises:
+            ApiException: a refusal other than 404, or a transient error that outlasted the retries.
+        """
         meta = obj["metadata"]
         try:
             self.core.patch_namespaced_config_map(

@@ -15,7 +15,7 @@ import contextlib
 import time
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-from rlrun.status import PHASES
+from rlrun.api.status import PHASES
 
 
 class OperatorMetrics:

@@ -7,7 +7,7 @@ by run and component only, so they follow the run across attempts.
 
 from __future__ import annotations
 
-from rlrun.spec import API_GROUP
+from rlrun.api.spec import API_GROUP
 
 OPERATOR_NAME = "rlrun-operator"
 APP_NAME = "rlrun"
@@ -48,8 +48,12 @@ def labels(run: str, component: str | None = None, attempt: int | None = None) -
     return out
 
 
-def claim_name(run: str) -> str:
-    """The PersistentVolumeClaim the operator creates for the run directory: ``<run>-run``."""
+def created_claim_name(run: str) -> str:
+    """The PersistentVolumeClaim the operator creates for the run directory: ``<run>-run``.
+
+    Not always the one the pods mount: ``storage.existing_claim`` replaces it
+    (``builders.mounted_claim_name``).
+    """
     return f"{run}-run"
 
 
@@ -63,7 +67,7 @@ def configmap_name(run: str) -> str:
     return f"{run}-config"
 
 
-def orchestrator_service(run: str) -> str:
+def orchestrator_service_name(run: str) -> str:
     """The Service of the orchestrator's control port: ``<run>-orchestrator``."""
     return f"{run}-orchestrator"
 

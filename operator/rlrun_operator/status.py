@@ -12,7 +12,9 @@ phase and the conditions, so the timer, the suspend handler and the tests agree:
 | Failed | bad spec, or the orchestrator pod failed | False | False | True | False | True |
 
 Conditions follow ``metav1.Condition``: ``lastTransitionTime`` changes only when a
-condition's ``status`` does.
+condition's ``status`` does. Phases, condition types and reasons are the constants of
+:mod:`rlrun.api.status`; the orchestrator's answers are the contract's models
+(:mod:`rlrun.api.control`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from rlrun_operator import naming as n
+from rlrun.api.control import ResumeReport, StatusReport
+from rlrun.api.status import ConditionType, Phase, Reason
+
+from rlrun_operator import naming
 
 
 def now_rfc3339() -> str:
@@ -38,7 +43,17 @@ def set_condition(
     generation: int | None,
     now: str | None = None,
 ) -> list[dict[str, Any]]:
-    """A new conditions list with ``type_`` set; its transition time is kept when its status is unchanged."""
+    """A new conditions list with ``type_`` set; its transition time is kept when its status is unchanged.
+
+    Args:
+        type_: a :class:`~rlrun.api.status.ConditionType`.
+        status: True / False, or ``"True"``, ``"False"``, ``"Unknown"``.
+        reason: a :class:`~rlrun.api.status.Reason`.
+
+    Returns:
+        the conditions as ``metav1.Condition`` dicts (``type``, ``status``, ``reason``, ``message``,
+        ``lastTransitionTime``, ``observedGeneration``), ``type_``'s last.
+    """
     value = status if isinstance(status, str) else ("True" if status else "False")
     old = next((c for c in conditions if c.get("type") == type_), None)
     changed = old is None or old.get("status") != value
@@ -82,6 +97,7 @@ def pod_view(body: dict[str, Any]) -> PodView:
     """A :class:`PodView` from a Pod object."""
     meta, status = body.get("metadata", {}), body.get("status") or {}
     labels = meta.get("labels") or {}
+    # the pod's own Ready condition (Kubernetes' PodConditionType), not an RLRun condition
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
     reason = status.get("reason")
     for cs in status.get("containerStatuses") or []:
@@ -90,8 +106,8 @@ def pod_view(body: dict[str, Any]) -> PodView:
             reason = term.get("reason") or f"exit code {term.get('exitCode')}"
     return PodView(
         name=meta.get("name", ""),
-        component=labels.get(n.COMPONENT, ""),
-        attempt=int(labels.get(n.ATTEMPT, "0")),
+        component=labels.get(naming.COMPONENT, ""),
+        attempt=int(labels.get(naming.ATTEMPT, "0")),
         phase=status.get("phase") or "Pending",
         ready=ready,
         ip=status.get("podIP"),
@@ -103,35 +119,38 @@ def pod_view(body: dict[str, Any]) -> PodView:
 def rollout_endpoints(pods: list[PodView], attempt: int) -> list[str]:
     """URLs of the attempt's ready rollout servers, sorted (what ``PUT /rollout-endpoints`` sends)."""
     return sorted(
-        f"http://{p.ip}:{n.ROLLOUT_PORT}"
+        f"http://{p.ip}:{naming.ROLLOUT_PORT}"
         for p in pods
-        if p.component == n.ROLLOUT and p.attempt == attempt and p.ready and p.ip and not p.deleting
+        if p.component == naming.ROLLOUT and p.attempt == attempt and p.ready and p.ip and not p.deleting
     )
 
 
-def resume_totals(status: dict[str, Any], report: dict[str, Any] | None, attempt: int) -> dict[str, Any]:
-    """Status fields adding ``report`` (an orchestrator resume report) to the totals, once per attempt."""
+def resume_totals(status: dict[str, Any], report: ResumeReport | None, attempt: int) -> dict[str, Any]:
+    """Status fields adding ``report`` (attempt ``attempt``'s resume report) to the totals, once per attempt.
+
+    Returns:
+        ``resumedGroups``, ``resumedTraces``, ``resumedEpisodes`` (the totals, unchanged when
+        ``report`` is None or this attempt's report was added already) and, when ``report`` is
+        added now, ``lastResume`` (a :class:`~rlrun.api.status.LastResume` dict).
+    """
     last = status.get("lastResume") or {}
     totals = {
         "resumedGroups": status.get("resumedGroups") or 0,
         "resumedTraces": status.get("resumedTraces") or 0,
         "resumedEpisodes": status.get("resumedEpisodes") or 0,
     }
-    if not report or last.get("attempt") == attempt:
+    if report is None or last.get("attempt") == attempt:
         return totals
-    groups = int(report.get("open_groups", 0))
-    traces = int(report.get("queued_traces", 0))
-    episodes = int(report.get("finished_episodes_kept", 0))
     return {
-        "resumedGroups": totals["resumedGroups"] + groups,
-        "resumedTraces": totals["resumedTraces"] + traces,
-        "resumedEpisodes": totals["resumedEpisodes"] + episodes,
+        "resumedGroups": totals["resumedGroups"] + report.resumed_groups,
+        "resumedTraces": totals["resumedTraces"] + report.queued_traces,
+        "resumedEpisodes": totals["resumedEpisodes"] + report.finished_episodes_kept,
         "lastResume": {
             "attempt": attempt,
-            "fromStep": int(report.get("from_step", 0)),
-            "groups": groups,
-            "queuedTraces": traces,
-            "finishedEpisodes": episodes,
+            "fromStep": report.from_step,
+            "groups": report.resumed_groups,
+            "queuedTraces": report.queued_traces,
+            "finishedEpisodes": report.finished_episodes_kept,
         },
     }
 
@@ -140,7 +159,7 @@ def observe(
     status: dict[str, Any],
     generation: int | None,
     pods: list[PodView],
-    orchestrator: dict[str, Any] | None,
+    orchestrator: StatusReport | None,
     orchestrator_error: str | None = None,
     now: str | None = None,
     rollout_replicas: int | None = None,
@@ -157,12 +176,15 @@ def observe(
         rollout_replicas: rollout pods the attempt should have (None: not checked).
 
     Returns:
-        a dict of status fields to merge into ``status`` (``conditions`` is the whole new list).
+        status fields to merge into ``status``: always ``phase``, ``observedGeneration``,
+        ``rolloutEndpoints``, ``message`` and ``conditions`` (the whole new list); with an answer
+        also ``step``, ``maxSteps``, ``policyVersion``, ``lastCheckpointStep`` (once there is one)
+        and the resume totals of :func:`resume_totals`.
     """
     attempt = int(status.get("attempt") or 0)
     current = [p for p in pods if p.attempt == attempt and not p.deleting]
-    by_component = {c: [p for p in current if p.component == c] for c in n.COMPONENTS}
-    orch_pod = by_component[n.ORCHESTRATOR][0] if by_component[n.ORCHESTRATOR] else None
+    by_component = {c: [p for p in current if p.component == c] for c in naming.COMPONENTS}
+    orch_pod = by_component[naming.ORCHESTRATOR][0] if by_component[naming.ORCHESTRATOR] else None
     failed = [p for p in current if p.phase == "Failed"]
     endpoints = rollout_endpoints(pods, attempt)
     conditions = list(status.get("conditions") or [])
@@ -173,80 +195,88 @@ def observe(
         conditions = set_condition(conditions, type_, value, reason, message, generation, now)
 
     if orchestrator is not None:
-        out["step"] = int(orchestrator.get("step") or 0)
-        out["maxSteps"] = int(orchestrator.get("max_steps") or 0)
-        out["policyVersion"] = int(orchestrator.get("policy_version") or 0)
-        if orchestrator.get("last_checkpoint_step") is not None:
-            out["lastCheckpointStep"] = int(orchestrator["last_checkpoint_step"])
-        out.update(resume_totals(status, orchestrator.get("resume"), attempt))
+        out["step"] = orchestrator.step
+        out["maxSteps"] = orchestrator.max_steps
+        out["policyVersion"] = orchestrator.policy_version
+        if orchestrator.last_checkpoint_step is not None:
+            out["lastCheckpointStep"] = orchestrator.last_checkpoint_step
+        out.update(resume_totals(status, orchestrator.resume, attempt))
 
     if orch_pod is not None and orch_pod.phase == "Succeeded":
-        phase = "Succeeded"
+        phase = Phase.SUCCEEDED
         steps = out.get("maxSteps") or status.get("maxSteps")
         message = f"all {steps} steps trained" if steps else "training finished"
-        cond("Succeeded", True, "Completed", message)
-        cond("Failed", False, "Completed", "")
-        cond("Ready", False, "Completed", "the run has finished")
-        cond("Progressing", False, "Completed", message)
-        cond("Degraded", False, "Completed", "")
+        cond(ConditionType.SUCCEEDED, True, Reason.COMPLETED, message)
+        cond(ConditionType.FAILED, False, Reason.COMPLETED, "")
+        cond(ConditionType.READY, False, Reason.COMPLETED, "the run has finished")
+        cond(ConditionType.PROGRESSING, False, Reason.COMPLETED, message)
+        cond(ConditionType.DEGRADED, False, Reason.COMPLETED, "")
     elif orch_pod is not None and orch_pod.phase == "Failed":
-        phase = "Failed"
+        phase = Phase.FAILED
         message = f"orchestrator pod {orch_pod.name} failed ({orch_pod.reason or 'unknown reason'})"
-        cond("Failed", True, "OrchestratorFailed", message)
-        cond("Succeeded", False, "OrchestratorFailed", "")
-        cond("Ready", False, "OrchestratorFailed", message)
-        cond("Progressing", False, "OrchestratorFailed", message)
-        cond("Degraded", True, "PodFailed", message)
+        cond(ConditionType.FAILED, True, Reason.ORCHESTRATOR_FAILED, message)
+        cond(ConditionType.SUCCEEDED, False, Reason.ORCHESTRATOR_FAILED, "")
+        cond(ConditionType.READY, False, Reason.ORCHESTRATOR_FAILED, message)
+        cond(ConditionType.PROGRESSING, False, Reason.ORCHESTRATOR_FAILED, message)
+        cond(ConditionType.DEGRADED, True, Reason.POD_FAILED, message)
     else:
-        running = orchestrator is not None and orchestrator.get("phase") in ("running", "done")
+        running = orchestrator is not None and orchestrator.phase in ("running", "done")
         # one unanswered poll (a busy orchestrator) does not make a running run Pending again
-        phase = "Running" if running or (orchestrator is None and status.get("phase") == "Running") else "Pending"
-        missing = [c for c in (n.ORCHESTRATOR, n.TRAINER) if not by_component[c]]
-        if rollout_replicas is not None and len(by_component[n.ROLLOUT]) < rollout_replicas:
-            missing.append(f"{rollout_replicas - len(by_component[n.ROLLOUT])} rollout")
+        was_running = orchestrator is None and status.get("phase") == Phase.RUNNING
+        phase = Phase.RUNNING if running or was_running else Phase.PENDING
+        missing = [c for c in (naming.ORCHESTRATOR, naming.TRAINER) if not by_component[c]]
+        if rollout_replicas is not None and len(by_component[naming.ROLLOUT]) < rollout_replicas:
+            missing.append(f"{rollout_replicas - len(by_component[naming.ROLLOUT])} rollout")
         if failed:
-            cond("Degraded", True, "PodFailed", "; ".join(f"{p.name}: {p.reason or 'failed'}" for p in failed))
+            failures = "; ".join(f"{p.name}: {p.reason or 'failed'}" for p in failed)
+            cond(ConditionType.DEGRADED, True, Reason.POD_FAILED, failures)
         elif missing:
-            cond("Degraded", True, "PodsMissing", f"attempt {attempt} lacks pods: {', '.join(missing)}")
-        elif running and not endpoints:
-            cond("Degraded", True, "NoRolloutEndpoints", "no rollout server is ready")
-        else:
-            cond("Degraded", False, "AsExpected", "")
-        if running and endpoints:
-            cond("Ready", True, "Running", f"step {out['step']}, {len(endpoints)} rollout server(s) ready")
-        elif orchestrator is None:
-            cond("Ready", False, "OrchestratorUnreachable", orchestrator_error or "orchestrator not reachable yet")
-        else:
-            waiting = (
-                "waiting for ready rollout servers" if not endpoints else f"orchestrator {orchestrator.get('phase')}"
+            cond(
+                ConditionType.DEGRADED, True, Reason.PODS_MISSING, f"attempt {attempt} lacks pods: {', '.join(missing)}"
             )
-            cond("Ready", False, "Starting", waiting)
-        cond("Progressing", True, "Training" if running else "Starting", f"attempt {attempt}")
-        cond("Succeeded", False, "Running", "")
-        cond("Failed", False, "Running", "")
+        elif running and not endpoints:
+            cond(ConditionType.DEGRADED, True, Reason.NO_ROLLOUT_ENDPOINTS, "no rollout server is ready")
+        else:
+            cond(ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "")
+        if running and endpoints:
+            message = f"step {out['step']}, {len(endpoints)} rollout server(s) ready"
+            cond(ConditionType.READY, True, Reason.RUNNING, message)
+        elif orchestrator is None:
+            message = orchestrator_error or "orchestrator not reachable yet"
+            cond(ConditionType.READY, False, Reason.ORCHESTRATOR_UNREACHABLE, message)
+        else:
+            waiting = "waiting for ready rollout servers" if not endpoints else f"orchestrator {orchestrator.phase}"
+            cond(ConditionType.READY, False, Reason.STARTING, waiting)
+        cond(ConditionType.PROGRESSING, True, Reason.TRAINING if running else Reason.STARTING, f"attempt {attempt}")
+        cond(ConditionType.SUCCEEDED, False, Reason.RUNNING, "")
+        cond(ConditionType.FAILED, False, Reason.RUNNING, "")
     out["phase"] = phase
     out["conditions"] = conditions
-    ready = next(c for c in conditions if c["type"] == "Ready")
+    ready = next(c for c in conditions if c["type"] == ConditionType.READY)
     out["message"] = ready["message"] or phase
     return out
 
 
-def starting(status: dict[str, Any], generation: int | None, attempt: int, now: str | None = None):
-    """The status patch of an attempt whose pods were just created (``Pending``, nothing known yet)."""
+def starting(status: dict[str, Any], generation: int | None, attempt: int, now: str | None = None) -> dict[str, Any]:
+    """The status patch of an attempt whose pods were just created (``Pending``, nothing known yet).
+
+    Returns:
+        ``phase``, ``observedGeneration``, ``attempt``, ``message``, ``conditions`` and the counters
+        the printer columns show (``preemptions``, ``step``, ``resumed*``: 0 rather than blank).
+    """
     conditions = list(status.get("conditions") or [])
     message = f"attempt {attempt}: pods created, waiting for the orchestrator to start"
     for type_, value, reason in (
-        ("Ready", False, "Starting"),
-        ("Progressing", True, "Starting"),
-        ("Degraded", False, "AsExpected"),
-        ("Succeeded", False, "Starting"),
-        ("Failed", False, "Starting"),
+        (ConditionType.READY, False, Reason.STARTING),
+        (ConditionType.PROGRESSING, True, Reason.STARTING),
+        (ConditionType.DEGRADED, False, Reason.AS_EXPECTED),
+        (ConditionType.SUCCEEDED, False, Reason.STARTING),
+        (ConditionType.FAILED, False, Reason.STARTING),
     ):
-        conditions = set_condition(
-            conditions, type_, value, reason, message if value or type_ == "Ready" else "", generation, now
-        )
+        shown = message if value or type_ == ConditionType.READY else ""
+        conditions = set_condition(conditions, type_, value, reason, shown, generation, now)
     return {
-        "phase": "Pending",
+        "phase": Phase.PENDING,
         "observedGeneration": generation,
         "attempt": attempt,
         "message": message,
@@ -258,18 +288,28 @@ def starting(status: dict[str, Any], generation: int | None, attempt: int, now: 
     }
 
 
-def suspended(status: dict[str, Any], generation: int | None, message: str, now: str | None = None):
-    """The status patch of a suspended run (pods removed; ``Failed`` cleared: unsuspending retries)."""
+def suspended(status: dict[str, Any], generation: int | None, message: str, now: str | None = None) -> dict[str, Any]:
+    """The status patch of a suspended run (pods removed; ``Failed`` cleared: unsuspending retries).
+
+    Returns:
+        ``phase``, ``observedGeneration``, ``message`` and ``conditions``.
+    """
     conditions = list(status.get("conditions") or [])
-    for type_ in ("Ready", "Progressing", "Degraded", "Failed"):
-        conditions = set_condition(conditions, type_, False, "Suspended", message, generation, now)
-    return {"phase": "Suspended", "observedGeneration": generation, "message": message, "conditions": conditions}
+    for type_ in (ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED, ConditionType.FAILED):
+        conditions = set_condition(conditions, type_, False, Reason.SUSPENDED, message, generation, now)
+    return {"phase": Phase.SUSPENDED, "observedGeneration": generation, "message": message, "conditions": conditions}
 
 
-def failed(status: dict[str, Any], generation: int | None, reason: str, message: str, now: str | None = None):
-    """The status patch of a run that cannot go on (``Failed`` condition True with ``reason``)."""
+def failed(
+    status: dict[str, Any], generation: int | None, reason: str, message: str, now: str | None = None
+) -> dict[str, Any]:
+    """The status patch of a run that cannot go on (``Failed`` condition True with ``reason``, a :class:`Reason`).
+
+    Returns:
+        ``phase``, ``observedGeneration``, ``message`` and ``conditions``.
+    """
     conditions = list(status.get("conditions") or [])
-    conditions = set_condition(conditions, "Failed", True, reason, message, generation, now)
-    for type_ in ("Ready", "Progressing", "Succeeded"):
+    conditions = set_condition(conditions, ConditionType.FAILED, True, reason, message, generation, now)
+    for type_ in (ConditionType.READY, ConditionType.PROGRESSING, ConditionType.SUCCEEDED):
         conditions = set_condition(conditions, type_, False, reason, message, generation, now)
-    return {"phase": "Failed", "observedGeneration": generation, "message": message, "conditions": conditions}
+    return {"phase": Phase.FAILED, "observedGeneration": generation, "message": message, "conditions": conditions}

@@ -31,10 +31,14 @@ def test_preempt_at_step_resumes_queued_samples_and_open_groups(tmp_path, cache_
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
-    m = re.search(r"Resuming with (\d+) queued traces and (\d+) open groups \((\d+) finished episodes kept\)", out)
+    m = re.search(
+        r"Resuming with (\d+) queued traces, (\d+) open groups \((\d+) finished episodes kept\) "
+        r"and (\d+) requested groups",
+        out,
+    )
     assert m, out[-3000:]
-    queued, open_groups, kept = map(int, m.groups())
-    assert queued + open_groups > 0
+    queued, open_groups, kept, requested = map(int, m.groups())
+    assert queued + open_groups + requested > 0
     lost = int(re.search(r"progress-only checkpoint would have lost (\d+) finished episodes", out).group(1))
     assert (
         lost == queued + kept or lost >= queued

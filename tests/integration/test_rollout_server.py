@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 import torch
+from rlrun.api.spec import SamplingSpec
 from rlrun.orchestrator.weights import WeightsError, push_weights, weights_signature
 from rlrun.rollout.client import RolloutClient
-from rlrun.spec import SamplingSpec
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 

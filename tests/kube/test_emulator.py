@@ -555,7 +555,7 @@ def test_the_request_log_records_each_request_with_its_rbac_verb_and_status(kube
     watch(http, PODS, 1)
     http.put(f"{PODS}/p", json=pod("p"))
     merge(http, f"{PODS}/p/status", {"status": {"phase": "Running"}})
-    http.delete(f"{PODS}/p")
+    http.delete(f"{PODS}/p", params={"gracePeriodSeconds": "30"})
     http.delete(PODS)
     http.get(f"{PODS}/p")
     http.get("/apis")
@@ -572,6 +572,7 @@ def test_the_request_log_records_each_request_with_its_rbac_verb_and_status(kube
         ("get", "pods", None, "ns", "p", 404),
     ]
     assert (log[-1].verb, log[-1].resource, log[-1].path, log[-1].rbac) == ("get", None, "/apis", None)
+    assert log[6].param("gracePeriodSeconds") == "30" and log[7].param("gracePeriodSeconds") is None
     assert ("", "pods/status", "patch") in kube.rbac_usage() and ("", "pods", "deletecollection") in kube.rbac_usage()
     assert all(r.group == "" and r.version == "v1" for r in log[:-1])
 

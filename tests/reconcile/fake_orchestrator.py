@@ -3,9 +3,13 @@
 The operator reaches run ``ns/name`` at ``{url}/{ns}/{name}`` (its ``orchestrator_url``
 setting is pointed at :attr:`FakeOrchestrators.url_template`). Each run answers
 ``GET /status`` from :attr:`FakeRun.status`, records ``PUT /rollout-endpoints`` and
-``POST /pause`` calls, and checks the bearer token against the one set in
-:attr:`FakeRun.token` (None: first token seen is remembered and required afterwards).
-A run marked ``reachable = False`` answers 503.
+``POST /pause`` calls (answering :attr:`FakeRun.pause_answer`), and checks the bearer token
+against the one set in :attr:`FakeRun.token` (None: first token seen is remembered and
+required afterwards). A run marked ``reachable = False`` answers 503.
+
+The answers start as the contract's models (:mod:`rlrun.api.control`) write them, so the
+fake cannot drift from the contract; a test that breaks one on purpose sees the operator
+refuse it.
 """
 
 from __future__ import annotations
@@ -16,33 +20,49 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from rlrun.api.control import EndpointsUpdate, PauseResult, ResumeReport, StatusReport
+
+
+def default_status() -> dict[str, Any]:
+    """A running attempt 0 at step 0, as :class:`~rlrun.api.control.StatusReport` writes it."""
+    return StatusReport(phase="running", attempt=0, step=0, policy_version=0, max_steps=100).model_dump(mode="json")
+
+
+def default_pause_answer() -> dict[str, Any]:
+    """A snapshot at step 10, as :class:`~rlrun.api.control.PauseResult` writes it."""
+    return PauseResult(
+        step=10,
+        path="/var/lib/rlrun/run/checkpoints/step_10/orchestrator/progress.pt",
+        seconds=0.25,
+        time=1_800_000_000.0,
+        queued_traces=104,
+        open_groups=3,
+        requested_groups=1,
+        finished_episodes_kept=8,
+    ).model_dump(mode="json")
+
+
+def resume_report(**counts: Any) -> dict[str, Any]:
+    """A :class:`~rlrun.api.control.ResumeReport` as JSON: nothing restored but ``counts`` (from step 10)."""
+    fields = dict(from_step=10, shipped=10, queued_traces=0, open_groups=0, requested_groups=0)
+    fields |= dict(finished_episodes_kept=0, dropped_stale=0, members_requested=0, progress_only_would_lose=0)
+    return ResumeReport(**{**fields, "time": 1_800_000_000.0, **counts}).model_dump(mode="json")
 
 
 @dataclass
 class FakeRun:
-    """The state one fake orchestrator serves and the calls it received."""
+    """The state one fake orchestrator serves and the calls it received.
 
-    status: dict[str, Any] = field(
-        default_factory=lambda: {
-            "phase": "running",
-            "attempt": 0,
-            "step": 0,
-            "policy_version": 0,
-            "max_steps": 100,
-            "last_checkpoint_step": None,
-            "queued_traces": 0,
-            "open_groups": 0,
-            "resume": None,
-            "rollout_endpoints": [],
-        }
-    )
+    ``status`` and ``pause_answer`` start as the contract's models write them; tests change
+    their keys (the names of :mod:`rlrun.api.control`).
+    """
+
+    status: dict[str, Any] = field(default_factory=default_status)
     token: str | None = None
     reachable: bool = True
     endpoint_puts: list[list[str]] = field(default_factory=list)
     pauses: int = 0
-    pause_answer: dict[str, Any] = field(
-        default_factory=lambda: {"step": 10, "queued_traces": 104, "open_groups": 3, "finished_episodes_kept": 8}
-    )
+    pause_answer: dict[str, Any] = field(default_factory=default_pause_answer)
 
 
 class FakeOrchestrators:
@@ -85,10 +105,10 @@ class FakeOrchestrators:
         if route == ("GET", "status"):
             return web.json_response(run.status)
         if route == ("PUT", "rollout-endpoints"):
-            endpoints = (await request.json())["endpoints"]
-            run.endpoint_puts.append(endpoints)
-            run.status["rollout_endpoints"] = sorted(endpoints)
-            return web.json_response({"endpoints": endpoints})
+            update = EndpointsUpdate.model_validate(await request.json())
+            run.endpoint_puts.append(update.endpoints)
+            run.status["rollout_endpoints"] = sorted(update.endpoints)
+            return web.json_response(update.model_dump(mode="json"))
         if route == ("POST", "pause"):
             run.pauses += 1
             run.status["phase"] = "paused"

@@ -8,8 +8,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from rlrun.cli import app
-from rlrun.spec import parse_manifest
-from rlrun_operator import naming as n
+from rlrun.manifest import parse_manifest
+from rlrun_operator import naming
 from rlrun_operator.builders import build_pods, build_run_objects, command
 from rlrun_operator.settings import OperatorSettings
 from typer.main import get_command
@@ -60,7 +60,11 @@ def test_labels_owner_references_and_attempt():
     body, run = make(rollout={"replicas": 2})
     for obj in all_objects(body, run, attempt=2):
         labels = obj["metadata"]["labels"]
-        assert labels[n.NAME] == "rlrun" and labels[n.INSTANCE] == "demo" and labels[n.MANAGED_BY] == "rlrun-operator"
+        assert (
+            labels[naming.NAME] == "rlrun"
+            and labels[naming.INSTANCE] == "demo"
+            and labels[naming.MANAGED_BY] == "rlrun-operator"
+        )
         if obj["kind"] == "PersistentVolumeClaim":
             assert "ownerReferences" not in obj["metadata"]  # retention policy Retain (the default)
             continue
@@ -74,8 +78,8 @@ def test_labels_owner_references_and_attempt():
             "blockOwnerDeletion": True,
         }
         if obj["kind"] == "Pod":
-            assert labels[n.ATTEMPT] == "2" and obj["metadata"]["name"].endswith("-a2")
-            assert labels[n.COMPONENT] in n.COMPONENTS
+            assert labels[naming.ATTEMPT] == "2" and obj["metadata"]["name"].endswith("-a2")
+            assert labels[naming.COMPONENT] in naming.COMPONENTS
     pods = [o for o in all_objects(body, run) if o["kind"] == "Pod"]
     assert [p["metadata"]["name"] for p in pods] == [
         "demo-rollout-0-a0",
@@ -107,7 +111,7 @@ def test_pods_get_resources_gpus_scheduling_probes_and_grace_period():
         preemption={"snapshot_timeout_seconds": 30, "termination_grace_period_seconds": 90},
         scheduling={"node_selector": {"pool": "spot"}, "tolerations": [{"key": "spot", "operator": "Exists"}]},
     )
-    pods = {p["metadata"]["labels"][n.COMPONENT]: p for p in build_pods(body, run, SETTINGS, 0)}
+    pods = {p["metadata"]["labels"][naming.COMPONENT]: p for p in build_pods(body, run, SETTINGS, 0)}
     trainer = pods["trainer"]["spec"]["containers"][0]
     assert trainer["resources"] == {
         "requests": {"cpu": "8", "nvidia.com/gpu": "2"},
@@ -142,34 +146,39 @@ def test_secret_and_configmap_contents():
     assert manifest["spec"]["max_steps"] == 7 and manifest["spec"]["group_size"] == 8  # defaults resolved
     assert parse_manifest(manifest).spec == run.spec
     assert service["metadata"]["name"] == "demo-orchestrator"
-    assert service["spec"]["selector"][n.COMPONENT] == "orchestrator" and n.ATTEMPT not in service["spec"]["selector"]
+    assert (
+        service["spec"]["selector"][naming.COMPONENT] == "orchestrator"
+        and naming.ATTEMPT not in service["spec"]["selector"]
+    )
 
 
-@pytest.mark.parametrize("component", n.COMPONENTS)
+@pytest.mark.parametrize("component", naming.COMPONENTS)
 def test_pod_commands_are_real_rlrun_subcommands(component, tmp_path):
     """Each pod's command parses with the real ``rlrun`` CLI (the manifest path swapped for the ConfigMap's file)."""
     body, run = make()
     configmap = build_run_objects(body, run, SETTINGS, "tok")[2]
     manifest = tmp_path / "rlrun.yaml"
     manifest.write_text(configmap["data"]["rlrun.yaml"])
-    pod = next(p for p in build_pods(body, run, SETTINGS, 4) if p["metadata"]["labels"][n.COMPONENT] == component)
+    pod = next(p for p in build_pods(body, run, SETTINGS, 4) if p["metadata"]["labels"][naming.COMPONENT] == component)
     argv = pod["spec"]["containers"][0]["command"]
     assert argv == command(component, 4) and argv[0] == "rlrun"
-    args = [str(manifest) if a == n.MANIFEST_PATH else a for a in argv[1:]]
+    args = [str(manifest) if a == naming.MANIFEST_PATH else a for a in argv[1:]]
     group = get_command(app)
     ctx = group.make_context("rlrun", list(args), resilient_parsing=False)
     sub = group.get_command(ctx, args[0])
     assert sub is not None, f"rlrun has no subcommand {args[0]!r}"
     sub_ctx = sub.make_context(args[0], list(args[1:]), parent=ctx)  # raises on an unknown option or bad value
     assert sub_ctx.params["manifest"] == manifest
-    if component != n.ROLLOUT:
+    if component != naming.ROLLOUT:
         assert sub_ctx.params["attempt"] == 4 and sub_ctx.params["resume"] is True
 
 
 def test_limits_alone_are_their_own_requests():
     """As Kubernetes does for a container with limits only; a default request above a limit would be refused."""
     body, run = make(orchestrator={"resources": {"limits": {"cpu": "500m", "memory": "1Gi"}}})
-    orch = next(p for p in build_pods(body, run, SETTINGS, 0) if p["metadata"]["labels"][n.COMPONENT] == "orchestrator")
+    orch = next(
+        p for p in build_pods(body, run, SETTINGS, 0) if p["metadata"]["labels"][naming.COMPONENT] == "orchestrator"
+    )
     assert orch["spec"]["containers"][0]["resources"] == {
         "requests": {"cpu": "500m", "memory": "1Gi"},
         "limits": {"cpu": "500m", "memory": "1Gi"},

@@ -7,11 +7,14 @@ import copy
 import time
 
 import jsonschema
+import pytest
 import yaml
 from prometheus_client import REGISTRY
-from rlrun.crd import build_crd, to_json_schema
+from rlrun.api.crd import build_crd
 
 from tests.reconcile.conftest import NAMESPACE, manifest, validate_object, wait_for
+from tests.reconcile.fake_orchestrator import resume_report
+from tests.support.crd_validation import to_json_schema
 
 RLRUN_SCHEMA = to_json_schema(build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
@@ -83,10 +86,12 @@ def test_status_follows_the_orchestrator_and_ready_rollouts_get_pushed(cluster):
     assert status["rolloutEndpoints"] == 1 and ready["reason"] == "Running"
     assert ready["observedGeneration"] == cluster.rlrun()["metadata"]["generation"]
     validate_rlrun(cluster.rlrun())
-    # a resume report becomes the printer columns' totals
-    fake.status["resume"] = {"from_step": 10, "open_groups": 3, "queued_traces": 104, "finished_episodes_kept": 8}
+    # a resume report becomes the printer columns' totals: resumed groups are open + requested ones
+    fake.status["resume"] = resume_report(
+        open_groups=2, requested_groups=1, queued_traces=104, finished_episodes_kept=8
+    )
     wait_for(lambda: cluster.status().get("resumedGroups") == 3, what="resumedGroups")
-    assert cluster.status()["resumedTraces"] == 104
+    assert cluster.status()["resumedTraces"] == 104 and cluster.status()["lastResume"]["groups"] == 3
     # the rollout pod goes unready: the orchestrator is told at once, and the run is Degraded
     cluster.set_pod_status(rollout, ready=False, ip="10.0.0.7")
     wait_for(lambda: fake.endpoint_puts[-1] == [], what="empty endpoints PUT")
@@ -103,7 +108,8 @@ def test_suspend_pauses_then_removes_pods_and_unsuspend_resumes_as_next_attempt(
     wait_for(lambda: cluster.status().get("phase") == "Suspended", what="Suspended")
     assert fake.pauses == 1
     assert cluster.pods() == []
-    assert "104 queued samples, 3 open groups" in cluster.condition("Ready")["message"]
+    message = "snapshot at step 10: 104 queued traces, 3 open groups, 1 requested groups, 8 finished episodes kept"
+    assert message in cluster.condition("Ready")["message"]
     fake.status["phase"] = "running"
     cluster.kube.patch("rlruns", "demo", {"spec": {"suspend": False}}, NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="attempt 1 pods")
@@ -146,7 +152,7 @@ def test_orchestrator_failure_is_reported(cluster):
 
 
 def test_invalid_spec_gets_a_failed_condition_naming_the_field(cluster):
-    # passes the CRD's OpenAPI schema (CEL rules are not run by the emulator), fails rlrun.spec
+    # passes the CRD's OpenAPI schema (CEL rules are not run by the emulator), fails rlrun.manifest
     cluster.kube.create("rlruns", manifest(group_size=16, batch_size=8), NAMESPACE)
     failed = wait_for(lambda: (c := cluster.condition("Failed")) and c, what="Failed condition")
     assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
@@ -235,7 +241,7 @@ def test_an_answer_from_another_attempts_orchestrator_is_not_taken(cluster):
     cluster.kube.create("rlruns", manifest(), NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="pods")
     fake = cluster.orchestrators.run(NAMESPACE, "demo")
-    fake.status.update(attempt=5, step=99, resume={"open_groups": 7, "queued_traces": 1, "finished_episodes_kept": 0})
+    fake.status.update(attempt=5, step=99, resume=resume_report(open_groups=7, queued_traces=1))
     ready = wait_for(lambda: (c := cluster.condition("Ready")) and "attempt 5" in c["message"] and c, what="refused")
     assert ready["status"] == "False" and cluster.status().get("step") == 0 and cluster.status()["resumedGroups"] == 0
 
@@ -260,3 +266,70 @@ def test_a_run_created_while_the_operator_was_down_is_handled_once(cluster):
     time.sleep(0.5)
     assert len([r for r in cluster.kube.requests if r.rbac == ("", "pods", "create")]) == 3
     assert len([e for e in cluster.kube.list("events", NAMESPACE) if e.get("reason") == "Created"]) == 1
+
+
+def pod_deletions(cluster) -> dict[str, str | None]:
+    """``{pod: gracePeriodSeconds}`` of the pod deletions the operator sent (the emulator removes pods at once)."""
+    return {r.name: r.param("gracePeriodSeconds") for r in cluster.kube.requests if r.rbac == ("", "pods", "delete")}
+
+
+@pytest.mark.parametrize(
+    ("orchestrator_phase", "deleted"),
+    [("Succeeded", {"demo-rollout-0-a0"}), ("Failed", {"demo-trainer-a0", "demo-rollout-0-a0"})],
+)
+def test_pods_are_deleted_with_the_spec_models_default_grace_period(cluster, orchestrator_phase, deleted):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)  # no spec.preemption: the model's default grace, 120 s
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    cluster.orchestrators.run(NAMESPACE, "demo").status.update(phase="done", step=100)
+    cluster.set_pod_status(cluster.pod("orchestrator"), phase=orchestrator_phase, ready=False)
+    wait_for(lambda: set(pod_deletions(cluster)) == deleted, what=f"pods deleted: {deleted}")
+    assert pod_deletions(cluster) == dict.fromkeys(deleted, "120")
+
+
+def test_after_an_ignored_invalid_change_the_previous_spec_stands_for_the_operator_too(cluster):
+    grace = {"snapshot_timeout_seconds": 30, "termination_grace_period_seconds": 90}
+    cluster.kube.create("rlruns", manifest(preemption=grace), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    cluster.set_pod_status(cluster.pod("rollout"), ip="10.0.0.7")
+    wait_for(lambda: (c := cluster.condition("Ready")) and c["status"] == "True", what="Ready")
+    # invalid (batch_size < group_size), with a new grace period and more rollout servers in the same change
+    change = {"batch_size": 4, "rollout": {"replicas": 3}, "preemption": {"termination_grace_period_seconds": 200}}
+    cluster.kube.patch("rlruns", "demo", {"spec": change}, NAMESPACE)
+    cluster.wait_for_events("InvalidSpec")
+    time.sleep(0.5)  # a few status ticks: one rollout server is still all the run needs
+    assert cluster.condition("Degraded")["status"] == "False" and cluster.condition("Ready")["status"] == "True"
+    cluster.set_pod_status(cluster.pod("orchestrator"), phase="Succeeded", ready=False)
+    wait_for(lambda: pod_deletions(cluster), what="the rollout pod deleted")
+    assert pod_deletions(cluster) == {"demo-rollout-0-a0": "90"}
+
+
+def test_an_invalid_spec_a_restarted_operator_never_saw_valid_waits_for_a_fix(cluster):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    cluster.kube.patch("rlruns", "demo", {"spec": {"batch_size": 4}}, NAMESPACE)
+    cluster.wait_for_events("InvalidSpec")
+    cluster.restart_operator()  # forgets the run's last valid spec
+    cluster.set_pod_status(cluster.pod("orchestrator"), phase="Succeeded", ready=False)
+
+    def asks_for_a_fix():
+        return [e for e in cluster.kube.list("events", NAMESPACE) if "fix the spec" in e.get("message", "")]
+
+    (event,) = wait_for(asks_for_a_fix, what="an Event asking to fix the spec")  # once: retried after 60 s
+    assert event["type"] == "Warning" and event["reason"] == "InvalidSpec"
+    assert "spec.batch_size: must be ≥ group_size (8)" in event["message"]
+    assert cluster.status()["phase"] == "Running" and pod_deletions(cluster) == {}  # left as it was
+
+
+def test_an_answer_outside_the_contract_counts_as_no_answer(cluster):
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    fake = cluster.orchestrators.run(NAMESPACE, "demo")
+    fake.status.update(step=7, policy_version="seven")
+
+    def refused():
+        ready = cluster.condition("Ready")
+        return ready if ready["reason"] == "OrchestratorUnreachable" else None
+
+    ready = wait_for(refused, what="the answer refused")
+    assert "/status: the answer is not a StatusReport: policy_version:" in ready["message"]
+    assert cluster.status()["phase"] == "Running" and cluster.status()["step"] == 0  # nothing taken from it

@@ -17,10 +17,10 @@ import threading
 import pytest
 import yaml
 from rlrun.checkpoint import latest_complete_checkpoint
+from rlrun.manifest import parse_manifest
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rollout.fake import fake_client_factory
 from rlrun.rundir import RunDir, publish_dir
-from rlrun.spec import parse_manifest
 from rlrun_operator import handlers
 
 from tests.reconcile.conftest import NAMESPACE, manifest, wait_for
@@ -99,7 +99,7 @@ def test_operator_drives_the_real_orchestrator(cluster, real_orchestrator):
     cluster.kube.patch("rlruns", "demo", {"spec": {"suspend": True}}, NAMESPACE)
     wait_for(lambda: cluster.status().get("phase") == "Suspended", timeout=30, what="Suspended")
     assert orchestrator.phase == "paused" and cluster.pods() == []
-    snapshot = orchestrator.last_snapshot
-    assert f"{snapshot['queued_traces']} queued samples" in cluster.condition("Ready")["message"]
+    paused = orchestrator.last_pause
+    assert f"{paused.queued_traces} queued traces" in cluster.condition("Ready")["message"]
     ckpt = latest_complete_checkpoint(orchestrator.run_dir)
-    assert ckpt.step == 0 and ckpt.orchestrator["sink"]["pending_batch"]["count"] == snapshot["queued_traces"]
+    assert ckpt.step == 0 and ckpt.orchestrator["sink"]["pending_batch"]["count"] == paused.queued_traces

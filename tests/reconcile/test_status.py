@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rlrun.status import RLRunStatus
+from rlrun.api.control import ResumeReport, StatusReport
+from rlrun.api.status import CONDITION_TYPES, PHASES, ConditionType, Phase, Reason, RLRunStatus
 from rlrun_operator.status import (
     PodView,
     failed,
@@ -32,7 +33,7 @@ def conds(status):
     return {c["type"]: c["status"] for c in status["conditions"]}
 
 
-REPORT = {"phase": "running", "step": 12, "max_steps": 100, "policy_version": 11, "last_checkpoint_step": 10}
+REPORT = StatusReport(phase="running", attempt=0, step=12, max_steps=100, policy_version=11, last_checkpoint_step=10)
 
 
 def test_running_with_ready_rollouts_is_ready_and_progressing():
@@ -51,7 +52,7 @@ def test_running_with_ready_rollouts_is_ready_and_progressing():
 
 def test_transition_time_changes_only_with_the_status():
     first = observe({"attempt": 0}, 1, pods(), REPORT, now=T0)
-    again = observe({"attempt": 0, **first}, 1, pods(), {**REPORT, "step": 13}, now=T1)
+    again = observe({"attempt": 0, **first}, 1, pods(), REPORT.model_copy(update={"step": 13}), now=T1)
     assert {c["lastTransitionTime"] for c in again["conditions"]} == {T0}
     down = observe({"attempt": 0, **again}, 1, pods(ready_rollouts=0), REPORT, now=T1)
     ready = next(c for c in down["conditions"] if c["type"] == "Ready")
@@ -76,10 +77,19 @@ def test_orchestrator_pod_exit_decides_succeeded_or_failed():
 
 
 def test_resume_totals_add_each_attempt_once():
-    report = {
-        **REPORT,
-        "resume": {"from_step": 10, "open_groups": 3, "queued_traces": 104, "finished_episodes_kept": 8},
-    }
+    resume = ResumeReport(
+        from_step=10,
+        shipped=11,
+        queued_traces=104,
+        open_groups=2,
+        requested_groups=1,
+        finished_episodes_kept=8,
+        dropped_stale=5,
+        members_requested=8,
+        progress_only_would_lose=112,
+        time=1_800_000_000.0,
+    )
+    report = REPORT.model_copy(update={"attempt": 1, "resume": resume})
     first = observe({"attempt": 1, "resumedGroups": 2, "resumedTraces": 50, "resumedEpisodes": 1}, 1, pods(1), report)
     assert (first["resumedGroups"], first["resumedTraces"], first["resumedEpisodes"]) == (5, 154, 9)
     assert first["lastResume"] == {
@@ -170,3 +180,32 @@ def test_a_new_attempt_starts_pending_and_not_degraded():
         "Failed": "False",
     }
     RLRunStatus.model_validate(out)
+
+
+def test_every_condition_written_uses_a_declared_type_and_reason():
+    reasons = {v for k, v in vars(Reason).items() if k.isupper()}
+    patches = [
+        observe({"attempt": 0}, 1, pods(), REPORT),
+        observe({"attempt": 0}, 1, pods(ready_rollouts=0), REPORT),
+        observe({"attempt": 0}, 1, pods(), None, "refused"),
+        observe({"attempt": 0}, 1, pods()[1:], REPORT, rollout_replicas=2),
+        observe({"attempt": 0}, 1, pods(orch_phase="Succeeded"), REPORT),
+        observe({"attempt": 0}, 1, pods(orch_phase="Failed"), None),
+        starting({}, 1, 0),
+        suspended({}, 1, "suspended"),
+        failed({}, 1, Reason.INVALID_SPEC, "spec.group_size: must be ≥ 2"),
+    ]
+    for patch in patches:
+        assert patch["phase"] in PHASES
+        assert {c["type"] for c in patch["conditions"]} <= set(CONDITION_TYPES)
+        assert {c["reason"] for c in patch["conditions"]} <= reasons, patch["conditions"]
+    assert {p["phase"] for p in patches} == {
+        Phase.RUNNING,
+        Phase.PENDING,
+        Phase.SUCCEEDED,
+        Phase.FAILED,
+        Phase.SUSPENDED,
+    }
+    assert (
+        ConditionType.PREEMPTED in CONDITION_TYPES and ConditionType.RESUMED in CONDITION_TYPES
+    )  # declared, not set yet

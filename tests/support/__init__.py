@@ -1,1 +1,1 @@
-"""Test support shared by several test packages (binaries, Kubernetes API emulator)."""
+"""Test support shared by several test packages (binaries, offline CRD checks, Kubernetes API emulator)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from array import array
 
 from rlrun.envs.base import Task
-from rlrun.orchestrator.types import Episode, QueuedTrace, TrainingSample
+from rlrun.samples import Episode, QueuedTrace, TrainingSample
 
 
 def task(index: int = 0) -> Task:
@@ -14,8 +14,8 @@ def task(index: int = 0) -> Task:
 
 def episode(group_id: int, member: int, reward: float, version: int, completion=(5, 6, 0)) -> Episode:
     return Episode(
-        episode_id=f"{group_id}/{member}",
         group_id=group_id,
+        member=member,
         task=task(group_id),
         prompt_ids=array("q", [3, 4, 9]),
         completion_ids=array("q", completion),
@@ -33,5 +33,5 @@ def sample(group_id: int, member: int, version: int, advantage: float = 0.5) -> 
         logprobs=array("d", [-0.1, -0.2]),
         advantage=advantage,
         reward=0.5,
-        trace=QueuedTrace("reverse-text", version, group_id, f"{group_id}/{member}"),
+        trace=QueuedTrace("reverse-text", version, group_id, member),
     )

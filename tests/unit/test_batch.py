@@ -37,6 +37,12 @@ def test_write_then_read_batch(tmp_path):
     path = write_batch(tmp_path / "rollouts" / "step_4", 4, samples, pad_id=0)
     batch = read_batch(path)
     assert batch.num_samples == 4 and batch.meta["step"] == 4
-    assert batch.meta["traces"][2] == {"env": "reverse-text", "policy_version": 3, "group_id": 1, "episode_id": "1/2"}
+    assert batch.meta["traces"][2] == {
+        "env": "reverse-text",
+        "policy_version": 3,
+        "group_id": 1,
+        "member": 2,
+        "episode_id": "1/2",
+    }
     assert torch.allclose(batch.advantages, torch.tensor([0.0, 0.1, 0.2, 0.3]))
     assert not list((tmp_path / "rollouts").glob(".*"))  # no temporary directory left behind

@@ -14,8 +14,8 @@ from rlrun.checkpoint import (
     run_identity,
     save_orchestrator_progress,
 )
+from rlrun.manifest import parse_manifest
 from rlrun.rundir import RunDir
-from rlrun.spec import parse_manifest
 from safetensors.torch import save_file
 
 

@@ -8,11 +8,12 @@ import shutil
 
 import httpx
 import pytest
+from rlrun.api.control import PauseResult, StatusReport
 from rlrun.checkpoint import latest_complete_checkpoint
+from rlrun.manifest import parse_manifest
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rollout.fake import fake_client_factory
 from rlrun.rundir import RunDir, publish_dir
-from rlrun.spec import parse_manifest
 
 TOKEN = "s3cret-token"
 
@@ -67,11 +68,12 @@ async def test_status_and_pause_need_the_token_and_pause_writes_a_complete_check
         status = (await http.get("/status", headers=auth)).json()
         assert status["phase"] == "running" and status["step"] == 2
         paused = (await http.post("/pause", headers=auth)).json()
-        assert set(paused) >= {"step", "queued_traces", "open_groups", "finished_episodes_kept", "path"}
+        PauseResult.model_validate(paused)  # the contract the operator parses
         assert paused["step"] == 0 and paused["queued_traces"] == len(orchestrator.sink.queue)
         assert (await http.post("/pause", headers=auth)).json() == paused  # idempotent
         status = (await http.get("/status", headers=auth)).json()
-        assert status["phase"] == "paused" and status["last_snapshot"] == paused
+        assert status["phase"] == "paused" and status["last_pause"] == paused
+        assert StatusReport.model_validate(status).last_checkpoint.reason == "pause"
         bad = await http.put("/rollout-endpoints", headers=auth, json={"endpoints": "nope"})
         assert bad.status_code == 400
     shipped = orchestrator.shipped

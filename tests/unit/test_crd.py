@@ -1,7 +1,7 @@
 """The generated CRD: in sync on disk, structural, and as strict as the pydantic spec.
 
 Every invalid manifest below is rejected twice — by the CRD (JSON Schema + CEL rules,
-what the API server checks) and by ``rlrun.spec`` (what ``rlrun local`` checks) — and
+what the API server checks) and by ``rlrun.manifest`` (what ``rlrun local`` checks) — and
 both name the same field.
 """
 
@@ -13,17 +13,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from rlrun.crd import (
-    CHART_CRD_FILE,
-    CRD_FILE,
-    PRINTER_COLUMNS,
-    apply_defaults,
-    build_crd,
-    cel_violations,
-    render_crd,
-    to_json_schema,
-)
-from rlrun.spec import ManifestError, parse_manifest
+from rlrun.api.crd import CHART_CRD_FILE, CRD_FILE, PRINTER_COLUMNS, build_crd, render_crd
+from rlrun.manifest import ManifestError, parse_manifest
+
+from tests.support.crd_validation import apply_defaults, cel_violations, to_json_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -108,7 +101,7 @@ def test_examples_pass_the_crd(path):
 
 
 INVALID = [
-    # (spec change, field the CRD names, field rlrun.spec names)
+    # (spec change, field the CRD names, field rlrun.manifest names)
     ({"group_size": "eight"}, "spec.group_size", "spec.group_size"),
     ({"group_size": 1}, "spec.group_size", "spec.group_size"),
     ({"batch_size": 4, "group_size": 8}, "spec.batch_size", "spec.batch_size"),

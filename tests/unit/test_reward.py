@@ -1,7 +1,7 @@
 import pytest
-from rlrun.envs import ReverseTextEnv, make_env
+from rlrun.api.spec import EnvSpec
+from rlrun.envs import EnvArgsError, ReverseTextEnv, UnknownEnvError, make_env
 from rlrun.envs.reverse_text import lcs_length, lcs_ratio, zen_words
-from rlrun.spec import EnvSpec
 
 
 @pytest.mark.parametrize(
@@ -70,3 +70,14 @@ def test_make_env_rejects_unknown_env_and_bad_args():
         make_env(EnvSpec(name="reverse-text", args={"max_chars": 3}))
     with pytest.raises(ValueError, match="bad args"):
         make_env(EnvSpec(name="reverse-text", args={"colour": "red"}))
+
+
+def test_make_env_errors_are_typed():
+    with pytest.raises(UnknownEnvError):
+        make_env(EnvSpec(name="nope"))
+    with pytest.raises(EnvArgsError):  # a keyword the env does not take
+        make_env(EnvSpec(name="reverse-text", args={"colour": "red"}))
+    with pytest.raises(EnvArgsError) as info:  # a value its constructor refuses: its own message kept
+        make_env(EnvSpec(name="reverse-text", args={"max_words": 0}))
+    assert str(info.value) == "reverse-text: max_words must be ≥ 1, got 0"
+    assert issubclass(UnknownEnvError, ValueError) and issubclass(EnvArgsError, ValueError)

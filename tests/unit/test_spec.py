@@ -3,7 +3,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from rlrun.spec import ManifestError, load_manifest, parse_manifest
+from rlrun.envs import ENVS
+from rlrun.manifest import ManifestError, load_manifest, parse_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,3 +99,14 @@ def test_env_name_and_args_are_checked_by_building_the_env():
     assert error.startswith("spec.envs[0].args: env 'reverse-text': bad args {'bogus': 1}")
     (error,) = errors_of(manifest(envs=[{"name": "reverse-text", "args": {"max_words": 0}}]))
     assert error == "spec.envs[0].args: reverse-text: max_words must be ≥ 1, got 0"
+
+
+def test_env_errors_are_placed_by_their_type_not_their_message(monkeypatch):
+    class Picky:
+        name = "picky"
+
+        def __init__(self, level: int = 1) -> None:
+            raise ValueError(f"picky: unknown env level {level}")  # says "unknown env", is about args
+
+    monkeypatch.setitem(ENVS, "picky", Picky)
+    assert errors_of(manifest(envs=[{"name": "picky"}])) == ["spec.envs[0].args: picky: unknown env level 1"]

@@ -1,6 +1,6 @@
 import pytest
 from rlrun.orchestrator.sink import TrainSink, grpo_advantages
-from rlrun.orchestrator.types import min_fresh_version
+from rlrun.orchestrator.staleness import min_fresh_version
 
 from .helpers import episode, sample, task
 
@@ -16,7 +16,7 @@ def test_complete_group_is_scored_and_queued_in_member_order():
     sink = TrainSink(group_size=4, batch_size=8, max_off_policy_steps=1)
     rewards = [1.0, 0.5, 0.0, 0.5]
     assert sink.add_episodes(7, task(7), [episode(7, i, r, 0) for i, r in enumerate(rewards[:2])], next_step=1) == []
-    assert 7 in sink.open_groups and sink.open_members == 2
+    assert 7 in sink.open_groups and sink.finished_episodes_kept == 2
     queued = sink.add_episodes(7, task(7), [episode(7, i + 2, r, 0) for i, r in enumerate(rewards[2:])], next_step=1)
     assert [s.advantage for s in queued] == pytest.approx([0.5, 0.0, -0.5, 0.0])
     assert [s.trace.episode_id for s in queued] == ["7/0", "7/1", "7/2", "7/3"]

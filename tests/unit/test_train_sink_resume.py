@@ -6,10 +6,10 @@ import random
 
 import pytest
 from rlrun.envs import ReverseTextEnv
+from rlrun.orchestrator.groups import GroupRequest
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.snapshot import SinkSnapshot, capture, pack, restore_plan, unpack
 from rlrun.orchestrator.source import TrainSource
-from rlrun.orchestrator.types import GroupRequest
 
 from .helpers import episode, sample, task
 
@@ -24,6 +24,23 @@ def test_snapshot_round_trip_is_exact():
     state, tensors = pack(snap)
     back = unpack(state, tensors)
     assert back == snap
+
+
+def test_a_version_1_sink_state_loads_the_same():
+    """Invariant 6: checkpoints written before members were fields (ids parsed once) and requests had ``n``."""
+    snap = SinkSnapshot(
+        pending_batch=[sample(1, 2, 3)],
+        open_groups=[(5, task(5), [episode(5, 3, 0.25, 2)])],
+        emitted_train_groups=[GroupRequest(5, task(5), 2, 4)],
+    )
+    state, tensors = pack(snap)
+    state["version"] = 1
+    for g in state["open_groups"]:
+        for rec in g["episodes"]:
+            rec["episode_id"] = f"{g['group_id']}/{rec.pop('member')}"
+    for r in state["emitted_train_groups"]:
+        r["n"] = r.pop("members")
+    assert unpack(state, tensors) == snap
 
 
 def test_empty_and_old_format_snapshots_restore_nothing():
@@ -64,8 +81,11 @@ def test_resumed_group_scores_only_members_within_max_off_policy_steps():
     [(gid, _, kept)] = plan.open_groups
     assert gid == 7 and [e.episode_id for e in kept] == ["7/1", "7/2"]
     # the missing members come back as one request: same task and group id, numbered after every member dispatched
-    assert plan.resume_requests == [GroupRequest(7, task(7), 2, 4)]
-    assert plan.groups == 1 and plan.episodes_kept == 2
+    assert plan.to_complete == [(7, task(7), 2)]
+    assert plan.requested_groups == 0 and plan.episodes_kept == 2 and plan.members_requested == 2
+    source = TrainSource([(ReverseTextEnv(), 1.0)], seed=0)
+    source.restore(list(snap.taken_members()), plan.to_complete)
+    assert list(source.resume_requests) == [GroupRequest(7, task(7), 2, 4)]
 
     def completed(next_step):
         sink = TrainSink(group_size=4, batch_size=4, max_off_policy_steps=1)
@@ -85,11 +105,12 @@ def test_resumed_group_scores_only_members_within_max_off_policy_steps():
 def test_emitted_groups_and_pending_requests_are_requested_again_before_new_tasks():
     snap = SinkSnapshot([], [], emitted_train_groups=[GroupRequest(12, task(12), 8, 0)])
     pending = [GroupRequest(9, task(9), 3, 5)]
-    plan = restore_plan(snap, pending, next_step=3, max_off_policy_steps=1, group_size=8)
-    assert plan.resume_requests == [GroupRequest(9, task(9), 8, 8), GroupRequest(12, task(12), 8, 8)]
-    source = TrainSource([(ReverseTextEnv(), 1.0)], seed=0, cursor=40)
-    for r in plan.resume_requests:
-        source.add_resume_request(r)
+    source = TrainSource([(ReverseTextEnv(), 1.0)], seed=0)
+    source.load_state({"cursor": 40, "resume_requests": [r.to_dict() for r in pending]})
+    plan = restore_plan(snap, list(source.resume_requests), next_step=3, max_off_policy_steps=1, group_size=8)
+    assert plan.to_complete == [(9, task(9), 8), (12, task(12), 8)] and plan.requested_groups == 2
+    source.restore(list(snap.taken_members()), plan.to_complete)
+    assert list(source.resume_requests) == [GroupRequest(9, task(9), 8, 8), GroupRequest(12, task(12), 8, 8)]
     order = [source.next_group(8).group_id for _ in range(3)]
     assert order == [9, 12, 40]  # resumed groups first, then the next new task
     # pending requests survive a second snapshot
@@ -140,3 +161,40 @@ async def test_snapshot_taken_while_the_loop_mutates_state_is_a_state_that_exist
     finally:
         stop.set()
         await mutator
+
+
+def test_restored_sink_holds_the_fresh_work_and_records_what_aged_out():
+    snap = SinkSnapshot(
+        pending_batch=[sample(1, 0, 1), sample(2, 0, 3)],
+        open_groups=[(7, task(7), [episode(7, 0, 0.9, 1), episode(7, 1, 0.1, 3)])],
+        emitted_train_groups=[GroupRequest(8, task(8), 4, 0)],
+        counters={"groups_scored": 5, "samples_dropped_stale": 2},
+    )
+    recorded = []
+    sink = TrainSink(
+        group_size=4, batch_size=4, max_off_policy_steps=1, record=lambda e, ids, **f: recorded.append((e, ids, f))
+    )
+    plan = restore_plan(snap, [], next_step=4, max_off_policy_steps=1, group_size=4)  # floor 2
+    sink.restore(plan, snap.counters, next_step=4)
+    assert [s.trace.episode_id for s in sink.queue] == ["2/0"]
+    assert [e.episode_id for e in sink.open_groups[7].episodes] == ["7/1"]
+    assert sink.counters.groups_scored == 5 and sink.counters.samples_dropped_stale == 3
+    assert sink.counters.members_left_out_stale == 1
+    assert recorded == [("dropped_stale", ["1/0", "7/0"], {"step": 4, "at": "resume"})]
+    with pytest.raises(RuntimeError, match="empty sink"):
+        sink.restore(plan, {}, next_step=4)
+
+
+def test_snapshot_counts_name_open_and_requested_groups_apart():
+    snap = SinkSnapshot(
+        pending_batch=[sample(1, 0, 3), sample(1, 1, 3)],
+        open_groups=[(7, task(7), [episode(7, 0, 0.9, 3), episode(7, 1, 0.1, 3)])],
+        emitted_train_groups=[GroupRequest(7, task(7), 2, 2), GroupRequest(8, task(8), 4, 0)],
+    )
+    counts = snap.counts(pending_requests=[GroupRequest(9, task(9), 4, 4)])
+    assert counts.model_dump() == {
+        "queued_traces": 2,
+        "open_groups": 1,  # group 7: two finished, two out
+        "requested_groups": 2,  # group 8 in flight, group 9 waiting in the source: nothing finished
+        "finished_episodes_kept": 2,
+    }

@@ -8,24 +8,26 @@
   ``input_ids[:, 1:]``: ``loss_mask [B, T-1]`` bool (True on completion tokens),
   ``old_logprobs [B, T-1]`` float32 (the sampling policy's logprobs, 0 off the mask);
   ``advantages [B]`` float32;
-- ``meta.json``: step, the orchestrator's attempt number, sample count, rewards and each
-  sample's trace.
+- ``meta.json`` (:func:`rlrun.rundir.write_meta`): step, the orchestrator's attempt number,
+  sample count, rewards and each sample's trace (:meth:`QueuedTrace.to_dict`).
+
+The sample records come from :mod:`rlrun.samples`, which the orchestrator and the trainer
+both import.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlrun.orchestrator.types import TrainingSample
-from rlrun.rundir import publish_dir
+from rlrun.rundir import META_FILE, publish_dir, write_meta
+from rlrun.samples import TrainingSample
 
 SAMPLES_FILE = "samples.safetensors"
-META_FILE = "meta.json"
 
 
 @dataclass
@@ -78,17 +80,12 @@ def collate(samples: list[TrainingSample], pad_id: int) -> dict[str, torch.Tenso
 def write_batch(path: Path, step: int, samples: list[TrainingSample], pad_id: int, attempt: int = 0) -> Path:
     """Publish ``samples`` as batch ``step`` of attempt ``attempt`` at ``path`` (atomic directory rename)."""
     tensors = collate(samples, pad_id)
-    meta = {
-        "step": step,
-        "attempt": attempt,
-        "num_samples": len(samples),
-        "rewards": [s.reward for s in samples],
-        "traces": [asdict(s.trace) for s in samples],
-    }
+    rewards = [s.reward for s in samples]
+    traces = [s.trace.to_dict() for s in samples]
 
     def fill(tmp: Path) -> None:
         save_file(tensors, str(tmp / SAMPLES_FILE))
-        (tmp / META_FILE).write_text(json.dumps(meta))
+        write_meta(tmp, step, attempt, num_samples=len(samples), rewards=rewards, traces=traces)
 
     return publish_dir(path, fill)
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import typer
 
-from rlrun.spec import ManifestError, RLRun, load_manifest
+from rlrun.api.spec import RLRun
+from rlrun.manifest import ManifestError, load_manifest
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Preemption-safe asynchronous RL for LLMs.")
 model_app = typer.Typer(no_args_is_help=True, help="Build and inspect policy models.")
@@ -153,7 +154,7 @@ def orchestrator(
         control_token=token,
     )
     asyncio.run(orch.run())
-    if orch.pause_error is not None:
+    if orch.termination.error is not None:  # SIGTERM came and the snapshot could not be written
         raise typer.Exit(1)
 
 
@@ -180,7 +181,7 @@ def crd(
     stdout: bool = typer.Option(False, "--stdout", help="Print the CRD instead of writing files."),
 ) -> None:
     """Generate the RLRun CRD from the spec into crds/ and the Helm chart's crds/."""
-    from rlrun.crd import CHART_CRD_FILE, CRD_FILE, render_crd, write_crds
+    from rlrun.api.crd import CHART_CRD_FILE, CRD_FILE, render_crd, write_crds
 
     if stdout:
         typer.echo(render_crd(), nl=False)

@@ -2,12 +2,9 @@
 
 Each process of each attempt appends JSON lines to its own file,
 ``<run_dir>/ledger/attempt-<K>.<role>.jsonl`` (role ``orchestrator`` or ``trainer``), so
-no two writers share a file. Orchestrator events: ``dispatched`` (group, members,
-policy version), ``finished`` (episode, reward), ``queued``, ``rejected`` (with the
-reason), ``dropped_stale``, ``cancelled`` (in-flight group), ``snapshot`` (checkpoint
-step and its id), ``resumed`` (from which attempt's snapshot, with what it restored),
-``leftover`` (queued or open when the run ended). Trainer event: ``trained`` (step,
-episode ids).
+no two writers share a file. The events are :class:`LedgerEvent` values: the orchestrator
+writes what was dispatched, finished, queued, rejected, dropped stale, cancelled,
+shipped, checkpointed, resumed and left over; the trainer what it trained.
 
 Rollback: an attempt resumes from a snapshot of an earlier attempt; that attempt's
 orchestrator events after the snapshot are rolled back (their episodes are regenerated),
@@ -25,8 +22,41 @@ import re
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
+
+
+class LedgerEvent(str, Enum):
+    """The ``"e"`` of a ledger line, and the fields each event carries."""
+
+    #: group, task, env, first_member, members, v (policy version at dispatch)
+    DISPATCHED = "dispatched"
+    #: id (episode), reward, v
+    FINISHED = "finished"
+    #: ids, group — scored and queued for a batch
+    QUEUED = "queued"
+    #: ids, group, reason (``zero_advantage`` or ``too_few_fresh_members``)
+    REJECTED = "rejected"
+    #: ids, and step (queue sweep), group (left out of scoring) or at (``cancel``, ``resume``)
+    DROPPED_STALE = "dropped_stale"
+    #: group, first_member, members — an in-flight request that could no longer train
+    CANCELLED = "cancelled"
+    #: step, ids — a batch published for the trainer
+    SHIPPED = "shipped"
+    #: step, reason, ledger_line — the orchestrator part of checkpoint ``step`` (its sink snapshot)
+    #: refers to this file up to ``ledger_line``
+    CHECKPOINT = "checkpoint"
+    #: from_attempt, snapshot_line, step, and the resume report's counts — events of ``from_attempt``
+    #: after ``snapshot_line`` are rolled back (line −1: the whole attempt, a start-over)
+    RESUMED = "resumed"
+    #: group, members, first_member — members of a restored group requested again
+    REDISPATCH_REQUESTED = "redispatch_requested"
+    #: ids — still queued or in open groups when the run ended
+    LEFTOVER = "leftover"
+    #: step, ids — the trainer trained batch ``step`` (trainer ledger)
+    TRAINED = "trained"
+
 
 _FILE_RE = re.compile(r"^attempt-(\d+)\.(orchestrator|trainer)\.jsonl$")
 
@@ -42,6 +72,8 @@ class Ledger:
 
     def __init__(self, root: Path, attempt: int, role: str) -> None:
         root.mkdir(parents=True, exist_ok=True)
+        self.attempt = attempt
+        self.role = role
         self.path = root / f"attempt-{attempt}.{role}.jsonl"
         self.lines = 0
         if self.path.exists():
@@ -49,14 +81,22 @@ class Ledger:
                 self.lines = sum(1 for _ in fh)
         self._fh = open(self.path, "a", buffering=1)  # noqa: SIM115 - open for the process lifetime
 
-    def write(self, event: str, **fields: Any) -> int:
+    def write(self, event: LedgerEvent, **fields: Any) -> int:
         """Append one event; returns its line number (0-based) in this file."""
-        self._fh.write(json.dumps({"e": event, "t": round(time.time(), 3), **fields}) + "\n")
+        self._fh.write(json.dumps({"e": event.value, "t": round(time.time(), 3), **fields}) + "\n")
         self.lines += 1
         return self.lines - 1
 
+    def record(self, event: LedgerEvent, ids: list[str], **fields: Any) -> int:
+        """Append an event about episodes ``ids`` (the sink's ``record`` callback)."""
+        return self.write(event, ids=ids, **fields)
+
+    def flush(self) -> None:
+        """Hand buffered lines to the OS (cheap; not durable against a machine crash)."""
+        self._fh.flush()
+
     def sync(self) -> None:
-        """fsync the file (called before a snapshot that refers to a line of it is written)."""
+        """Flush and fsync the file (before a snapshot that refers to a line of it is written)."""
         self._fh.flush()
         os.fsync(self._fh.fileno())
 
@@ -115,6 +155,10 @@ class LedgerReport:
         return {**self.__dict__, "ok": self.ok}
 
 
+#: Final fates an orchestrator event gives its episodes (training is the trainer's).
+_FATES = (LedgerEvent.REJECTED.value, LedgerEvent.DROPPED_STALE.value, LedgerEvent.LEFTOVER.value)
+
+
 def check_ledger(root: Path) -> LedgerReport:
     """Prove invariant 1 on a finished run from its ledger.
 
@@ -135,7 +179,7 @@ def check_ledger(root: Path) -> LedgerReport:
     restored_step: dict[int, int] = {}
     for a in attempts:
         for ev in orch[a]:
-            if ev["e"] == "resumed" and ev.get("from_attempt") is not None:
+            if ev["e"] == LedgerEvent.RESUMED and ev.get("from_attempt") is not None:
                 src = ev["from_attempt"]
                 line = ev.get("snapshot_line")
                 if src in cutoff and line is not None:
@@ -147,12 +191,12 @@ def check_ledger(root: Path) -> LedgerReport:
     for a in attempts:
         for ev in orch[a]:
             live = ev["_line"] < cutoff[a]
-            if ev["e"] == "finished":
+            if ev["e"] == LedgerEvent.FINISHED:
                 if live:
                     finished.add(ev["id"])
                 else:
                     report.rolled_back += 1
-            elif live and ev["e"] in ("rejected", "dropped_stale", "leftover"):
+            elif live and ev["e"] in _FATES:
                 for eid in ev["ids"]:
                     fates[eid].append(ev["e"])
     # final training history: for each step, the last attempt that trained it (later attempts restart
@@ -160,13 +204,13 @@ def check_ledger(root: Path) -> LedgerReport:
     by_step: dict[int, tuple[int, list[str]]] = {}
     for a in attempts:
         for ev in ledger.get((a, "trainer"), []):
-            if ev["e"] == "trained":
+            if ev["e"] == LedgerEvent.TRAINED:
                 prev = by_step.get(ev["step"])
                 if prev is None or a >= prev[0]:
                     by_step[ev["step"]] = (a, ev["ids"])
     for step, (_, ids) in by_step.items():
         for eid in ids:
-            fates[eid].append(f"trained@{step}")
+            fates[eid].append(f"{LedgerEvent.TRAINED.value}@{step}")
     report.steps = len(by_step)
     missing_steps = [s for s in range(1, max(by_step, default=0) + 1) if s not in by_step]
     if missing_steps:
@@ -181,12 +225,12 @@ def check_ledger(root: Path) -> LedgerReport:
         else:
             counts[f[0].split("@")[0]] += 1
     for eid, f in fates.items():
-        if eid not in finished and any(x.startswith("trained") for x in f):
+        if eid not in finished and any(x.startswith(LedgerEvent.TRAINED.value) for x in f):
             report.problems.append(f"episode {eid} was trained but its finish was rolled back or never recorded")
     report.finished = len(finished)
-    report.trained = counts["trained"]
-    report.rejected = counts["rejected"]
-    report.dropped_stale = counts["dropped_stale"]
-    report.leftover = counts["leftover"]
+    report.trained = counts[LedgerEvent.TRAINED.value]
+    report.rejected = counts[LedgerEvent.REJECTED.value]
+    report.dropped_stale = counts[LedgerEvent.DROPPED_STALE.value]
+    report.leftover = counts[LedgerEvent.LEFTOVER.value]
     report.problems = report.problems[:50]
     return report

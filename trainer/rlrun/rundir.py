@@ -13,11 +13,15 @@ Layout (see ARCHITECTURE.md)::
 
 Every directory above that another process reads is published by renaming a fully
 written, fsynced temporary directory into place (:func:`publish_dir`), so a reader
-sees either nothing or the whole thing.
+sees either nothing or the whole thing. Each published step directory (a batch, a
+broadcast, a trainer part) holds ``meta.json`` with at least its ``step`` and the
+``attempt`` that wrote it (:func:`write_meta`, :func:`read_attempt`): a resumed attempt
+uses only what it wrote itself or what it resumed from.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -25,7 +29,10 @@ import signal
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+#: The file of a published step directory that says which step and attempt wrote it.
+META_FILE = "meta.json"
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
@@ -114,6 +121,24 @@ def publish_dir(final: str | os.PathLike, fill: Callable[[Path], None]) -> Path:
         raise
     fsync_dir(final.parent)
     return final
+
+
+def write_meta(directory: Path, step: int, attempt: int, **fields: Any) -> None:
+    """Write ``directory/meta.json``: ``{"step", "attempt", **fields}`` (call inside a :func:`publish_dir` fill)."""
+    (directory / META_FILE).write_text(json.dumps({"step": step, "attempt": attempt, **fields}))
+
+
+def read_attempt(directory: Path) -> int | None:
+    """The attempt recorded in a published directory's ``meta.json``; None when missing or unreadable."""
+    try:
+        return int(json.loads((directory / META_FILE).read_text())["attempt"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def written_by(directory: Path, attempt: int) -> bool:
+    """Whether ``attempt`` wrote the published ``directory``; every directory counts for attempt 0 (unnumbered)."""
+    return attempt == 0 or read_attempt(directory) == attempt
 
 
 def step_dirs(parent: Path) -> dict[int, Path]:

@@ -23,9 +23,9 @@ reach it; ``KopfThread`` runs a kopf operator against it in a thread of its own.
 
 Modules, one job each: ``resources`` (what is served), ``errors`` (``Status`` answers),
 ``request_log`` (requests in RBAC terms), ``selectors``, ``patches``, ``schema`` (defaults,
-pruning, validation), ``admission`` (server-set fields of a write), ``tables`` (server-side
-printing), ``discovery``, ``watches``, ``store`` (the write semantics), ``emulator`` (HTTP),
-``server``, ``kopf_thread``.
+pruning, validation; OpenAPI → JSON Schema is ``tests/support/crd_validation``'s), ``admission``
+(server-set fields of a write), ``tables`` (server-side printing), ``discovery``, ``watches``,
+``store`` (the write semantics), ``emulator`` (HTTP), ``server``, ``kopf_thread``.
 """
 
 from .discovery import SERVER_VERSION
@@ -35,7 +35,7 @@ from .kopf_thread import KopfThread
 from .patches import PatchError, json_patch, merge_patch
 from .request_log import KubeRequest
 from .resources import BUILTIN_RESOURCES, RESOURCE_VERBS, ResourceSpec, crd_resources, load_crds
-from .schema import apply_schema, to_json_schema
+from .schema import apply_schema
 from .selectors import field_matcher, label_matcher
 from .server import KubeServer
 from .tables import table
@@ -59,5 +59,4 @@ __all__ = [
     "load_crds",
     "merge_patch",
     "table",
-    "to_json_schema",
 ]

@@ -117,7 +117,7 @@ class KubeEmulator(KubeStore):
             return await self._serve(request)
 
     def _log(self, raw: aiohttp.web.BaseRequest, target: Target | None, verb: str, status: int) -> None:
-        self.request_log.append(KubeRequest.of(raw.path, target, verb, status))
+        self.request_log.append(KubeRequest.of(raw.path, target, verb, status, tuple(raw.query.items())))
 
     async def _serve(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         raw = request._raw_request

@@ -28,6 +28,7 @@ class KubeRequest:
         resource: the plural; None for non-resource URLs.
         status: the HTTP status (for a watch: 200 once it started streaming).
         path: the URL path (for non-resource URLs, what RBAC's ``nonResourceURLs`` name).
+        query: the query parameters, in order (``gracePeriodSeconds``, ``dryRun``, selectors…); see :meth:`param`.
     """
 
     verb: str
@@ -39,6 +40,11 @@ class KubeRequest:
     name: str | None
     status: int
     path: str
+    query: tuple[tuple[str, str], ...] = ()
+
+    def param(self, name: str) -> str | None:
+        """The query parameter ``name`` (its last value), or None when the request had none."""
+        return next((value for key, value in reversed(self.query) if key == name), None)
 
     @property
     def rbac(self) -> tuple[str, str, str] | None:
@@ -49,10 +55,12 @@ class KubeRequest:
         return self.group, resource, self.verb
 
     @classmethod
-    def of(cls, path: str, target: Target | None, verb: str, status: int) -> KubeRequest:
-        """The entry for a request to ``path`` (``target`` None: a non-resource URL)."""
+    def of(
+        cls, path: str, target: Target | None, verb: str, status: int, query: tuple[tuple[str, str], ...] = ()
+    ) -> KubeRequest:
+        """The entry for a request to ``path`` (``target`` None: a non-resource URL) with ``query`` parameters."""
         if target is None:
-            return cls(verb, None, None, None, None, None, None, status, path)
+            return cls(verb, None, None, None, None, None, None, status, path, query)
         return cls(
             verb,
             target.group,
@@ -63,6 +71,7 @@ class KubeRequest:
             target.name,
             status,
             path,
+            query,
         )
 
 

@@ -11,40 +11,12 @@ import copy
 import json
 from typing import Any
 
+from ..crd_validation import to_json_schema
 from .errors import ApiError
 from .resources import ResourceSpec
 
 
-# Not rlrun.crd.to_json_schema: that one rejects unknown fields and lets null into nullable enums (an offline check);
-# the API server prunes unknown fields first (apply_schema) and rejects a null its enum lacks, as this one does.
-def to_json_schema(schema: Any) -> Any:
-    """An OpenAPI v3 (CRD) schema as JSON Schema: ``nullable`` adds ``null``; int-or-string becomes ``anyOf``."""
-    if isinstance(schema, list):
-        return [to_json_schema(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: to_json_schema(v) if k in _SCHEMA_NESTING else v for k, v in schema.items()}
-    if "properties" in schema:
-        out["properties"] = {k: to_json_schema(v) for k, v in schema["properties"].items()}
-    if schema.get("x-kubernetes-int-or-string") and "type" not in schema:
-        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-    if schema.get("nullable") and "type" in schema:
-        out["type"] = [schema["type"], "null"]
-    for bound in ("Minimum", "Maximum"):  # OpenAPI 3.0's boolean exclusive bounds are numbers in JSON Schema
-        if isinstance(schema.get(f"exclusive{bound}"), bool):
-            limit = out.pop(bound.lower(), None)
-            out.pop(f"exclusive{bound}")
-            if schema[f"exclusive{bound}"] and limit is not None:
-                out[f"exclusive{bound}"] = limit
-            elif limit is not None:
-                out[bound.lower()] = limit
-    return out
-
-
-_SCHEMA_NESTING = ("items", "additionalProperties", "allOf", "anyOf", "oneOf", "not")
-
-
-# Not rlrun.crd.apply_defaults: that fills in defaults on a copy; a write also prunes, in place, reporting what went.
+# Not crd_validation.apply_defaults: that fills in defaults on a copy; a write also prunes, in place, reporting what went.
 def apply_schema(obj: Any, schema: dict[str, Any], path: str = "", unknown: list[str] | None = None) -> Any:
     """Apply a CRD schema's ``default``s and prune unknown fields in place, as the API server does on writes.
 
@@ -77,10 +49,16 @@ def apply_schema(obj: Any, schema: dict[str, Any], path: str = "", unknown: list
 
 
 def validator(schema: dict[str, Any]) -> Any:
-    """A ``jsonschema`` validator of objects against a CRD's schema (build once per resource: compiling is slow)."""
+    """A ``jsonschema`` validator of objects against a CRD's schema (build once per resource: compiling is slow).
+
+    As the API server validates a write: after :func:`apply_schema` pruned unknown fields, and a
+    null passes a nullable enum only when the enum lists it.
+    """
     import jsonschema
 
-    return jsonschema.Draft202012Validator(to_json_schema(schema))
+    return jsonschema.Draft202012Validator(
+        to_json_schema(schema, reject_unknown_fields=False, null_in_nullable_enums=False)
+    )
 
 
 def admit(spec: ResourceSpec, obj: dict[str, Any], field_validation: str, validate: Any) -> list[str]:

@@ -29,11 +29,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from rlrun.api.control import PauseResult, ResumeReport, StatusReport
+from rlrun.api.spec import RLRun
 from rlrun.launcher.processes import Child, ChildDied, free_port, wait_http_ok
 from rlrun.ledger import check_ledger
 from rlrun.model.resolve import resolve_model
 from rlrun.rundir import RunDir, step_dirs
-from rlrun.spec import RLRun
 
 #: Seconds between the trainer finishing step K and a simulated preemption (see ``_preempt_due``).
 PREEMPT_DELAY_S = 0.3
@@ -112,8 +113,8 @@ class LocalLauncher:
         self.health_timeout_s = health_timeout_s
         self.children: list[Child] = []
         self.preempt_at_step = preempt_at_step
-        self.preemptions: list[dict] = []
-        self.resume_reports: list[dict] = []
+        self.preemptions: list[PauseResult] = []
+        self.resume_reports: list[ResumeReport] = []
         self.control_token = secrets.token_urlsafe(24)
         self.control_url = ""
         self.attempt = 0
@@ -196,6 +197,11 @@ class LocalLauncher:
         return trainer, orch
 
     def _control(self, method: str, path: str, timeout_s: float = 120.0) -> dict:
+        """One request to the orchestrator's control server; the decoded JSON answer.
+
+        Raises:
+            httpx.HTTPError: unreachable, or an error status.
+        """
         headers = {"Authorization": f"Bearer {self.control_token}"}
         resp = httpx.request(method, f"{self.control_url}{path}", headers=headers, timeout=timeout_s)
         resp.raise_for_status()
@@ -219,11 +225,11 @@ class LocalLauncher:
     def _preempt(self, model_path: str) -> tuple[Child, Child]:
         """Simulated preemption: pause through the control server, SIGKILL everything, restart with --resume."""
         console = self.console
-        snap = self._control("POST", "/pause")
+        snap = PauseResult.model_validate(self._control("POST", "/pause"))
         console.print(
-            f"[yellow]preemption after trainer step {self.preempt_at_step}:[/yellow] snapshot of step {snap['step']} with "
-            f"{snap['queued_traces']} queued traces and {snap['open_groups']} open groups "
-            f"({snap['finished_episodes_kept']} finished episodes kept) at {snap['path']}; killing every process"
+            f"[yellow]preemption after trainer step {self.preempt_at_step}:[/yellow] snapshot of step {snap.step} with "
+            f"{snap.queued_traces} queued traces, {snap.open_groups} open groups ({snap.finished_episodes_kept} "
+            f"finished episodes kept) and {snap.requested_groups} requested groups at {snap.path}; killing every process"
         )
         for child in self.children:
             child.kill()
@@ -236,8 +242,8 @@ class LocalLauncher:
                 if child.poll() not in (None, 0):
                     raise ChildDied(child, child.poll())
             try:
-                report = self._control("GET", "/status", timeout_s=5).get("resume")
-                if report:
+                report = StatusReport.model_validate(self._control("GET", "/status", timeout_s=5)).resume
+                if report is not None:
                     break
             except httpx.HTTPError:
                 pass
@@ -246,9 +252,9 @@ class LocalLauncher:
             time.sleep(0.5)
         self.resume_reports.append(report)
         console.print(
-            f"Resuming with {report['queued_traces']} queued traces and {report['open_groups']} open groups "
-            f"({report['finished_episodes_kept']} finished episodes kept); a progress-only checkpoint would have "
-            f"lost {report['progress_only_would_lose']} finished episodes"
+            f"Resuming with {report.queued_traces} queued traces, {report.open_groups} open groups "
+            f"({report.finished_episodes_kept} finished episodes kept) and {report.requested_groups} requested groups; "
+            f"a progress-only checkpoint would have lost {report.progress_only_would_lose} finished episodes"
         )
         return trainer, orch
 

@@ -14,8 +14,8 @@ import logging
 import os
 from pathlib import Path
 
+from rlrun.api.spec import ModelSpec
 from rlrun.model.tiny import TinyModelRecipe, init_tiny_model
-from rlrun.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 

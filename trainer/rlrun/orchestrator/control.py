@@ -2,29 +2,64 @@
 
 | route | auth | what |
 |---|---|---|
-| ``GET /healthz`` | none | 200 while the loop runs (for probes) |
-| ``GET /status`` | bearer | step, policy version, queue sizes, open groups, last snapshot, last resume report |
-| ``POST /pause`` | bearer | stop dispatching and shipping, write the sink snapshot, answer its counts |
-| ``PUT /rollout-endpoints`` | bearer | replace the set of rollout servers (``{"endpoints": [url, …]}``) |
+| ``GET /healthz`` | none | ``{"ok": true}`` while the loop runs (for probes) |
+| ``GET /status`` | bearer | :class:`~rlrun.api.control.StatusReport` |
+| ``POST /pause`` | bearer | stop dispatching and shipping, write the sink snapshot: :class:`~rlrun.api.control.PauseResult` |
+| ``PUT /rollout-endpoints`` | bearer | replace the set of rollout servers: :class:`~rlrun.api.control.EndpointsUpdate` in and out |
 
+The answers are the models of :mod:`rlrun.api.control`, the contract the operator parses.
 Every route but ``/healthz`` needs ``Authorization: Bearer <token>`` and answers 401
-without it. The token comes from ``$RLRUN_CONTROL_TOKEN`` (or ``--control-token-file``).
+without it; a failed pause answers 500 and a malformed body 400, each ``{"error": "…"}``.
+The token comes from ``$RLRUN_CONTROL_TOKEN``.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+from typing import TYPE_CHECKING
 
 from aiohttp import web
+from pydantic import ValidationError
+
+from rlrun.api.control import EndpointsUpdate, StatusReport
+
+if TYPE_CHECKING:
+    from rlrun.orchestrator.loop import Orchestrator
 
 log = logging.getLogger(__name__)
 
 
-class ControlServer:
-    """Serves the routes above for ``orchestrator`` (an :class:`~rlrun.orchestrator.loop.Orchestrator`)."""
+def status_report(orchestrator: Orchestrator) -> StatusReport:
+    """What ``GET /status`` answers, read off the orchestrator's stages."""
+    o, dispatcher, checkpoints = orchestrator, orchestrator.dispatcher, orchestrator.checkpoints
+    return StatusReport(
+        phase=o.phase,
+        attempt=o.attempt,
+        step=o.shipped,
+        policy_version=o.policy_version,
+        max_steps=o.max_steps,
+        last_checkpoint_step=checkpoints.last_step if checkpoints.last_step >= 0 else None,
+        queued_traces=len(o.sink.queue),
+        open_groups=len(o.sink.open_groups),
+        finished_episodes_kept=o.sink.finished_episodes_kept,
+        inflight_samples=dispatcher.inflight_samples if dispatcher else 0,
+        resume_requests=len(o.source.resume_requests),
+        last_checkpoint=checkpoints.last_written,
+        last_pause=o.last_pause,
+        resume=o.resume_report,
+        rollout_endpoints=sorted(dispatcher.clients) if dispatcher else sorted(o.rollout_urls),
+    )
 
-    def __init__(self, orchestrator, host: str, port: int, token: str) -> None:
+
+class ControlServer:
+    """Serves the routes above for ``orchestrator``.
+
+    Raises:
+        ValueError: an empty ``token``.
+    """
+
+    def __init__(self, orchestrator: Orchestrator, host: str, port: int, token: str) -> None:
         if not token:
             raise ValueError("the control server needs a non-empty bearer token")
         self.orchestrator = orchestrator
@@ -47,25 +82,22 @@ class ControlServer:
         return web.json_response({"ok": True})
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.orchestrator.status())
+        return web.json_response(status_report(self.orchestrator).model_dump(mode="json"))
 
     async def _pause(self, request: web.Request) -> web.Response:
         try:
-            return web.json_response(await self.orchestrator.pause())
+            return web.json_response((await self.orchestrator.pause()).model_dump(mode="json"))
         except Exception as exc:
             log.exception("pause failed")
             return web.json_response({"error": f"{type(exc).__name__}: {exc}"}, status=500)
 
     async def _endpoints(self, request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-            endpoints = body["endpoints"]
-            if not isinstance(endpoints, list) or not all(isinstance(e, str) and e for e in endpoints):
-                raise ValueError
-        except (ValueError, KeyError, TypeError):
+            update = EndpointsUpdate.model_validate(await request.json())
+        except (ValueError, ValidationError):
             return web.json_response({"error": 'body must be {"endpoints": ["http://host:port", ...]}'}, status=400)
-        await self.orchestrator.set_endpoints(endpoints)
-        return web.json_response({"endpoints": endpoints})
+        await self.orchestrator.set_endpoints(update.endpoints)
+        return web.json_response(update.model_dump(mode="json"))
 
     async def start(self) -> int:
         """Start listening; returns the bound port (useful with port 0)."""
@@ -87,5 +119,6 @@ class ControlServer:
         return self.port
 
     async def stop(self) -> None:
+        """Stop listening."""
         if self._runner is not None:
             await self._runner.cleanup()

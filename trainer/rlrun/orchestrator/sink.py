@@ -18,10 +18,22 @@ is rejected (counted), so batches hold only samples that teach something.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from rlrun.envs.base import Task
-from rlrun.orchestrator.types import Episode, TrainingSample, min_fresh_version
+from rlrun.ledger import LedgerEvent
+from rlrun.orchestrator.cancellation import GroupCancellation
+from rlrun.orchestrator.staleness import min_fresh_version, split_fresh
+from rlrun.samples import Episode, TrainingSample
+
+if TYPE_CHECKING:
+    from rlrun.api.spec import RLRunSpec
+    from rlrun.orchestrator.snapshot import RestorePlan
+
+#: ``record(event, episode_ids, **fields)``: where the sink reports episode fates (the ledger).
+Record = Callable[..., None]
 
 ZERO_ADVANTAGE = 1e-9
 
@@ -65,13 +77,17 @@ class SinkCounters:
 class TrainSink:
     """Collects episodes into groups, scores them, queues samples and cuts batches.
 
+    The sink alone changes its queue, open groups and counters: episodes come in through
+    :meth:`add_episodes`, batches go out through :meth:`take_batch`, and a cancellation or a
+    resume goes through :meth:`cancel` or :meth:`restore`.
+
     Args:
         group_size: members per group.
         batch_size: samples per batch.
-        max_off_policy_steps: staleness bound (see :func:`min_fresh_version`).
+        max_off_policy_steps: staleness bound (see :func:`~rlrun.orchestrator.staleness.min_fresh_version`).
         std_normalize: divide advantages by the group's reward std.
-        record: optional ``record(event, ids, **fields)`` called for ``queued``, ``rejected`` and
-            ``dropped_stale`` episodes (the ledger).
+        record: ``record(event: LedgerEvent, episode_ids: list[str], **fields) -> None``, called for
+            episodes queued, rejected and dropped stale (the ledger); None records nothing.
     """
 
     def __init__(
@@ -80,7 +96,7 @@ class TrainSink:
         batch_size: int,
         max_off_policy_steps: int,
         std_normalize: bool = False,
-        record=None,
+        record: Record | None = None,
     ) -> None:
         self.group_size = group_size
         self.batch_size = batch_size
@@ -91,6 +107,13 @@ class TrainSink:
         self.counters = SinkCounters()
         self._recent_rewards: list[float] = []
         self._record = record or (lambda event, ids, **fields: None)
+
+    @classmethod
+    def for_spec(cls, spec: RLRunSpec, record: Record | None = None) -> TrainSink:
+        """The sink of a run: group and batch sizes, staleness bound and advantage settings from ``spec``."""
+        return cls(
+            spec.group_size, spec.batch_size, spec.max_off_policy_steps, spec.loss.std_normalize_advantages, record
+        )
 
     def min_fresh(self, step: int) -> int:
         """``min_fresh_version(step, max_off_policy_steps)``."""
@@ -115,32 +138,25 @@ class TrainSink:
     def _score(self, group: OpenGroup, next_step: int) -> list[TrainingSample]:
         self.counters.groups_scored += 1
         self._recent_rewards.extend(e.reward for e in group.episodes)
-        floor = self.min_fresh(next_step)
-        fresh = [e for e in group.episodes if e.policy_version >= floor]
-        stale = [e for e in group.episodes if e.policy_version < floor]
-        if stale:
-            self.counters.members_left_out_stale += len(stale)
-            self._record("dropped_stale", [e.episode_id for e in stale], group=group.group_id)
+        fresh = self._keep_fresh(group, self.min_fresh(next_step))
         advantages = grpo_advantages([e.reward for e in fresh], self.std_normalize)
         if len(fresh) < 2 or all(abs(a) < ZERO_ADVANTAGE for a in advantages):
             self.counters.groups_rejected += 1
             reason = "too_few_fresh_members" if len(fresh) < 2 else "zero_advantage"
-            self._record("rejected", [e.episode_id for e in fresh], group=group.group_id, reason=reason)
+            self._record(LedgerEvent.REJECTED, [e.episode_id for e in fresh], group=group.group_id, reason=reason)
             return []
         samples = [TrainingSample.from_episode(e, a) for e, a in zip(fresh, advantages, strict=True)]
         self.queue.extend(samples)
         self.counters.samples_queued += len(samples)
-        self._record("queued", [s.trace.episode_id for s in samples], group=group.group_id)
+        self._record(LedgerEvent.QUEUED, [s.trace.episode_id for s in samples], group=group.group_id)
         return samples
 
     def sweep(self, step: int) -> list[TrainingSample]:
         """Drop queued samples too old to train in batch ``step``; returns them."""
-        floor = self.min_fresh(step)
-        stale = [s for s in self.queue if s.trace.policy_version < floor]
+        self.queue, stale = split_fresh(self.queue, self.min_fresh(step))
         if stale:
-            self.queue = [s for s in self.queue if s.trace.policy_version >= floor]
             self.counters.samples_dropped_stale += len(stale)
-            self._record("dropped_stale", [s.trace.episode_id for s in stale], step=step)
+            self._record(LedgerEvent.DROPPED_STALE, [s.trace.episode_id for s in stale], step=step)
         return stale
 
     def take_batch(self, step: int) -> list[TrainingSample] | None:
@@ -153,7 +169,7 @@ class TrainSink:
         self.sweep(step)
         if len(self.queue) < self.batch_size:
             return None
-        ordered = sorted(self.queue, key=lambda s: s.trace.policy_version)
+        ordered = sorted(self.queue, key=lambda s: s.policy_version)
         batch, self.queue = ordered[: self.batch_size], ordered[self.batch_size :]
         self.counters.samples_shipped += len(batch)
         return batch
@@ -164,6 +180,61 @@ class TrainSink:
         return out
 
     @property
-    def open_members(self) -> int:
+    def finished_episodes_kept(self) -> int:
         """Finished episodes waiting in open groups."""
         return sum(len(g.episodes) for g in self.open_groups.values())
+
+    def _keep_fresh(self, group: OpenGroup, floor: int, **fields: Any) -> list[Episode]:
+        """Drop the group's members older than ``floor`` (recorded and counted); returns the fresh ones."""
+        fresh, stale = split_fresh(group.episodes, floor)
+        if stale:
+            self.counters.members_left_out_stale += len(stale)
+            self._record(LedgerEvent.DROPPED_STALE, [e.episode_id for e in stale], group=group.group_id, **fields)
+        group.episodes = fresh
+        return fresh
+
+    def cancel(self, cancellation: GroupCancellation) -> bool:
+        """A request of a group was cancelled: finish or abandon the group, never orphan it.
+
+        The group's finished members older than ``cancellation.min_fresh_version`` are dropped
+        (they could not train either). Returns True when the group goes on — fresh members
+        remain or other requests of it are out — and the cancelled members must be requested
+        again (same task and group id); otherwise the group is abandoned and False returned.
+        Without this, a half-finished group would wait forever for members that were
+        cancelled, and hold flow-control budget.
+        """
+        group_id = cancellation.request.group_id
+        group = self.open_groups.get(group_id)
+        fresh = self._keep_fresh(group, cancellation.min_fresh_version, at="cancel") if group is not None else []
+        if fresh or cancellation.others_out:
+            return True
+        self.open_groups.pop(group_id, None)
+        return False
+
+    def restore(self, plan: RestorePlan, counters: dict[str, int], next_step: int) -> None:
+        """Put back what a resume keeps of a sink snapshot (an empty sink only).
+
+        Args:
+            plan: :func:`~rlrun.orchestrator.snapshot.restore_plan` of the snapshot.
+            counters: the snapshot's :class:`SinkCounters` as a dict (empty for older checkpoints).
+            next_step: the next batch to ship (recorded with the samples and members dropped stale).
+
+        Raises:
+            RuntimeError: the sink already holds work.
+        """
+        if self.queue or self.open_groups:
+            raise RuntimeError("TrainSink.restore needs an empty sink")
+        if counters:
+            self.counters = SinkCounters(**counters)
+        self.queue = list(plan.queue)
+        self.open_groups = {g: OpenGroup(g, task, list(eps)) for g, task, eps in plan.open_groups}
+        self.counters.samples_dropped_stale += len(plan.dropped_samples)
+        self.counters.members_left_out_stale += len(plan.dropped_episodes)
+        dropped = [s.trace.episode_id for s in plan.dropped_samples] + [e.episode_id for e in plan.dropped_episodes]
+        if dropped:
+            self._record(LedgerEvent.DROPPED_STALE, dropped, step=next_step, at="resume")
+
+    def unfinished_episode_ids(self) -> list[str]:
+        """Episode ids still queued or waiting in open groups (left over when the run ends)."""
+        ids = [s.trace.episode_id for s in self.queue]
+        return ids + [e.episode_id for g in self.open_groups.values() for e in g.episodes]

@@ -4,8 +4,8 @@ Saved (in ``progress.pt``, beside progress and the train-source state):
 
 - ``pending_batch``: queued :class:`TrainingSample`s with their :class:`QueuedTrace`;
 - ``open_groups``: every open train group's env, task, group id and finished episodes;
-- ``emitted_train_groups``: groups dispatched whose results have not reached the sink
-  (in flight, or waiting in the results queue);
+- ``emitted_train_groups``: group requests dispatched whose results have not reached the
+  sink (in flight, or waiting in the results queue);
 - the train source's pending resume requests (in the source state).
 
 Not saved: in-flight rollouts and unconsumed results — they are regenerated with
@@ -16,21 +16,31 @@ Guarantee: :func:`capture` runs on the event loop with no ``await`` inside, so t
 snapshot is a state that existed; it only copies references to immutable records
 (``O(queue)`` pointer copies), and :func:`pack` — the costly part — runs in a thread.
 :func:`restore_plan` applies the staleness rule of the resumed step to everything
-restored, so invariant 2 holds across a resume.
+restored, so invariant 2 holds across a resume, and lists every saved group to be
+completed with its same task and group id (invariant 3).
 """
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rlrun.api.control import SnapshotCounts
 from rlrun.envs.base import Task
-from rlrun.orchestrator.types import Episode, GroupRequest, QueuedTrace, TrainingSample, min_fresh_version
+from rlrun.orchestrator.groups import GroupRequest
+from rlrun.orchestrator.staleness import min_fresh_version, split_fresh
+from rlrun.samples import Episode, QueuedTrace, TrainingSample
 
-SINK_STATE_VERSION = 1
+if TYPE_CHECKING:
+    from rlrun.orchestrator.dispatcher import Dispatcher
+    from rlrun.orchestrator.sink import TrainSink
+
+#: 2: open-group episodes carry their member number (1: parsed from the episode id).
+SINK_STATE_VERSION = 2
 
 
 @dataclass
@@ -42,9 +52,33 @@ class SinkSnapshot:
     emitted_train_groups: list[GroupRequest]
     counters: dict[str, int] = field(default_factory=dict)
 
+    def taken_members(self) -> Iterator[tuple[int, int]]:
+        """``(group_id, next_member)`` for every saved episode and emitted request: member numbers in use."""
+        for group_id, _, episodes in self.open_groups:
+            for e in episodes:
+                yield group_id, e.member + 1
+        for r in self.emitted_train_groups:
+            yield r.group_id, r.next_member
 
-def capture(sink, dispatcher) -> SinkSnapshot:
-    """Copy the sink's queue and open groups and the dispatcher's emitted groups (call on the loop)."""
+    def counts(self, pending_requests: list[GroupRequest]) -> SnapshotCounts:
+        """The contract's counts of this snapshot; ``pending_requests`` are the source's resume requests."""
+        open_ids = {g for g, _, _ in self.open_groups}
+        requested = {r.group_id for r in [*self.emitted_train_groups, *pending_requests]} - open_ids
+        return SnapshotCounts(
+            queued_traces=len(self.pending_batch),
+            open_groups=len(open_ids),
+            requested_groups=len(requested),
+            finished_episodes_kept=sum(len(eps) for _, _, eps in self.open_groups),
+        )
+
+
+def capture(sink: TrainSink, dispatcher: Dispatcher | None) -> SinkSnapshot:
+    """Copy the sink's queue and open groups and the dispatcher's emitted requests (call on the loop).
+
+    Args:
+        sink: the :class:`~rlrun.orchestrator.sink.TrainSink`.
+        dispatcher: the :class:`~rlrun.orchestrator.dispatcher.Dispatcher`, or None before it exists.
+    """
     return SinkSnapshot(
         pending_batch=list(sink.queue),
         open_groups=[(g.group_id, g.task, list(g.episodes)) for g in sink.open_groups.values()],
@@ -103,7 +137,7 @@ def pack(snap: SinkSnapshot) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         cols["reward"].append(s.reward)
         cols["policy_version"].append(t.policy_version)
         cols["group_id"].append(t.group_id)
-        cols["member"].append(int(t.episode_id.rsplit("/", 1)[1]))
+        cols["member"].append(t.member)
         cols["env"].append(envs.setdefault(t.env, len(envs)))
     pending = {"count": len(snap.pending_batch), "envs": list(envs)}
     groups = []
@@ -114,7 +148,7 @@ def pack(snap: SinkSnapshot) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
             eps.append(
                 {
                     "row": i,
-                    "episode_id": e.episode_id,
+                    "member": e.member,
                     "policy_version": e.policy_version,
                     "reward": e.reward,
                     "finish_reason": e.finish_reason,
@@ -158,7 +192,7 @@ def unpack(state: dict[str, Any] | None, tensors: dict[str, torch.Tensor]) -> Si
     for i in range(pb["count"]):
         p, c, lp = row(i)
         g = cols["group_id"][i]
-        trace = QueuedTrace(pb["envs"][cols["env"][i]], cols["policy_version"][i], g, f"{g}/{cols['member'][i]}")
+        trace = QueuedTrace(pb["envs"][cols["env"][i]], cols["policy_version"][i], g, cols["member"][i])
         pending.append(TrainingSample(p, c, lp, cols["advantage"][i], cols["reward"][i], trace))
     groups = []
     for g in state["open_groups"]:
@@ -166,10 +200,12 @@ def unpack(state: dict[str, Any] | None, tensors: dict[str, torch.Tensor]) -> Si
         eps = []
         for rec in g["episodes"]:
             p, c, lp = row(rec["row"])
+            # version 1 wrote the episode id "<group>/<member>" instead of the member
+            member = rec["member"] if "member" in rec else int(rec["episode_id"].rsplit("/", 1)[1])
             eps.append(
                 Episode(
-                    rec["episode_id"],
                     g["group_id"],
+                    member,
                     task,
                     p,
                     c,
@@ -203,26 +239,35 @@ class RestorePlan:
 
     Attributes:
         queue: samples to put back into ``pending_batch`` (fresh ones only).
-        open_groups: ``(group_id, task, kept episodes)`` with at least one kept episode.
-        resume_requests: the missing members of every restored group, by group id.
+        open_groups: ``(group_id, task, kept episodes)`` of the groups with at least one fresh
+            finished episode, by group id.
+        to_complete: ``(group_id, task, missing members)`` of every saved group (open, emitted or
+            waiting for a resume request), by group id: each is requested again for
+            ``group_size − kept`` members before any new task.
         dropped_samples / dropped_episodes: queued samples and finished group members
             too old for the resumed step (counted, not trained).
     """
 
     queue: list[TrainingSample]
     open_groups: list[tuple[int, Task, list[Episode]]]
-    resume_requests: list[GroupRequest]
+    to_complete: list[tuple[int, Task, int]]
     dropped_samples: list[TrainingSample]
     dropped_episodes: list[Episode]
 
     @property
-    def groups(self) -> int:
-        """Groups being resumed (open or to be re-requested)."""
-        return len({r.group_id for r in self.resume_requests} | {g for g, _, _ in self.open_groups})
+    def episodes_kept(self) -> int:
+        """Finished episodes put back into open groups."""
+        return sum(len(eps) for _, _, eps in self.open_groups)
 
     @property
-    def episodes_kept(self) -> int:
-        return sum(len(eps) for _, _, eps in self.open_groups)
+    def requested_groups(self) -> int:
+        """Groups to complete that keep no finished episode (requested again whole)."""
+        return len(self.to_complete) - len(self.open_groups)
+
+    @property
+    def members_requested(self) -> int:
+        """Members requested again over all groups to complete."""
+        return sum(missing for _, _, missing in self.to_complete)
 
 
 def restore_plan(
@@ -232,33 +277,23 @@ def restore_plan(
     max_off_policy_steps: int,
     group_size: int,
 ) -> RestorePlan:
-    """Apply ``min_fresh_version(next_step)`` to a snapshot and work out the missing members.
+    """Apply ``min_fresh_version(next_step)`` to a snapshot and work out every group's missing members.
 
-    Every group that was open, emitted, or waiting for a resume request becomes one
-    resume request for ``group_size − kept`` members (same task and group id), numbered
-    after every member dispatched before. Requests come out ordered by group id.
+    Every group that was open, emitted, or waiting for a resume request (``pending_requests``,
+    from the train-source state) is completed to ``group_size`` with one request for the
+    members it lacks; member numbering is the train source's (:meth:`TrainSource.request_again`).
     """
     floor = min_fresh_version(next_step, max_off_policy_steps)
-    queue = [s for s in snap.pending_batch if s.trace.policy_version >= floor]
-    dropped_samples = [s for s in snap.pending_batch if s.trace.policy_version < floor]
+    queue, dropped_samples = split_fresh(snap.pending_batch, floor)
     tasks: dict[int, Task] = {}
     kept: dict[int, list[Episode]] = {}
-    next_member: dict[int, int] = {}
     dropped_episodes: list[Episode] = []
     for group_id, task, episodes in snap.open_groups:
         tasks[group_id] = task
-        fresh = [e for e in episodes if e.policy_version >= floor]
-        dropped_episodes += [e for e in episodes if e.policy_version < floor]
-        kept[group_id] = fresh
-        members = [int(e.episode_id.rsplit("/", 1)[1]) for e in episodes]
-        next_member[group_id] = max([next_member.get(group_id, 0), *(m + 1 for m in members)])
+        kept[group_id], stale = split_fresh(episodes, floor)
+        dropped_episodes += stale
     for req in [*snap.emitted_train_groups, *pending_requests]:
         tasks.setdefault(req.group_id, req.task)
-        next_member[req.group_id] = max(next_member.get(req.group_id, 0), req.next_member)
-    requests = []
-    for group_id in sorted(tasks):
-        missing = group_size - len(kept.get(group_id, []))
-        if missing > 0:
-            requests.append(GroupRequest(group_id, tasks[group_id], missing, next_member[group_id]))
+    to_complete = [(g, tasks[g], group_size - len(kept.get(g, []))) for g in sorted(tasks)]
     open_groups = [(g, tasks[g], eps) for g, eps in sorted(kept.items()) if eps]
-    return RestorePlan(queue, open_groups, requests, dropped_samples, dropped_episodes)
+    return RestorePlan(queue, open_groups, [c for c in to_complete if c[2] > 0], dropped_samples, dropped_episodes)

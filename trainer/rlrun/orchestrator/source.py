@@ -1,4 +1,4 @@
-"""TrainSource: which task comes next.
+"""TrainSource: which task comes next, and the member numbers of every group.
 
 Task number ``i`` of a run is a pure function of ``(seed, i)``: its env is drawn
 with the envs' weights from an RNG seeded by ``(seed, i)``, and the env makes task
@@ -7,10 +7,14 @@ with the envs' weights from an RNG seeded by ``(seed, i)``, and the env makes ta
 uninterrupted run would have drawn next. The group id of a fresh group is its task
 number, unique within the run.
 
-Resume requests — the missing members of groups restored from a sink snapshot,
-same task and same group id — are served **before** any new task (invariant 3), in
-the order they were added, and are part of the saved state until dispatched, so a
-second crash during a resume loses nothing.
+Resume requests — members of a group asked again, same task and same group id, after a
+cancellation or a resume from a sink snapshot — are served **before** any new task
+(invariant 3), in the order they were made, and are part of the saved state until
+dispatched, so a second crash during a resume loses nothing.
+
+Member numbers: the source hands out every request's members, and a group's new members
+are always numbered after every member requested before (in this attempt, or in the
+snapshot it resumed from), so an episode id is never used twice.
 """
 
 from __future__ import annotations
@@ -20,16 +24,19 @@ from collections import deque
 from typing import Any
 
 from rlrun.envs.base import Env, Task
-from rlrun.orchestrator.types import GroupRequest
+from rlrun.orchestrator.groups import GroupRequest
 
 
 class TrainSource:
-    """Seeded task sampling with a cursor.
+    """Seeded task sampling with a cursor; resume requests; member numbering.
 
     Args:
         envs: ``[(env, weight), …]``, weights > 0.
         seed: the run's seed.
         cursor: index of the next task.
+
+    Raises:
+        ValueError: no envs.
     """
 
     def __init__(self, envs: list[tuple[Env, float]], seed: int, cursor: int = 0) -> None:
@@ -40,6 +47,7 @@ class TrainSource:
         self.seed = seed
         self.cursor = cursor
         self.resume_requests: deque[GroupRequest] = deque()
+        self._next_member: dict[int, int] = {}  # groups with members out → first unused member number
 
     def task_at(self, index: int) -> Task:
         """Task number ``index`` (pure; does not move the cursor)."""
@@ -49,23 +57,62 @@ class TrainSource:
             env = random.Random(f"env:{self.seed}:{index}").choices(self.envs, weights=self.weights)[0]
         return env.task(self.seed, index)
 
-    def add_resume_request(self, request: GroupRequest) -> None:
-        """Queue the missing members of a restored group; served before new tasks."""
-        self.resume_requests.append(request)
-
     def next_group(self, group_size: int) -> GroupRequest:
-        """The next group to roll out: a pending resume request, else a new task with ``group_size`` members."""
+        """The next request to roll out: a pending resume request, else a new task with ``group_size`` members."""
         if self.resume_requests:
             return self.resume_requests.popleft()
         index = self.cursor
         self.cursor += 1
-        return GroupRequest(group_id=index, task=self.task_at(index), n=group_size)
+        request = GroupRequest(group_id=index, task=self.task_at(index), members=group_size)
+        self.note_members(index, request.next_member)
+        return request
+
+    def request_again(self, group_id: int, task: Task, members: int) -> GroupRequest:
+        """Ask for ``members`` more members of a group, numbered after all of its earlier ones.
+
+        The request is served before any new task; returns it.
+        """
+        request = GroupRequest(group_id, task, members, self._next_member.get(group_id, 0))
+        self.note_members(group_id, request.next_member)
+        self.resume_requests.append(request)
+        return request
+
+    def note_members(self, group_id: int, next_member: int) -> None:
+        """Record that the group's members below ``next_member`` are taken (by a request or an episode)."""
+        self._next_member[group_id] = max(self._next_member.get(group_id, 0), next_member)
+
+    def forget(self, group_id: int) -> None:
+        """The group is scored or abandoned: its numbering and any resume request of it are dropped."""
+        self._next_member.pop(group_id, None)
+        if any(r.group_id == group_id for r in self.resume_requests):
+            self.resume_requests = deque(r for r in self.resume_requests if r.group_id != group_id)
+
+    def restore(self, taken: list[tuple[int, int]], to_complete: list[tuple[int, Task, int]]) -> None:
+        """After :meth:`load_state` on a resume: replace the resume requests with one per group to complete.
+
+        Args:
+            taken: ``(group_id, next_member)`` of every member number the snapshot used
+                (:meth:`SinkSnapshot.taken_members`); the pending requests' are noted already.
+            to_complete: ``(group_id, task, missing members)`` from the restore plan, in order.
+        """
+        for group_id, next_member in taken:
+            self.note_members(group_id, next_member)
+        self.resume_requests.clear()
+        for group_id, task, missing in to_complete:
+            self.request_again(group_id, task, missing)
 
     def state(self) -> dict[str, Any]:
-        """JSON-compatible state for checkpoints: the cursor and pending resume requests."""
+        """JSON-compatible state for checkpoints: ``{"cursor": int, "resume_requests": [GroupRequest dict, …]}``.
+
+        Member numbers are not saved: a resume notes them again from the snapshot's episodes and
+        requests (:meth:`note_members`).
+        """
         return {"cursor": self.cursor, "resume_requests": [r.to_dict() for r in self.resume_requests]}
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state` (a state without resume requests, from older checkpoints, has none)."""
         self.cursor = int(state["cursor"])
         self.resume_requests = deque(GroupRequest.from_dict(r) for r in state.get("resume_requests", []))
+        self._next_member = {}
+        for r in self.resume_requests:
+            self.note_members(r.group_id, r.next_member)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import httpx
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from rlrun.spec import SamplingSpec
+from rlrun.api.spec import SamplingSpec
 
 SERVED_MODEL_NAME = "policy"
 

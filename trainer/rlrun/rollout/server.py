@@ -21,8 +21,8 @@ import os
 import sys
 from pathlib import Path
 
+from rlrun.api.spec import RLRunSpec
 from rlrun.rollout.client import SERVED_MODEL_NAME
-from rlrun.spec import RLRunSpec
 
 WORKER_EXTENSION = "rlrun.rollout.worker_extension.WeightReloadExtension"
 

@@ -6,7 +6,7 @@ takes one AdamW step on :func:`rlrun.training.loss.clipped_policy_loss`, publish
 ``checkpoint.interval`` steps and at the last step, ``checkpoints/step_s/trainer/``
 (a fresh run also checkpoints step 0, so a pause always has a trainer part to pair
 with). Both are published by an atomic directory rename, so readers never see a torn
-file, and both record the attempt number.
+file, and both record the attempt number in ``meta.json`` (:func:`rlrun.rundir.write_meta`).
 
 Resume from step ``N``: the checkpoint's orchestrator part says ``M`` batches were
 shipped when it was taken. Batches ``N+1 … M`` on disk are trained as they are; a
@@ -25,7 +25,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from rlrun.batch import META_FILE, read_batch
+from rlrun.api.spec import RLRunSpec
+from rlrun.batch import read_batch
 from rlrun.checkpoint import (
     TRAINER_PROGRESS_FILE,
     WEIGHTS_FILE,
@@ -33,9 +34,8 @@ from rlrun.checkpoint import (
     latest_complete_checkpoint,
     run_identity,
 )
-from rlrun.ledger import Ledger
-from rlrun.rundir import RunDir, publish_dir, step_dirs
-from rlrun.spec import RLRunSpec
+from rlrun.ledger import Ledger, LedgerEvent
+from rlrun.rundir import RunDir, publish_dir, read_attempt, step_dirs, write_meta
 from rlrun.training.loss import clipped_policy_loss, token_logprobs
 
 log = logging.getLogger(__name__)
@@ -123,10 +123,8 @@ class Trainer:
             return False
         if step <= self.shipped_at_restore or self.attempt == 0:
             return True
-        try:
-            return int(json.loads((path / META_FILE).read_text()).get("attempt", 0)) >= self.attempt
-        except (OSError, ValueError):
-            return False
+        attempt = read_attempt(path)
+        return attempt is not None and attempt >= self.attempt
 
     def _wait_for_batch(self, step: int) -> Path:
         path = self.run_dir.rollout_batch(step)
@@ -158,7 +156,7 @@ class Trainer:
         with torch.no_grad():
             mask = batch.loss_mask
             mismatch = (logprobs.detach() - batch.old_logprobs)[mask].abs().mean()
-        self.ledger.write("trained", step=step, ids=[t["episode_id"] for t in batch.meta["traces"]])
+        self.ledger.write(LedgerEvent.TRAINED, step=step, ids=[t["episode_id"] for t in batch.meta["traces"]])
         return {
             "step": step,
             "loss": loss.item(),
@@ -176,7 +174,7 @@ class Trainer:
 
         def fill(tmp: Path) -> None:
             save_weights(self.model, tmp / WEIGHTS_FILE)
-            (tmp / "meta.json").write_text(json.dumps({"step": step, "attempt": self.attempt}))
+            write_meta(tmp, step, self.attempt)
 
         publish_dir(self.run_dir.broadcast(step), fill)
 
@@ -186,14 +184,9 @@ class Trainer:
         def fill(tmp: Path) -> None:
             save_weights(self.model, tmp / WEIGHTS_FILE)
             torch.save(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-            progress = {
-                "step": step,
-                "policy_version": step,
-                "attempt": self.attempt,
-                "identity": run_identity(self.spec),
-                "time": time.time(),
-            }
+            progress = {"step": step, "policy_version": step, "identity": run_identity(self.spec), "time": time.time()}
             (tmp / TRAINER_PROGRESS_FILE).write_text(json.dumps(progress))
+            write_meta(tmp, step, self.attempt)
 
         self.run_dir.checkpoint(step).mkdir(parents=True, exist_ok=True)
         return publish_dir(self.run_dir.trainer_checkpoint(step), fill)

@@ -1,0 +1,71 @@
+"""Cancellation bookkeeping: a cancelled request never orphans its group; every outcome is in the ledger."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rlrun.envs import ReverseTextEnv
+from rlrun.ledger import Ledger
+from rlrun.orchestrator.cancellation import GroupCancellation, settle
+from rlrun.orchestrator.groups import GroupRequest
+from rlrun.orchestrator.sink import TrainSink
+from rlrun.orchestrator.source import TrainSource
+
+from .helpers import episode, task
+
+
+@pytest.fixture
+def stages(tmp_path):
+    ledger = Ledger(tmp_path, attempt=1, role="orchestrator")
+    sink = TrainSink(group_size=4, batch_size=8, max_off_policy_steps=1, record=ledger.record)
+    source = TrainSource([(ReverseTextEnv(), 1.0)], seed=0, cursor=100)
+    yield sink, source, ledger
+    ledger.close()
+
+
+def events(ledger: Ledger) -> list[dict]:
+    ledger.flush()
+    return [json.loads(line) for line in ledger.path.read_text().splitlines()]
+
+
+def test_group_with_fresh_members_gets_its_cancelled_members_requested_again(stages):
+    sink, source, ledger = stages
+    source.note_members(7, 4)  # members 0–3 were requested (two requests of 2)
+    sink.add_episodes(7, task(7), [episode(7, 0, 0.5, 3), episode(7, 1, 0.2, 3)], next_step=4)
+    cancelled = GroupCancellation(GroupRequest(7, task(7), 2, first_member=2), min_fresh_version=3, others_out=False)
+    assert settle([cancelled], sink, source, ledger) == 1
+    assert list(source.resume_requests) == [GroupRequest(7, task(7), 2, first_member=4)]
+    assert [e.member for e in sink.open_groups[7].episodes] == [0, 1]
+    assert events(ledger)[-1] | {"t": 0} == {"e": "cancelled", "t": 0, "group": 7, "first_member": 2, "members": 2}
+
+
+def test_group_whose_members_all_aged_out_is_abandoned_and_the_stale_ones_counted(stages):
+    sink, source, ledger = stages
+    source.note_members(7, 4)
+    sink.add_episodes(7, task(7), [episode(7, 0, 0.5, 1), episode(7, 1, 0.2, 1)], next_step=2)
+    cancelled = GroupCancellation(GroupRequest(7, task(7), 2, first_member=2), min_fresh_version=2, others_out=False)
+    assert settle([cancelled], sink, source, ledger) == 0
+    assert 7 not in sink.open_groups and list(source.resume_requests) == []
+    assert sink.counters.members_left_out_stale == 2
+    dropped = [e for e in events(ledger) if e["e"] == "dropped_stale"]
+    assert dropped[0]["ids"] == ["7/0", "7/1"] and dropped[0]["at"] == "cancel"
+    assert source.request_again(7, task(7), 1).first_member == 0  # its numbering was forgotten too
+
+
+def test_group_with_other_requests_out_goes_on_even_without_finished_members(stages):
+    sink, source, ledger = stages
+    source.note_members(9, 4)
+    cancelled = GroupCancellation(GroupRequest(9, task(9), 2, first_member=0), min_fresh_version=2, others_out=True)
+    assert settle([cancelled], sink, source, ledger) == 1
+    assert list(source.resume_requests) == [GroupRequest(9, task(9), 2, first_member=4)]
+    assert 9 not in sink.open_groups  # nothing finished yet: no open group to keep
+
+
+def test_abandoning_a_group_drops_a_request_of_it_still_waiting_in_the_source(stages):
+    sink, source, ledger = stages
+    source.note_members(5, 2)
+    source.request_again(5, task(5), 2)  # e.g. from an earlier cancellation, not dispatched yet
+    cancelled = GroupCancellation(GroupRequest(5, task(5), 2, first_member=0), min_fresh_version=2, others_out=False)
+    settle([cancelled], sink, source, ledger)
+    assert list(source.resume_requests) == []  # otherwise its members would open a group nobody completes

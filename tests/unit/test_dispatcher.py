@@ -1,0 +1,150 @@
+"""Dispatcher: every dispatched request reaches the results queue exactly once, or is cancelled and counted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from rlrun.api.spec import SamplingSpec
+from rlrun.envs import ReverseTextEnv
+from rlrun.orchestrator.dispatcher import Dispatcher, DispatchError, GroupResult
+from rlrun.orchestrator.groups import GroupRequest
+from rlrun.rollout.client import RolloutClient
+from rlrun.rollout.fake import fake_vllm_transport
+
+from .helpers import task
+
+ENV = ReverseTextEnv()
+CHARS = {c: i + 2 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz= ")}
+IDS = {i: c for c, i in CHARS.items()}
+
+
+def make_dispatcher(transports: dict[str, httpx.AsyncBaseTransport], members_per_request=None, retry_for_s=5.0):
+    results: asyncio.Queue[GroupResult] = asyncio.Queue()
+    dispatcher = Dispatcher(
+        list(transports),
+        encode=lambda text: [CHARS[c] for c in text],
+        decode=lambda ids: "".join(IDS.get(i, "?") for i in ids),
+        eos_id=0,
+        envs={ENV.name: ENV},
+        sampling=SamplingSpec(max_tokens=8),
+        results=results,
+        retry_for_s=retry_for_s,
+        client_factory=lambda url: RolloutClient(url, transport=transports[url]),
+        members_per_request=members_per_request,
+    )
+    return dispatcher, results
+
+
+async def drain(results: asyncio.Queue, count: int, timeout: float = 5.0) -> list[GroupResult]:
+    return [await asyncio.wait_for(results.get(), timeout) for _ in range(count)]
+
+
+async def test_a_group_split_into_requests_arrives_once_per_request_with_its_dispatch_version():
+    dispatcher, results = make_dispatcher({"http://a": fake_vllm_transport(error_rate=0.0)}, members_per_request=3)
+    dispatcher.dispatch(GroupRequest(7, task(7), members=8, first_member=4), policy_version=5)
+    assert dispatcher.inflight_samples == 8 and len(dispatcher.inflight) == 3  # 3 + 3 + 2 members
+    got = await drain(results, 3)
+    assert results.empty()
+    assert sorted((r.request.first_member, r.request.members) for r in got) == [(4, 3), (7, 3), (10, 2)]
+    episodes = sorted((e for r in got for e in r.episodes), key=lambda e: e.member)
+    assert [e.member for e in episodes] == list(range(4, 12))
+    assert {e.group_id for e in episodes} == {7} and {e.policy_version for e in episodes} == {5}
+    # "ab=" reversed without errors: "ba", the full reward
+    assert {e.reward for e in episodes} == {1.0}
+    assert dispatcher.inflight_samples == 0 and dispatcher.outstanding_samples == 8  # delivered, not yet taken
+    for r in got:
+        dispatcher.take(r)
+    assert dispatcher.outstanding_samples == 0 and dispatcher.emitted_requests() == []
+    await dispatcher.aclose()
+
+
+async def test_a_failing_endpoint_is_retried_on_another_one():
+    calls = {"http://down": 0}
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        calls["http://down"] += 1
+        raise httpx.ConnectError("connection refused", request=request)
+
+    transports = {"http://down": httpx.MockTransport(refuse), "http://up": fake_vllm_transport(error_rate=0.0)}
+    dispatcher, results = make_dispatcher(transports)
+    for g in range(4):
+        dispatcher.dispatch(GroupRequest(g, task(g), members=2), policy_version=0)
+    got = await drain(results, 4, timeout=20)
+    assert sorted(r.request.group_id for r in got) == [0, 1, 2, 3]
+    assert calls["http://down"] >= 1 and dispatcher.failures == []
+    await dispatcher.aclose()
+
+
+async def test_an_error_outlasting_the_retry_window_is_reported_not_swallowed():
+    def broken(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(500, text="boom")
+
+    dispatcher, results = make_dispatcher({"http://a": httpx.MockTransport(broken)}, retry_for_s=0.3)
+    dispatcher.dispatch(GroupRequest(1, task(1), members=2), policy_version=0)
+    for _ in range(200):
+        if dispatcher.failures:
+            break
+        await asyncio.sleep(0.05)
+    assert "completion failed with 500" in str(dispatcher.failures[0]) and results.empty()
+    await dispatcher.aclose()
+
+
+async def test_cancel_stale_cancels_only_old_requests_and_says_which_groups_still_have_work_out():
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(30)
+        raise AssertionError("never answered")
+
+    dispatcher, results = make_dispatcher({"http://a": httpx.MockTransport(slow)}, members_per_request=2)
+    dispatcher.dispatch(GroupRequest(1, task(1), members=4), policy_version=0)  # two requests, both stale
+    dispatcher.dispatch(GroupRequest(2, task(2), members=2), policy_version=0)
+    dispatcher.dispatch(GroupRequest(2, task(2), members=2, first_member=2), policy_version=3)  # fresh
+    await asyncio.sleep(0.05)
+    cancelled = dispatcher.cancel_stale(min_version=2)
+    assert [(c.request.group_id, c.request.first_member) for c in cancelled] == [(1, 0), (1, 2), (2, 0)]
+    assert [c.others_out for c in cancelled] == [False, False, True]  # group 2 still has members 2–3 out
+    assert {c.min_fresh_version for c in cancelled} == {2}
+    assert dispatcher.cancelled_groups == 3 and dispatcher.inflight_samples == 2
+    await asyncio.sleep(0.05)
+    assert results.empty() and dispatcher.failures == []  # a cancelled request delivers nothing
+    await dispatcher.aclose()
+
+
+async def test_wait_until_healthy_waits_for_endpoints_and_gives_up_on_a_dead_one():
+    def health(ok: bool):
+        return httpx.MockTransport(lambda request: httpx.Response(200 if ok else 503, json={}))
+
+    dispatcher, _ = make_dispatcher({})
+    stop = asyncio.Event()
+    waiting = asyncio.create_task(dispatcher.wait_until_healthy(timeout_s=5, stop=stop))
+    await asyncio.sleep(0.3)
+    assert not waiting.done()  # no endpoints yet: waits (no deadline)
+    dispatcher.client_factory = lambda url: RolloutClient(url, transport=health(True))
+    dispatcher.set_endpoints(["http://a/"])
+    await asyncio.wait_for(waiting, 5)
+    assert list(dispatcher.clients) == ["http://a"]
+
+    dispatcher.client_factory = lambda url: RolloutClient(url, transport=health(False))
+    dispatcher.set_endpoints(["http://b"])
+    with pytest.raises(DispatchError, match=r"not healthy after 1 s: \['http://b'\]"):
+        await dispatcher.wait_until_healthy(timeout_s=1, stop=stop)
+    await dispatcher.aclose()
+
+
+def test_requests_carry_the_prompt_tokens_and_sampling_settings():
+    seen = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": []})
+
+    async def main():
+        dispatcher, _ = make_dispatcher({"http://a": httpx.MockTransport(record)}, retry_for_s=0.1)
+        dispatcher.dispatch(GroupRequest(3, task(3), members=2), policy_version=0)
+        await asyncio.sleep(0.3)
+        await dispatcher.aclose()
+
+    asyncio.run(main())
+    assert seen[0]["prompt"] == [CHARS[c] for c in "ab="] and seen[0]["n"] == 2 and seen[0]["max_tokens"] == 8

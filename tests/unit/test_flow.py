@@ -1,0 +1,52 @@
+"""Flow control: no work is dispatched that would be stale on arrival; max_off_policy_steps 0 is synchronous."""
+
+from __future__ import annotations
+
+import pytest
+from rlrun.orchestrator.flow import FlowControl
+from rlrun.orchestrator.staleness import min_fresh_version
+
+
+def flow(k: int = 1, max_steps: int = 100, max_inflight: int = 256) -> FlowControl:
+    return FlowControl(
+        batch_size=8, group_size=4, max_off_policy_steps=k, max_inflight=max_inflight, max_steps=max_steps
+    )
+
+
+@pytest.mark.parametrize(
+    ("k", "version", "shipped", "budget"),
+    [
+        (1, 0, 0, 16),  # batches 1 and 2 may hold version-0 samples
+        (1, 0, 1, 8),
+        (1, 0, 2, 0),  # batch 3 needs version ≥ 1: wait for the trainer
+        (1, 3, 2, 24),
+        (0, 0, 0, 8),  # synchronous: one batch per policy version
+        (0, 0, 1, 0),
+        (0, 1, 1, 8),
+        (3, 0, 0, 32),
+    ],
+)
+def test_budget_is_the_batches_the_current_policy_can_still_fill(k, version, shipped, budget):
+    assert flow(k).budget(version, shipped) == budget
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 5])
+def test_everything_the_budget_allows_can_still_train_when_it_arrives(k):
+    f = flow(k)
+    for version in range(6):
+        for shipped in range(version, version + k + 2):
+            # the last batch the committed samples can fill, at most
+            last = shipped + max(f.budget(version, shipped), 0) // f.batch_size
+            assert last == shipped or version >= min_fresh_version(last, k)
+
+
+def test_no_batch_past_max_steps_is_budgeted():
+    assert flow(k=4, max_steps=3).budget(policy_version=0, shipped=1) == 16  # batches 2 and 3 only
+    assert flow(k=4, max_steps=3).budget(policy_version=0, shipped=3) == 0
+
+
+def test_dispatch_needs_budget_and_room_for_a_whole_group_in_flight():
+    f = flow(k=1, max_inflight=10)
+    assert f.may_dispatch(committed=15, inflight=6, policy_version=0, shipped=0)
+    assert not f.may_dispatch(committed=16, inflight=0, policy_version=0, shipped=0)  # budget of 16 used
+    assert not f.may_dispatch(committed=0, inflight=7, policy_version=0, shipped=0)  # 7 + 4 > 10

@@ -1,0 +1,216 @@
+"""The operator ↔ orchestrator contract: what the control server's routes answer.
+
+Both sides import these models: the orchestrator builds its answers with them
+(:mod:`rlrun.orchestrator.control`), the operator's client parses the answers into
+them (``rlrun_operator.control``). Field names are the JSON keys.
+
+| route | answer |
+|---|---|
+| ``GET /status`` | :class:`StatusReport` |
+| ``POST /pause`` | :class:`PauseResult` |
+| ``PUT /rollout-endpoints`` | :class:`EndpointsUpdate` (also the request body) |
+
+Counting words, used the same way in every model:
+
+- a **queued trace** is a sample scored and queued for a batch, not yet shipped;
+- an **open group** holds at least one finished episode and waits for its other members;
+- a **requested group** has members dispatched (in flight, or to be requested again) and
+  no finished episode kept: a resume requests the whole group again, same task and group id;
+- **finished episodes kept** are the finished episodes held by open groups.
+
+A pause answer's and a resume report's counts use these words for the same things, but at
+different moments: the pause counts what the snapshot saved; the resume report counts what
+survived the staleness sweep of the resumed step. Units: steps are shipped batches; times
+are Unix seconds (``time``) or durations in seconds (``seconds``).
+
+Unknown keys are ignored when parsing, so an operator keeps reading the answers of a newer
+orchestrator that added fields; a missing or mistyped field is a validation error.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+#: What the orchestrator is doing: ``starting`` (waiting for rollout servers, restoring),
+#: ``running``, ``pausing`` (writing the pause snapshot), ``paused`` (stopped for good; the
+#: process exits on SIGTERM or stop), ``done`` (``max_steps`` shipped and checkpointed), ``failed``.
+OrchestratorPhase = Literal["starting", "running", "pausing", "paused", "done", "failed"]
+
+
+class _Contract(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class SnapshotCounts(_Contract):
+    """What a sink snapshot holds (see the module docstring for the words).
+
+    Attributes:
+        queued_traces: queued samples saved.
+        open_groups: groups saved with at least one finished episode.
+        requested_groups: groups saved with members dispatched and no finished episode.
+        finished_episodes_kept: finished episodes saved in open groups.
+    """
+
+    queued_traces: int = Field(ge=0)
+    open_groups: int = Field(ge=0)
+    requested_groups: int = Field(ge=0)
+    finished_episodes_kept: int = Field(ge=0)
+
+
+class CheckpointWritten(SnapshotCounts):
+    """The orchestrator part of a checkpoint, once written (``progress.pt``).
+
+    Attributes:
+        step: the checkpoint step (the trainer part it completes).
+        reason: ``periodic`` (a new trainer part appeared) or ``pause``.
+        path: the ``progress.pt`` written.
+        seconds: time to pack and write it.
+        time: when it was written (Unix seconds).
+    """
+
+    step: int = Field(ge=0)
+    reason: Literal["periodic", "pause"]
+    path: str
+    seconds: float = Field(ge=0)
+    time: float
+
+
+class PauseResult(SnapshotCounts):
+    """The answer of ``POST /pause``: the snapshot written, or why none was needed.
+
+    Attributes:
+        step: the checkpoint the snapshot completes (the newest trainer part); None when the
+            orchestrator paused before it had started: nothing was written and the newest
+            complete checkpoint stays what the next attempt resumes from.
+        path: the ``progress.pt`` written (None with ``step``).
+        seconds: time to pack and write it.
+        time: when the pause finished (Unix seconds).
+        note: a sentence when nothing was written.
+    """
+
+    step: int | None = Field(ge=0)
+    path: str | None
+    seconds: float = Field(default=0.0, ge=0)
+    time: float
+    note: str = ""
+
+    @classmethod
+    def of_checkpoint(cls, written: CheckpointWritten) -> PauseResult:
+        """The pause answer for the checkpoint the pause wrote."""
+        return cls(**written.model_dump(include=set(PauseResult.model_fields)))
+
+    @classmethod
+    def nothing_to_save(cls, now: float) -> PauseResult:
+        """The pause answer of an orchestrator that had not started (no work of its own)."""
+        return cls(
+            step=None,
+            path=None,
+            time=now,
+            queued_traces=0,
+            open_groups=0,
+            requested_groups=0,
+            finished_episodes_kept=0,
+            note="paused before starting: nothing to save",
+        )
+
+
+class ResumeReport(_Contract):
+    """What an attempt's orchestrator restored from the newest complete checkpoint.
+
+    Attributes:
+        from_step: the checkpoint step resumed from.
+        from_attempt: the attempt that wrote its orchestrator part (None: unnumbered).
+        shipped: batches shipped when its snapshot was taken; the trainer trains
+            ``from_step + 1 … shipped`` from the batch files kept on disk.
+        queued_traces: queued samples put back (after the staleness sweep of step ``shipped + 1``).
+        open_groups: groups put back with at least one fresh finished episode.
+        requested_groups: groups with no fresh finished episode, requested again whole.
+        finished_episodes_kept: finished episodes put back into open groups.
+        dropped_stale: queued samples and finished episodes too old for the resumed step (counted).
+        members_requested: members requested again, same tasks and group ids, before any new task.
+        progress_only_would_lose: finished episodes that a checkpoint without the sink snapshot
+            would have lost (the queue and open groups as saved).
+        removed_batches: batch steps a dead attempt shipped after the snapshot, deleted.
+        time: when the resume finished (Unix seconds).
+    """
+
+    from_step: int = Field(ge=0)
+    from_attempt: int | None = Field(default=None, ge=0)
+    shipped: int = Field(ge=0)
+    queued_traces: int = Field(ge=0)
+    open_groups: int = Field(ge=0)
+    requested_groups: int = Field(ge=0)
+    finished_episodes_kept: int = Field(ge=0)
+    dropped_stale: int = Field(ge=0)
+    members_requested: int = Field(ge=0)
+    progress_only_would_lose: int = Field(ge=0)
+    removed_batches: list[int] = Field(default_factory=list)
+    time: float
+
+    @computed_field  # in the JSON too, so a reader of /status need not add it up
+    @property
+    def resumed_groups(self) -> int:
+        """Groups resumed with their task and group id: open plus requested."""
+        return self.open_groups + self.requested_groups
+
+
+class StatusReport(_Contract):
+    """The answer of ``GET /status``.
+
+    Attributes:
+        phase: see :data:`OrchestratorPhase`.
+        attempt: this orchestrator's attempt (0: unnumbered).
+        step: batches shipped to the trainer.
+        policy_version: the weights version the rollout servers hold (trainer steps).
+        max_steps: the step the run ends at.
+        last_checkpoint_step: the newest checkpoint this orchestrator completed or resumed from.
+        queued_traces: queued samples now.
+        open_groups: open groups now.
+        finished_episodes_kept: finished episodes in open groups now.
+        inflight_samples: completions requested from rollout servers and not yet returned.
+        resume_requests: groups waiting to be requested again (served before new tasks).
+        last_checkpoint: the newest orchestrator part written by this attempt.
+        last_pause: the pause answer, once paused.
+        resume: what this attempt restored (None: it started from step 0).
+        rollout_endpoints: the rollout servers in use, sorted.
+    """
+
+    phase: OrchestratorPhase
+    attempt: int = Field(ge=0)
+    step: int = Field(ge=0)
+    policy_version: int = Field(ge=0)
+    max_steps: int = Field(ge=1)
+    last_checkpoint_step: int | None = Field(default=None, ge=0)
+    queued_traces: int = Field(default=0, ge=0)
+    open_groups: int = Field(default=0, ge=0)
+    finished_episodes_kept: int = Field(default=0, ge=0)
+    inflight_samples: int = Field(default=0, ge=0)
+    resume_requests: int = Field(default=0, ge=0)
+    last_checkpoint: CheckpointWritten | None = None
+    last_pause: PauseResult | None = None
+    resume: ResumeReport | None = None
+    rollout_endpoints: list[str] = Field(default_factory=list)
+
+
+class EndpointsUpdate(_Contract):
+    """The body (and answer) of ``PUT /rollout-endpoints``.
+
+    Attributes:
+        endpoints: base URLs of every rollout server to use (``http://host:port``); the
+            list replaces the previous one.
+    """
+
+    endpoints: list[Annotated[str, Field(min_length=1)]]
+
+
+__all__ = [
+    "CheckpointWritten",
+    "EndpointsUpdate",
+    "OrchestratorPhase",
+    "PauseResult",
+    "ResumeReport",
+    "SnapshotCounts",
+    "StatusReport",
+]

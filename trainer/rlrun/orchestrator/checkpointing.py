@@ -1,0 +1,175 @@
+"""CheckpointManager: the orchestrator's part of every checkpoint — capture, write, prune.
+
+Consistent cut with the trainer. The trainer publishes ``checkpoints/step_N/trainer/``
+(step 0 at a fresh start); the orchestrator then writes ``progress.pt`` for N — its
+progress, train-source state and sink snapshot taken at that moment, with
+``shipped = M ≥ N`` batches out. Batch files ``N+1 … M`` stay on disk until a complete
+checkpoint past them exists; their samples are no longer in the snapshot's queue. A
+resume from N therefore has the trainer train ``N+1 … M`` from those files and the
+orchestrator ship ``M+1 …`` from the restored queue and groups: every episode finished
+before the snapshot is trained exactly once. Files past ``M`` (shipped after the
+snapshot by an attempt that then died) are deleted, and the trainer only accepts
+batches past ``M`` that carry the current attempt number, so it can never train one of
+them. A pause (``POST /pause`` or SIGTERM) stops dispatching and shipping and rewrites
+the orchestrator part of the newest trainer checkpoint with the current snapshot — the
+same cut, losing nothing.
+
+Guarantees:
+
+- **A state that existed.** The orchestrator's progress, the train-source state and the
+  sink snapshot are captured on the event loop with no ``await`` in between; packing,
+  checksumming and writing run in a thread (invariant 7).
+- **Durable in order.** The ledger lines the snapshot refers to are fsynced before
+  ``progress.pt`` is written, and ``progress.pt`` is written atomically (temporary file,
+  fsync, rename, directory fsync) by :func:`rlrun.checkpoint.save_orchestrator_progress`;
+  its presence completes step N (invariant 4).
+- **Paired with the right trainer part.** Only a trainer part this attempt may use is
+  completed: the one it resumed from, or one its own trainer published (``meta.json``).
+- **Nothing cut half-way.** Saves take :attr:`CheckpointManager.lock`, which the loop also
+  holds from cutting a batch to counting it shipped, so no snapshot falls in between.
+- **Retention.** After each save, all but the ``checkpoint.keep_last`` newest complete steps
+  are deleted, and batch files no complete checkpoint can need any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from rlrun.api.control import CheckpointWritten, SnapshotCounts
+from rlrun.checkpoint import (
+    TRAINER_PROGRESS_FILE,
+    complete_steps,
+    prune_checkpoints,
+    save_orchestrator_progress,
+)
+from rlrun.ledger import Ledger, LedgerEvent
+from rlrun.orchestrator import snapshot as sink_snapshot
+from rlrun.orchestrator.errors import OrchestratorError
+from rlrun.rundir import RunDir, step_dirs, written_by
+
+log = logging.getLogger(__name__)
+
+#: ``capture(step) -> (progress, snapshot, counts)``, called on the event loop: the orchestrator's
+#: JSON-compatible progress for checkpoint ``step`` (``ledger_line`` is added here), its
+#: :class:`~rlrun.orchestrator.snapshot.SinkSnapshot`, and the snapshot's contract counts.
+Capture = Callable[[int], tuple[dict[str, Any], sink_snapshot.SinkSnapshot, SnapshotCounts]]
+
+
+class CheckpointManager:
+    """Writes the orchestrator part of checkpoints for one attempt.
+
+    Args:
+        run_dir: the run directory.
+        attempt: this attempt's number (0: unnumbered, every trainer part is usable).
+        keep_last: complete checkpoints to keep (``checkpoint.keep_last``).
+        ledger: this attempt's orchestrator ledger.
+        capture: see :data:`Capture`.
+
+    Attributes:
+        lock: held by each save; the loop holds it while it ships a batch.
+        base_step: the checkpoint this attempt resumed from (0 for a fresh start).
+        last_step: the newest step this attempt completed or resumed from (−1: none yet).
+        last_written: the newest part written, as the control server reports it.
+    """
+
+    def __init__(self, run_dir: RunDir, attempt: int, keep_last: int, ledger: Ledger, capture: Capture) -> None:
+        self.run_dir = run_dir
+        self.attempt = attempt
+        self.keep_last = keep_last
+        self.ledger = ledger
+        self.capture = capture
+        self.lock = asyncio.Lock()
+        self.base_step = 0
+        self.last_step = -1
+        self.last_written: CheckpointWritten | None = None
+
+    def resumed_from(self, step: int) -> None:
+        """This attempt resumed from complete checkpoint ``step``."""
+        self.base_step = self.last_step = step
+
+    def pairable(self, step: int) -> bool:
+        """Whether the trainer part of ``step`` exists and this attempt may complete it."""
+        part = self.run_dir.trainer_checkpoint(step)
+        if not (part / TRAINER_PROGRESS_FILE).is_file():
+            return False
+        return step == self.base_step or written_by(part, self.attempt)
+
+    def newest_pairable(self) -> int | None:
+        """The newest trainer part a pause snapshot may complete, or None."""
+        steps = [n for n in step_dirs(self.run_dir.checkpoints) if n >= self.base_step and self.pairable(n)]
+        return max(steps, default=None)
+
+    async def save_pause(self) -> CheckpointWritten:
+        """Write the pause snapshot into the newest trainer part this attempt may complete.
+
+        Raises:
+            OrchestratorError: no such trainer part yet.
+            OSError: the file could not be written.
+        """
+        step = self.newest_pairable()
+        if step is None:
+            raise OrchestratorError("no trainer checkpoint to pair a snapshot with yet")
+        return await self.save(step, "pause")
+
+    async def complete_new_trainer_parts(self) -> None:
+        """Write our part for every trainer part newer than :attr:`last_step` (periodic checkpoints)."""
+        for step in sorted(step_dirs(self.run_dir.checkpoints)):
+            if step > self.last_step and self.pairable(step):
+                await self.save(step, "periodic")
+
+    async def save(self, step: int, reason: Literal["periodic", "pause"]) -> CheckpointWritten:
+        """Capture now and write ``checkpoints/step_N/orchestrator/progress.pt``, then prune.
+
+        Raises:
+            OSError: the file could not be written (the previous complete checkpoint stands).
+        """
+        async with self.lock:
+            self.ledger.flush()
+            progress, snap, counts = self.capture(step)
+            progress["ledger_line"] = self.ledger.lines - 1
+            self.ledger.write(LedgerEvent.CHECKPOINT, step=step, reason=reason, ledger_line=progress["ledger_line"])
+
+            def write():
+                self.ledger.sync()  # the ledger lines the snapshot refers to are durable first
+                sink_state, tensors = sink_snapshot.pack(snap)
+                return save_orchestrator_progress(self.run_dir, step, {**progress, "sink": sink_state}, tensors)
+
+            t0 = time.perf_counter()
+            path = await asyncio.to_thread(write)
+            self.last_step = max(self.last_step, step)
+            written = CheckpointWritten(
+                step=step,
+                reason=reason,
+                path=str(path),
+                seconds=round(time.perf_counter() - t0, 4),
+                time=time.time(),
+                **counts.model_dump(),
+            )
+            self.last_written = written
+            removed = await self.prune()
+            log.info(
+                "checkpoint step %d complete (%s, %s): %d queued traces, %d open groups (%d finished episodes kept), "
+                "%d requested groups; pruned %s",
+                step, path, reason, written.queued_traces, written.open_groups, written.finished_episodes_kept,
+                written.requested_groups, removed or "nothing",
+            )  # fmt: skip
+            return written
+
+    async def prune(self) -> list[int]:
+        """Apply retention (module docstring); returns the checkpoint steps deleted."""
+
+        def prune() -> list[int]:
+            removed = prune_checkpoints(self.run_dir, self.keep_last)
+            kept = complete_steps(self.run_dir)
+            if kept:  # a resume starts at the oldest kept step at the earliest: batches up to it are trained
+                for n, p in step_dirs(self.run_dir.rollouts).items():
+                    if n <= kept[0]:
+                        shutil.rmtree(p, ignore_errors=True)
+            return removed
+
+        return await asyncio.to_thread(prune)

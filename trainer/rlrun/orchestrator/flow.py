@@ -1,0 +1,60 @@
+"""Flow control: how much rollout work may be out at once, so that none is generated stale.
+
+A rollout dispatched at policy version ``v`` can train at most in batch
+``v + 1 + max_off_policy_steps`` (:func:`~rlrun.orchestrator.staleness.min_fresh_version`),
+and no batch past ``max_steps`` is ever cut. So at version ``v`` with ``shipped`` batches
+out, rollouts can still fill ``min(v + 1 + max_off_policy_steps, max_steps) − shipped``
+batches. New groups are dispatched only while the samples committed — queued, waiting in
+open groups, and dispatched but not yet consumed — stay below that many batches' worth,
+and while the completions in flight stay within ``rollout.max_inflight``.
+
+Guarantee: the orchestrator never dispatches work that is stale on arrival, and
+``max_off_policy_steps = 0`` is synchronous on-policy RL (each batch is generated
+entirely by the policy that trains on it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlrun.api.spec import RLRunSpec
+
+
+@dataclass(frozen=True)
+class FlowControl:
+    """The dispatch budget of a run (see the module docstring).
+
+    Attributes:
+        batch_size: samples per batch.
+        group_size: members per group (what one new group adds).
+        max_off_policy_steps: the staleness bound, steps.
+        max_inflight: most completions in flight across all rollout servers.
+        max_steps: the last batch the run ships.
+    """
+
+    batch_size: int
+    group_size: int
+    max_off_policy_steps: int
+    max_inflight: int
+    max_steps: int
+
+    @classmethod
+    def of(cls, spec: RLRunSpec, max_steps: int) -> FlowControl:
+        """The flow control of ``spec`` for a run ending at ``max_steps``."""
+        return cls(spec.batch_size, spec.group_size, spec.max_off_policy_steps, spec.rollout.max_inflight, max_steps)
+
+    def budget(self, policy_version: int, shipped: int) -> int:
+        """Samples that may be committed at ``policy_version`` with ``shipped`` batches out (may be ≤ 0)."""
+        last_useful_step = min(policy_version + 1 + self.max_off_policy_steps, self.max_steps)
+        return self.batch_size * (last_useful_step - shipped)
+
+    def may_dispatch(self, committed: int, inflight: int, policy_version: int, shipped: int) -> bool:
+        """Whether one more group may be dispatched.
+
+        Args:
+            committed: samples queued, in open groups, or dispatched and not yet consumed.
+            inflight: completions requested from rollout servers and not yet returned.
+            policy_version: the policy version the rollout servers hold.
+            shipped: batches shipped.
+        """
+        return committed < self.budget(policy_version, shipped) and inflight + self.group_size <= self.max_inflight

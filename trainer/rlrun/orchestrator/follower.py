@@ -1,0 +1,83 @@
+"""WeightFollower: brings each policy version the trainer publishes to the rollout servers.
+
+The trainer publishes ``broadcasts/step_N/`` after step N; the follower loads the newest
+one into every rollout server (:func:`~rlrun.orchestrator.weights.push_weights`: validate,
+then pause → reload → reset prefix cache → resume) and removes the older broadcasts.
+
+Guarantees: the policy version only goes up; only broadcasts written by this attempt's
+trainer are loaded (a dead attempt's may hold weights the resumed run never trained);
+weights that do not match the model are refused before any server is touched; the version
+recorded at dispatch is never newer than the weights that produce the tokens (servers
+finish in-flight requests on the old weights before reloading).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from rlrun.orchestrator.weights import Signature, push_weights
+from rlrun.rollout.client import RolloutClient
+from rlrun.rundir import RunDir, step_dirs, written_by
+
+log = logging.getLogger(__name__)
+
+
+class WeightFollower:
+    """Follows ``broadcasts/`` for one attempt.
+
+    Args:
+        run_dir: the run directory.
+        attempt: this attempt's number (0: unnumbered, every broadcast counts).
+        reference: tensor names, dtypes and shapes every weights directory must match (None: unchecked).
+
+    Attributes:
+        version: the policy version the rollout servers hold (trainer steps).
+    """
+
+    def __init__(self, run_dir: RunDir, attempt: int, reference: Signature | None) -> None:
+        self.run_dir = run_dir
+        self.attempt = attempt
+        self.reference = reference
+        self.version = 0
+
+    def weights_dir(self, version: int) -> Path | None:
+        """Where the weights of ``version`` are: its broadcast, else its trainer checkpoint (None: neither)."""
+        for p in (self.run_dir.broadcast(version), self.run_dir.trainer_checkpoint(version)):
+            if p.is_dir():
+                return p
+        return None
+
+    async def load(self, clients: list[RolloutClient], path: str | Path, version: int) -> float:
+        """Load the weights in ``path`` into ``clients`` as policy ``version``; returns seconds taken.
+
+        Raises:
+            WeightsError: the weights do not match the model (no server was touched).
+            RolloutError: a server failed to reload.
+        """
+        seconds = await push_weights(clients, path, version, self.reference)
+        self.version = version
+        return seconds
+
+    async def follow(self, clients: list[RolloutClient]) -> int | None:
+        """Load the newest broadcast past :attr:`version`, if any; returns the new version or None.
+
+        Raises:
+            WeightsError, RolloutError: as :meth:`load`.
+        """
+        broadcasts = {
+            n: p
+            for n, p in step_dirs(self.run_dir.broadcasts).items()
+            if n > self.version and written_by(p, self.attempt)
+        }
+        if not broadcasts:
+            return None
+        newest = max(broadcasts)
+        previous = self.version
+        seconds = await self.load(clients, broadcasts[newest], newest)
+        log.info("policy version %d -> %d (weight update %.3f s)", previous, newest, seconds)
+        for n, p in step_dirs(self.run_dir.broadcasts).items():
+            if n < newest:
+                shutil.rmtree(p, ignore_errors=True)
+        return newest

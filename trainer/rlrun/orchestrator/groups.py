@@ -1,0 +1,49 @@
+"""Requests for the members of a group.
+
+A group's members can be requested in several :class:`GroupRequest` objects — split by
+``rollout.members_per_request``, or asked again after a cancellation or a resume — all
+with the same task and group id. Member numbers are handed out by the train source
+(:class:`~rlrun.orchestrator.source.TrainSource`), always after every member of the group
+requested before, so episode ids stay unique across requests and attempts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rlrun.envs.base import Task
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """A request to roll out ``members`` members of group ``group_id`` on ``task``.
+
+    Members are numbered ``first_member … first_member + members − 1`` (episode ids
+    ``"<group_id>/<member>"``).
+    """
+
+    group_id: int
+    task: Task
+    members: int
+    first_member: int = 0
+
+    @property
+    def next_member(self) -> int:
+        """One past this request's last member number."""
+        return self.first_member + self.members
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (snapshots and train-source state)."""
+        return {
+            "group_id": self.group_id,
+            "task": self.task.to_dict(),
+            "members": self.members,
+            "first_member": self.first_member,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GroupRequest:
+        """Inverse of :meth:`to_dict`; checkpoints before the field was named ``members`` wrote ``n``."""
+        members = d["members"] if "members" in d else d["n"]
+        return cls(int(d["group_id"]), Task.from_dict(d["task"]), int(members), int(d.get("first_member", 0)))

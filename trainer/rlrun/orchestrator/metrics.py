@@ -1,0 +1,96 @@
+"""The orchestrator's metrics: one JSON line per shipped step in ``<run_dir>/metrics.jsonl``.
+
+Keys of a line: ``step``, ``attempt``, ``policy_version``; ``reward_mean`` (over every
+episode scored since the previous step, rejected groups included, so it tracks the policy
+rather than the batch selection; null when none was scored), ``episodes_scored``,
+``batch_reward_mean``, ``completion_len_mean`` (tokens), ``staleness_mean`` /
+``staleness_max`` (steps off-policy in this batch: ``(step − 1) − policy version``),
+``queue`` (queued samples left), ``open_groups``, ``inflight`` (completions),
+``groups_rejected``, ``samples_dropped_stale``, ``groups_cancelled`` (cumulative),
+``rollout_tokens_per_s`` and ``step_time_s`` (since the previous step), ``time`` (Unix s).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from rlrun.orchestrator.dispatcher import Dispatcher
+from rlrun.orchestrator.sink import TrainSink
+from rlrun.samples import TrainingSample
+
+log = logging.getLogger(__name__)
+
+
+class StepMetrics:
+    """Appends the metrics line of each shipped step (keys in the module docstring).
+
+    Args:
+        path: ``<run_dir>/metrics.jsonl`` (appended to, so a resumed run continues it).
+        attempt: this attempt's number.
+    """
+
+    def __init__(self, path: Path, attempt: int) -> None:
+        self.path = path
+        self.attempt = attempt
+        self._fh = None
+        self._tokens = 0
+        self._since = time.monotonic()
+
+    def start(self) -> None:
+        """Open the file and start the clock of the first step."""
+        self._fh = open(self.path, "a")  # noqa: SIM115 - open for the run
+        self._since = time.monotonic()
+
+    def add_tokens(self, tokens: int) -> None:
+        """Count completion tokens generated (for ``rollout_tokens_per_s``)."""
+        self._tokens += tokens
+
+    def shipped(
+        self, step: int, batch: list[TrainingSample], policy_version: int, sink: TrainSink, dispatcher: Dispatcher
+    ) -> dict:
+        """Write and log the line of batch ``step``; returns it."""
+        now = time.monotonic()
+        elapsed = max(now - self._since, 1e-9)
+        rewards = sink.drain_recent_rewards()
+        staleness = [(step - 1) - s.policy_version for s in batch]
+        counters = sink.counters
+        line = {
+            "step": step,
+            "attempt": self.attempt,
+            "policy_version": policy_version,
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "episodes_scored": len(rewards),
+            "batch_reward_mean": sum(s.reward for s in batch) / len(batch),
+            "completion_len_mean": sum(len(s.completion_ids) for s in batch) / len(batch),
+            "staleness_mean": sum(staleness) / len(staleness),
+            "staleness_max": max(staleness),
+            "queue": len(sink.queue),
+            "open_groups": len(sink.open_groups),
+            "inflight": dispatcher.inflight_samples,
+            "groups_rejected": counters.groups_rejected,
+            "samples_dropped_stale": counters.samples_dropped_stale,
+            "groups_cancelled": dispatcher.cancelled_groups,
+            "rollout_tokens_per_s": self._tokens / elapsed,
+            "step_time_s": elapsed,
+            "time": time.time(),
+        }
+        self._tokens = 0
+        self._since = now
+        if self._fh is not None:
+            self._fh.write(json.dumps(line) + "\n")
+            self._fh.flush()
+        log.info(
+            "shipped step %d: reward %.3f, staleness %.2f (max %d), queue %d, %.0f tok/s, %.2f s",
+            step, line["reward_mean"] or 0.0, line["staleness_mean"], line["staleness_max"],
+            line["queue"], line["rollout_tokens_per_s"], elapsed,
+        )  # fmt: skip
+        return line
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
