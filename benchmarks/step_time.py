@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import statistics
 import subprocess
 import sys
@@ -63,34 +62,13 @@ def measure_rl(steps: int, warmup: int, cache_dir: Path | None) -> dict:
     }
 
 
-def fake_trainer(run_dir, model_dir: Path, steps: int, interval: int, stop: threading.Event) -> None:
-    """Publish broadcasts and trainer checkpoints as soon as each batch appears."""
-    from rlrun.rundir import publish_dir
-
-    weights = model_dir / "model.safetensors"
-    step = 0
-    while step < steps and not stop.is_set():
-        if not run_dir.rollout_batch(step + 1).is_dir():
-            time.sleep(0.002)
-            continue
-        step += 1
-        publish_dir(run_dir.broadcast(step), lambda tmp: shutil.copy(weights, tmp / "model.safetensors"))
-        if step % interval == 0 or step == steps:
-
-            def fill(tmp, step=step):
-                shutil.copy(weights, tmp / "model.safetensors")
-                (tmp / "progress.json").write_text(json.dumps({"step": step}))
-
-            run_dir.checkpoint(step).mkdir(parents=True, exist_ok=True)
-            publish_dir(run_dir.trainer_checkpoint(step), fill)
-
-
 def measure_orchestrator(steps: int, cache_dir: Path | None) -> dict:
     from rlrun.manifest import load_manifest
     from rlrun.model.resolve import resolve_model
     from rlrun.orchestrator.loop import Orchestrator
     from rlrun.rollout.fake import fake_client_factory
     from rlrun.rundir import RunDir
+    from rlrun.training.fake import fake_trainer
 
     spec = load_manifest(MANIFEST).spec
     model_dir = Path(resolve_model(spec.model, cache_dir))

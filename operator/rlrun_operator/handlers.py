@@ -344,8 +344,8 @@ async def _suspend(body, run: RLRun, status, patch, pods: list[PodView], logger)
 
 def _pause_message(paused: PauseResult) -> str:
     """The Paused Event's sentence: what the snapshot saved, in the contract's words."""
-    if paused.step is None:
-        return "paused before it started: nothing to save; it resumes from its newest checkpoint"
+    if paused.step is None:  # paused before it started, or after it was done
+        return f"{paused.note or 'nothing to save'}; it resumes from its newest checkpoint"
     return (
         f"snapshot at step {paused.step}: {paused.queued_traces} queued traces, {paused.open_groups} open groups, "
         f"{paused.requested_groups} requested groups, {paused.finished_episodes_kept} finished episodes kept"

@@ -98,3 +98,38 @@ def test_killing_a_child_mid_run_fails_the_launcher_and_leaves_no_orphans(
     assert alive(seen) == [], "processes left behind"
     log = json.dumps(out)
     assert "last lines of" in log
+
+
+def test_preempt_at_step_just_before_the_end_finishes_cleanly_and_a_resume_then_starts_nothing(
+    tmp_path, cache_dir, tiny_model
+):
+    # The small manifest of test_preemption.py with max_steps 6 and K = 5. With a bound of 2 the
+    # orchestrator may ship and checkpoint step 6 before the pause lands, or the pause may land and
+    # the resumed attempt finish almost at once: both are right, and whichever happens must end in
+    # exit 0 with every step trained, the ledger intact and no traceback.
+    manifest = write_manifest(
+        tmp_path / "m.yaml",
+        group_size=4,
+        batch_size=18,
+        max_off_policy_steps=2,
+        max_steps=6,
+        checkpoint={"interval": 4, "keep_last": 2},
+        rollout={"max_inflight": 64, "members_per_request": 2},
+    )
+    run_dir = tmp_path / "run"
+    proc = start_local(manifest, run_dir, cache_dir, "--preempt-at-step", "5")
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, out[-5000:]
+    assert "Traceback" not in out, out[-5000:]
+    preempted = "Resuming with" in out
+    assert preempted or "the run finished before the preemption after trainer step 5" in out, out[-3000:]
+    assert f"{int(preempted)} preemption(s)" in out and "ledger: ok" in out
+    assert sorted({r["step"] for r in metrics(run_dir / "metrics.jsonl")}) == [1, 2, 3, 4, 5, 6]
+    ckpt = latest_complete_checkpoint(RunDir(run_dir))
+    assert ckpt is not None and ckpt.step == 6
+    # --resume of the finished run: says so, starts nothing, exit 0
+    again = start_local(manifest, run_dir, cache_dir, "--resume")
+    out = again.communicate(timeout=120)[0]
+    assert again.returncode == 0, out
+    assert "already complete" in out and "step 6" in out and "no process started" in out
+    assert "done:" not in out and "reward per step" not in out

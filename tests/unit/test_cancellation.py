@@ -15,6 +15,17 @@ from rlrun.orchestrator.source import TrainSource
 from .helpers import episode, task
 
 
+class Dispatcher:
+    """The dispatcher's part in settling: cancelling an abandoned group's other requests."""
+
+    def __init__(self) -> None:
+        self.cancelled_groups: list[int] = []
+
+    def cancel_group(self, group_id: int) -> int:
+        self.cancelled_groups.append(group_id)
+        return 0
+
+
 @pytest.fixture
 def stages(tmp_path):
     ledger = Ledger(tmp_path, attempt=1, role="orchestrator")
@@ -22,6 +33,10 @@ def stages(tmp_path):
     source = TrainSource([(ReverseTextEnv(), 1.0)], seed=0, cursor=100)
     yield sink, source, ledger
     ledger.close()
+
+
+def settle_all(cancellations, sink, source, ledger, max_group_retries=2, dispatcher=None):
+    return settle(cancellations, sink, source, dispatcher or Dispatcher(), ledger, max_group_retries)
 
 
 def events(ledger: Ledger) -> list[dict]:
@@ -34,10 +49,12 @@ def test_group_with_fresh_members_gets_its_cancelled_members_requested_again(sta
     source.note_members(7, 4)  # members 0–3 were requested (two requests of 2)
     sink.add_episodes(7, task(7), [episode(7, 0, 0.5, 3), episode(7, 1, 0.2, 3)], next_step=4)
     cancelled = GroupCancellation(GroupRequest(7, task(7), 2, first_member=2), min_fresh_version=3, others_out=False)
-    assert settle([cancelled], sink, source, ledger) == 1
+    assert settle_all([cancelled], sink, source, ledger) == 1
     assert list(source.resume_requests) == [GroupRequest(7, task(7), 2, first_member=4)]
     assert [e.member for e in sink.open_groups[7].episodes] == [0, 1]
-    assert events(ledger)[-1] | {"t": 0} == {"e": "cancelled", "t": 0, "group": 7, "first_member": 2, "members": 2}
+    assert events(ledger)[-1] | {"t": 0} == {
+        "e": "cancelled", "t": 0, "group": 7, "first_member": 2, "members": 2, "reason": "stale",
+    }  # fmt: skip
 
 
 def test_group_whose_members_all_aged_out_is_abandoned_and_the_stale_ones_counted(stages):
@@ -45,11 +62,13 @@ def test_group_whose_members_all_aged_out_is_abandoned_and_the_stale_ones_counte
     source.note_members(7, 4)
     sink.add_episodes(7, task(7), [episode(7, 0, 0.5, 1), episode(7, 1, 0.2, 1)], next_step=2)
     cancelled = GroupCancellation(GroupRequest(7, task(7), 2, first_member=2), min_fresh_version=2, others_out=False)
-    assert settle([cancelled], sink, source, ledger) == 0
+    assert settle_all([cancelled], sink, source, ledger) == 0
     assert 7 not in sink.open_groups and list(source.resume_requests) == []
-    assert sink.counters.members_left_out_stale == 2
+    assert sink.counters.members_left_out_stale == 2 and sink.counters.groups_abandoned == 1
     dropped = [e for e in events(ledger) if e["e"] == "dropped_stale"]
     assert dropped[0]["ids"] == ["7/0", "7/1"] and dropped[0]["at"] == "cancel"
+    [abandoned] = [e for e in events(ledger) if e["e"] == "abandoned"]
+    assert abandoned["ids"] == [] and abandoned["reason"] == "stale"  # its members were dropped stale already
     assert source.request_again(7, task(7), 1).first_member == 0  # its numbering was forgotten too
 
 
@@ -57,7 +76,7 @@ def test_group_with_other_requests_out_goes_on_even_without_finished_members(sta
     sink, source, ledger = stages
     source.note_members(9, 4)
     cancelled = GroupCancellation(GroupRequest(9, task(9), 2, first_member=0), min_fresh_version=2, others_out=True)
-    assert settle([cancelled], sink, source, ledger) == 1
+    assert settle_all([cancelled], sink, source, ledger) == 1
     assert list(source.resume_requests) == [GroupRequest(9, task(9), 2, first_member=4)]
     assert 9 not in sink.open_groups  # nothing finished yet: no open group to keep
 
@@ -67,5 +86,47 @@ def test_abandoning_a_group_drops_a_request_of_it_still_waiting_in_the_source(st
     source.note_members(5, 2)
     source.request_again(5, task(5), 2)  # e.g. from an earlier cancellation, not dispatched yet
     cancelled = GroupCancellation(GroupRequest(5, task(5), 2, first_member=0), min_fresh_version=2, others_out=False)
-    settle([cancelled], sink, source, ledger)
+    settle_all([cancelled], sink, source, ledger)
     assert list(source.resume_requests) == []  # otherwise its members would open a group nobody completes
+
+
+def failed(group_id, first_member, members, others_out=False):
+    request = GroupRequest(group_id, task(group_id), members, first_member)
+    return GroupCancellation(request, None, others_out, reason="failed", error="no answer within 300 s")
+
+
+def test_a_failed_request_is_requested_again_up_to_max_group_retries_then_its_group_abandoned(stages):
+    sink, source, ledger = stages
+    dispatcher = Dispatcher()
+    source.note_members(3, 4)  # members 0-1 and 2-3 requested
+    sink.add_episodes(3, task(3), [episode(3, 0, 0.5, 1), episode(3, 1, 0.1, 1)], next_step=2)
+    assert settle_all([failed(3, 2, 2)], sink, source, ledger, dispatcher=dispatcher) == 1
+    assert source.resume_requests.popleft() == GroupRequest(3, task(3), 2, first_member=4)
+    assert settle_all([failed(3, 4, 2)], sink, source, ledger, dispatcher=dispatcher) == 1
+    assert source.resume_requests.popleft() == GroupRequest(3, task(3), 2, first_member=6)
+    assert source.retries(3) == 2
+    assert settle_all([failed(3, 6, 2, others_out=True)], sink, source, ledger, dispatcher=dispatcher) == 0
+    assert 3 not in sink.open_groups and list(source.resume_requests) == [] and dispatcher.cancelled_groups == [3]
+    assert sink.counters.groups_abandoned == 1
+    [abandoned] = [e for e in events(ledger) if e["e"] == "abandoned"]
+    assert abandoned["ids"] == ["3/0", "3/1"] and abandoned["reason"] == "requests_failed"
+    reasons = [(e["reason"], e.get("error")) for e in events(ledger) if e["e"] == "cancelled"]
+    assert reasons == [("failed", "no answer within 300 s")] * 3
+    # a result of the group that was already queued when it was given up is accounted for, not reopened
+    assert sink.add_episodes(3, task(3), [episode(3, 8, 0.9, 1)], next_step=2) == []
+    assert 3 not in sink.open_groups
+    assert [e["ids"] for e in events(ledger) if e["e"] == "abandoned"][-1] == ["3/8"]
+
+
+def test_with_no_retries_allowed_a_failed_group_is_abandoned_at_once(stages):
+    sink, source, ledger = stages
+    assert settle_all([failed(4, 0, 4)], sink, source, ledger, max_group_retries=0) == 0
+    assert sink.counters.groups_abandoned == 1 and list(source.resume_requests) == []
+
+
+def test_retry_counts_survive_a_checkpoint_of_the_source(stages):
+    sink, source, ledger = stages
+    settle_all([failed(6, 0, 4)], sink, source, ledger)
+    restored = TrainSource([(ReverseTextEnv(), 1.0)], seed=0)
+    restored.load_state(source.state())
+    assert restored.retries(6) == 1

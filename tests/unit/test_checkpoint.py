@@ -95,6 +95,37 @@ def test_prune_keeps_last_complete_and_newer_incomplete(tmp_path):
     assert sorted(p.name for p in rd.checkpoints.iterdir()) == ["step_20", "step_30", "step_40"]
 
 
+def test_prune_keeps_the_newest_checkpoint_that_verifies_not_a_torn_newer_one(tmp_path, caplog):
+    # keep_last 1, a complete step 4, and a step 6 whose progress.pt is torn (a pause before the trainer started
+    # used to prune step 4 away, and the next resume started over from step 0)
+    rd = RunDir(tmp_path)
+    complete_step(rd, 2)
+    complete_step(rd, 4)
+    complete_step(rd, 6)
+    path = rd.orchestrator_checkpoint(6) / "progress.pt"
+    path.write_bytes(path.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING):
+        assert prune_checkpoints(rd, keep_last=1) == [2]
+    assert sorted(p.name for p in rd.checkpoints.iterdir()) == ["step_4", "step_6"]
+    assert "checkpoint step 6 is not usable" in caplog.text
+    assert latest_complete_checkpoint(rd).step == 4  # what the next resume starts from
+
+
+def test_each_orchestrator_part_is_verified_once(tmp_path, monkeypatch):
+    import rlrun.checkpoint as checkpoint
+
+    rd = RunDir(tmp_path)
+    complete_step(rd, 1)
+    complete_step(rd, 2)
+    reads = []
+    monkeypatch.setattr(checkpoint, "_verifies", lambda run_dir, step: reads.append(step) or True)
+    assert checkpoint.usable_steps(rd) == [1, 2] and checkpoint.usable_steps(rd) == [1, 2]
+    assert reads == [1, 2]
+    save_orchestrator_progress(rd, 2, {"step": 2, "shipped": 3, "source": {"cursor": 7}})  # a pause rewrites it
+    checkpoint.mark_verified(rd.orchestrator_checkpoint(2) / "progress.pt")
+    assert checkpoint.usable_steps(rd) == [1, 2] and reads == [1, 2]
+
+
 def test_config_mismatch_refuses_and_names_the_field():
     saved = run_identity(spec(group_size=8))
     check_compatible(saved, spec(group_size=8, max_steps=5), "ckpt")  # other fields may change

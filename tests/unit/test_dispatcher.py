@@ -21,7 +21,9 @@ CHARS = {c: i + 2 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz= ")}
 IDS = {i: c for c, i in CHARS.items()}
 
 
-def make_dispatcher(transports: dict[str, httpx.AsyncBaseTransport], members_per_request=None, retry_for_s=5.0):
+def make_dispatcher(
+    transports: dict[str, httpx.AsyncBaseTransport], members_per_request=None, retry_window_s=5.0, timeout_s=30.0
+):
     results: asyncio.Queue[GroupResult] = asyncio.Queue()
     dispatcher = Dispatcher(
         list(transports),
@@ -31,9 +33,10 @@ def make_dispatcher(transports: dict[str, httpx.AsyncBaseTransport], members_per
         envs={ENV.name: ENV},
         sampling=SamplingSpec(max_tokens=8),
         results=results,
-        retry_for_s=retry_for_s,
+        retry_window_s=retry_window_s,
         client_factory=lambda url: RolloutClient(url, transport=transports[url]),
         members_per_request=members_per_request,
+        request_timeout_s=timeout_s,
     )
     return dispatcher, results
 
@@ -78,17 +81,65 @@ async def test_a_failing_endpoint_is_retried_on_another_one():
     await dispatcher.aclose()
 
 
-async def test_an_error_outlasting_the_retry_window_is_reported_not_swallowed():
+async def test_a_request_failing_for_the_whole_retry_window_arrives_as_a_failed_result():
     def broken(request: httpx.Request) -> httpx.Response:
         return httpx.Response(500, text="boom")
 
-    dispatcher, results = make_dispatcher({"http://a": httpx.MockTransport(broken)}, retry_for_s=0.3)
-    dispatcher.dispatch(GroupRequest(1, task(1), members=2), policy_version=0)
-    for _ in range(200):
-        if dispatcher.failures:
-            break
-        await asyncio.sleep(0.05)
-    assert "completion failed with 500" in str(dispatcher.failures[0]) and results.empty()
+    dispatcher, results = make_dispatcher({"http://a": httpx.MockTransport(broken)}, retry_window_s=0.3)
+    dispatcher.dispatch(GroupRequest(1, task(1), members=2, first_member=6), policy_version=0)
+    [result] = await drain(results, 1)
+    assert result.episodes == [] and result.request.first_member == 6
+    assert result.error.startswith("failed on every try for 0 s (RolloutError: http://a: completion failed with 500")
+    assert dispatcher.failures == []  # a rollout failure is the orchestrator's to settle, not a crash
+    assert dispatcher.emitted_requests() == [result.request]  # delivered, not yet taken
+    await dispatcher.aclose()
+
+
+async def test_a_hung_server_times_out_and_the_request_moves_to_another():
+    async def hang(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(3600)
+        raise AssertionError("never answered")
+
+    transports = {"http://hung": httpx.MockTransport(hang), "http://up": fake_vllm_transport(error_rate=0.0)}
+    dispatcher, results = make_dispatcher(transports, timeout_s=0.2)
+    dispatcher.dispatch(GroupRequest(1, task(1), members=4), policy_version=0)  # both idle: "hung" is tried first
+    [result] = await drain(results, 1)
+    assert result.error is None and len(result.episodes) == 4
+    assert "http://hung" in dispatcher.last_failure
+    # the next request avoids the server that failed recently, though it is as idle as the other one
+    dispatcher.dispatch(GroupRequest(2, task(2), members=4), policy_version=0)
+    [result] = await drain(results, 1, timeout=0.19)
+    assert result.error is None
+    await dispatcher.aclose()
+
+
+async def test_a_straggler_on_the_only_server_ends_as_a_failed_result_naming_the_timeout():
+    async def hang(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(3600)
+        raise AssertionError("never answered")
+
+    dispatcher, results = make_dispatcher({"http://a": httpx.MockTransport(hang)}, retry_window_s=0.1, timeout_s=0.2)
+    dispatcher.dispatch(GroupRequest(3, task(3), members=2), policy_version=0)
+    [result] = await drain(results, 1)
+    assert "no answer within 0 s (rollout.request_timeout_seconds)" in result.error
+    assert dispatcher.inflight_samples == 0
+    await dispatcher.aclose()
+
+
+async def test_cancelling_an_abandoned_group_stops_its_requests_and_unlists_delivered_ones():
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(3600)
+        raise AssertionError("never answered")
+
+    dispatcher, results = make_dispatcher({"http://a": httpx.MockTransport(slow)}, members_per_request=2)
+    dispatcher.dispatch(GroupRequest(4, task(4), members=4), policy_version=0)
+    dispatcher.dispatch(GroupRequest(5, task(5), members=2), policy_version=0)
+    dispatcher.undelivered[(4, 9)] = GroupRequest(4, task(4), 1, 9)  # a result of group 4 already queued
+    await asyncio.sleep(0.05)
+    assert dispatcher.cancel_group(4) == 2
+    assert [r.group_id for r in dispatcher.emitted_requests()] == [5]
+    await asyncio.sleep(0.05)
+    assert dispatcher.failures == [] and results.empty()
     await dispatcher.aclose()
 
 
@@ -141,7 +192,7 @@ def test_requests_carry_the_prompt_tokens_and_sampling_settings():
         return httpx.Response(200, json={"choices": []})
 
     async def main():
-        dispatcher, _ = make_dispatcher({"http://a": httpx.MockTransport(record)}, retry_for_s=0.1)
+        dispatcher, _ = make_dispatcher({"http://a": httpx.MockTransport(record)}, retry_window_s=0.1)
         dispatcher.dispatch(GroupRequest(3, task(3), members=2), policy_version=0)
         await asyncio.sleep(0.3)
         await dispatcher.aclose()

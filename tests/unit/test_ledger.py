@@ -88,3 +88,43 @@ def test_training_an_episode_whose_finish_was_rolled_back_is_a_problem(tmp_path)
 
 def test_an_empty_ledger_directory_is_a_problem(tmp_path):
     assert check_ledger(tmp_path).problems == [f"{tmp_path}: no ledger files"]
+
+
+def test_a_resume_from_older_than_a_completed_checkpoint_is_a_loss(tmp_path):
+    # attempt 1 completed checkpoint 4; attempt 2 started over from step 0 (the checkpoint had been pruned away)
+    write(
+        tmp_path, 1, "orchestrator",
+        *finished("1/0", "1/1"),
+        (LedgerEvent.CHECKPOINT, {"step": 0, "reason": "periodic", "ledger_line": -1}),
+        (LedgerEvent.CHECKPOINT, {"step": 4, "reason": "periodic", "ledger_line": 1}),
+    )  # fmt: skip
+    write(tmp_path, 1, "trainer", trained(1, "1/0", "1/1"))
+    write(tmp_path, 2, "orchestrator", (LedgerEvent.RESUMED, {"from_attempt": 1, "snapshot_line": -1, "step": 0}))
+    report = check_ledger(tmp_path)
+    assert (
+        "attempt 2 resumed from step 0 although attempt 1 had completed checkpoint 4: trained steps 1–4 were lost"
+        in (report.problems)
+    )
+
+
+def test_resuming_from_the_newest_completed_checkpoint_is_no_loss(tmp_path):
+    write(
+        tmp_path, 1, "orchestrator",
+        *finished("1/0"),
+        (LedgerEvent.CHECKPOINT, {"step": 2, "reason": "periodic", "ledger_line": 0}),
+    )  # fmt: skip
+    write(tmp_path, 1, "trainer", trained(1, "1/0"), trained(2))
+    write(tmp_path, 2, "orchestrator", (LedgerEvent.RESUMED, {"from_attempt": 1, "snapshot_line": 0, "step": 2}))
+    report = check_ledger(tmp_path)
+    assert report.ok, report.problems
+
+
+def test_episodes_of_an_abandoned_group_are_accounted_for(tmp_path):
+    write(
+        tmp_path, 1, "orchestrator",
+        *finished("1/0", "1/1", "5/0"),
+        (LedgerEvent.ABANDONED, {"ids": ["5/0"], "group": 5, "reason": "requests_failed"}),
+    )  # fmt: skip
+    write(tmp_path, 1, "trainer", trained(1, "1/0", "1/1"))
+    report = check_ledger(tmp_path)
+    assert report.ok and report.abandoned == 1 and report.trained == 2, report.problems

@@ -186,12 +186,69 @@ def complete_steps(run_dir: RunDir) -> list[int]:
     )
 
 
+#: Verification results of orchestrator parts by (path, mtime ns, size): each file is checked once.
+_verified: dict[tuple[str, int, int], bool] = {}
+
+
+def _file_key(path: Path) -> tuple[str, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (str(path), st.st_mtime_ns, st.st_size)
+
+
+def mark_verified(path: Path) -> None:
+    """Record that the ``progress.pt`` at ``path`` is good (its writer just wrote and fsynced it)."""
+    key = _file_key(path)
+    if key is not None:
+        _verified[key] = True
+
+
+def usable_steps(run_dir: RunDir) -> list[int]:
+    """Complete steps whose two parts verify, ascending (what a resume may start from).
+
+    The trainer part is checked every time (its header only); an orchestrator part's checksum
+    once per file version (cached by path, mtime and size), so calling this after every save is
+    cheap. A step that fails is logged (``WARNING``) when first seen.
+    """
+    usable = []
+    for step in complete_steps(run_dir):
+        progress = run_dir.orchestrator_checkpoint(step) / PROGRESS_FILE
+        key = _file_key(progress)
+        try:
+            load_trainer_progress(run_dir, step)
+        except CheckpointError as exc:
+            log.warning("checkpoint step %d is not usable: %s", step, exc)
+            continue
+        if key is not None and key not in _verified:
+            _verified[key] = _verifies(run_dir, step)
+        if key is not None and _verified[key]:
+            usable.append(step)
+    return usable
+
+
+def _verifies(run_dir: RunDir, step: int) -> bool:
+    try:
+        load_orchestrator_progress(run_dir, step)
+    except CheckpointError as exc:
+        log.warning("checkpoint step %d is not usable: %s", step, exc)
+        return False
+    return True
+
+
 def prune_checkpoints(run_dir: RunDir, keep_last: int) -> list[int]:
-    """Delete all but the ``keep_last`` newest complete steps, and incomplete steps older than the
-    newest complete one (a crash left them; they can never complete). Returns the deleted steps."""
-    complete = complete_steps(run_dir)
-    keep = set(complete[-keep_last:])
-    newest = complete[-1] if complete else None
+    """Delete all but the ``keep_last`` newest **usable** steps (both parts verify), and every other
+    step older than the newest usable one (incomplete or damaged: a crash left it; it can never be
+    resumed from). Steps newer than the newest usable one are left alone (being written, or to be
+    skipped with a warning at resume). Returns the deleted steps.
+
+    Verifying matters: a torn newer part counted as complete would push the only good
+    checkpoint out of retention, and the next resume would start over from step 0.
+    """
+    usable = usable_steps(run_dir)
+    keep = set(usable[-keep_last:])
+    newest = usable[-1] if usable else None
     removed = []
     for n, p in step_dirs(run_dir.checkpoints).items():
         if n in keep or newest is None or n > newest:

@@ -40,15 +40,19 @@ class LedgerEvent(str, Enum):
     REJECTED = "rejected"
     #: ids, and step (queue sweep), group (left out of scoring) or at (``cancel``, ``resume``)
     DROPPED_STALE = "dropped_stale"
-    #: group, first_member, members — an in-flight request that could no longer train
+    #: group, first_member, members, reason (``stale``: could no longer train; ``failed``: no server
+    #: answered it, with the error) — a request that ended without members
     CANCELLED = "cancelled"
+    #: ids (its finished episodes, possibly none), group, reason — a group given up (counted)
+    ABANDONED = "abandoned"
     #: step, ids — a batch published for the trainer
     SHIPPED = "shipped"
-    #: step, reason, ledger_line — the orchestrator part of checkpoint ``step`` (its sink snapshot)
-    #: refers to this file up to ``ledger_line``
+    #: step, reason, ledger_line — the orchestrator part of checkpoint ``step`` is written and durable
+    #: (checkpoint ``step`` is complete); its sink snapshot refers to this file up to ``ledger_line``
     CHECKPOINT = "checkpoint"
-    #: from_attempt, snapshot_line, step, and the resume report's counts — events of ``from_attempt``
-    #: after ``snapshot_line`` are rolled back (line −1: the whole attempt, a start-over)
+    #: from_attempt, snapshot_line, step, report (the resume report, ``rlrun.api.control.ResumeReport``)
+    #: — events of ``from_attempt`` after ``snapshot_line`` are rolled back (line −1: the whole attempt,
+    #: a start-over from step 0, which has no report)
     RESUMED = "resumed"
     #: group, members, first_member — members of a restored group requested again
     REDISPATCH_REQUESTED = "redispatch_requested"
@@ -142,6 +146,7 @@ class LedgerReport:
     trained: int = 0
     rejected: int = 0
     dropped_stale: int = 0
+    abandoned: int = 0
     leftover: int = 0
     rolled_back: int = 0
     steps: int = 0
@@ -156,16 +161,20 @@ class LedgerReport:
 
 
 #: Final fates an orchestrator event gives its episodes (training is the trainer's).
-_FATES = (LedgerEvent.REJECTED.value, LedgerEvent.DROPPED_STALE.value, LedgerEvent.LEFTOVER.value)
+_FATES = tuple(
+    e.value for e in (LedgerEvent.REJECTED, LedgerEvent.DROPPED_STALE, LedgerEvent.ABANDONED, LedgerEvent.LEFTOVER)
+)
 
 
 def check_ledger(root: Path) -> LedgerReport:
     """Prove invariant 1 on a finished run from its ledger.
 
     Every episode finished (and not rolled back) must end exactly once as trained (in the
-    final history), rejected, dropped stale, or left over at the end of the run; no episode
-    may be trained twice; every step 1..last must be trained exactly once in the final
-    history.
+    final history), rejected, dropped stale, abandoned with its group, or left over at the
+    end of the run; no episode may be trained twice; every step 1..last must be trained
+    exactly once in the final history; and no attempt may resume from a step older than a
+    checkpoint an earlier attempt completed (trained steps lost, e.g. to a pruned or
+    damaged checkpoint).
     """
     ledger = read_ledger(root)
     attempts = sorted({a for a, _ in ledger})
@@ -184,7 +193,19 @@ def check_ledger(root: Path) -> LedgerReport:
                 line = ev.get("snapshot_line")
                 if src in cutoff and line is not None:
                     cutoff[src] = min(cutoff[src], line + 1)
-                restored_step[a] = ev["step"]
+                restored_step[a] = min(restored_step.get(a, ev["step"]), ev["step"])
+    # Resuming from an older step than a checkpoint already completed loses trained steps.
+    completed: tuple[int, int] = (-1, -1)  # (newest step completed so far, the attempt that completed it)
+    for a in attempts:
+        if a in restored_step and restored_step[a] < completed[0]:
+            step, by = completed
+            report.problems.append(
+                f"attempt {a} resumed from step {restored_step[a]} although attempt {by} had completed checkpoint "
+                f"{step}: trained steps {restored_step[a] + 1}–{step} were lost"
+            )
+        for ev in orch[a]:
+            if ev["e"] == LedgerEvent.CHECKPOINT and ev["step"] > completed[0]:
+                completed = (ev["step"], a)
     # final fate of every episode
     fates: dict[str, list[str]] = defaultdict(list)
     finished: set[str] = set()
@@ -231,6 +252,7 @@ def check_ledger(root: Path) -> LedgerReport:
     report.trained = counts[LedgerEvent.TRAINED.value]
     report.rejected = counts[LedgerEvent.REJECTED.value]
     report.dropped_stale = counts[LedgerEvent.DROPPED_STALE.value]
+    report.abandoned = counts[LedgerEvent.ABANDONED.value]
     report.leftover = counts[LedgerEvent.LEFTOVER.value]
     report.problems = report.problems[:50]
     return report

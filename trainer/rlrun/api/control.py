@@ -82,12 +82,15 @@ class PauseResult(SnapshotCounts):
 
     Attributes:
         step: the checkpoint the snapshot completes (the newest trainer part); None when the
-            orchestrator paused before it had started: nothing was written and the newest
-            complete checkpoint stays what the next attempt resumes from.
+            orchestrator had nothing to save — paused before it had started, or after the run was
+            complete: nothing was written and the newest complete checkpoint stays what a next
+            attempt resumes from.
         path: the ``progress.pt`` written (None with ``step``).
         seconds: time to pack and write it.
         time: when the pause finished (Unix seconds).
         note: a sentence when nothing was written.
+        run_complete: the run had already shipped and checkpointed its last step: there is
+            nothing to resume.
     """
 
     step: int | None = Field(ge=0)
@@ -95,6 +98,7 @@ class PauseResult(SnapshotCounts):
     seconds: float = Field(default=0.0, ge=0)
     time: float
     note: str = ""
+    run_complete: bool = False
 
     @classmethod
     def of_checkpoint(cls, written: CheckpointWritten) -> PauseResult:
@@ -102,8 +106,10 @@ class PauseResult(SnapshotCounts):
         return cls(**written.model_dump(include=set(PauseResult.model_fields)))
 
     @classmethod
-    def nothing_to_save(cls, now: float) -> PauseResult:
-        """The pause answer of an orchestrator that had not started (no work of its own)."""
+    def nothing_to_save(
+        cls, now: float, note: str = "paused before starting: nothing to save", run_complete: bool = False
+    ) -> PauseResult:
+        """The pause answer of an orchestrator with no work to save (not started yet, or done)."""
         return cls(
             step=None,
             path=None,
@@ -112,7 +118,8 @@ class PauseResult(SnapshotCounts):
             open_groups=0,
             requested_groups=0,
             finished_episodes_kept=0,
-            note="paused before starting: nothing to save",
+            note=note,
+            run_complete=run_complete,
         )
 
 

@@ -166,6 +166,12 @@ class RolloutSpec(RoleSpec):
         max_model_len: context length the server allocates for, in tokens (None: the model's).
         members_per_request: members of a group sampled per completions request (None: the whole
             group in one request, fastest on vLLM-CPU; smaller values let members finish apart).
+        request_timeout_seconds: most time one completions request may take on one server before
+            it counts as failed there (a hung server, a straggler); raise it for long generations.
+        retry_window_seconds: how long a failed request keeps being retried, on another server
+            when there is one, before the request itself fails.
+        max_group_retries: times the members of a group whose request failed are requested again
+            (same task and group id) before the group is abandoned (counted, in the ledger).
     """
 
     replicas: int = Field(default=1, ge=1, le=256)
@@ -173,6 +179,9 @@ class RolloutSpec(RoleSpec):
     kv_cache_gib: int = Field(default=1, ge=1)
     max_model_len: int | None = Field(default=None, ge=16)
     members_per_request: int | None = Field(default=None, ge=1)
+    request_timeout_seconds: int = Field(default=300, ge=1)
+    retry_window_seconds: int = Field(default=120, ge=1)
+    max_group_retries: int = Field(default=2, ge=0, le=100)
 
 
 class PreemptionSpec(_Strict):

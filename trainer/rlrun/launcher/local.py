@@ -9,9 +9,18 @@ every child is stopped and the launcher exits non-zero, naming the dead child an
 showing its last log lines.
 
 ``--preempt-at-step K`` exercises the preemption protocol: just after the trainer
-finishes step K, while new rollouts are in flight, the launcher asks the orchestrator to pause (``POST /pause``: snapshot written), SIGKILLs every
-process, restarts them all with ``--resume`` as the next attempt, prints what the
-resumed orchestrator restored, and carries on.
+finishes step K, while new rollouts are in flight, the launcher asks the orchestrator
+to pause (``POST /pause``: snapshot written), SIGKILLs every process, restarts them all
+with ``--resume`` as the next attempt, prints what the resumed orchestrator restored,
+and carries on. A K the run never reaches is told and ignored: K at or past the last
+step, or at or before the step a ``--resume`` starts from, before anything starts; a run
+that finishes before the pause lands, when it does. The orchestrator may exit at any
+moment near the end, so no control-server call assumes it is still there: an exit 0
+counts as finished (a resumed attempt's report is then read from its ledger), any other
+exit as a dead child.
+
+``--resume`` of a run whose newest complete checkpoint already holds the last step
+says so and starts nothing.
 """
 
 from __future__ import annotations
@@ -31,64 +40,29 @@ from rich.table import Table
 
 from rlrun.api.control import PauseResult, ResumeReport, StatusReport
 from rlrun.api.spec import RLRun
+from rlrun.checkpoint import latest_complete_checkpoint
+from rlrun.launcher.preemption import preemption_skip_reason, resume_line, resume_report_from_ledger
 from rlrun.launcher.processes import Child, ChildDied, free_port, wait_http_ok
+from rlrun.launcher.progress import label_restored, progress_cells, read_metrics, reward_gain, summary_table
 from rlrun.ledger import check_ledger
 from rlrun.model.resolve import resolve_model
 from rlrun.rundir import RunDir, step_dirs
 
 #: Seconds between the trainer finishing step K and a simulated preemption (see ``_preempt_due``).
 PREEMPT_DELAY_S = 0.3
+#: Seconds an orchestrator whose control server stopped answering gets to exit before that counts as a failure.
+EXIT_GRACE_S = 10.0
 
 
-def read_metrics(path: Path, offset: int = 0) -> tuple[list[dict], int]:
-    """Complete JSON lines of ``path`` from byte ``offset``; returns them and the new offset."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except FileNotFoundError:
-        return [], offset
-    end = data.rfind(b"\n") + 1
-    lines = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
-    return lines, offset + end
-
-
-def summary_table(rows: list[dict], max_rows: int = 20) -> Table:
-    """Reward per step; consecutive steps are averaged into at most ``max_rows`` rows."""
-    table = Table(title="reward per step")
-    for col in ("steps", "reward", "completion len", "staleness", "tokens/s"):
-        table.add_column(col, justify="right")
-    if not rows:
-        return table
-    size = max(1, -(-len(rows) // max_rows))
-    for i in range(0, len(rows), size):
-        chunk = rows[i : i + size]
-
-        def mean(key, chunk=chunk):
-            vals = [r[key] for r in chunk if r.get(key) is not None]
-            return sum(vals) / len(vals) if vals else float("nan")
-
-        steps = f"{chunk[0]['step']}" if len(chunk) == 1 else f"{chunk[0]['step']}–{chunk[-1]['step']}"
-        table.add_row(
-            steps,
-            f"{mean('reward_mean'):.3f}",
-            f"{mean('completion_len_mean'):.1f}",
-            f"{mean('staleness_mean'):.2f}",
-            f"{mean('rollout_tokens_per_s'):.0f}",
-        )
-    return table
-
-
-def reward_gain(rows: list[dict], window: int = 10) -> tuple[float, float] | None:
-    """Mean reward of the first and last ``window`` steps (None with fewer than 2·window steps)."""
-    rewards = [r["reward_mean"] for r in rows if r.get("reward_mean") is not None]
-    if len(rewards) < 2 * window:
-        return None
-    return sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+class LaunchError(RuntimeError):
+    """The launcher cannot go on (the message says what failed and where to look); exit 1."""
 
 
 class LocalLauncher:
     """Runs one manifest locally; :meth:`run` returns the process exit code."""
+
+    #: Seconds an orchestrator whose control server stopped answering gets to exit (see ``EXIT_GRACE_S``).
+    exit_grace_s = EXIT_GRACE_S
 
     def __init__(
         self,
@@ -120,6 +94,10 @@ class LocalLauncher:
         self.attempt = 0
         self._last_step = 0
         self._trainer_done_at: float | None = None
+        self._trainer_metrics_start = 0  # bytes of trainer_metrics.jsonl written before this launcher
+        self._resumed_from: int | None = None  # the checkpoint step a --resume starts from
+        self._preempt_skipped: str | None = None  # why --preempt-at-step did not happen
+        self._generating: set[int] = set()  # attempts seen generating (see label_restored)
 
     def _rlrun(self, *args: str) -> list[str]:
         argv = [sys.executable, "-m", "rlrun", *args, str(self.manifest_path)]
@@ -201,11 +179,30 @@ class LocalLauncher:
 
         Raises:
             httpx.HTTPError: unreachable, or an error status.
+            ValueError: an answer that is not JSON.
         """
         headers = {"Authorization": f"Bearer {self.control_token}"}
         resp = httpx.request(method, f"{self.control_url}{path}", headers=headers, timeout=timeout_s)
         resp.raise_for_status()
         return resp.json()
+
+    @staticmethod
+    def _exits_cleanly(child: Child, within_s: float) -> bool:
+        """True once ``child`` has exited 0, waiting up to ``within_s`` seconds; False while it runs on.
+
+        Raises:
+            ChildDied: it exited with another code.
+        """
+        deadline = time.monotonic() + within_s
+        while True:
+            code = child.poll()
+            if code == 0:
+                return True
+            if code is not None:
+                raise ChildDied(child, code)
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
 
     def _preempt_due(self) -> bool:
         """True once the trainer has finished step ``preempt_at_step``, plus ``PREEMPT_DELAY_S``.
@@ -213,50 +210,120 @@ class LocalLauncher:
         Right after a trainer step the orchestrator loads the new weights and rolls out the
         batches they unlock, so groups are in flight and partly queued: the moment a node loss
         costs the most finished work, which is what the simulation is for. (Pausing right after
-        a batch ships would often find an idle orchestrator waiting for the trainer.)
+        a batch ships would often find an idle orchestrator waiting for the trainer.) Only steps
+        trained since this launcher started count, not those of a run it resumes.
         """
         if self._trainer_done_at is None:
-            rows, _ = read_metrics(self.run_dir.trainer_metrics)
+            rows, _ = read_metrics(self.run_dir.trainer_metrics, self._trainer_metrics_start)
             if any(r["step"] >= self.preempt_at_step for r in rows):
                 self._trainer_done_at = time.monotonic()
             return False
         return time.monotonic() - self._trainer_done_at >= PREEMPT_DELAY_S
 
-    def _preempt(self, model_path: str) -> tuple[Child, Child]:
-        """Simulated preemption: pause through the control server, SIGKILL everything, restart with --resume."""
+    def _pause(self, orch: Child) -> PauseResult | None:
+        """``POST /pause``; None when the run finished before the pause landed (the orchestrator said
+        ``done``, or exited 0 instead of answering).
+
+        Raises:
+            ChildDied: the orchestrator exited with an error.
+            LaunchError: the pause failed while the orchestrator runs on.
+        """
+        with contextlib.suppress(httpx.HTTPError, ValueError):  # not answering: the pause below tells why
+            if StatusReport.model_validate(self._control("GET", "/status", timeout_s=5)).phase == "done":
+                return None
+        try:
+            return PauseResult.model_validate(self._control("POST", "/pause"))
+        except (httpx.HTTPError, ValueError) as exc:
+            if self._exits_cleanly(orch, self.exit_grace_s):
+                return None
+            raise LaunchError(
+                f"the pause after trainer step {self.preempt_at_step} failed ({type(exc).__name__}: {exc}) "
+                f"and the orchestrator runs on; see {orch.log_path}"
+            ) from None
+
+    def _await_resume_report(self, trainer: Child, orch: Child) -> tuple[ResumeReport | None, bool]:
+        """What the resumed orchestrator restored (None: it resumed nothing, starting from step 0), and
+        whether it had already exited 0 (the report then comes from its ledger).
+
+        Raises:
+            ChildDied: the trainer or the orchestrator exited with an error.
+            LaunchError: no report within ``health_timeout_s``.
+        """
+        ledger = self.run_dir.root / "ledger"
+        deadline = time.monotonic() + self.health_timeout_s
+        while True:
+            for child in (trainer, orch):
+                if child.poll() not in (None, 0):
+                    raise ChildDied(child, child.poll())
+            if orch.poll() == 0:  # done before answering: its resume is in its ledger
+                return resume_report_from_ledger(ledger, self.attempt), True
+            try:
+                status = StatusReport.model_validate(self._control("GET", "/status", timeout_s=5))
+            except (httpx.HTTPError, ValueError):
+                status = None  # not listening yet, or closing: the next turn tells
+            if status is not None and (status.resume is not None or status.phase in ("running", "done")):
+                return status.resume, False
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"the resumed orchestrator did not report its resume within {self.health_timeout_s:.0f} s; "
+                    f"see {orch.log_path}"
+                )
+            time.sleep(0.5)
+
+    def _preempt(self, model_path: str, orch: Child) -> tuple[Child, Child] | None:
+        """Simulated preemption: pause through the control server, SIGKILL everything, restart with
+        --resume; the new trainer and orchestrator, or None when the run finished before the pause."""
         console = self.console
-        snap = PauseResult.model_validate(self._control("POST", "/pause"))
+        snap = self._pause(orch)
+        finished = f"the run finished before the preemption after trainer step {self.preempt_at_step} landed"
+        if snap is None or snap.run_complete:
+            self._preempt_skipped = finished
+            return None
+        if snap.step is not None and snap.step >= self.max_steps and self._exits_cleanly(orch, self.exit_grace_s):
+            # The pause completed the last checkpoint: nothing is left to preempt, and the orchestrator,
+            # done, exits by itself.
+            self._preempt_skipped = f"{finished} (the pause completed the last checkpoint, step {snap.step})"
+            return None
+        saved = (
+            f"snapshot of step {snap.step} with {snap.queued_traces} queued traces, {snap.open_groups} open groups "
+            f"({snap.finished_episodes_kept} finished episodes kept) and {snap.requested_groups} requested groups "
+            f"at {snap.path}"
+            if snap.step is not None
+            else snap.note
+        )
         console.print(
-            f"[yellow]preemption after trainer step {self.preempt_at_step}:[/yellow] snapshot of step {snap.step} with "
-            f"{snap.queued_traces} queued traces, {snap.open_groups} open groups ({snap.finished_episodes_kept} "
-            f"finished episodes kept) and {snap.requested_groups} requested groups at {snap.path}; killing every process"
+            f"[yellow]preemption after trainer step {self.preempt_at_step}:[/yellow] {saved}; killing every process"
         )
         for child in self.children:
             child.kill()
         self.children = []
         self.preemptions.append(snap)
         trainer, orch = self._start_all(model_path, resume=True)
-        deadline = time.monotonic() + self.health_timeout_s
-        while True:  # wait for the resumed orchestrator to report what it restored
-            for child in (trainer, orch):
-                if child.poll() not in (None, 0):
-                    raise ChildDied(child, child.poll())
-            try:
-                report = StatusReport.model_validate(self._control("GET", "/status", timeout_s=5)).resume
-                if report is not None:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("the resumed orchestrator did not report its resume")
-            time.sleep(0.5)
+        report, finished = self._await_resume_report(trainer, orch)
+        if report is None:
+            console.print(f"attempt {self.attempt} resumed nothing (no complete checkpoint): it started from step 0")
+            return trainer, orch
         self.resume_reports.append(report)
-        console.print(
-            f"Resuming with {report.queued_traces} queued traces, {report.open_groups} open groups "
-            f"({report.finished_episodes_kept} finished episodes kept) and {report.requested_groups} requested groups; "
-            f"a progress-only checkpoint would have lost {report.progress_only_would_lose} finished episodes"
-        )
+        console.print(resume_line(report))
+        if finished:
+            console.print(f"attempt {self.attempt} finished the run right after resuming (report read from its ledger)")
         return trainer, orch
+
+    def _already_complete(self) -> str | None:
+        """With ``--resume``: the sentence saying the run is already complete, when the newest complete
+        checkpoint holds the last step (nothing to start); else None, and the checkpoint a resume
+        starts from is noted for :func:`preemption_skip_reason`."""
+        if not self.resume:
+            return None
+        ckpt = latest_complete_checkpoint(self.run_dir)
+        self._resumed_from = ckpt.step if ckpt is not None else None
+        if ckpt is None or ckpt.step < self.max_steps:
+            return None
+        return (
+            f"{self.run_dir.root} is already complete: its newest complete checkpoint, step {ckpt.step} "
+            f"({self.run_dir.checkpoint(ckpt.step)}), holds {ckpt.step} trained steps and the run's last step is "
+            f"{self.max_steps}; nothing to resume, no process started (a larger --max-steps trains further)"
+        )
 
     def run(self) -> int:
         """Start everything, show progress, stop everything; returns 0 on success."""
@@ -265,7 +332,18 @@ class LocalLauncher:
         if problem:
             console.print(f"[red]error:[/red] {problem}")
             return 2
+        complete = self._already_complete()
+        if complete:
+            console.print(complete)
+            return 0
+        if self.preempt_at_step:
+            skip = preemption_skip_reason(self.preempt_at_step, self.max_steps, self._resumed_from)
+            if skip:
+                console.print(f"[yellow]{skip}; running without a preemption[/yellow]")
+                self._preempt_skipped = skip
         self.run_dir.ensure()
+        with contextlib.suppress(FileNotFoundError):
+            self._trainer_metrics_start = self.run_dir.trainer_metrics.stat().st_size
         t_start = time.monotonic()
         try:
             with console.status("preparing the model (built once, then cached)…"):
@@ -277,6 +355,10 @@ class LocalLauncher:
             console.print(f"[red]error:[/red] {exc}; last lines of {exc.child.log_path}:")
             for line in exc.child.tail(20):
                 console.print(f"  {line}", markup=False, highlight=False)
+            self.stop_all()
+            return 1
+        except (LaunchError, TimeoutError) as exc:
+            console.print(f"[red]error:[/red] {exc}")
             self.stop_all()
             return 1
         except KeyboardInterrupt:
@@ -296,7 +378,8 @@ class LocalLauncher:
         report = check_ledger(self.run_dir.root / "ledger")
         console.print(
             f"ledger: {'ok' if report.ok else 'VIOLATED'} — {report.finished} finished episodes: {report.trained} trained, "
-            f"{report.rejected} rejected, {report.dropped_stale} dropped stale, {report.leftover} left over; "
+            f"{report.rejected} rejected, {report.dropped_stale} dropped stale, {report.abandoned} abandoned, "
+            f"{report.leftover} left over; "
             f"{report.rolled_back} rolled back"
         )
         for problem in report.problems[:5]:
@@ -307,21 +390,9 @@ class LocalLauncher:
         )
         return 0 if report.ok else 1
 
-    def _progress_cells(self, rows: list[dict], t0: float) -> list[str]:
-        last = rows[-1] if rows else {}
-        return [
-            f"step {last.get('step', 0)}/{self.max_steps}",
-            f"reward {last.get('reward_mean') or 0:.3f}",
-            f"{last.get('rollout_tokens_per_s', 0):.0f} tok/s",
-            f"queue {last.get('queue', 0)}",
-            f"staleness {last.get('staleness_mean', 0):.2f} (max {last.get('staleness_max', 0)})",
-            f"policy v{last.get('policy_version', 0)}",
-            f"{time.monotonic() - t0:.0f} s",
-        ]
-
     def _progress(self, rows: list[dict], t0: float) -> Table:
         table = Table.grid(padding=(0, 2))
-        table.add_row(*self._progress_cells(rows, t0))
+        table.add_row(*progress_cells(rows[-1] if rows else {}, self.max_steps, time.monotonic() - t0))
         return table
 
     def _follow(self, trainer: Child, orch: Child, model_path: str) -> list[dict]:
@@ -331,21 +402,33 @@ class LocalLauncher:
         # On a terminal the progress line updates in place; in a log (CI), one line every ~5% of the run.
         every = max(1, self.max_steps // 20)
         live = Live(self._progress(rows, t0), console=self.console, refresh_per_second=4, transient=False)
+
+        def take_new() -> None:
+            nonlocal offset
+            new, offset = read_metrics(self.run_dir.metrics, offset)
+            label_restored(new, self._generating)
+            rows.extend(new)
+            if rows:
+                self._last_step = rows[-1]["step"]
+            if self.console.is_terminal:
+                live.update(self._progress(rows, t0))
+                return
+            for row in new:
+                if row["step"] % every == 0 or row["step"] == self.max_steps or row["restored"]:
+                    cells = progress_cells(row, self.max_steps, time.monotonic() - t0)
+                    self.console.print("  ".join(cells), markup=False)
+
         with live if self.console.is_terminal else contextlib.nullcontext():
             while True:
-                new, offset = read_metrics(self.run_dir.metrics, offset)
-                rows.extend(new)
-                if rows:
-                    self._last_step = rows[-1]["step"]
-                if self.preempt_at_step and not self.preemptions and self._preempt_due():
-                    trainer, orch = self._preempt(model_path)
+                take_new()
+                if self.preempt_at_step and not self.preemptions and not self._preempt_skipped and self._preempt_due():
+                    restarted = self._preempt(model_path, orch)
+                    if restarted is not None:
+                        trainer, orch = restarted
+                    else:  # its last steps first, then why there was no preemption
+                        take_new()
+                        self.console.print(f"[yellow]{self._preempt_skipped}: no preemption[/yellow]")
                     continue
-                if self.console.is_terminal:
-                    live.update(self._progress(rows, t0))
-                else:
-                    for row in new:
-                        if row["step"] % every == 0 or row["step"] == self.max_steps:
-                            self.console.print("  ".join(self._progress_cells([row], t0)), markup=False)
                 for child in self.children:
                     code = child.poll()
                     if code is None:
@@ -354,7 +437,12 @@ class LocalLauncher:
                         continue
                     raise ChildDied(child, code)
                 if trainer.poll() == 0 and orch.poll() == 0:
-                    rows.extend(read_metrics(self.run_dir.metrics, offset)[0])
+                    take_new()
+                    if self.preempt_at_step and not self.preemptions and not self._preempt_skipped:
+                        self._preempt_skipped = (
+                            f"the run finished before the preemption after trainer step {self.preempt_at_step}"
+                        )
+                        self.console.print(f"[yellow]{self._preempt_skipped}: no preemption[/yellow]")
                     latest = {r["step"]: r for r in rows}  # a step re-shipped after a resume: keep the last
                     return [latest[s] for s in sorted(latest)]
                 time.sleep(0.25)

@@ -1,58 +1,104 @@
-"""Cancellation: in-flight requests that can no longer train are cancelled, and their groups settled.
+"""Cancellation: requests that can no longer train, or that failed, are settled with their groups.
 
-After each batch ships, the dispatcher cancels every request dispatched before the
-staleness floor of the next batch (:meth:`Dispatcher.cancel_stale`). Each cancelled request
-becomes a :class:`GroupCancellation` that the sink settles (:meth:`TrainSink.cancel`): the
-group goes on — its cancelled members are requested again, same task and group id, numbered
-after every earlier member — or is abandoned. Guarantee: no group is orphaned (left open
-waiting for members nobody will produce, holding flow-control budget), and every
-cancellation is in the ledger.
+Two kinds of request end without members:
+
+- **stale**: after each batch ships, the dispatcher cancels every request dispatched before
+  the staleness floor of the next batch (:meth:`Dispatcher.cancel_stale`);
+- **failed**: a request that found no server to answer it within
+  ``rollout.retry_window_seconds`` (a dead or hung server, a straggler past
+  ``rollout.request_timeout_seconds``) arrives as a result with an error.
+
+Each becomes a :class:`GroupCancellation` that :func:`settle` turns into one outcome for the
+group: it **goes on** — the members are requested again, same task and group id, numbered
+after every earlier member — or it is **abandoned**: its other requests are cancelled, its
+finished episodes recorded as abandoned, and it is counted. A stale request's group goes on
+while it keeps fresh members or other requests (:meth:`TrainSink.cancel`); a failed request's
+group goes on while it has been requested again fewer than ``rollout.max_group_retries``
+times (counted by the train source, kept in checkpoints).
+
+Guarantee: no group is orphaned (left open waiting for members nobody will produce, holding
+flow-control budget), no request is retried without bound, and every outcome is in the
+ledger, so the run reaches ``max_steps`` whatever a rollout server does.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from rlrun.ledger import Ledger, LedgerEvent
 from rlrun.orchestrator.groups import GroupRequest
 
 if TYPE_CHECKING:
+    from rlrun.orchestrator.dispatcher import Dispatcher
     from rlrun.orchestrator.sink import TrainSink
     from rlrun.orchestrator.source import TrainSource
+
+log = logging.getLogger(__name__)
+
+#: Why a request ended without members (see the module docstring).
+CancelReason = Literal["stale", "failed"]
 
 
 @dataclass(frozen=True)
 class GroupCancellation:
-    """One request of a group was cancelled before its members returned (they could no longer train).
+    """One request of a group ended before its members returned.
 
     Attributes:
-        request: the cancelled request; none of its members reached the sink.
-        min_fresh_version: the staleness floor of the next batch: the group's finished
-            members older than this can no longer train either.
+        request: the request; none of its members reached the sink.
+        min_fresh_version: for ``stale``, the staleness floor of the next batch: the group's
+            finished members older than this can no longer train either (None for ``failed``).
         others_out: other requests of the same group are still in flight or waiting to be
             consumed (their members may still complete the group).
+        reason: ``stale`` (cancelled: it could no longer train) or ``failed`` (no server answered).
+        error: for ``failed``, what went wrong.
     """
 
     request: GroupRequest
-    min_fresh_version: int
+    min_fresh_version: int | None
     others_out: bool
+    reason: CancelReason = "stale"
+    error: str | None = None
 
 
-def settle(cancellations: list[GroupCancellation], sink: TrainSink, source: TrainSource, ledger: Ledger) -> int:
-    """Record each cancellation and have the sink settle its group; returns how many groups go on.
+def settle(
+    cancellations: list[GroupCancellation],
+    sink: TrainSink,
+    source: TrainSource,
+    dispatcher: Dispatcher,
+    ledger: Ledger,
+    max_group_retries: int,
+) -> int:
+    """Record each cancellation and settle its group (module docstring); returns how many groups go on.
 
-    A group that goes on gets its cancelled members requested again from ``source`` (served
-    before new tasks); an abandoned one is forgotten by the source (numbering and any pending
-    resume request of it).
+    Args:
+        cancellations: in the order the requests ended.
+        sink, source, dispatcher: the orchestrator's stages (the sink drops stale members and
+            abandons groups, the source numbers requests again and counts retries, the
+            dispatcher cancels an abandoned group's other requests).
+        ledger: this attempt's ledger (``cancelled`` and ``abandoned`` events).
+        max_group_retries: ``rollout.max_group_retries``.
     """
     going_on = 0
     for c in cancellations:
         r = c.request
-        ledger.write(LedgerEvent.CANCELLED, group=r.group_id, first_member=r.first_member, members=r.members)
-        if sink.cancel(c):
-            source.request_again(r.group_id, r.task, r.members)
-            going_on += 1
+        fields = {"reason": c.reason} | ({"error": c.error} if c.error else {})
+        ledger.write(LedgerEvent.CANCELLED, group=r.group_id, first_member=r.first_member, members=r.members, **fields)
+        if c.reason == "stale":
+            goes_on, retry = sink.cancel(c), False
         else:
-            source.forget(r.group_id)
+            goes_on, retry = source.retries(r.group_id) < max_group_retries, True
+        if goes_on:
+            source.request_again(r.group_id, r.task, r.members, retry=retry)
+            going_on += 1
+            continue
+        if c.reason == "failed":
+            log.warning(
+                "group %d abandoned: its requests failed %d times (rollout.max_group_retries %d); last error: %s",
+                r.group_id, source.retries(r.group_id) + 1, max_group_retries, c.error,
+            )  # fmt: skip
+        source.forget(r.group_id)
+        dispatcher.cancel_group(r.group_id)
+        sink.abandon(r.group_id, reason="requests_failed" if c.reason == "failed" else "stale")
     return going_on

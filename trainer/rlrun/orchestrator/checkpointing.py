@@ -27,8 +27,8 @@ Guarantees:
   completed: the one it resumed from, or one its own trainer published (``meta.json``).
 - **Nothing cut half-way.** Saves take :attr:`CheckpointManager.lock`, which the loop also
   holds from cutting a batch to counting it shipped, so no snapshot falls in between.
-- **Retention.** After each save, all but the ``checkpoint.keep_last`` newest complete steps
-  are deleted, and batch files no complete checkpoint can need any more.
+- **Retention.** After each save, all but the ``checkpoint.keep_last`` newest usable steps
+  (both parts verify) are deleted, and batch files no usable checkpoint can need any more.
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ from typing import Any, Literal
 from rlrun.api.control import CheckpointWritten, SnapshotCounts
 from rlrun.checkpoint import (
     TRAINER_PROGRESS_FILE,
-    complete_steps,
+    mark_verified,
     prune_checkpoints,
     save_orchestrator_progress,
+    usable_steps,
 )
 from rlrun.ledger import Ledger, LedgerEvent
 from rlrun.orchestrator import snapshot as sink_snapshot
@@ -132,15 +133,18 @@ class CheckpointManager:
             self.ledger.flush()
             progress, snap, counts = self.capture(step)
             progress["ledger_line"] = self.ledger.lines - 1
-            self.ledger.write(LedgerEvent.CHECKPOINT, step=step, reason=reason, ledger_line=progress["ledger_line"])
 
             def write():
                 self.ledger.sync()  # the ledger lines the snapshot refers to are durable first
                 sink_state, tensors = sink_snapshot.pack(snap)
-                return save_orchestrator_progress(self.run_dir, step, {**progress, "sink": sink_state}, tensors)
+                path = save_orchestrator_progress(self.run_dir, step, {**progress, "sink": sink_state}, tensors)
+                mark_verified(path)  # just written and fsynced: pruning need not read it back
+                return path
 
             t0 = time.perf_counter()
             path = await asyncio.to_thread(write)
+            # recorded once durable: the ledger check counts step N complete from here on
+            self.ledger.write(LedgerEvent.CHECKPOINT, step=step, reason=reason, ledger_line=progress["ledger_line"])
             self.last_step = max(self.last_step, step)
             written = CheckpointWritten(
                 step=step,
@@ -165,7 +169,7 @@ class CheckpointManager:
 
         def prune() -> list[int]:
             removed = prune_checkpoints(self.run_dir, self.keep_last)
-            kept = complete_steps(self.run_dir)
+            kept = usable_steps(self.run_dir)
             if kept:  # a resume starts at the oldest kept step at the earliest: batches up to it are trained
                 for n, p in step_dirs(self.run_dir.rollouts).items():
                     if n <= kept[0]:

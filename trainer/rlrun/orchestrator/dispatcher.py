@@ -1,16 +1,22 @@
 """Dispatcher: turns group requests into rollouts on the rollout servers.
 
-Guarantee: every dispatched group reaches the results queue exactly once — as a
-:class:`GroupResult` with its episodes, or not at all because it was cancelled
-(counted in ``cancelled_groups``) — and each episode carries the policy version
-that was current when its group was dispatched. One request with ``n = members``
-samples a whole group (they share the prompt) unless ``rollout.members_per_request``
-splits it, so that members finish at different times; requests go to the endpoint with
-the fewest samples in flight, and a transport failure is retried (tenacity) on
-whichever endpoint is then least loaded, so losing one rollout server only delays
-its groups. The endpoint set can be replaced at run time (:meth:`set_endpoints`).
-A cancelled request reaches the sink as a
-:class:`~rlrun.orchestrator.cancellation.GroupCancellation` (:meth:`Dispatcher.cancel_stale`).
+Guarantee: every dispatched request reaches the results queue exactly once — as a
+:class:`GroupResult` with its episodes, or with its ``error`` when it failed — or not at
+all because it was cancelled (counted in ``cancelled_groups``); each episode carries the
+policy version that was current when its group was dispatched. No request waits forever.
+
+One request with ``n = members`` samples a whole group (they share the prompt) unless
+``rollout.members_per_request`` splits it, so that members finish at different times.
+Requests go to the endpoint with the fewest samples in flight. A request that fails on a
+server — a transport error, an error answer, or no answer within
+``rollout.request_timeout_seconds`` (a hung server, a straggler) — is retried (tenacity),
+on a server that has not failed recently when there is one, for up to
+``rollout.retry_window_seconds``; then the request fails and its result carries the error,
+so the orchestrator can request the members again or abandon the group
+(:mod:`~rlrun.orchestrator.cancellation`). Losing one rollout server only delays its groups.
+The endpoint set can be replaced at run time (:meth:`set_endpoints`). A cancelled request
+reaches the sink as a :class:`~rlrun.orchestrator.cancellation.GroupCancellation`
+(:meth:`Dispatcher.cancel_stale`).
 """
 
 from __future__ import annotations
@@ -39,11 +45,23 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class GroupResult:
-    """Finished members of one group request."""
+    """What one group request came to.
+
+    Attributes:
+        request: the request.
+        episodes: its finished members (empty when it failed).
+        tokens: completion tokens generated.
+        error: why the request failed on every try for ``retry_window_seconds`` (None: it did not).
+    """
 
     request: GroupRequest
     episodes: list[Episode]
     tokens: int
+    error: str | None = None
+
+
+#: What a failed try of a request raises: the server is gone, answered an error, or took too long.
+_REQUEST_ERRORS = (httpx.TransportError, RolloutError, asyncio.TimeoutError)
 
 
 def _key(request: GroupRequest) -> tuple[int, int]:
@@ -71,12 +89,16 @@ class Dispatcher:
         eos_id: end-of-sequence token id (completion text is decoded up to it).
         envs: env by name, for rewards.
         sampling: sampling parameters.
-        results: the ``asyncio.Queue[GroupResult]`` finished requests go to.
-        retry_for_s: how long a request keeps retrying transport errors before the error propagates
-            (into :attr:`failures`), seconds.
+        results: the ``asyncio.Queue[GroupResult]`` finished and failed requests go to.
+        retry_window_s: how long a request keeps being retried before it fails, seconds.
         client_factory: ``client_factory(url: str) -> RolloutClient`` for each endpoint (tests and
             benchmarks pass fakes).
         members_per_request: split a group into requests of at most this many members (None: one request).
+        request_timeout_s: most seconds one try of a request may take on one server.
+
+    Attributes:
+        failures: unexpected exceptions of request tasks (bugs, not rollout failures): the
+            orchestrator re-raises the first.
     """
 
     def __init__(
@@ -88,9 +110,10 @@ class Dispatcher:
         envs: dict[str, Env],
         sampling: SamplingSpec,
         results: asyncio.Queue[GroupResult],
-        retry_for_s: float = 120.0,
+        retry_window_s: float = 120.0,
         client_factory: Callable[[str], RolloutClient] = RolloutClient,
         members_per_request: int | None = None,
+        request_timeout_s: float = 300.0,
     ) -> None:
         self.client_factory = client_factory
         self.clients: dict[str, RolloutClient] = {}
@@ -102,8 +125,10 @@ class Dispatcher:
         self.envs = envs
         self.sampling = sampling
         self.results = results
-        self.retry_for_s = retry_for_s
+        self.retry_window_s = retry_window_s
+        self.request_timeout_s = request_timeout_s
         self.members_per_request = members_per_request
+        self.last_failure: dict[str, float] = {}  # endpoint → when a request last failed there (monotonic)
         self.inflight: dict[tuple[int, int], _Inflight] = {}
         # results put on the queue and not yet taken by the consumer, by (group id, first member)
         self.undelivered: dict[tuple[int, int], GroupRequest] = {}
@@ -120,8 +145,8 @@ class Dispatcher:
         results: asyncio.Queue[GroupResult],
         client_factory: Callable[[str], RolloutClient] = RolloutClient,
     ) -> Dispatcher:
-        """The dispatcher of a run: encode/decode and EOS from a Hugging Face ``tokenizer``, sampling and
-        ``members_per_request`` from ``spec``."""
+        """The dispatcher of a run: encode/decode and EOS from a Hugging Face ``tokenizer``; sampling,
+        ``members_per_request``, the request timeout and the retry window from ``spec``."""
         return cls(
             endpoints,
             encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
@@ -130,22 +155,30 @@ class Dispatcher:
             envs=envs,
             sampling=spec.sampling,
             results=results,
+            retry_window_s=spec.rollout.retry_window_seconds,
             client_factory=client_factory,
             members_per_request=spec.rollout.members_per_request,
+            request_timeout_s=spec.rollout.request_timeout_seconds,
         )
 
-    def set_endpoints(self, endpoints: list[str]) -> None:
-        """Replace the endpoint set; requests in flight on removed endpoints finish or fail and retry."""
+    def set_endpoints(self, endpoints: list[str]) -> list[RolloutClient]:
+        """Replace the endpoint set; returns the clients of the endpoints that are new.
+
+        Requests in flight on removed endpoints finish or fail and are retried elsewhere.
+        """
         wanted = [e.rstrip("/") for e in endpoints]
         for url in list(self.clients):
             if url not in wanted:
                 client = self.clients.pop(url)
                 self.load.pop(url, None)
                 asyncio.get_event_loop().create_task(client.aclose())
+        new = []
         for url in wanted:
             if url not in self.clients:
                 self.clients[url] = self.client_factory(url)
                 self.load[url] = 0
+                new.append(self.clients[url])
+        return new
 
     async def wait_until_healthy(self, timeout_s: float, stop: asyncio.Event) -> None:
         """Wait until every endpoint answers ``/health``; with none yet, wait for endpoints to be set.
@@ -193,6 +226,10 @@ class Dispatcher:
         """
         return [f.request for f in self.inflight.values()] + list(self.undelivered.values())
 
+    def has_work_out(self, group_id: int) -> bool:
+        """Whether a request of the group is in flight or delivered and not yet taken."""
+        return any(r.group_id == group_id for r in self.emitted_requests())
+
     def take(self, result: GroupResult) -> GroupResult:
         """Mark ``result`` (got from the results queue) as taken by the consumer."""
         key = _key(result.request)
@@ -220,33 +257,47 @@ class Dispatcher:
             self.failures.append(task.exception())
 
     def _pick(self, failed: set[str]) -> str:
-        """The least-loaded endpoint, avoiding those that failed this request while others remain."""
+        """The least-loaded endpoint, avoiding those that failed this request or failed recently
+        (within the retry window) while others remain."""
         if not self.clients:
             raise RolloutError("no rollout endpoints")
-        candidates = [u for u in self.load if u not in failed] or list(self.load)
+        recent = time.monotonic() - self.retry_window_s
+        healthy = [u for u in self.load if u not in failed and self.last_failure.get(u, -1e18) < recent]
+        candidates = healthy or [u for u in self.load if u not in failed] or list(self.load)
         return min(candidates, key=self.load.__getitem__)
 
     async def _run(self, request: GroupRequest, policy_version: int) -> None:
         prompt_ids = self.encode(request.task.prompt)
         failed: set[str] = set()  # endpoints that failed this request: a healthy one is tried first
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type((httpx.TransportError, RolloutError)),
-            stop=stop_after_delay(self.retry_for_s),
-            wait=wait_exponential(multiplier=0.5, max=5),
-            reraise=True,
-        ):
-            with attempt:
-                url = self._pick(failed)
-                self.load[url] += request.members
-                try:
-                    completions = await self.clients[url].complete(prompt_ids, self.sampling, n=request.members)
-                except (httpx.TransportError, RolloutError) as exc:
-                    failed.add(url)
-                    log.warning("group %d on %s failed (%s); retrying", request.group_id, url, exc)
-                    raise
-                finally:
-                    if url in self.load:
-                        self.load[url] -= request.members
+        members = f"group {request.group_id} members {request.first_member}–{request.next_member - 1}"
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(_REQUEST_ERRORS),
+                stop=stop_after_delay(self.retry_window_s),
+                wait=wait_exponential(multiplier=0.5, max=5),
+                reraise=True,
+            ):
+                with attempt:
+                    url = self._pick(failed)
+                    self.load[url] += request.members
+                    try:
+                        completions = await asyncio.wait_for(
+                            self.clients[url].complete(prompt_ids, self.sampling, n=request.members),
+                            self.request_timeout_s,
+                        )
+                    except _REQUEST_ERRORS as exc:
+                        failed.add(url)
+                        self.last_failure[url] = time.monotonic()
+                        log.warning("%s failed on %s: %s", members, url, _describe(exc, self.request_timeout_s))
+                        raise
+                    finally:
+                        if url in self.load:
+                            self.load[url] -= request.members
+        except _REQUEST_ERRORS as exc:
+            error = f"failed on every try for {self.retry_window_s:.0f} s ({_describe(exc, self.request_timeout_s)})"
+            log.warning("%s %s", members, error)
+            self._deliver(GroupResult(request, [], 0, error=error))
+            return
         env = self.envs[request.task.env]
         prompt = array("q", prompt_ids)
         episodes = []
@@ -265,8 +316,11 @@ class Dispatcher:
                     finish_reason=c.finish_reason,
                 )
             )
-        self.undelivered[_key(request)] = request
-        self.results.put_nowait(GroupResult(request, episodes, sum(len(c.token_ids) for c in completions)))
+        self._deliver(GroupResult(request, episodes, sum(len(c.token_ids) for c in completions)))
+
+    def _deliver(self, result: GroupResult) -> None:
+        self.undelivered[_key(result.request)] = result.request
+        self.results.put_nowait(result)
 
     def cancel_stale(self, min_version: int) -> list[GroupCancellation]:
         """Cancel in-flight requests dispatched before policy ``min_version`` (they can no longer train).
@@ -281,8 +335,18 @@ class Dispatcher:
                 del self.inflight[_key(entry.request)]
                 cancelled.append(entry.request)
         self.cancelled_groups += len(cancelled)
-        out = {r.group_id for r in self.emitted_requests()}
-        return [GroupCancellation(r, min_version, r.group_id in out) for r in cancelled]
+        return [GroupCancellation(r, min_version, self.has_work_out(r.group_id)) for r in cancelled]
+
+    def cancel_group(self, group_id: int) -> int:
+        """Cancel every request of an abandoned group: in flight ones stop, delivered ones stop counting as
+        emitted (their results, if already queued, are still consumed). Returns how many were cancelled."""
+        cancelled = 0
+        for key in [k for k in self.inflight if k[0] == group_id]:
+            self.inflight.pop(key).task.cancel()
+            cancelled += 1
+        for key in [k for k in self.undelivered if k[0] == group_id]:
+            del self.undelivered[key]
+        return cancelled
 
     async def aclose(self) -> None:
         """Cancel everything in flight and close the HTTP clients."""
@@ -293,3 +357,10 @@ class Dispatcher:
         self.inflight.clear()
         for c in self.clients.values():
             await c.aclose()
+
+
+def _describe(exc: BaseException, timeout_s: float) -> str:
+    """A failed try in words: a timeout names its limit (its exception has no message)."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"no answer within {timeout_s:.0f} s (rollout.request_timeout_seconds)"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

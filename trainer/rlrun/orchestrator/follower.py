@@ -60,6 +60,16 @@ class WeightFollower:
         self.version = version
         return seconds
 
+    async def catch_up(self, clients: list[RolloutClient]) -> None:
+        """Give servers that just joined the current policy (nothing to do at version 0: they start on it).
+
+        Raises:
+            WeightsError, RolloutError: as :meth:`load`.
+        """
+        weights = self.weights_dir(self.version) if self.version > 0 else None
+        if clients and weights is not None:
+            await self.load(clients, weights, self.version)
+
     async def follow(self, clients: list[RolloutClient]) -> int | None:
         """Load the newest broadcast past :attr:`version`, if any; returns the new version or None.
 

@@ -26,7 +26,7 @@ from rlrun.checkpoint import run_identity
 from rlrun.envs import make_env
 from rlrun.ledger import Ledger, LedgerEvent
 from rlrun.orchestrator import snapshot as sink_snapshot
-from rlrun.orchestrator.cancellation import settle
+from rlrun.orchestrator.cancellation import GroupCancellation, settle
 from rlrun.orchestrator.checkpointing import CheckpointManager
 from rlrun.orchestrator.control import ControlServer
 from rlrun.orchestrator.dispatcher import Dispatcher, GroupResult
@@ -134,20 +134,16 @@ class Orchestrator:
         """
         self.rollout_urls = [e.rstrip("/") for e in endpoints]
         if self.dispatcher is not None:
-            new = [u for u in self.rollout_urls if u not in self.dispatcher.clients]
-            self.dispatcher.set_endpoints(self.rollout_urls)
-            weights = self.weights.weights_dir(self.policy_version) if self.policy_version > 0 else None
-            if new and weights is not None:
-                await self.weights.load([self.dispatcher.clients[u] for u in new], weights, self.policy_version)
+            await self.weights.catch_up(self.dispatcher.set_endpoints(self.rollout_urls))
         log.info("rollout endpoints now %s", sorted(self.rollout_urls))
 
     async def pause(self) -> PauseResult:
         """Stop dispatching and shipping, write the snapshot, and return its counts (idempotent).
 
-        Before the orchestrator has started (still waiting for rollout servers, or restoring), this
-        attempt holds no work of its own: nothing is written (a snapshot would pair an empty sink
-        with some trainer checkpoint), the newest complete checkpoint stays what the next attempt
-        resumes from, and the answer says so (``step`` None).
+        Before it has started (waiting for rollout servers, restoring) this attempt holds no work;
+        once done, the final checkpoint holds everything: then nothing is written (a snapshot would
+        pair an empty sink with a trainer part, or record the leftovers twice), the newest complete
+        checkpoint stays what a next attempt resumes from, and the answer says so (``step`` None).
 
         Raises:
             OrchestratorError: no trainer part to pair the snapshot with.
@@ -155,17 +151,18 @@ class Orchestrator:
         """
         if self._pause_result is None:
             self.paused = True
-            starting = self.phase == "starting"
+            before = self.phase
             self.phase = "pausing"
             self._pause_result = asyncio.get_running_loop().create_future()
             try:
-                if starting:
-                    result = PauseResult.nothing_to_save(time.time())
-                    log.info("paused before starting: no snapshot needed")
+                if before in ("starting", "done"):
+                    note = "paused before starting" if before == "starting" else "the run is complete"
+                    result = PauseResult.nothing_to_save(time.time(), f"{note}: nothing to save", before == "done")
+                    log.info("%s: no snapshot needed", note)
                 else:
                     result = PauseResult.of_checkpoint(await self.checkpoints.save_pause())
                 self.last_pause = result
-                self.phase = "paused"
+                self.phase = "done" if before == "done" else "paused"
                 self._pause_result.set_result(result)
             except BaseException as exc:
                 self._pause_result.set_exception(exc)
@@ -211,15 +208,20 @@ class Orchestrator:
             committed += request.members
 
     def _consume(self, result: GroupResult) -> None:
-        """Hand a finished request's episodes to the sink; forget the numbering of a scored group."""
-        self.dispatcher.take(result)
+        """Hand a request's episodes to the sink (a failed one to :func:`settle`); forget a scored group."""
+        g = self.dispatcher.take(result).request.group_id
+        if result.error is not None:
+            out = self.dispatcher.has_work_out(g)
+            return self._settle([GroupCancellation(result.request, None, out, "failed", result.error)])
         self.metrics.add_tokens(result.tokens)
         for e in result.episodes:
             self.ledger.write(LedgerEvent.FINISHED, id=e.episode_id, reward=round(e.reward, 6), v=e.policy_version)
-        g = result.request.group_id
         self.sink.add_episodes(g, result.request.task, result.episodes, self.shipped + 1)
-        if g not in self.sink.open_groups and not any(r.group_id == g for r in self.dispatcher.emitted_requests()):
+        if g not in self.sink.open_groups and not self.dispatcher.has_work_out(g):
             self.source.forget(g)
+
+    def _settle(self, cancellations: list[GroupCancellation]) -> None:
+        settle(cancellations, self.sink, self.source, self.dispatcher, self.ledger, self.spec.rollout.max_group_retries)
 
     async def _ship_ready_batches(self) -> None:
         """Ship every batch the queue can fill, then cancel in-flight work that can no longer train."""
@@ -240,7 +242,7 @@ class Orchestrator:
                 self.ledger.write(LedgerEvent.SHIPPED, step=step, ids=[s.trace.episode_id for s in batch])
             self.metrics.shipped(step, batch, self.policy_version, self.sink, self.dispatcher)
             cancellations = self.dispatcher.cancel_stale(min_fresh_version(step + 1, self.spec.max_off_policy_steps))
-            settle(cancellations, self.sink, self.source, self.ledger)
+            self._settle(cancellations)
             if cancellations:
                 log.info("cancelled %d in-flight requests that can no longer train", len(cancellations))
 

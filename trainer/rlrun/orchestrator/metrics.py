@@ -6,8 +6,11 @@ rather than the batch selection; null when none was scored), ``episodes_scored``
 ``batch_reward_mean``, ``completion_len_mean`` (tokens), ``staleness_mean`` /
 ``staleness_max`` (steps off-policy in this batch: ``(step − 1) − policy version``),
 ``queue`` (queued samples left), ``open_groups``, ``inflight`` (completions),
-``groups_rejected``, ``samples_dropped_stale``, ``groups_cancelled`` (cumulative),
-``rollout_tokens_per_s`` and ``step_time_s`` (since the previous step), ``time`` (Unix s).
+``groups_rejected``, ``samples_dropped_stale``, ``groups_cancelled`` (requests),
+``groups_abandoned`` (cumulative), ``rollout_tokens_per_s`` and ``step_time_s`` (since the
+previous step), ``time`` (Unix s), ``restored`` (the batch was cut from the queue a resume put
+back, before this attempt consumed any rollout: its ``reward_mean`` is null and its tokens/s
+0 are no measurement).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class StepMetrics:
         self._fh = None
         self._tokens = 0
         self._since = time.monotonic()
+        self._consumed_any = False
 
     def start(self) -> None:
         """Open the file and start the clock of the first step."""
@@ -45,8 +49,9 @@ class StepMetrics:
         self._since = time.monotonic()
 
     def add_tokens(self, tokens: int) -> None:
-        """Count completion tokens generated (for ``rollout_tokens_per_s``)."""
+        """Count completion tokens of a consumed rollout (for ``rollout_tokens_per_s``)."""
         self._tokens += tokens
+        self._consumed_any = True
 
     def shipped(
         self, step: int, batch: list[TrainingSample], policy_version: int, sink: TrainSink, dispatcher: Dispatcher
@@ -73,19 +78,24 @@ class StepMetrics:
             "groups_rejected": counters.groups_rejected,
             "samples_dropped_stale": counters.samples_dropped_stale,
             "groups_cancelled": dispatcher.cancelled_groups,
+            "groups_abandoned": counters.groups_abandoned,
             "rollout_tokens_per_s": self._tokens / elapsed,
             "step_time_s": elapsed,
             "time": time.time(),
+            "restored": not self._consumed_any,
         }
         self._tokens = 0
         self._since = now
         if self._fh is not None:
             self._fh.write(json.dumps(line) + "\n")
             self._fh.flush()
+        scored = (
+            f"reward {line['reward_mean']:.3f}" if rewards else "restored batch" if line["restored"] else "none scored"
+        )
         log.info(
-            "shipped step %d: reward %.3f, staleness %.2f (max %d), queue %d, %.0f tok/s, %.2f s",
-            step, line["reward_mean"] or 0.0, line["staleness_mean"], line["staleness_max"],
-            line["queue"], line["rollout_tokens_per_s"], elapsed,
+            "shipped step %d: %s, staleness %.2f (max %d), queue %d, %.0f tok/s, %.2f s",
+            step, scored, line["staleness_mean"], line["staleness_max"], line["queue"],
+            line["rollout_tokens_per_s"], elapsed,
         )  # fmt: skip
         return line
 

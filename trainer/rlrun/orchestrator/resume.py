@@ -142,7 +142,7 @@ async def restore(
         from_attempt=report.from_attempt,
         snapshot_line=state.get("ledger_line"),
         step=ckpt.step,
-        **report.model_dump(exclude={"from_step", "from_attempt", "time"}),
+        report=report.model_dump(mode="json"),
     )
     sink.restore(plan, snap.counters, shipped + 1)
     source.restore(list(snap.taken_members()), plan.to_complete)

@@ -72,6 +72,7 @@ class SinkCounters:
     samples_shipped: int = 0
     samples_dropped_stale: int = 0
     members_left_out_stale: int = 0
+    groups_abandoned: int = 0
 
 
 class TrainSink:
@@ -104,6 +105,7 @@ class TrainSink:
         self.std_normalize = std_normalize
         self.queue: list[TrainingSample] = []
         self.open_groups: dict[int, OpenGroup] = {}
+        self.abandoned: dict[int, str] = {}  # groups given up in this attempt → why
         self.counters = SinkCounters()
         self._recent_rewards: list[float] = []
         self._record = record or (lambda event, ids, **fields: None)
@@ -128,6 +130,11 @@ class TrainSink:
         Returns:
             The samples this call queued (empty while the group is open or when it was rejected).
         """
+        if group_id in self.abandoned:  # results that were on their way when the group was given up
+            self._record(
+                LedgerEvent.ABANDONED, [e.episode_id for e in episodes], group=group_id, reason=self.abandoned[group_id]
+            )
+            return []
         group = self.open_groups.setdefault(group_id, OpenGroup(group_id, task))
         group.episodes.extend(episodes)
         if len(group.episodes) < self.group_size:
@@ -194,22 +201,29 @@ class TrainSink:
         return fresh
 
     def cancel(self, cancellation: GroupCancellation) -> bool:
-        """A request of a group was cancelled: finish or abandon the group, never orphan it.
+        """A stale request of a group was cancelled: whether the group goes on.
 
         The group's finished members older than ``cancellation.min_fresh_version`` are dropped
-        (they could not train either). Returns True when the group goes on — fresh members
-        remain or other requests of it are out — and the cancelled members must be requested
-        again (same task and group id); otherwise the group is abandoned and False returned.
-        Without this, a half-finished group would wait forever for members that were
-        cancelled, and hold flow-control budget.
+        (they could not train either). Returns True when fresh members remain or other requests
+        of the group are out: its cancelled members must be requested again (same task and group
+        id). False: nothing of the group can still train; the caller abandons it (:meth:`abandon`).
         """
-        group_id = cancellation.request.group_id
-        group = self.open_groups.get(group_id)
+        group = self.open_groups.get(cancellation.request.group_id)
         fresh = self._keep_fresh(group, cancellation.min_fresh_version, at="cancel") if group is not None else []
-        if fresh or cancellation.others_out:
-            return True
-        self.open_groups.pop(group_id, None)
-        return False
+        return bool(fresh) or cancellation.others_out
+
+    def abandon(self, group_id: int, reason: str) -> None:
+        """Give up group ``group_id``: its finished episodes are recorded as abandoned (with ``reason``) and
+        counted, and episodes of it that still arrive (results already queued) are recorded the same way.
+
+        Without this, a half-finished group would wait forever for members nobody will produce,
+        and hold flow-control budget.
+        """
+        group = self.open_groups.pop(group_id, None)
+        self.abandoned[group_id] = reason
+        self.counters.groups_abandoned += 1
+        ids = [e.episode_id for e in group.episodes] if group is not None else []
+        self._record(LedgerEvent.ABANDONED, ids, group=group_id, reason=reason)
 
     def restore(self, plan: RestorePlan, counters: dict[str, int], next_step: int) -> None:
         """Put back what a resume keeps of a sink snapshot (an empty sink only).

@@ -14,7 +14,9 @@ dispatched, so a second crash during a resume loses nothing.
 
 Member numbers: the source hands out every request's members, and a group's new members
 are always numbered after every member requested before (in this attempt, or in the
-snapshot it resumed from), so an episode id is never used twice.
+snapshot it resumed from), so an episode id is never used twice. Retries: the source also
+counts how often each group was requested again after a failed request, and keeps the
+counts in its state, so ``rollout.max_group_retries`` bounds them across resumes too.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class TrainSource:
         self.cursor = cursor
         self.resume_requests: deque[GroupRequest] = deque()
         self._next_member: dict[int, int] = {}  # groups with members out → first unused member number
+        self._retries: dict[int, int] = {}  # groups requested again after failed requests → how often
 
     def task_at(self, index: int) -> Task:
         """Task number ``index`` (pure; does not move the cursor)."""
@@ -67,23 +70,31 @@ class TrainSource:
         self.note_members(index, request.next_member)
         return request
 
-    def request_again(self, group_id: int, task: Task, members: int) -> GroupRequest:
+    def request_again(self, group_id: int, task: Task, members: int, retry: bool = False) -> GroupRequest:
         """Ask for ``members`` more members of a group, numbered after all of its earlier ones.
 
-        The request is served before any new task; returns it.
+        The request is served before any new task; returns it. ``retry``: it replaces a failed
+        request (counted in :meth:`retries`).
         """
         request = GroupRequest(group_id, task, members, self._next_member.get(group_id, 0))
         self.note_members(group_id, request.next_member)
         self.resume_requests.append(request)
+        if retry:
+            self._retries[group_id] = self._retries.get(group_id, 0) + 1
         return request
+
+    def retries(self, group_id: int) -> int:
+        """How often the group was requested again after a failed request."""
+        return self._retries.get(group_id, 0)
 
     def note_members(self, group_id: int, next_member: int) -> None:
         """Record that the group's members below ``next_member`` are taken (by a request or an episode)."""
         self._next_member[group_id] = max(self._next_member.get(group_id, 0), next_member)
 
     def forget(self, group_id: int) -> None:
-        """The group is scored or abandoned: its numbering and any resume request of it are dropped."""
+        """The group is scored or abandoned: its numbering, retries and any resume request of it are dropped."""
         self._next_member.pop(group_id, None)
+        self._retries.pop(group_id, None)
         if any(r.group_id == group_id for r in self.resume_requests):
             self.resume_requests = deque(r for r in self.resume_requests if r.group_id != group_id)
 
@@ -102,16 +113,22 @@ class TrainSource:
             self.request_again(group_id, task, missing)
 
     def state(self) -> dict[str, Any]:
-        """JSON-compatible state for checkpoints: ``{"cursor": int, "resume_requests": [GroupRequest dict, …]}``.
+        """JSON-compatible state for checkpoints: ``{"cursor": int, "resume_requests": [GroupRequest dict, …],
+        "retries": {"<group id>": int}}``.
 
         Member numbers are not saved: a resume notes them again from the snapshot's episodes and
         requests (:meth:`note_members`).
         """
-        return {"cursor": self.cursor, "resume_requests": [r.to_dict() for r in self.resume_requests]}
+        return {
+            "cursor": self.cursor,
+            "resume_requests": [r.to_dict() for r in self.resume_requests],
+            "retries": {str(g): n for g, n in self._retries.items()},
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state` (a state without resume requests, from older checkpoints, has none)."""
+        """Restore :meth:`state` (older checkpoints lack resume requests and retries: none)."""
         self.cursor = int(state["cursor"])
+        self._retries = {int(g): int(n) for g, n in state.get("retries", {}).items()}
         self.resume_requests = deque(GroupRequest.from_dict(r) for r in state.get("resume_requests", []))
         self._next_member = {}
         for r in self.resume_requests:

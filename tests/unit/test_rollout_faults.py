@@ -1,0 +1,164 @@
+"""Rollout faults end bounded: a straggler or a failing request is retried a bounded number of times, then its
+group is abandoned and counted, and the run reaches max_steps (issue 9's cases, on the real Orchestrator with
+fake rollout endpoints and a fake trainer)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+from rlrun.ledger import check_ledger, read_ledger
+from rlrun.manifest import parse_manifest
+from rlrun.orchestrator.loop import Orchestrator
+from rlrun.rollout.client import RolloutClient
+from rlrun.rollout.fake import fake_vllm_transport
+from rlrun.rundir import RunDir
+from rlrun.training.fake import start_fake_trainer
+
+
+def spec(**rollout):
+    return parse_manifest(
+        {
+            "apiVersion": "rlrun.dev/v1alpha1",
+            "kind": "RLRun",
+            "metadata": {"name": "faults"},
+            "spec": {
+                "model": {"builtin": "tiny-reverse"},
+                "envs": [{"name": "reverse-text"}],
+                "group_size": 4,
+                "batch_size": 8,
+                "max_off_policy_steps": 1,
+                "max_steps": 2,
+                "checkpoint": {"interval": 1, "keep_last": 2},
+                "rollout": {"request_timeout_seconds": 1, "retry_window_seconds": 1, **rollout},
+            },
+        }
+    ).spec
+
+
+class Faults(httpx.AsyncBaseTransport):
+    """The fake vLLM server, except that the first ``hang`` completion requests never return and every
+    request for the prompt of the first ``fail_first_prompt`` one answers 500."""
+
+    def __init__(self, hang: int = 0, fail_first_prompt: bool = False) -> None:
+        self.inner = fake_vllm_transport(error_rate=0.3)
+        self.hang = hang
+        self.fail_first_prompt = fail_first_prompt
+        self.failing_prompt = None
+        self.completions = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/completions":
+            self.completions += 1
+            prompt = json.loads(request.content)["prompt"]
+            if self.fail_first_prompt and self.failing_prompt is None:
+                self.failing_prompt = prompt
+            if prompt == self.failing_prompt:
+                return httpx.Response(500, text="CUDA error: an illegal memory access was encountered")
+            if self.completions <= self.hang:
+                await asyncio.sleep(3600)
+        return await self.inner.handle_async_request(request)
+
+
+def orchestrator(run_spec, run_dir: RunDir, model, transport, attempt=1, resume=False, **kwargs) -> Orchestrator:
+    return Orchestrator(
+        run_spec,
+        run_dir,
+        ["http://fake-rollout:1"],
+        str(model),
+        resume=resume,
+        attempt=attempt,
+        poll_s=0.01,
+        client_factory=lambda url: RolloutClient(url, transport=transport),
+        **kwargs,
+    )
+
+
+def events(run_dir: RunDir, kind: str) -> list[dict]:
+    return [e for evs in read_ledger(run_dir.root / "ledger").values() for e in evs if e["e"] == kind]
+
+
+async def run_to_the_end(orch: Orchestrator, run_dir: RunDir, model, first_step=0) -> int:
+    stop = start_fake_trainer(run_dir, model, orch.max_steps, 1, attempt=orch.attempt, first_step=first_step)
+    try:
+        return await asyncio.wait_for(orch.run(), 60)
+    finally:
+        stop.set()
+
+
+async def test_a_straggler_is_timed_out_requested_again_and_the_run_ends_at_max_steps(tmp_path, tiny_model):
+    run_dir = RunDir(tmp_path)
+    transport = Faults(hang=1)  # the very first request never returns
+    assert await run_to_the_end(orchestrator(spec(), run_dir, tiny_model, transport), run_dir, tiny_model) == 2
+    [cancelled] = events(run_dir, "cancelled")
+    assert cancelled["reason"] == "failed" and "no answer within 1 s" in cancelled["error"]
+    assert events(run_dir, "abandoned") == []
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok and report.steps == 2 and report.trained == 16, report.problems
+
+
+async def test_a_request_failing_every_retry_has_its_group_abandoned_and_counted(tmp_path, tiny_model):
+    run_dir = RunDir(tmp_path)
+    transport = Faults(fail_first_prompt=True)  # e.g. a prompt that crashes the server, every time
+    orch = orchestrator(spec(max_group_retries=2), run_dir, tiny_model, transport)
+    assert await run_to_the_end(orch, run_dir, tiny_model) == 2
+    failed = [e for e in events(run_dir, "cancelled") if e["reason"] == "failed"]
+    assert len({e["group"] for e in failed}) == 1 and len(failed) == 3  # the first try and 2 retries
+    assert [e["first_member"] for e in failed] == [0, 4, 8]  # each retry with new member numbers
+    [abandoned] = events(run_dir, "abandoned")
+    assert abandoned["group"] == failed[0]["group"] and abandoned["reason"] == "requests_failed"
+    assert orch.sink.counters.groups_abandoned == 1
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok and report.steps == 2, report.problems
+
+
+async def test_a_member_hanging_again_after_a_pause_and_resume_is_bounded_too(tmp_path, tiny_model):
+    run_dir = RunDir(tmp_path)
+    # attempt 1: the first request hangs and the timeout is long: the run wedges at step 1
+    first = orchestrator(
+        spec(request_timeout_seconds=600, retry_window_seconds=600), run_dir, tiny_model, Faults(hang=1)
+    )
+    stop = start_fake_trainer(run_dir, tiny_model, 2, 1, attempt=1)
+    run = asyncio.create_task(first.run())
+    try:
+        while first.checkpoints.last_step < 1 or first.dispatcher.inflight_samples == 0:
+            assert not run.done(), run.exception() if run.done() else None
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        assert first.shipped == 1 and first.dispatcher.inflight_samples == 4  # the hung group holds its budget
+        paused = await first.pause()
+        assert paused.step == 1 and paused.requested_groups == 1
+        first.request_stop()
+        await asyncio.wait_for(run, 10)
+    finally:
+        stop.set()
+    # attempt 2 resumes; the re-requested members hang again, now past a 1 s timeout
+    second = orchestrator(spec(), run_dir, tiny_model, Faults(hang=1), attempt=2, resume=True)
+    assert await run_to_the_end(second, run_dir, tiny_model, first_step=1) == 2
+    assert second.resume_report.requested_groups == 1 and second.resume_report.members_requested == 4
+    assert [e["reason"] for e in events(run_dir, "cancelled")] == ["failed"]
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok and report.steps == 2 and report.rolled_back == 0, report.problems
+
+
+async def test_no_retries_abandons_a_straggler_group_at_once(tmp_path, tiny_model):
+    run_dir = RunDir(tmp_path)
+    orch = orchestrator(spec(max_group_retries=0), run_dir, tiny_model, Faults(hang=1))
+    assert await run_to_the_end(orch, run_dir, tiny_model) == 2
+    [abandoned] = events(run_dir, "abandoned")
+    assert abandoned["ids"] == [] and orch.sink.counters.groups_abandoned == 1
+    assert check_ledger(run_dir.root / "ledger").ok
+
+
+async def test_a_pause_after_the_run_is_done_writes_nothing(tmp_path, tiny_model):
+    """A pause racing the end of a run (the launcher's or operator's) must not snapshot the leftovers again."""
+    run_dir = RunDir(tmp_path)
+    orch = orchestrator(spec(), run_dir, tiny_model, Faults())
+    assert await run_to_the_end(orch, run_dir, tiny_model) == 2
+    final = run_dir.orchestrator_checkpoint(2) / "progress.pt"
+    written = final.stat().st_mtime_ns
+    paused = await orch.pause()
+    assert paused.step is None and paused.run_complete and paused.note == "the run is complete: nothing to save"
+    assert orch.phase == "done" and final.stat().st_mtime_ns == written
+    assert len(events(run_dir, "leftover")) <= 1 and check_ledger(run_dir.root / "ledger").ok

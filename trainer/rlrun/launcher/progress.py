@@ -1,0 +1,133 @@
+"""What ``rlrun local`` shows of a run: metrics lines read as they grow, progress lines, the summary table.
+
+The orchestrator writes one line per shipped step to ``<run_dir>/metrics.jsonl``
+(:mod:`rlrun.orchestrator.metrics`). A **restored batch** — cut from the queue a resume put
+back, before its attempt generated anything — has no reward or throughput of its own, and is
+shown as restored rather than as zeros.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+
+def read_metrics(path: Path, offset: int = 0) -> tuple[list[dict], int]:
+    """Complete JSON lines of ``path`` from byte ``offset``; returns them and the new offset.
+
+    A line that does not parse (torn by a process killed mid-write, then appended to) is skipped.
+    """
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    lines = []
+    for line in data[:end].splitlines():
+        with contextlib.suppress(ValueError):
+            if line.strip():
+                lines.append(json.loads(line))
+    return lines, offset + end
+
+
+def label_restored(rows: list[dict], generating: set[int]) -> None:
+    """Set ``row["restored"]`` on each metrics row, in file order.
+
+    A **restored batch** was cut wholly from the queue a resume put back: shipped before its
+    attempt generated anything, so no episode was scored for it (``reward_mean`` null) and no
+    token generated (``rollout_tokens_per_s`` 0). Its reward and throughput are not
+    measurements, and the launcher shows them as such. ``generating`` holds the attempts seen
+    generating so far; it is updated, so rows can be labelled as they arrive.
+    """
+    for row in rows:
+        attempt = row.get("attempt", 0)
+        if "restored" in row:  # the orchestrator says (metrics written before it did are inferred)
+            if not row["restored"]:
+                generating.add(attempt)
+            continue
+        if row.get("reward_mean") is not None or (row.get("rollout_tokens_per_s") or 0) > 0:
+            generating.add(attempt)
+        row["restored"] = attempt not in generating
+
+
+def summary_table(rows: list[dict], max_rows: int = 20) -> Table:
+    """Reward per step; consecutive steps are averaged into at most ``max_rows`` rows.
+
+    Restored batches (:func:`label_restored`) count in neither reward nor tokens/s: they
+    scored and generated nothing. A row's tokens/s is the tokens generated over the time of
+    its other steps (the step's own value for a one-step row), so a step that shipped
+    straight from the queue in a few milliseconds cannot drag it down either. A row of
+    restored batches only shows "—" for both.
+    """
+    table = Table(title="reward per step")
+    for col in ("steps", "reward", "completion len", "staleness", "tokens/s"):
+        table.add_column(col, justify="right")
+    if not rows:
+        return table
+    size = max(1, -(-len(rows) // max_rows))
+    for i in range(0, len(rows), size):
+        chunk = rows[i : i + size]
+        measured = [r for r in chunk if not r.get("restored")]
+
+        def mean(key, chunk=chunk):
+            vals = [r[key] for r in chunk if r.get(key) is not None]
+            return sum(vals) / len(vals) if vals else float("nan")
+
+        def fmt(value: float, spec: str, none: str = "—") -> str:
+            return none if value != value else format(value, spec)  # NaN: nothing to average
+
+        steps = f"{chunk[0]['step']}" if len(chunk) == 1 else f"{chunk[0]['step']}–{chunk[-1]['step']}"
+        table.add_row(
+            steps,
+            fmt(mean("reward_mean", measured), ".3f", "— (restored)" if not measured else "—"),
+            f"{mean('completion_len_mean'):.1f}",
+            f"{mean('staleness_mean'):.2f}",
+            fmt(tokens_per_s(measured), ".0f"),
+        )
+    return table
+
+
+def tokens_per_s(rows: list[dict]) -> float:
+    """Tokens generated over the steps ``rows`` (each ``rollout_tokens_per_s × step_time_s``) per
+    second of them; NaN without rows."""
+    if not rows:
+        return float("nan")
+    if all(r.get("step_time_s") for r in rows):
+        return sum(r["rollout_tokens_per_s"] * r["step_time_s"] for r in rows) / sum(r["step_time_s"] for r in rows)
+    return sum(r.get("rollout_tokens_per_s") or 0 for r in rows) / len(rows)
+
+
+def reward_gain(rows: list[dict], window: int = 10) -> tuple[float, float] | None:
+    """Mean reward of the first and last ``window`` steps (None with fewer than 2·window steps)."""
+    rewards = [r["reward_mean"] for r in rows if r.get("reward_mean") is not None]
+    if len(rewards) < 2 * window:
+        return None
+    return sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+
+
+def progress_cells(row: dict, max_steps: int, elapsed_s: float) -> list[str]:
+    """The cells of a progress line for metrics ``row`` (``{}`` before the first step).
+
+    A restored batch (:func:`label_restored`) shows ``reward — (restored batch)`` and
+    ``— tok/s``; another step with no episode scored since the one before, ``reward — (none scored)``.
+    """
+    if row.get("restored"):
+        reward, tokens = "reward — (restored batch)", "— tok/s"
+    else:
+        r = row.get("reward_mean")
+        reward = f"reward {r:.3f}" if r is not None else ("reward — (none scored)" if row else "reward —")
+        tokens = f"{row.get('rollout_tokens_per_s') or 0:.0f} tok/s"
+    return [
+        f"step {row.get('step', 0)}/{max_steps}",
+        reward,
+        tokens,
+        f"queue {row.get('queue', 0)}",
+        f"staleness {row.get('staleness_mean', 0):.2f} (max {row.get('staleness_max', 0)})",
+        f"policy v{row.get('policy_version', 0)}",
+        f"{elapsed_s:.0f} s",
+    ]
