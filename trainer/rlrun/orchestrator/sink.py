@@ -79,8 +79,8 @@ class TrainSink:
     """Collects episodes into groups, scores them, queues samples and cuts batches.
 
     The sink alone changes its queue, open groups and counters: episodes come in through
-    :meth:`add_episodes`, batches go out through :meth:`take_batch`, and a cancellation or a
-    resume goes through :meth:`cancel` or :meth:`restore`.
+    :meth:`add_episodes`, batches go out through :meth:`take_batch`, and a cancellation, an
+    abandoned group or a resume goes through :meth:`cancel`, :meth:`abandon` or :meth:`restore`.
 
     Args:
         group_size: members per group.
@@ -88,7 +88,7 @@ class TrainSink:
         max_off_policy_steps: staleness bound (see :func:`~rlrun.orchestrator.staleness.min_fresh_version`).
         std_normalize: divide advantages by the group's reward std.
         record: ``record(event: LedgerEvent, episode_ids: list[str], **fields) -> None``, called for
-            episodes queued, rejected and dropped stale (the ledger); None records nothing.
+            episodes queued, rejected, dropped stale and abandoned (the ledger); None records nothing.
     """
 
     def __init__(
