@@ -29,6 +29,20 @@ def write_manifest(path: Path, **spec) -> Path:
     return path
 
 
+def write_preemption_manifest(path: Path, max_steps: int) -> Path:
+    """The manifest of the preemption tests: batch 18 with groups of 4 leaves overflow in the queue, and
+    2 members per request leaves half-finished groups, so a pause always has work to keep."""
+    return write_manifest(
+        path,
+        group_size=4,
+        batch_size=18,
+        max_off_policy_steps=2,
+        max_steps=max_steps,
+        checkpoint={"interval": 4, "keep_last": 2},
+        rollout={"max_inflight": 64, "members_per_request": 2},
+    )
+
+
 def descendants(pid: int) -> set[int]:
     """pids of every live descendant of ``pid``."""
     try:

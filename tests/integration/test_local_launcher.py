@@ -12,7 +12,7 @@ import pytest
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.rundir import RunDir
 
-from .helpers import alive, descendants, local_argv, metrics, write_manifest
+from .helpers import alive, descendants, local_argv, metrics, write_manifest, write_preemption_manifest
 
 pytestmark = pytest.mark.integration
 
@@ -107,15 +107,7 @@ def test_preempt_at_step_just_before_the_end_finishes_cleanly_and_a_resume_then_
     # orchestrator may ship and checkpoint step 6 before the pause lands, or the pause may land and
     # the resumed attempt finish almost at once: both are right, and whichever happens must end in
     # exit 0 with every step trained, the ledger intact and no traceback.
-    manifest = write_manifest(
-        tmp_path / "m.yaml",
-        group_size=4,
-        batch_size=18,
-        max_off_policy_steps=2,
-        max_steps=6,
-        checkpoint={"interval": 4, "keep_last": 2},
-        rollout={"max_inflight": 64, "members_per_request": 2},
-    )
+    manifest = write_preemption_manifest(tmp_path / "m.yaml", max_steps=6)
     run_dir = tmp_path / "run"
     proc = start_local(manifest, run_dir, cache_dir, "--preempt-at-step", "5")
     out = proc.communicate(timeout=600)[0]

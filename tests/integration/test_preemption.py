@@ -10,22 +10,14 @@ import sys
 import pytest
 from rlrun.ledger import check_ledger
 
-from .helpers import local_argv, metrics, write_manifest
+from .helpers import local_argv, metrics, write_preemption_manifest
 
 pytestmark = pytest.mark.integration
 
 
 def test_preempt_at_step_resumes_queued_samples_and_open_groups(tmp_path, cache_dir, tiny_model):
     # batch 18 with groups of 4 leaves overflow in the queue; 2 members per request leaves half-finished groups
-    manifest = write_manifest(
-        tmp_path / "m.yaml",
-        group_size=4,
-        batch_size=18,
-        max_off_policy_steps=2,
-        max_steps=10,
-        checkpoint={"interval": 4, "keep_last": 2},
-        rollout={"max_inflight": 64, "members_per_request": 2},
-    )
+    manifest = write_preemption_manifest(tmp_path / "m.yaml", max_steps=10)
     run_dir = tmp_path / "run"
     argv = local_argv(manifest, run_dir, cache_dir, "--preempt-at-step", "5")
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)

@@ -41,6 +41,16 @@ def make_dispatcher(
     return dispatcher, results
 
 
+def never_answers() -> httpx.MockTransport:
+    """A rollout server that takes every request and never answers (hung, or a straggler)."""
+
+    async def hang(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(3600)
+        raise AssertionError("never answered")
+
+    return httpx.MockTransport(hang)
+
+
 async def drain(results: asyncio.Queue, count: int, timeout: float = 5.0) -> list[GroupResult]:
     return [await asyncio.wait_for(results.get(), timeout) for _ in range(count)]
 
@@ -96,11 +106,7 @@ async def test_a_request_failing_for_the_whole_retry_window_arrives_as_a_failed_
 
 
 async def test_a_hung_server_times_out_and_the_request_moves_to_another():
-    async def hang(request: httpx.Request) -> httpx.Response:
-        await asyncio.sleep(3600)
-        raise AssertionError("never answered")
-
-    transports = {"http://hung": httpx.MockTransport(hang), "http://up": fake_vllm_transport(error_rate=0.0)}
+    transports = {"http://hung": never_answers(), "http://up": fake_vllm_transport(error_rate=0.0)}
     dispatcher, results = make_dispatcher(transports, timeout_s=0.2)
     dispatcher.dispatch(GroupRequest(1, task(1), members=4), policy_version=0)  # both idle: "hung" is tried first
     [result] = await drain(results, 1)
@@ -114,11 +120,7 @@ async def test_a_hung_server_times_out_and_the_request_moves_to_another():
 
 
 async def test_a_straggler_on_the_only_server_ends_as_a_failed_result_naming_the_timeout():
-    async def hang(request: httpx.Request) -> httpx.Response:
-        await asyncio.sleep(3600)
-        raise AssertionError("never answered")
-
-    dispatcher, results = make_dispatcher({"http://a": httpx.MockTransport(hang)}, retry_window_s=0.1, timeout_s=0.2)
+    dispatcher, results = make_dispatcher({"http://a": never_answers()}, retry_window_s=0.1, timeout_s=0.2)
     dispatcher.dispatch(GroupRequest(3, task(3), members=2), policy_version=0)
     [result] = await drain(results, 1)
     assert "no answer within 0 s (rollout.request_timeout_seconds)" in result.error
@@ -127,11 +129,7 @@ async def test_a_straggler_on_the_only_server_ends_as_a_failed_result_naming_the
 
 
 async def test_cancelling_an_abandoned_group_stops_its_requests_and_unlists_delivered_ones():
-    async def slow(request: httpx.Request) -> httpx.Response:
-        await asyncio.sleep(3600)
-        raise AssertionError("never answered")
-
-    dispatcher, results = make_dispatcher({"http://a": httpx.MockTransport(slow)}, members_per_request=2)
+    dispatcher, results = make_dispatcher({"http://a": never_answers()}, members_per_request=2)
     dispatcher.dispatch(GroupRequest(4, task(4), members=4), policy_version=0)
     dispatcher.dispatch(GroupRequest(5, task(5), members=2), policy_version=0)
     dispatcher.undelivered[(4, 9)] = GroupRequest(4, task(4), 1, 9)  # a result of group 4 already queued
@@ -144,11 +142,7 @@ async def test_cancelling_an_abandoned_group_stops_its_requests_and_unlists_deli
 
 
 async def test_cancel_stale_cancels_only_old_requests_and_says_which_groups_still_have_work_out():
-    async def slow(request: httpx.Request) -> httpx.Response:
-        await asyncio.sleep(30)
-        raise AssertionError("never answered")
-
-    dispatcher, results = make_dispatcher({"http://a": httpx.MockTransport(slow)}, members_per_request=2)
+    dispatcher, results = make_dispatcher({"http://a": never_answers()}, members_per_request=2)
     dispatcher.dispatch(GroupRequest(1, task(1), members=4), policy_version=0)  # two requests, both stale
     dispatcher.dispatch(GroupRequest(2, task(2), members=2), policy_version=0)
     dispatcher.dispatch(GroupRequest(2, task(2), members=2, first_member=2), policy_version=3)  # fresh
