@@ -128,6 +128,21 @@ async def test_a_straggler_on_the_only_server_ends_as_a_failed_result_naming_the
     await dispatcher.aclose()
 
 
+async def test_a_cancelled_request_never_delivers_a_result_even_if_its_try_completed():
+    # asyncio.wait_for may hand back the answer of a try whose cancellation raced it: that result must not
+    # reach the sink, which has already settled the request as cancelled (found in a default run: a group
+    # cancelled as stale then got its members anyway)
+    dispatcher, results = make_dispatcher({"http://a": never_answers()})
+    request = GroupRequest(7, task(7), members=2)
+    dispatcher.dispatch(request, policy_version=0)
+    await asyncio.sleep(0.05)
+    [cancelled] = dispatcher.cancel_stale(min_version=1)
+    assert cancelled.request == request
+    dispatcher._deliver(GroupResult(request, [], 4))  # what the raced task would do next
+    assert results.empty() and dispatcher.emitted_requests() == []
+    await dispatcher.aclose()
+
+
 async def test_cancelling_an_abandoned_group_stops_its_requests_and_unlists_delivered_ones():
     dispatcher, results = make_dispatcher({"http://a": never_answers()}, members_per_request=2)
     dispatcher.dispatch(GroupRequest(4, task(4), members=4), policy_version=0)

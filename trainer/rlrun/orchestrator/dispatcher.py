@@ -319,7 +319,14 @@ class Dispatcher:
         self._deliver(GroupResult(request, episodes, sum(len(c.token_ids) for c in completions)))
 
     def _deliver(self, result: GroupResult) -> None:
-        self.undelivered[_key(result.request)] = result.request
+        key = _key(result.request)
+        entry = self.inflight.get(key)
+        if entry is None or entry.task is not asyncio.current_task():
+            # Cancelled meanwhile (cancel_stale, cancel_group): its members were settled as cancelled, so its
+            # result must never reach the sink. asyncio.wait_for can return a result whose cancellation
+            # raced it (Python < 3.12), so the task may get here after being cancelled.
+            return
+        self.undelivered[key] = result.request
         self.results.put_nowait(result)
 
     def cancel_stale(self, min_version: int) -> list[GroupCancellation]:

@@ -7,7 +7,7 @@ rather than the batch selection; null when none was scored), ``episodes_scored``
 ``staleness_max`` (steps off-policy in this batch: ``(step − 1) − policy version``),
 ``queue`` (queued samples left), ``open_groups``, ``inflight`` (completions),
 ``groups_rejected``, ``samples_dropped_stale``, ``groups_cancelled`` (requests),
-``groups_abandoned`` (cumulative), ``rollout_tokens_per_s`` and ``step_time_s`` (since the
+``groups_abandoned`` (cumulative: nothing of the group could still train, or its requests kept failing), ``rollout_tokens_per_s`` and ``step_time_s`` (since the
 previous step), ``time`` (Unix s), ``restored`` (the batch was cut from the queue a resume put
 back, before this attempt consumed any rollout: its ``reward_mean`` is null and its tokens/s
 0 are no measurement).
