@@ -11,6 +11,7 @@ For a run named ``R`` in attempt ``N``:
 | Pod ``rlrun orchestrator`` | ``R-orchestrator-aN`` | yes |
 | Pod ``rlrun trainer`` | ``R-trainer-aN`` | yes |
 | Pods ``rlrun rollout`` (vLLM), ``rollout.replicas`` of them | ``R-rollout-I-aN`` | yes |
+| a lost rollout pod's replacement (the attempt goes on) | ``R-rollout-I-aN-rK`` | yes |
 
 Every pod mounts the claim at ``/var/lib/rlrun`` (run directory ``run/``, model cache
 ``cache/``) and the ConfigMap at ``/etc/rlrun``; runs as a non-root user with no
@@ -18,15 +19,24 @@ capabilities; gets ``terminationGracePeriodSeconds`` from ``spec.preemption`` (t
 orchestrator writes its snapshot on SIGTERM within ``snapshot_timeout_seconds``).
 Pods have ``restartPolicy: Never``: a restart is a new attempt, which the operator
 numbers (and which resumes from the newest complete checkpoint: every role gets
-``--resume``, which starts fresh on an empty run directory).
+``--resume``, which starts fresh on an empty run directory). The orchestrator and trainer
+also get ``--run-uid`` (the RLRun's uid), so attempts are numbered per run directory: a run
+re-created over a retained claim continues the numbering. Every container writes its exit
+report (:class:`~rlrun.api.control.ExitReport`) to ``/dev/termination-log``, which the
+kubelet hands back as the terminated state's ``message`` (how the operator tells a complete
+run from one that paused on a SIGTERM). After a recovery the pods avoid the nodes that were
+lost: ``NotIn`` the failed nodes is merged into every ``nodeSelectorTerm`` (:func:`avoid_nodes`).
 """
 
 from __future__ import annotations
 
 import base64
+import copy
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
+from rlrun.api.control import TERMINATION_LOG_ENV
 from rlrun.api.spec import API_GROUP, API_VERSION, KIND, RLRun, RoleSpec
 
 from rlrun_operator import naming
@@ -35,6 +45,10 @@ from rlrun_operator.settings import OperatorSettings
 #: Non-root user and group of every container (the images create this user).
 RUN_AS_USER = 1000
 GPU_RESOURCE = "nvidia.com/gpu"
+#: Where the kubelet reads a container's termination message (Kubernetes' default path).
+TERMINATION_LOG = "/dev/termination-log"
+#: The node label ``NotIn`` matches against to keep pods off lost nodes.
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: Default requests of roles that give none: enough to schedule the tiny example.
 DEFAULT_REQUESTS = {
     naming.ORCHESTRATOR: {"cpu": "1", "memory": "2Gi"},
@@ -157,21 +171,26 @@ def _resources(role: RoleSpec, component: str) -> dict[str, Any]:
     return out
 
 
-def command(component: str, attempt: int) -> list[str]:
+def command(component: str, attempt: int, run_uid: str = "") -> list[str]:
     """The ``rlrun`` command a role's container runs (tests parse it with the real CLI).
+
+    Args:
+        run_uid: the RLRun's uid (``--run-uid``: attempts are numbered per run directory); "" leaves it out.
 
     Raises:
         ValueError: ``component`` is not one of :data:`rlrun_operator.naming.COMPONENTS`.
     """
+    uid = ["--run-uid", run_uid] if run_uid else []
     if component == naming.ORCHESTRATOR:
         return [
             "rlrun", "orchestrator", naming.MANIFEST_PATH, "--run-dir", naming.RUN_DIR, "--cache-dir", naming.CACHE_DIR,
-            "--attempt", str(attempt), "--resume", "--control-host", "0.0.0.0", "--control-port", str(naming.CONTROL_PORT),
+            "--attempt", str(attempt), *uid, "--resume",
+            "--control-host", "0.0.0.0", "--control-port", str(naming.CONTROL_PORT),
         ]  # fmt: skip
     if component == naming.TRAINER:
         return [
             "rlrun", "trainer", naming.MANIFEST_PATH, "--run-dir", naming.RUN_DIR, "--cache-dir", naming.CACHE_DIR,
-            "--attempt", str(attempt), "--resume",
+            "--attempt", str(attempt), *uid, "--resume",
         ]  # fmt: skip
     if component == naming.ROLLOUT:
         return [
@@ -188,6 +207,8 @@ def _pod(
     component: str,
     attempt: int,
     index: int | None = None,
+    avoid: Sequence[str] = (),
+    name: str | None = None,
 ) -> dict[str, Any]:
     spec = run.spec
     role: RoleSpec = {
@@ -201,6 +222,7 @@ def _pod(
         {"name": "HF_HOME", "value": f"{naming.CACHE_DIR}/hf"},
         {"name": "HOME", "value": "/tmp"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG},
     ]
     mounts = [
         {"name": "data", "mountPath": naming.DATA_DIR},
@@ -216,10 +238,13 @@ def _pod(
         "name": component,
         "image": role.image or default_image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": command(component, attempt),
+        "command": command(component, attempt, body["metadata"].get("uid", "")),
         "env": env,
         "resources": _resources(role, component),
         "volumeMounts": mounts,
+        "terminationMessagePath": TERMINATION_LOG,
+        # a crash that wrote no exit report still says something: the last lines of its log
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
@@ -271,27 +296,65 @@ def _pod(
         pod_spec["nodeSelector"] = dict(scheduling.node_selector)
     if scheduling.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in scheduling.tolerations]
-    if scheduling.affinity:
-        pod_spec["affinity"] = dict(scheduling.affinity)
+    affinity = avoid_nodes(scheduling.affinity, avoid)
+    if affinity:
+        pod_spec["affinity"] = affinity
     if scheduling.priority_class_name:
         pod_spec["priorityClassName"] = scheduling.priority_class_name
-    meta = _meta(body, naming.pod_name(run.metadata.name, component, attempt, index), component, attempt)
+    pod_name = name or naming.pod_name(run.metadata.name, component, attempt, index)
+    meta = _meta(body, pod_name, component, attempt)
     if index is not None:
         meta["labels"][naming.ROLLOUT_INDEX] = str(index)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
-def build_pods(body: dict[str, Any], run: RLRun, settings: OperatorSettings, attempt: int) -> list[dict[str, Any]]:
+def avoid_nodes(affinity: dict[str, Any] | None, nodes: Sequence[str]) -> dict[str, Any] | None:
+    """``affinity`` with ``kubernetes.io/hostname NotIn nodes`` required in every ``nodeSelectorTerm``.
+
+    Node selector terms are ORed, so an added term of its own would do nothing when the user's
+    affinity has terms: the expression is merged into each of them (ANDed there). Without
+    required node affinity, one term with the expression is added. ``affinity`` is not changed.
+
+    Args:
+        affinity: the user's ``scheduling.affinity`` (Kubernetes' shape), or None.
+        nodes: node names to keep off; empty: ``affinity`` as it is.
+    """
+    if not nodes:
+        return copy.deepcopy(affinity) if affinity else None
+    out = copy.deepcopy(affinity) if affinity else {}
+    rule = {"key": HOSTNAME_LABEL, "operator": "NotIn", "values": sorted(set(nodes))}
+    node_affinity = out.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term["matchExpressions"] = [*term.get("matchExpressions", []), rule]
+    required["nodeSelectorTerms"] = terms
+    return out
+
+
+def build_pods(
+    body: dict[str, Any], run: RLRun, settings: OperatorSettings, attempt: int, avoid: Sequence[str] = ()
+) -> list[dict[str, Any]]:
     """The pods of one attempt: rollout servers first (they take longest), trainer, orchestrator.
 
     Args:
         body: the RLRun object (``metadata.name``, ``namespace`` and ``uid`` are read).
         run: its spec, parsed (the model's defaults filled in).
+        avoid: nodes the pods must not be scheduled on (lost in earlier attempts).
     """
-    pods = [_pod(body, run, settings, naming.ROLLOUT, attempt, i) for i in range(run.spec.rollout.replicas)]
-    pods.append(_pod(body, run, settings, naming.TRAINER, attempt))
-    pods.append(_pod(body, run, settings, naming.ORCHESTRATOR, attempt))
+    pods = [_pod(body, run, settings, naming.ROLLOUT, attempt, i, avoid) for i in range(run.spec.rollout.replicas)]
+    pods.append(_pod(body, run, settings, naming.TRAINER, attempt, avoid=avoid))
+    pods.append(_pod(body, run, settings, naming.ORCHESTRATOR, attempt, avoid=avoid))
     return pods
+
+
+def build_rollout_replacement(
+    body: dict[str, Any], run: RLRun, settings: OperatorSettings, attempt: int, index: int, name: str,
+    avoid: Sequence[str] = (),
+) -> dict[str, Any]:  # fmt: skip
+    """The replacement of attempt ``attempt``'s lost rollout pod ``index``, named ``name``
+    (``naming.replacement_pod_name``): the same pod, a new name, the same attempt."""
+    return _pod(body, run, settings, naming.ROLLOUT, attempt, index, avoid, name=name)
 
 
 def build_run_objects(body: dict[str, Any], run: RLRun, settings: OperatorSettings, token: str) -> list[dict[str, Any]]:

@@ -1,56 +1,51 @@
-"""kopf handlers: thin glue between RLRun events, the builders, the API and the orchestrator.
+"""kopf handlers: thin glue between Kubernetes events and the reconciler (``reconcile.py``).
 
 | handler | on | does |
 |---|---|---|
 | :func:`create_run` | RLRun created | claim, Secret, ConfigMap, Service, then attempt 0's pods (none if suspended) |
-| :func:`spec_changed` | ``spec`` updated | ``suspend`` → pause + remove pods / recreate them as the next attempt; other fields → ConfigMap (next attempt); a fixed invalid spec → what creation did |
-| :func:`poll_status` | timer, every ``status_interval_seconds`` | orchestrator ``/status`` + pods → status and conditions; endpoints kept in sync |
-| :func:`rollout_pod_changed` | a rollout pod changes | ready rollout servers → ``PUT /rollout-endpoints`` at once |
-| :func:`run_pods` | index of the operator's pods | per run, what the other handlers need of its pods |
+| :func:`spec_changed` | ``spec`` updated | ConfigMap (next attempt); invalid changes refused; then a reconcile (``suspend``) |
+| :func:`poll_status` | timer, every ``status_interval_seconds`` | a reconcile |
+| :func:`pod_changed` | one of the operator's pods changes | a reconcile of its run (disruptions are seen at once) |
+| :func:`node_changed` | a Node's taints or readiness change, or it is deleted | a reconcile of every run with a pod on it |
+| :func:`run_pods`, :func:`nodes` | indexes | the pods of each run, the nodes (what the reconciler reads) |
 
 Deletion needs no handler: everything but a retained claim carries an owner reference
 and is garbage-collected. kopf keeps its progress in ``rlrun.dev/*`` annotations and,
-because of the timer, a finalizer it removes once the timer has stopped.
+because of the timer, a finalizer it removes once the timer has stopped (at once: the timer
+races its reconcile against kopf's stop flag, so a hanging connection never delays deletion).
 
-Every handler reads the spec as the parsed :class:`~rlrun.api.spec.RLRun` (defaults
-filled in by the model, never by the handler). An invalid change to a run that exists is
-ignored with a Warning Event: the run goes on with its previous spec, which this process
-remembers per run (the last valid spec it parsed, :func:`_spec_in_force`). An operator
-restarted since that change knows no previous spec: the status timer then posts a Warning
-Event (``InvalidSpec``) saying to fix the spec and raises ``kopf.TemporaryError`` (retried
-every 60 s), leaving the run as it is until the spec is valid again. (Guessing would be
-worse: the raw spec's values are the invalid change, and the ConfigMap's copy of the last
-valid spec would cost a ``get`` on ConfigMaps the operator has no other use for.)
-
-Errors: a spec the pydantic model refuses at creation → ``Failed`` condition
-(``InvalidSpec``) and ``kopf.PermanentError`` (never retried); API errors → retried in
-:mod:`.kube`, then by kopf; an orchestrator that does not answer, or answers outside the
-contract (:mod:`rlrun.api.control`) → ``Ready`` False (``OrchestratorUnreachable``), tried
-again at the next tick.
+Status has one writer, the reconciler; handlers here never patch status except to refuse an
+invalid spec at creation (nothing else exists then). Errors: a spec the pydantic model
+refuses at creation → ``Failed`` (``InvalidSpec``) and ``kopf.PermanentError``; an invalid
+change later → ignored with a Warning Event (``specs.py``); API errors → retried in
+:mod:`.kube`, then by kopf; anything else a reconcile raises → a ``Degraded`` condition
+(``ReconcileError``), tried again at the next tick.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
-from typing import Any, NamedTuple
+from typing import Any
 
 import kopf
-from rlrun.api.control import PauseResult
 from rlrun.api.crd import PLURAL
-from rlrun.api.spec import API_GROUP, API_VERSION, KIND, RLRun
-from rlrun.api.status import ConditionType, EventReason, Phase, Reason
-from rlrun.manifest import ManifestError, parse_manifest
+from rlrun.api.spec import API_GROUP, API_VERSION, RLRun
+from rlrun.api.status import EventReason, Phase, Reason
+from rlrun.manifest import ManifestError
 
-from rlrun_operator import naming
+from rlrun_operator import naming, recovery
 from rlrun_operator.builders import build_configmap, build_pods, build_run_objects
-from rlrun_operator.control import ControlClient, ControlError
+from rlrun_operator.disruption import NodeView, node_view
 from rlrun_operator.kube import Kube, load_api_client
 from rlrun_operator.metrics import OperatorMetrics
+from rlrun_operator.reconcile import Reconciler, _was_refused
 from rlrun_operator.settings import OperatorSettings
-from rlrun_operator.status import PodView, failed, observe, pod_view, rollout_endpoints, starting, suspended
+from rlrun_operator.specs import SpecMemory
+from rlrun_operator.status import PodView, pod_view
 
 log = logging.getLogger(__name__)
 
@@ -59,27 +54,23 @@ METRICS = OperatorMetrics()
 RUNS = (API_GROUP, API_VERSION, PLURAL)
 OUR_PODS = {naming.MANAGED_BY: naming.OPERATOR_NAME}
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-TERMINAL_PHASES = (Phase.SUCCEEDED, Phase.FAILED)
-#: Seconds between retries of the status timer while a run's spec is invalid and no valid one is known.
-UNKNOWN_SPEC_RETRY_SECONDS = 60
-
-
-class _ValidSpec(NamedTuple):
-    """A run's spec as last parsed valid, and the ``metadata.generation`` it had."""
-
-    generation: int
-    run: RLRun
 
 
 class _State:
-    """Per-process caches, by ``(namespace, name)``: the API wrapper, one control client per run, the
-    endpoints last pushed, and the last valid spec of each run (what it goes on with after an invalid change)."""
+    """Per-process state: the API wrapper, the last valid spec of each run, the reconciler (its locks and
+    control clients) and the last view of each node (node events that change nothing are ignored)."""
 
     def __init__(self) -> None:
         self.kube: Kube | None = None
-        self.clients: dict[tuple[str, str], ControlClient] = {}
-        self.pushed: dict[tuple[str, str], list[str]] = {}
-        self.valid_specs: dict[tuple[str, str], _ValidSpec] = {}
+        self.specs = SpecMemory()
+        self.reconciler = Reconciler(_kube, SETTINGS, METRICS, self.specs)
+        self.nodes: dict[str, NodeView] = {}
+
+
+def _kube() -> Kube:
+    if STATE.kube is None:  # handlers may run before startup in embedded use; build it lazily then
+        STATE.kube = Kube(load_api_client())
+    return STATE.kube
 
 
 STATE = _State()
@@ -100,7 +91,7 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     # turned on (off by default), and then only from WARNING up
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = 32
-    STATE.__init__()  # control clients belong to an event loop: a restarted operator makes new ones
+    STATE.__init__()  # locks and control clients belong to an event loop: a restarted operator makes new ones
     STATE.kube = Kube(load_api_client())
 
 
@@ -112,111 +103,32 @@ def login(**kwargs) -> kopf.ConnectionInfo | None:
     return kopf.login_with_kubeconfig(**kwargs)
 
 
-def _kube() -> Kube:
-    if STATE.kube is None:  # handlers may run before startup in embedded use; build it lazily then
-        STATE.kube = Kube(load_api_client())
-    return STATE.kube
-
-
-# -- the index of our pods ------------------------------------------------------------------------
+# -- indexes --------------------------------------------------------------------------------------
 
 
 @kopf.index("pods", labels=OUR_PODS)
 def run_pods(body, namespace, labels, **_) -> dict[tuple[str, str], PodView]:
-    """``{(namespace, run): PodView}`` for every pod the operator created."""
+    """``{(namespace, run): PodView}`` for every pod carrying the operator's labels (the reconciler keeps
+    only those whose controller owner is the run)."""
     return {(namespace, labels.get(naming.INSTANCE, "")): pod_view(body)}
 
 
-def _pods_of(index: kopf.Index, namespace: str, name: str) -> list[PodView]:
-    return list(index.get((namespace, name), []))
+@kopf.index("nodes")
+def nodes(body, name, **_) -> dict[str, NodeView]:
+    """``{node name: NodeView}`` (cluster-scoped: watched cluster-wide in both operator modes)."""
+    return {name: node_view(body)}
 
 
-# -- helpers --------------------------------------------------------------------------------------
+def _reader(index: kopf.Index, namespace: str, name: str):
+    return lambda: list(index.get((namespace, name), []))
 
 
-def _parse(body: dict[str, Any], spec: dict[str, Any] | None = None) -> RLRun:
-    """The RLRun ``body`` (with ``spec`` instead of its own, if given) as the model; a valid one is remembered.
-
-    Raises:
-        ManifestError: the spec is invalid (one line per field, as ``rlrun validate`` prints).
-    """
-    meta = body["metadata"]
-    run = parse_manifest(
-        {
-            "apiVersion": f"{API_GROUP}/{API_VERSION}",
-            "kind": KIND,
-            "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
-            "spec": dict(body.get("spec") or {}) if spec is None else dict(spec),
-        },
-        source=f"{meta.get('namespace')}/{meta['name']}",
-    )
-    if spec is None:
-        key, generation = (meta["namespace"], meta["name"]), meta.get("generation") or 0
-        known = STATE.valid_specs.get(key)
-        if known is None or generation >= known.generation:  # a timer may hold an older body than a handler
-            STATE.valid_specs[key] = _ValidSpec(generation, run)
-    return run
+def _node_reader(index: kopf.Index):
+    return lambda: {name: next(iter(views)) for name, views in index.items() if views}
 
 
-def _spec_in_force(body: dict[str, Any]) -> RLRun:
-    """The spec the run goes on with: the body's when valid, else the last valid one this process parsed.
-
-    Raises:
-        kopf.TemporaryError: the body's spec is invalid and no valid one is known (the operator
-            restarted since the invalid change); a Warning Event (``InvalidSpec``) says to fix the
-            spec, and the caller is retried after :data:`UNKNOWN_SPEC_RETRY_SECONDS`.
-    """
-    meta = body["metadata"]
-    known = STATE.valid_specs.get((meta["namespace"], meta["name"]))
-    if known is not None and known.generation == (meta.get("generation") or 0):
-        return known.run
-    try:
-        return _parse(body)
-    except ManifestError as exc:
-        if known is not None:
-            return known.run
-        message = (
-            f"the spec is invalid ({'; '.join(exc.errors)}) and the operator knows no earlier valid spec of this "
-            "run (it restarted since the change): fix the spec; until then the run's status is not updated"
-        )
-        kopf.event(body, type="Warning", reason=EventReason.INVALID_SPEC, message=message)
-        raise kopf.TemporaryError(message, delay=UNKNOWN_SPEC_RETRY_SECONDS) from None
-
-
-def _refuse_invalid_spec(body, patch, status, exc: ManifestError) -> kopf.PermanentError:
-    """Mark a run that cannot be created as Failed (``InvalidSpec``); returns the error for the handler to raise."""
-    message = "; ".join(exc.errors)
-    patch.status.update(failed(dict(status), body["metadata"].get("generation"), Reason.INVALID_SPEC, message))
-    kopf.event(body, type="Warning", reason=EventReason.INVALID_SPEC, message=message)
-    METRICS.set_phase(body["metadata"]["namespace"], body["metadata"]["name"], Phase.FAILED)
-    return kopf.PermanentError(f"invalid spec: {message}")
-
-
-async def _control(namespace: str, name: str) -> ControlClient:
-    key = (namespace, name)
-    url = SETTINGS.orchestrator_url.format(
-        name=name, namespace=namespace, service=naming.orchestrator_service_name(name)
-    )
-    client = STATE.clients.get(key)
-    if client is None or client.base_url != url.rstrip("/"):
-        token = await asyncio.to_thread(_kube().read_token, namespace, name)
-        client = STATE.clients[key] = ControlClient(url, token, SETTINGS.request_timeout_seconds)
-    return client
-
-
-async def _start_attempt(body, run: RLRun, attempt: int, logger) -> int:
-    """Create attempt ``attempt``'s pods; returns how many were created (existing ones are kept)."""
-    pods = build_pods(body, run, SETTINGS, attempt)
-    created = sum(await asyncio.gather(*(asyncio.to_thread(_kube().create, pod) for pod in pods)))
-    STATE.pushed.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
-    logger.info("attempt %d: %d pods created (%d already there)", attempt, created, len(pods) - created)
-    return created
-
-
-async def _delete_pods(pods: list[PodView], namespace: str, grace_s: int, components=naming.COMPONENTS) -> int:
-    doomed = [p for p in pods if p.component in components and not p.deleting]
-    await asyncio.gather(*(asyncio.to_thread(_kube().delete_pod, namespace, p.name, grace_s) for p in doomed))
-    return len(doomed)
+async def _reconcile(namespace: str, name: str, run_pods: kopf.Index, nodes: kopf.Index) -> None:
+    await STATE.reconciler.reconcile(namespace, name, _reader(run_pods, namespace, name), _node_reader(nodes))
 
 
 # -- RLRun lifecycle ------------------------------------------------------------------------------
@@ -227,17 +139,18 @@ async def create_run(body, name, namespace, status, patch, logger, **_) -> None:
     """Create the run's objects and, unless ``spec.suspend``, attempt 0's pods."""
     with METRICS.track("create"):
         try:
-            run = _parse(body)
+            run = STATE.specs.parse(body)
         except ManifestError as exc:
             raise _refuse_invalid_spec(body, patch, status, exc) from None
-        await _create(body, run, status, patch, logger)
+        await _create(body, run, dict(status), logger)
 
 
-async def _create(body, run: RLRun, status, patch, logger) -> None:
+async def _create(body, run: RLRun, status: dict[str, Any], logger) -> None:
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     generation = body["metadata"].get("generation")
+    kube = _kube()
     objects = build_run_objects(body, run, SETTINGS, secrets.token_urlsafe(32))
-    created = await asyncio.gather(*(asyncio.to_thread(_kube().create, obj) for obj in objects))
+    created = await asyncio.gather(*(asyncio.to_thread(kube.create, obj) for obj in objects))
     if objects[0]["kind"] == "PersistentVolumeClaim" and not created[0]:
         # Retained from an earlier RLRun of this name (retention Retain): resuming it is the point of
         # retaining, but the user should know; its size and retention are the old claim's.
@@ -247,42 +160,48 @@ async def _create(body, run: RLRun, status, patch, logger) -> None:
         )
         kopf.event(body, type="Warning", reason=EventReason.EXISTING_CLAIM, message=message)
     if run.spec.suspend:
-        patch.status.update(suspended(dict(status), generation, "created suspended"))
+        await asyncio.to_thread(kube.patch_run_status, namespace, name, recovery.created_suspended(status, generation))
         METRICS.set_phase(namespace, name, Phase.SUSPENDED)
         message = "created with spec.suspend: no pods until it is false"
         kopf.event(body, type="Normal", reason=EventReason.SUSPENDED, message=message)
         return
-    count = await _start_attempt(body, run, 0, logger)
-    patch.status.update(starting(dict(status), generation, 0))
+    pods = build_pods(body, run, SETTINGS, 0)
+    count = sum(await asyncio.gather(*(asyncio.to_thread(kube.create, pod) for pod in pods)))
+    await asyncio.to_thread(
+        kube.patch_run_status, namespace, name, recovery.started(status, generation, None, 0, run.spec.rollout.replicas)
+    )
     METRICS.set_phase(namespace, name, Phase.PENDING)
+    logger.info("attempt 0: %d pods created", count)
     kopf.event(body, type="Normal", reason=EventReason.CREATED, message=f"attempt 0: {count} pods created")
 
 
-def _was_refused(status) -> bool:
-    """Whether the run was refused for an invalid spec (nothing was created for it)."""
-    return any(
-        c.get("type") == ConditionType.FAILED and c.get("reason") == Reason.INVALID_SPEC
-        for c in status.get("conditions") or []
+def _refuse_invalid_spec(body, patch, status, exc: ManifestError) -> kopf.PermanentError:
+    """Mark a run that cannot be created as Failed (``InvalidSpec``); returns the error for the handler to raise.
+
+    The only status written outside the reconciler: nothing exists for the run yet, and the
+    reconciler leaves refused runs alone.
+    """
+    message = "; ".join(exc.errors)
+    patch.status.update(
+        recovery.failed_patch(dict(status), body["metadata"].get("generation"), Reason.INVALID_SPEC, message)
     )
-
-
-def _parsed_or_none(body, spec: dict[str, Any]) -> RLRun | None:
-    try:
-        return _parse(body, spec)
-    except ManifestError:
-        return None
+    kopf.event(body, type="Warning", reason=EventReason.INVALID_SPEC, message=message)
+    METRICS.set_phase(body["metadata"]["namespace"], body["metadata"]["name"], Phase.FAILED)
+    return kopf.PermanentError(f"invalid spec: {message}")
 
 
 @kopf.on.update(*RUNS, field="spec")
-async def spec_changed(body, old, new, name, namespace, status, patch, logger, run_pods: kopf.Index, **_) -> None:
-    """``suspend`` flips: suspend or resume the run. Other changes: the ConfigMap, used from the next attempt.
+async def spec_changed(
+    body, old, name, namespace, status, patch, logger, run_pods: kopf.Index, nodes: kopf.Index, **_
+) -> None:
+    """A valid change: the ConfigMap (used from the next attempt), then a reconcile (``suspend`` flips).
 
-    The change is ``old`` → ``new`` as kopf saw it, both read through the model. An ``old`` the
-    model refuses (an earlier change that was ignored) counts as suspended when the run's phase is.
+    An invalid change is refused with a Warning Event (the run goes on with its previous spec);
+    a refused run whose spec is valid now is created.
     """
     with METRICS.track("update"):
         try:
-            run = _parse(body)
+            run = STATE.specs.parse(body)
         except ManifestError as exc:
             if _was_refused(status):  # never created: it stays Failed, with the new reasons
                 raise _refuse_invalid_spec(body, patch, status, exc) from None
@@ -290,168 +209,99 @@ async def spec_changed(body, old, new, name, namespace, status, patch, logger, r
             text = f"change ignored, the run goes on with its previous spec: {message}"
             kopf.event(body, type="Warning", reason=EventReason.INVALID_SPEC, message=text)
             raise kopf.PermanentError(f"invalid spec change: {message}") from None
-        generation = body["metadata"].get("generation")
         if _was_refused(status):  # the spec is valid now: do what creation could not
             message = "the spec is valid now; creating the run"
             kopf.event(body, type="Normal", reason=EventReason.SPEC_FIXED, message=message)
-            await _create(body, run, {**dict(status), "conditions": [], "phase": None}, patch, logger)
+            await _create(body, run, {**dict(status), "conditions": [], "phase": None}, logger)
             return
-        previous = _parsed_or_none(body, dict(old or {}))
+        try:
+            previous = STATE.specs.parse(body, dict(old or {}))
+        except ManifestError:
+            previous = None
         if previous is None or previous.spec.model_copy(update={"suspend": run.spec.suspend}) != run.spec:
             await asyncio.to_thread(_kube().apply_configmap, build_configmap(body, run))
             message = "the new spec takes effect at the next attempt"
             kopf.event(body, type="Normal", reason=EventReason.SPEC_UPDATED, message=message)
-        was = previous.spec.suspend if previous is not None else status.get("phase") == Phase.SUSPENDED
-        now = run.spec.suspend
-        if was == now or status.get("phase") == Phase.SUCCEEDED:  # a failed run may be suspended and resumed
-            patch.status["observedGeneration"] = generation
-            return
-        pods = _pods_of(run_pods, namespace, name)
-        if now:
-            await _suspend(body, run, status, patch, pods, logger)
-        else:
-            attempt = 0 if status.get("attempt") is None else int(status["attempt"]) + 1
-            count = await _start_attempt(body, run, attempt, logger)
-            patch.status.update(starting(dict(status), generation, attempt))
-            METRICS.set_phase(namespace, name, Phase.PENDING)
-            if attempt == 0:  # created suspended: this is its start
-                kopf.event(body, type="Normal", reason=EventReason.CREATED, message=f"attempt 0: {count} pods created")
-            else:
-                message = f"attempt {attempt}: {count} pods created, resuming from the newest checkpoint"
-                kopf.event(body, type="Normal", reason=EventReason.RESUMED, message=message)
-
-
-async def _suspend(body, run: RLRun, status, patch, pods: list[PodView], logger) -> None:
-    """Pause the orchestrator (its snapshot keeps queued samples and open groups), then remove the pods."""
-    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    generation = body["metadata"].get("generation")
-    grace = run.spec.preemption.termination_grace_period_seconds
-    try:
-        client = await _control(namespace, name)
-        paused = await client.pause(timeout_s=run.spec.preemption.snapshot_timeout_seconds)
-        message = _pause_message(paused)
-        kopf.event(body, type="Normal", reason=EventReason.PAUSED, message=message)
-    except Exception as exc:  # the pods go regardless; SIGTERM makes the orchestrator pause itself
-        message = f"pause failed ({exc}); pods stop on SIGTERM and the run resumes from its newest checkpoint"
-        kopf.event(body, type="Warning", reason=EventReason.PAUSE_FAILED, message=message)
-    removed = await _delete_pods(pods, namespace, grace)
-    STATE.pushed.pop((namespace, name), None)
-    logger.info("suspended: %d pods deleted", removed)
-    patch.status.update(suspended(dict(status), generation, f"suspended; {message}"))
-    METRICS.set_phase(namespace, name, Phase.SUSPENDED)
-    kopf.event(body, type="Normal", reason=EventReason.SUSPENDED, message=f"{removed} pods deleted")
-
-
-def _pause_message(paused: PauseResult) -> str:
-    """The Paused Event's sentence: what the snapshot saved, in the contract's words."""
-    if paused.step is None:  # paused before it started, or after it was done
-        return f"{paused.note or 'nothing to save'}; it resumes from its newest checkpoint"
-    return (
-        f"snapshot at step {paused.step}: {paused.queued_traces} queued traces, {paused.open_groups} open groups, "
-        f"{paused.requested_groups} requested groups, {paused.finished_episodes_kept} finished episodes kept"
-    )
+        await _reconcile(namespace, name, run_pods, nodes)
 
 
 @kopf.on.delete(*RUNS, optional=True)
 async def forget_run(name, namespace, **_) -> None:
-    """Drop per-run caches (the objects themselves go by owner references)."""
-    STATE.pushed.pop((namespace, name), None)
-    STATE.valid_specs.pop((namespace, name), None)
-    client = STATE.clients.pop((namespace, name), None)
-    if client is not None:
+    """Drop per-run state (the objects themselves go by owner references)."""
+    STATE.specs.forget(namespace, name)
+    for client in STATE.reconciler.forget(namespace, name):
         await client.aclose()
     METRICS.set_phase(namespace, name, None)
 
 
-# -- status and endpoints -------------------------------------------------------------------------
-
-
-async def _push_endpoints(namespace: str, name: str, desired: list[str], logger) -> bool:
-    try:
-        client = await _control(namespace, name)
-        await client.set_endpoints(desired)
-    except Exception as exc:  # unreachable, 4xx/5xx, or the token's Secret gone: the timer tries again
-        logger.debug("endpoints not pushed yet: %s", exc)
-        return False
-    STATE.pushed[(namespace, name)] = desired
-    METRICS.endpoint_updates.inc()
-    logger.info("rollout endpoints sent to the orchestrator: %s", desired)
-    return True
+# -- reconcile triggers ---------------------------------------------------------------------------
 
 
 @kopf.timer(*RUNS, interval=SETTINGS.status_interval_seconds)
-async def poll_status(body, name, namespace, status, patch, logger, run_pods: kopf.Index, **_) -> None:
-    """Poll the orchestrator's ``/status``, fold it and the pods into ``status``, keep endpoints in sync.
+async def poll_status(name, namespace, status, stopped, run_pods: kopf.Index, nodes: kopf.Index, **_) -> None:
+    """Reconcile the run every ``status_interval_seconds``; stops at once when kopf stops the timer (the
+    run is being deleted), whatever the network is doing.
 
     Raises:
-        kopf.TemporaryError: the spec is invalid and no earlier valid one is known (see :func:`_spec_in_force`).
+        kopf.TemporaryError: the spec is invalid and no earlier valid one is known (``SpecMemory.in_force``).
     """
     phase = status.get("phase")
-    if phase is not None:  # counted even when there is nothing to poll (an operator restart forgets)
+    if phase is not None:  # counted even when there is nothing to do (an operator restart forgets)
         METRICS.set_phase(namespace, name, phase)
-    if phase in (*TERMINAL_PHASES, Phase.SUSPENDED) or status.get("attempt") is None:
+    if phase == Phase.SUCCEEDED or _was_refused(status):
         return
     with METRICS.track("status"):
-        run = _spec_in_force(body)
-        if run.spec.suspend:  # the suspend handler is at work
-            return
-        generation = body["metadata"].get("generation")
-        pods = _pods_of(run_pods, namespace, name)
-        attempt = int(status["attempt"])
-        report, error = None, None
+        work = asyncio.ensure_future(_reconcile(namespace, name, run_pods, nodes))
+        stop = asyncio.ensure_future(stopped.wait())
         try:
-            report = await (await _control(namespace, name)).status()
-        except ControlError as exc:
-            error = str(exc)
-        if report is not None and report.attempt != attempt:
-            # the Service follows the run across attempts: an old attempt's orchestrator may still answer
-            report, error = None, f"the orchestrator answering is attempt {report.attempt}, not {attempt}"
-        desired = rollout_endpoints(pods, attempt)
-        if report is not None and report.rollout_endpoints != desired:
-            await _push_endpoints(namespace, name, desired, logger)
-        new = observe(dict(status), generation, pods, report, error, rollout_replicas=run.spec.rollout.replicas)
-        grace = run.spec.preemption.termination_grace_period_seconds
-        if new["phase"] == Phase.SUCCEEDED and phase != Phase.SUCCEEDED:
-            freed = await _delete_pods(pods, namespace, grace, components=(naming.ROLLOUT,))
-            message = f"{new['message']}; {freed} rollout pods removed"
-            kopf.event(body, type="Normal", reason=EventReason.SUCCEEDED, message=message)
-        elif new["phase"] == Phase.FAILED and phase != Phase.FAILED:
-            # the trainer and rollout servers cannot go on without it: free their GPUs (logs stay in the
-            # orchestrator pod); suspend, then unsuspend, starts a new attempt from the newest checkpoint
-            freed = await _delete_pods(pods, namespace, grace, components=(naming.TRAINER, naming.ROLLOUT))
-            message = f"{new['message']}; {freed} pods removed; suspend and unsuspend to retry"
-            kopf.event(body, type="Warning", reason=EventReason.FAILED, message=message)
-        elif new["phase"] == Phase.RUNNING and phase != Phase.RUNNING:
-            kopf.event(body, type="Normal", reason=EventReason.RUNNING, message=new["message"])
-        changed = {k: v for k, v in new.items() if status.get(k) != v}
-        if changed:
-            patch.status.update(changed)
-        METRICS.set_phase(namespace, name, new["phase"])
+            await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not work.done():  # every action is idempotent and recorded first: safe to cut anywhere
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+            return
+        work.result()
 
 
-@kopf.on.event("pods", labels={**OUR_PODS, naming.COMPONENT: naming.ROLLOUT})
-async def rollout_pod_changed(namespace, labels, logger, run_pods: kopf.Index, **_) -> None:
-    """A rollout pod became ready, unready or went away: send the new endpoint set at once."""
+@kopf.on.event("pods", labels=OUR_PODS)
+async def pod_changed(namespace, labels, run_pods: kopf.Index, nodes: kopf.Index, **_) -> None:
+    """One of the operator's pods changed (ready, disrupted, ended, deleted): reconcile its run now."""
     name = labels.get(naming.INSTANCE)
-    if not name:
-        return
-    pods = _pods_of(run_pods, namespace, name)
-    attempts = [p.attempt for p in pods if p.component == naming.ORCHESTRATOR and not p.deleting]
-    if not attempts:
-        return
-    desired = rollout_endpoints(pods, max(attempts))
-    if STATE.pushed.get((namespace, name)) != desired:
-        with METRICS.track("endpoints"):
-            await _push_endpoints(namespace, name, desired, logger)
+    if name:
+        with METRICS.track("pod"), contextlib.suppress(kopf.TemporaryError):  # the timer retries and warns
+            await _reconcile(namespace, name, run_pods, nodes)
+
+
+@kopf.on.event("nodes")
+async def node_changed(type, name, body, run_pods: kopf.Index, nodes: kopf.Index, **_) -> None:
+    """A node's taints or readiness changed, or it was deleted: reconcile every run with a pod on it."""
+    view = None if type == "DELETED" else node_view(body)
+    if view is not None and STATE.nodes.get(name) == view:
+        return  # a heartbeat or label change: nothing the classifier reads
+    if view is None:
+        STATE.nodes.pop(name, None)
+    else:
+        STATE.nodes[name] = view
+    runs = {key for key, pods in run_pods.items() if any(p.node == name for p in pods)}
+    if runs:
+        with METRICS.track("node"):
+            await asyncio.gather(
+                *(_reconcile(ns, run, run_pods, nodes) for ns, run in runs), return_exceptions=True
+            )  # one run's invalid spec does not keep the others from being looked at (the timer retries)
 
 
 __all__ = [
     "METRICS",
     "SETTINGS",
+    "STATE",
     "configure",
     "create_run",
+    "node_changed",
+    "nodes",
+    "pod_changed",
     "poll_status",
-    "rollout_pod_changed",
     "run_pods",
     "spec_changed",
 ]

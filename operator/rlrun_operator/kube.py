@@ -9,14 +9,17 @@ created, so a handler retried after a partial failure finishes the job.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import os
 from typing import Any
 
 import kubernetes
 import urllib3
-from kubernetes.client import ApiClient, CoreV1Api
+from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
+from rlrun.api.crd import PLURAL
+from rlrun.api.spec import API_GROUP, API_VERSION
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from rlrun_operator import naming
@@ -53,10 +56,12 @@ def load_api_client() -> ApiClient:
 
 
 class Kube:
-    """The operator's view of the API: create run objects, list and delete pods, read the control token."""
+    """The operator's view of the API: read RLRuns and write their status, create run objects, list and
+    delete pods, read the control token."""
 
     def __init__(self, api: ApiClient) -> None:
         self.core = CoreV1Api(api)
+        self.custom = CustomObjectsApi(api)
         self._create = {
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
@@ -80,6 +85,48 @@ class Kube:
             if exc.status == 409:
                 return False
             raise
+
+    @_retry
+    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The RLRun as the API server has it now (None when it is gone).
+
+        Raises:
+            ApiException: a refusal other than 404, or a transient error that outlasted the retries.
+        """
+        try:
+            return self.custom.get_namespaced_custom_object(API_GROUP, API_VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    @_retry
+    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge ``status`` into the RLRun's status subresource (a key set to None is removed); None when gone.
+
+        Raises:
+            ApiException: a refusal other than 404, or a transient error that outlasted the retries.
+        """
+        try:
+            return self.custom.patch_namespaced_custom_object_status(
+                API_GROUP, API_VERSION, namespace, PLURAL, name, {"status": status},
+                _content_type="application/merge-patch+json",
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    @_retry
+    def list_pods(self, namespace: str, run: str) -> list[dict[str, Any]]:
+        """The pods carrying run ``run``'s labels, as the API server has them now (plain dicts).
+
+        Raises:
+            ApiException: a refusal, or a transient error that outlasted the retries.
+        """
+        selector = ",".join(f"{k}={v}" for k, v in naming.labels(run).items())
+        resp = self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
+        return json.loads(resp.data)["items"]  # as the server wrote them: no model round trip
 
     @_retry
     def delete_pod(self, namespace: str, name: str, grace_period_s: int) -> None:

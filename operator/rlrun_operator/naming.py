@@ -76,3 +76,22 @@ def pod_name(run: str, component: str, attempt: int, index: int | None = None) -
     """``<run>-orchestrator-a0``, ``<run>-trainer-a0``, ``<run>-rollout-1-a0``."""
     middle = component if index is None else f"{component}-{index}"
     return f"{run}-{middle}-a{attempt}"
+
+
+def replacement_pod_name(run: str, index: int, attempt: int, recovery: int) -> str:
+    """``<run>-rollout-<index>-a<attempt>-r<recovery>``: a lost rollout pod's replacement (same attempt),
+    ``recovery`` being the run's count of recoveries so far (unique per run, so idempotent by name)."""
+    return f"{pod_name(run, ROLLOUT, attempt, index)}-r{recovery}"
+
+
+def rollout_index_of(run: str, pod: str) -> int:
+    """The rollout index in the name of run ``run``'s rollout pod ``pod`` (``<run>-rollout-<index>-a…``).
+
+    Raises:
+        ValueError: ``pod`` is not a rollout pod name of ``run``.
+    """
+    prefix = f"{run}-{ROLLOUT}-"
+    index = pod[len(prefix) :].split("-", 1)[0] if pod.startswith(prefix) else ""
+    if not index.isdigit():
+        raise ValueError(f"{pod!r} is not a rollout pod name of run {run!r}")
+    return int(index)

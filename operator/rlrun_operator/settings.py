@@ -8,6 +8,27 @@ from pydantic import BaseModel, ConfigDict, Field
 
 ENV_PREFIX = "RLRUN_OPERATOR_"
 
+#: Taints Kubernetes itself puts on a node that is cordoned, failing or shut down (always watched).
+NODE_TAINTS = (
+    "node.kubernetes.io/unschedulable",
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/out-of-service",
+)
+#: Taints that announce a node's end on common clouds and autoscalers (the default of ``disruption_taints``):
+#: Karpenter's disruption (v1 and earlier), the AWS Node Termination Handler's spot, rebalance, ASG and
+#: maintenance notices, GKE's spot/preemptible node shutdown, and the cluster autoscaler's scale-down.
+DEFAULT_DISRUPTION_TAINTS = (
+    "karpenter.sh/disrupted",
+    "karpenter.sh/disruption",
+    "aws-node-termination-handler/spot-itn",
+    "aws-node-termination-handler/rebalance-recommendation",
+    "aws-node-termination-handler/asg-lifecycle-termination",
+    "aws-node-termination-handler/scheduled-maintenance",
+    "cloud.google.com/impending-node-termination",
+    "ToBeDeletedByClusterAutoscaler",
+)
+
 
 class OperatorSettings(BaseModel):
     """How the operator builds pods and how often it looks at runs.
@@ -22,6 +43,11 @@ class OperatorSettings(BaseModel):
         orchestrator_url: template of the orchestrator control URL; ``{name}`` and ``{namespace}``
             are the RLRun's, ``{service}`` the control Service's name.
         request_timeout_seconds: timeout of one control-server request, seconds.
+        disruption_taints: node taint keys that mean "this node is going away" (spot termination
+            notices, autoscaler disruption), on top of Kubernetes' own (:data:`NODE_TAINTS`); from
+            the environment as a comma-separated list, which replaces the defaults.
+        force_delete_after_seconds: seconds after a pod's deletion grace period ended before a pod
+            still terminating on a NotReady, unreachable or deleted node is force-deleted (grace 0).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -33,6 +59,8 @@ class OperatorSettings(BaseModel):
     status_interval_seconds: float = Field(default=5.0, gt=0)
     orchestrator_url: str = "http://{service}.{namespace}.svc:8080"
     request_timeout_seconds: float = Field(default=5.0, gt=0)
+    disruption_taints: tuple[str, ...] = DEFAULT_DISRUPTION_TAINTS
+    force_delete_after_seconds: float = Field(default=60.0, ge=0)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> OperatorSettings:

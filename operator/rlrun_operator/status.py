@@ -6,10 +6,14 @@ phase and the conditions, so the timer, the suspend handler and the tests agree:
 | phase | when | Ready | Progressing | Degraded | Succeeded | Failed |
 |---|---|---|---|---|---|---|
 | Pending | pods created, orchestrator not running yet | False | True | False | False | False |
-| Running | orchestrator running (Ready once ≥ 1 rollout server is) | endpoints? | True | pods failed/missing? | False | False |
+| Running | orchestrator pod running and answering (Ready once ≥ 1 rollout server is) | endpoints? | True | pods failed/missing? | False | False |
+| Recovering | a recovery (``recovery.py``) is under way | False (``Resuming``) | — | — | False | False |
 | Suspended | ``spec.suspend: true`` | False | False | False | False | False |
-| Succeeded | orchestrator pod exited 0 | False | False | False | True | False |
-| Failed | bad spec, or the orchestrator pod failed | False | False | True | False | True |
+| Succeeded | the orchestrator reported every step trained and exited 0 | False | False | False | True | False |
+| Failed | bad spec, an error retrying cannot heal, or the failure budget spent | False | False | — | False | True |
+
+:func:`observe` decides Pending and Running (and the conditions of a live run); the
+reconciler (``reconcile.py``) decides the other phases.
 
 Conditions follow ``metav1.Condition``: ``lastTransitionTime`` changes only when a
 condition's ``status`` does. Phases, condition types and reasons are the constants of
@@ -23,7 +27,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from rlrun.api.control import ResumeReport, StatusReport
+from pydantic import ValidationError
+from rlrun.api.control import ExitReport, ResumeReport, StatusReport
 from rlrun.api.status import ConditionType, Phase, Reason
 
 from rlrun_operator import naming
@@ -81,6 +86,15 @@ class PodView:
         ip: ``status.podIP`` or None.
         reason: why it ended (the container's terminated reason or the pod's), if it did.
         deleting: it has a ``deletionTimestamp``.
+        owner_uid: uid of its controller owner reference (the RLRun that owns it), or None.
+        node: ``spec.nodeName`` (None: not scheduled yet).
+        disruption: reason of its ``DisruptionTarget`` condition when that is True, else None.
+        exit_code: the container's exit code, once terminated.
+        exit_report: the container's termination message as the contract's
+            :class:`~rlrun.api.control.ExitReport`, when it is one.
+        deletion_deadline: ``metadata.deletionTimestamp`` (RFC 3339: when its grace period ends).
+        status_reason: ``status.reason`` (``Evicted``, ``Terminated``, ``NodeLost``, …).
+        rollout_index: ``rlrun.dev/rollout-index`` of a rollout pod.
     """
 
     name: str
@@ -91,19 +105,54 @@ class PodView:
     ip: str | None
     reason: str | None = None
     deleting: bool = False
+    owner_uid: str | None = None
+    node: str | None = None
+    disruption: str | None = None
+    exit_code: int | None = None
+    exit_report: ExitReport | None = None
+    deletion_deadline: str | None = None
+    status_reason: str | None = None
+    rollout_index: int | None = None
+
+    @property
+    def ended(self) -> bool:
+        """The pod is Succeeded or Failed."""
+        return self.phase in ("Succeeded", "Failed")
+
+
+def _exit_report(message: str | None) -> ExitReport | None:
+    if not message:
+        return None
+    try:
+        return ExitReport.model_validate_json(message)
+    except ValidationError:  # a crash's last log lines, or no report at all
+        return None
 
 
 def pod_view(body: dict[str, Any]) -> PodView:
     """A :class:`PodView` from a Pod object."""
     meta, status = body.get("metadata", {}), body.get("status") or {}
     labels = meta.get("labels") or {}
+    conditions = status.get("conditions") or []
     # the pod's own Ready condition (Kubernetes' PodConditionType), not an RLRun condition
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    reason = status.get("reason")
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    disruption = next(
+        (
+            c.get("reason") or "DisruptionTarget"
+            for c in conditions
+            if c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+        ),
+        None,
+    )
+    reason, exit_code, report = status.get("reason"), None, None
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term:
-            reason = term.get("reason") or f"exit code {term.get('exitCode')}"
+            exit_code = term.get("exitCode")
+            reason = term.get("reason") or f"exit code {exit_code}"
+            report = _exit_report(term.get("message"))
+    owner = next((o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+    index = labels.get(naming.ROLLOUT_INDEX)
     return PodView(
         name=meta.get("name", ""),
         component=labels.get(naming.COMPONENT, ""),
@@ -113,6 +162,14 @@ def pod_view(body: dict[str, Any]) -> PodView:
         ip=status.get("podIP"),
         reason=reason,
         deleting=bool(meta.get("deletionTimestamp")),
+        owner_uid=owner,
+        node=(body.get("spec") or {}).get("nodeName"),
+        disruption=disruption,
+        exit_code=exit_code,
+        exit_report=report,
+        deletion_deadline=meta.get("deletionTimestamp"),
+        status_reason=status.get("reason"),
+        rollout_index=int(index) if index is not None and index.isdigit() else None,
     )
 
 
@@ -202,114 +259,38 @@ def observe(
             out["lastCheckpointStep"] = orchestrator.last_checkpoint_step
         out.update(resume_totals(status, orchestrator.resume, attempt))
 
-    if orch_pod is not None and orch_pod.phase == "Succeeded":
-        phase = Phase.SUCCEEDED
-        steps = out.get("maxSteps") or status.get("maxSteps")
-        message = f"all {steps} steps trained" if steps else "training finished"
-        cond(ConditionType.SUCCEEDED, True, Reason.COMPLETED, message)
-        cond(ConditionType.FAILED, False, Reason.COMPLETED, "")
-        cond(ConditionType.READY, False, Reason.COMPLETED, "the run has finished")
-        cond(ConditionType.PROGRESSING, False, Reason.COMPLETED, message)
-        cond(ConditionType.DEGRADED, False, Reason.COMPLETED, "")
-    elif orch_pod is not None and orch_pod.phase == "Failed":
-        phase = Phase.FAILED
-        message = f"orchestrator pod {orch_pod.name} failed ({orch_pod.reason or 'unknown reason'})"
-        cond(ConditionType.FAILED, True, Reason.ORCHESTRATOR_FAILED, message)
-        cond(ConditionType.SUCCEEDED, False, Reason.ORCHESTRATOR_FAILED, "")
-        cond(ConditionType.READY, False, Reason.ORCHESTRATOR_FAILED, message)
-        cond(ConditionType.PROGRESSING, False, Reason.ORCHESTRATOR_FAILED, message)
-        cond(ConditionType.DEGRADED, True, Reason.POD_FAILED, message)
+    # never Ready without a live orchestrator pod (a stale endpoint may still answer)
+    alive = orch_pod is not None and orch_pod.phase == "Running"
+    running = alive and orchestrator is not None and orchestrator.phase in ("running", "done")
+    # one unanswered poll (a busy orchestrator) does not make a running run Pending again
+    was_running = orchestrator is None and status.get("phase") == Phase.RUNNING
+    phase = Phase.RUNNING if running or was_running else Phase.PENDING
+    missing = [c for c in (naming.ORCHESTRATOR, naming.TRAINER) if not by_component[c]]
+    if rollout_replicas is not None and len(by_component[naming.ROLLOUT]) < rollout_replicas:
+        missing.append(f"{rollout_replicas - len(by_component[naming.ROLLOUT])} rollout")
+    if failed:
+        failures = "; ".join(f"{p.name}: {p.reason or 'failed'}" for p in failed)
+        cond(ConditionType.DEGRADED, True, Reason.POD_FAILED, failures)
+    elif missing:
+        cond(ConditionType.DEGRADED, True, Reason.PODS_MISSING, f"attempt {attempt} lacks pods: {', '.join(missing)}")
+    elif running and not endpoints:
+        cond(ConditionType.DEGRADED, True, Reason.NO_ROLLOUT_ENDPOINTS, "no rollout server is ready")
     else:
-        running = orchestrator is not None and orchestrator.phase in ("running", "done")
-        # one unanswered poll (a busy orchestrator) does not make a running run Pending again
-        was_running = orchestrator is None and status.get("phase") == Phase.RUNNING
-        phase = Phase.RUNNING if running or was_running else Phase.PENDING
-        missing = [c for c in (naming.ORCHESTRATOR, naming.TRAINER) if not by_component[c]]
-        if rollout_replicas is not None and len(by_component[naming.ROLLOUT]) < rollout_replicas:
-            missing.append(f"{rollout_replicas - len(by_component[naming.ROLLOUT])} rollout")
-        if failed:
-            failures = "; ".join(f"{p.name}: {p.reason or 'failed'}" for p in failed)
-            cond(ConditionType.DEGRADED, True, Reason.POD_FAILED, failures)
-        elif missing:
-            cond(
-                ConditionType.DEGRADED, True, Reason.PODS_MISSING, f"attempt {attempt} lacks pods: {', '.join(missing)}"
-            )
-        elif running and not endpoints:
-            cond(ConditionType.DEGRADED, True, Reason.NO_ROLLOUT_ENDPOINTS, "no rollout server is ready")
-        else:
-            cond(ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "")
-        if running and endpoints:
-            message = f"step {out['step']}, {len(endpoints)} rollout server(s) ready"
-            cond(ConditionType.READY, True, Reason.RUNNING, message)
-        elif orchestrator is None:
-            message = orchestrator_error or "orchestrator not reachable yet"
-            cond(ConditionType.READY, False, Reason.ORCHESTRATOR_UNREACHABLE, message)
-        else:
-            waiting = "waiting for ready rollout servers" if not endpoints else f"orchestrator {orchestrator.phase}"
-            cond(ConditionType.READY, False, Reason.STARTING, waiting)
-        cond(ConditionType.PROGRESSING, True, Reason.TRAINING if running else Reason.STARTING, f"attempt {attempt}")
-        cond(ConditionType.SUCCEEDED, False, Reason.RUNNING, "")
-        cond(ConditionType.FAILED, False, Reason.RUNNING, "")
+        cond(ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "")
+    if running and endpoints:
+        message = f"step {out['step']}, {len(endpoints)} rollout server(s) ready"
+        cond(ConditionType.READY, True, Reason.RUNNING, message)
+    elif orchestrator is None:
+        message = orchestrator_error or "orchestrator not reachable yet"
+        cond(ConditionType.READY, False, Reason.ORCHESTRATOR_UNREACHABLE, message)
+    else:
+        waiting = "waiting for ready rollout servers" if not endpoints else f"orchestrator {orchestrator.phase}"
+        cond(ConditionType.READY, False, Reason.STARTING, waiting)
+    cond(ConditionType.PROGRESSING, True, Reason.TRAINING if running else Reason.STARTING, f"attempt {attempt}")
+    cond(ConditionType.SUCCEEDED, False, Reason.RUNNING, "")
+    cond(ConditionType.FAILED, False, Reason.RUNNING, "")
     out["phase"] = phase
     out["conditions"] = conditions
     ready = next(c for c in conditions if c["type"] == ConditionType.READY)
     out["message"] = ready["message"] or phase
     return out
-
-
-def starting(status: dict[str, Any], generation: int | None, attempt: int, now: str | None = None) -> dict[str, Any]:
-    """The status patch of an attempt whose pods were just created (``Pending``, nothing known yet).
-
-    Returns:
-        ``phase``, ``observedGeneration``, ``attempt``, ``message``, ``conditions`` and the counters
-        the printer columns show (``preemptions``, ``step``, ``resumed*``: 0 rather than blank).
-    """
-    conditions = list(status.get("conditions") or [])
-    message = f"attempt {attempt}: pods created, waiting for the orchestrator to start"
-    for type_, value, reason in (
-        (ConditionType.READY, False, Reason.STARTING),
-        (ConditionType.PROGRESSING, True, Reason.STARTING),
-        (ConditionType.DEGRADED, False, Reason.AS_EXPECTED),
-        (ConditionType.SUCCEEDED, False, Reason.STARTING),
-        (ConditionType.FAILED, False, Reason.STARTING),
-    ):
-        shown = message if value or type_ == ConditionType.READY else ""
-        conditions = set_condition(conditions, type_, value, reason, shown, generation, now)
-    return {
-        "phase": Phase.PENDING,
-        "observedGeneration": generation,
-        "attempt": attempt,
-        "message": message,
-        "conditions": conditions,
-        "preemptions": status.get("preemptions") or 0,
-        "step": status.get("step") or 0,
-        # printer columns show 0, not blank
-        **{k: status.get(k) or 0 for k in ("resumedGroups", "resumedTraces", "resumedEpisodes")},
-    }
-
-
-def suspended(status: dict[str, Any], generation: int | None, message: str, now: str | None = None) -> dict[str, Any]:
-    """The status patch of a suspended run (pods removed; ``Failed`` cleared: unsuspending retries).
-
-    Returns:
-        ``phase``, ``observedGeneration``, ``message`` and ``conditions``.
-    """
-    conditions = list(status.get("conditions") or [])
-    for type_ in (ConditionType.READY, ConditionType.PROGRESSING, ConditionType.DEGRADED, ConditionType.FAILED):
-        conditions = set_condition(conditions, type_, False, Reason.SUSPENDED, message, generation, now)
-    return {"phase": Phase.SUSPENDED, "observedGeneration": generation, "message": message, "conditions": conditions}
-
-
-def failed(
-    status: dict[str, Any], generation: int | None, reason: str, message: str, now: str | None = None
-) -> dict[str, Any]:
-    """The status patch of a run that cannot go on (``Failed`` condition True with ``reason``, a :class:`Reason`).
-
-    Returns:
-        ``phase``, ``observedGeneration``, ``message`` and ``conditions``.
-    """
-    conditions = list(status.get("conditions") or [])
-    conditions = set_condition(conditions, ConditionType.FAILED, True, reason, message, generation, now)
-    for type_ in (ConditionType.READY, ConditionType.PROGRESSING, ConditionType.SUCCEEDED):
-        conditions = set_condition(conditions, type_, False, reason, message, generation, now)
-    return {"phase": Phase.FAILED, "observedGeneration": generation, "message": message, "conditions": conditions}

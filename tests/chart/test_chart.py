@@ -30,7 +30,13 @@ RELEASE, NAMESPACE = "rlrun", "rlrun-system"
 K8S_VERSION = kv_utils.latest_version()
 HEALTH_PORT, METRICS_PORT = 8080, 9090
 WATCHED = ("team-a", "team-b")
-CLUSTER_SCOPED_RESOURCES = {"customresourcedefinitions", "namespaces"}
+CLUSTER_SCOPED_RESOURCES = {"customresourcedefinitions", "namespaces", "nodes"}
+#: Grants no API call of the operator needs, but admission does: the OwnerReferencesPermissionEnforcement
+#: plugin (OpenShift and other hardened clusters) admits an object whose ownerReference sets
+#: blockOwnerDeletion: true only if its creator may update the owner's finalizers subresource,
+#: and every object the operator creates is owned by its RLRun that way. The RBAC proof
+#: (tests/reconcile/test_rbac.py) asserts them granted in both modes without expecting a call.
+ADMISSION_REQUIRED = frozenset({("rlrun.dev", "rlruns/finalizers", "update")})
 
 
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
@@ -107,6 +113,7 @@ RENDER_CASES = {
     "watched-ns": (f"watchNamespaces={{{','.join(WATCHED)}}}",),
     "metrics-disabled": ("metrics.enabled=false",),
     "existing-sa": ("serviceAccount.create=false", "serviceAccount.name=ops"),
+    "disruption": ("disruptionTaints={example.com/spot-reclaim}", "forceDeleteAfterSeconds=null"),
     "scheduling": (
         "nodeSelector.pool=system",
         "tolerations[0].key=dedicated",
@@ -216,7 +223,8 @@ def test_env_gives_the_operator_its_run_images_tagged_with_the_app_version_by_de
         "RLRUN_OPERATOR_ROLLOUT_IMAGE": "ghcr.io/rlrun/rlrun-rollout:0.1.0",
         "RLRUN_OPERATOR_IMAGE_PULL_POLICY": "IfNotPresent",
         "RLRUN_OPERATOR_STATUS_INTERVAL_SECONDS": "5",
-    }
+        "RLRUN_OPERATOR_FORCE_DELETE_AFTER_SECONDS": "60",
+    }  # no RLRUN_OPERATOR_DISRUPTION_TAINTS: the operator's built-in list applies
     objects = render(
         "image.repository=ghcr.io/acme/rlrun-operator",
         "image.tag=sha-1234",
@@ -238,7 +246,12 @@ def test_env_gives_the_operator_its_run_images_tagged_with_the_app_version_by_de
 def test_operator_settings_accept_the_environment_the_chart_sets():
     from rlrun_operator.settings import ENV_PREFIX, OperatorSettings
 
-    objects = render("--set-json=statusIntervalSeconds=2.5", "runImages.pullSecrets={regcred,mirror}")
+    objects = render(
+        "--set-json=statusIntervalSeconds=2.5",
+        "runImages.pullSecrets={regcred,mirror}",
+        "disruptionTaints={example.com/spot-reclaim,ToBeDeletedByClusterAutoscaler}",
+        "forceDeleteAfterSeconds=90",
+    )
     env = {e["name"]: e["value"] for e in operator_container(objects)["env"]}
     known = {ENV_PREFIX + field.upper() for field in OperatorSettings.model_fields}
     assert {name for name in env if name.startswith(ENV_PREFIX)} <= known
@@ -246,6 +259,28 @@ def test_operator_settings_accept_the_environment_the_chart_sets():
     assert settings.trainer_image == env["RLRUN_OPERATOR_TRAINER_IMAGE"]
     assert settings.status_interval_seconds == 2.5
     assert settings.image_pull_secrets == ("regcred", "mirror")
+    assert tuple(settings.disruption_taints) == ("example.com/spot-reclaim", "ToBeDeletedByClusterAutoscaler")
+    assert settings.force_delete_after_seconds == 90
+    defaults = OperatorSettings.from_env({e["name"]: e["value"] for e in operator_container(render())["env"]})
+    assert defaults.disruption_taints == OperatorSettings().disruption_taints  # unset: the built-in list
+
+
+@pytest.mark.parametrize(
+    ("values", "taints", "force_delete"),
+    [
+        ((), None, "60"),
+        (("disruptionTaints={karpenter.sh/disrupted}",), "karpenter.sh/disrupted", "60"),
+        (("disruptionTaints={a.example.com/x,ToBeDeletedByClusterAutoscaler}", "forceDeleteAfterSeconds=0"),
+         "a.example.com/x,ToBeDeletedByClusterAutoscaler", "0"),
+        (("--set-json=forceDeleteAfterSeconds=12.5",), None, "12.5"),
+        (("forceDeleteAfterSeconds=null",), None, None),
+    ],
+    ids=["defaults", "one-taint", "taints-and-zero", "fraction", "unset"],
+)  # fmt: skip
+def test_disruption_settings_map_to_env_only_when_set(values, taints, force_delete):
+    env = {e["name"]: e["value"] for e in operator_container(render(*values))["env"]}
+    assert env.get("RLRUN_OPERATOR_DISRUPTION_TAINTS") == taints
+    assert env.get("RLRUN_OPERATOR_FORCE_DELETE_AFTER_SECONDS") == force_delete
 
 
 @pytest.mark.parametrize("enabled", [True, False])
@@ -275,6 +310,7 @@ def test_all_namespaces_mode_binds_one_cluster_role_with_every_rule():
     assert ("rlrun.dev", "rlruns/status", "patch") in perms
     assert ("", "pods", "create") in perms
     assert ("apiextensions.k8s.io", "customresourcedefinitions", "watch") in perms
+    assert {("", "nodes", "list"), ("", "nodes", "watch")} <= perms
     assert ("", "namespaces", "watch") not in perms  # exact namespace names: kopf needs no namespace discovery
 
 
@@ -295,6 +331,8 @@ def test_watched_namespaces_get_a_role_each_and_the_cluster_role_keeps_only_clus
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
         ("", "namespaces", "list"),  # kopf follows the listed namespaces
         ("", "namespaces", "watch"),
+        ("", "nodes", "list"),  # the nodes index: kopf watches cluster-scoped resources cluster-wide
+        ("", "nodes", "watch"),
     }
     assert only(objects, "ClusterRoleBinding")["roleRef"]["name"] == only(objects, "ClusterRole")["metadata"]["name"]
 
@@ -305,6 +343,12 @@ def test_role_and_cluster_role_grant_the_same_namespaced_rules():
         assert permissions(role["rules"]) == namespaced(cluster_wide), role["metadata"]["namespace"]
     # Nothing cluster-scoped in a Role (it would grant nothing there).
     assert namespaced(cluster_wide) != cluster_wide
+
+
+def test_the_grants_admission_requires_are_namespaced_and_given_in_both_modes():
+    assert namespaced(permissions(only(render(), "ClusterRole")["rules"])) >= ADMISSION_REQUIRED
+    for role in of_kind(render(f"watchNamespaces={{{','.join(WATCHED)}}}"), "Role"):
+        assert permissions(role["rules"]) >= ADMISSION_REQUIRED, role["metadata"]["namespace"]
 
 
 @pytest.mark.parametrize(
@@ -335,6 +379,10 @@ def test_every_binding_names_the_service_account_the_pod_runs_as(values):
         ("watchNamespaces={Team_A}", "/watchNamespaces/0"),
         ("runImages.pullPolicy=Sometimes", "/runImages/pullPolicy"),
         ("metrics.port=70000", "/metrics/port"),
+        ("forceDeleteAfterSeconds=-1", "/forceDeleteAfterSeconds"),
+        ("forceDeleteAfterSeconds=soon", "/forceDeleteAfterSeconds"),
+        ("disruptionTaints={a,,b}", "/disruptionTaints/1"),
+        ("disruptionTaints={bad key}", "/disruptionTaints/0"),
         ("replicas=1", "'replicas' not allowed"),
     ],
 )

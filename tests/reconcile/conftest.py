@@ -19,6 +19,7 @@ os.environ["RLRUN_OPERATOR_STATUS_INTERVAL_SECONDS"] = "0.2"
 import kopf
 import kubernetes_validate
 import pytest
+from rlrun.api.control import ExitReport
 from rlrun_operator import handlers
 
 from tests.reconcile.fake_orchestrator import FakeOrchestrators
@@ -85,6 +86,22 @@ class Cluster:
         }
         meta = pod["metadata"]
         self.kube.patch("pods", meta["name"], {"status": status}, meta["namespace"], subresource="status")
+
+    def run_orchestrator(self, name: str = "demo", namespace: str = NAMESPACE) -> dict:
+        """Do the kubelet's part for the orchestrator pod: Running and Ready (the operator calls a run
+        Running only with a live orchestrator pod); returns the pod."""
+        pod = self.pod("orchestrator", name, namespace)
+        self.set_pod_status(pod, ip="10.0.0.2")
+        return pod
+
+    def exit_pod(self, pod: dict, outcome: str = "complete", code: int = 0, step: int = 100, **report) -> None:
+        """The pod's container exits with ``code`` and an exit report (``ExitReport``) as its termination message."""
+        component = pod["metadata"]["labels"]["app.kubernetes.io/component"]
+        message = ExitReport(role=component, outcome=outcome, step=step, max_steps=100, **report).model_dump_json()
+        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message}
+        statuses = [{"name": component, "state": {"terminated": terminated}}]
+        phase = "Succeeded" if code == 0 else "Failed"
+        self.set_pod_status(pod, phase=phase, ready=False, containerStatuses=statuses)
 
     def status(self, name: str = "demo", namespace: str = NAMESPACE) -> dict:
         return (self.rlrun(name, namespace) or {}).get("status") or {}

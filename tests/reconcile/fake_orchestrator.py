@@ -63,6 +63,8 @@ class FakeRun:
     endpoint_puts: list[list[str]] = field(default_factory=list)
     pauses: int = 0
     pause_answer: dict[str, Any] = field(default_factory=default_pause_answer)
+    #: seconds ``POST /pause`` takes to answer (the snapshot's time)
+    pause_delay: float = 0.0
 
 
 class FakeOrchestrators:
@@ -111,6 +113,8 @@ class FakeOrchestrators:
             return web.json_response(update.model_dump(mode="json"))
         if route == ("POST", "pause"):
             run.pauses += 1
+            run.status["phase"] = "pausing"
+            await asyncio.sleep(run.pause_delay)
             run.status["phase"] = "paused"
             return web.json_response(run.pause_answer)
         return web.json_response({"error": "no such route"}, status=404)

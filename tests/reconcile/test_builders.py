@@ -161,7 +161,7 @@ def test_pod_commands_are_real_rlrun_subcommands(component, tmp_path):
     manifest.write_text(configmap["data"]["rlrun.yaml"])
     pod = next(p for p in build_pods(body, run, SETTINGS, 4) if p["metadata"]["labels"][naming.COMPONENT] == component)
     argv = pod["spec"]["containers"][0]["command"]
-    assert argv == command(component, 4) and argv[0] == "rlrun"
+    assert argv == command(component, 4, body["metadata"]["uid"]) and argv[0] == "rlrun"
     args = [str(manifest) if a == naming.MANIFEST_PATH else a for a in argv[1:]]
     group = get_command(app)
     ctx = group.make_context("rlrun", list(args), resilient_parsing=False)
@@ -171,6 +171,7 @@ def test_pod_commands_are_real_rlrun_subcommands(component, tmp_path):
     assert sub_ctx.params["manifest"] == manifest
     if component != naming.ROLLOUT:
         assert sub_ctx.params["attempt"] == 4 and sub_ctx.params["resume"] is True
+        assert sub_ctx.params["run_uid"] == body["metadata"]["uid"]  # attempts numbered per run directory
 
 
 def test_limits_alone_are_their_own_requests():

@@ -7,6 +7,7 @@ import subprocess
 import time
 
 from tests.reconcile.conftest import NAMESPACE, ROOT, wait_for
+from tests.reconcile.fake_orchestrator import resume_report
 from tests.support.binaries import kubectl
 
 
@@ -29,6 +30,8 @@ def test_kubectl_apply_get_watch_suspend_and_delete(cluster):
     pod = "reverse-text-rollout-0-a0"
     ready = {"status": {"phase": "Running", "podIP": "10.0.0.3", "conditions": [{"type": "Ready", "status": "True"}]}}
     k("patch", "pod", pod, "--subresource=status", "--type=merge", "-p", json.dumps(ready))
+    orchestrator = "reverse-text-orchestrator-a0"
+    k("patch", "pod", orchestrator, "--subresource=status", "--type=merge", "-p", json.dumps(ready))
     cluster.orchestrators.run(NAMESPACE, "reverse-text").status.update(step=7)
 
     def table() -> list[list[str]]:
@@ -39,6 +42,28 @@ def test_kubectl_apply_get_watch_suspend_and_delete(cluster):
     assert rows[1][:5] == ["reverse-text", "Running", "7", "0", "0"]
     conditions = json.loads(k("get", "rlr", "reverse-text", "-o", "json"))["status"]["conditions"]
     assert {c["type"]: c["status"] for c in conditions}["Ready"] == "True"
+
+    # a preemption, as a user sees it (docs/operator.md shows this output)
+    fake = cluster.orchestrators.run(NAMESPACE, "reverse-text")
+    fake.pause_delay = 1.0  # long enough to see the recovery in kubectl get
+    disrupted = {
+        "status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}
+    }
+    k("patch", "pod", "reverse-text-trainer-a0", "--subresource=status", "--type=merge", "-p", json.dumps(disrupted))
+    during = wait_for(lambda: (t := k("get", "rlrun", "-o", "wide")) and "Recovering" in t and t, what="Recovering")
+    assert during.split("\n")[0].split() == [
+        "NAME", "PHASE", "STEP", "RESUMED", "PREEMPTIONS", "AGE", "SAMPLES", "FAILURES", "CHECKPOINT", "ATTEMPT",
+    ]  # fmt: skip
+    assert during.split("\n")[1].split()[4] == "1"  # counted as soon as it is seen
+    wait_for(lambda: len(k("get", "pods", selector, "-l=rlrun.dev/attempt=1", "-o", "name").split()) == 3, what="a1")
+    report = resume_report(open_groups=3, requested_groups=1, queued_traces=104, finished_episodes_kept=8)
+    fake.status.update(phase="running", attempt=1, resume=report)
+    for pod in ("reverse-text-orchestrator-a1", "reverse-text-rollout-0-a1"):
+        k("patch", "pod", pod, "--subresource=status", "--type=merge", "-p", json.dumps(ready))
+    after = wait_for(lambda: (t := table()) and t[1][1:5] == ["Running", "7", "4", "1"] and t, what="Resumed 4")
+    described = k("describe", "rlrun", "reverse-text")
+    assert "resumed at step 10 with 104 queued traces and 4 open groups (8 finished episodes kept)" in described
+    print("\n" + during + "\n" + "\n".join(" ".join(r) for r in after) + "\n" + described)
 
     watch = subprocess.Popen(
         [str(kubectl()), "--kubeconfig", str(cluster.kubeconfig), "get", "rlrun", "-w"],

@@ -72,6 +72,7 @@ def test_status_follows_the_orchestrator_and_ready_rollouts_get_pushed(cluster):
     wait_for(lambda: len(cluster.pods()) == 3, what="pods")
     fake = cluster.orchestrators.run(NAMESPACE, "demo")
     fake.status.update(step=12, policy_version=11, last_checkpoint_step=10)
+    cluster.run_orchestrator()
     # no rollout server ready: running but not Ready
     wait_for(lambda: cluster.status().get("step") == 12, what="step 12")
     assert cluster.condition("Ready")["status"] == "False"
@@ -103,6 +104,7 @@ def test_suspend_pauses_then_removes_pods_and_unsuspend_resumes_as_next_attempt(
     cluster.kube.create("rlruns", manifest(), NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="pods")
     fake = cluster.orchestrators.run(NAMESPACE, "demo")
+    cluster.run_orchestrator()
     wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
     cluster.kube.patch("rlruns", "demo", {"spec": {"suspend": True}}, NAMESPACE)
     wait_for(lambda: cluster.status().get("phase") == "Suspended", what="Suspended")
@@ -110,7 +112,8 @@ def test_suspend_pauses_then_removes_pods_and_unsuspend_resumes_as_next_attempt(
     assert cluster.pods() == []
     message = "snapshot at step 10: 104 queued traces, 3 open groups, 1 requested groups, 8 finished episodes kept"
     assert message in cluster.condition("Ready")["message"]
-    fake.status["phase"] = "running"
+    status = cluster.status()
+    assert (status["suspensions"], status["preemptions"], status.get("failures", 0)) == (1, 0, 0)
     cluster.kube.patch("rlruns", "demo", {"spec": {"suspend": False}}, NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="attempt 1 pods")
     assert {p["metadata"]["labels"]["rlrun.dev/attempt"] for p in cluster.pods()} == {"1"}
@@ -118,7 +121,20 @@ def test_suspend_pauses_then_removes_pods_and_unsuspend_resumes_as_next_attempt(
     command = orch["spec"]["containers"][0]["command"]
     assert command[command.index("--attempt") + 1] == "1" and "--resume" in command
     wait_for(lambda: cluster.status().get("attempt") == 1, what="attempt 1")
-    cluster.wait_for_events("Paused", "Suspended", "Resumed")
+    time.sleep(0.3)  # pods created is not resumed: the Resumed condition waits for the orchestrator's report
+    assert cluster.condition("Resumed") is None and cluster.status()["recovery"]["stage"] == "Resuming"
+    fake.status.update(
+        phase="running",
+        attempt=1,
+        resume=resume_report(open_groups=3, requested_groups=1, queued_traces=104, finished_episodes_kept=8),
+    )
+    resumed = wait_for(lambda: (c := cluster.condition("Resumed")) and c["status"] == "True" and c, what="Resumed")
+    assert (
+        resumed["message"]
+        == "attempt 1 resumed at step 10 with 104 queued traces and 4 open groups (8 finished episodes kept)"
+    )
+    assert "recovery" not in cluster.status() and cluster.status()["resumedGroups"] == 4
+    cluster.wait_for_events("Paused", "Suspended", "Recreated", "Resumed")
 
 
 def test_created_suspended_starts_no_pods_until_unsuspended(cluster):
@@ -134,21 +150,27 @@ def test_success_frees_the_rollout_pods(cluster):
     cluster.kube.create("rlruns", manifest(), NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="pods")
     cluster.orchestrators.run(NAMESPACE, "demo").status.update(phase="done", step=100)
-    cluster.set_pod_status(cluster.pod("orchestrator"), phase="Succeeded", ready=False)
+    cluster.exit_pod(cluster.pod("orchestrator"))
     wait_for(lambda: cluster.status().get("phase") == "Succeeded", what="Succeeded")
     assert cluster.condition("Succeeded")["status"] == "True"
     wait_for(lambda: not any(p["metadata"]["name"].startswith("demo-rollout") for p in cluster.pods()), what="freed")
     assert {p["metadata"]["name"] for p in cluster.pods()} == {"demo-orchestrator-a0", "demo-trainer-a0"}
 
 
-def test_orchestrator_failure_is_reported(cluster):
-    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+def test_a_failed_orchestrator_is_restarted_until_the_failure_budget_is_spent(cluster):
+    cluster.kube.create("rlruns", manifest(failure_policy={"backoff_limit": 1}), NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="pods")
     terminated = {"state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}, "name": "orchestrator"}
     cluster.set_pod_status(cluster.pod("orchestrator"), phase="Failed", ready=False, containerStatuses=[terminated])
+    wait_for(lambda: cluster.status().get("attempt") == 1 and len(cluster.pods()) == 3, what="attempt 1")
+    status = cluster.status()
+    assert (status["failures"], status.get("preemptions", 0)) == (1, 0)
+    assert cluster.orchestrators.run(NAMESPACE, "demo").pauses == 0  # never a pause to a Failed orchestrator
+    cluster.set_pod_status(cluster.pod("orchestrator"), phase="Failed", ready=False, containerStatuses=[terminated])
     failed = wait_for(lambda: (c := cluster.condition("Failed")) and c["status"] == "True" and c, what="Failed")
-    assert failed["reason"] == "OrchestratorFailed" and "OOMKilled" in failed["message"]
-    assert cluster.status()["phase"] == "Failed"
+    assert failed["reason"] == "BackoffLimitExceeded" and "OOMKilled" in failed["message"]
+    assert cluster.status()["phase"] == "Failed" and cluster.status()["failures"] == 2
+    cluster.wait_for_events("PodFailed", "Recreated", "Failed")
 
 
 def test_invalid_spec_gets_a_failed_condition_naming_the_field(cluster):
@@ -189,14 +211,17 @@ def test_a_run_that_existed_before_a_restart_is_handled_once(cluster):
 def test_spec_change_updates_the_configmap_for_the_next_attempt(cluster):
     cluster.kube.create("rlruns", manifest(), NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="pods")
-    cluster.kube.patch("rlruns", "demo", {"spec": {"max_steps": 300}}, NAMESPACE)
+    cluster.kube.patch("rlruns", "demo", {"spec": {"max_steps": 300, "rollout": {"replicas": 2}}}, NAMESPACE)
 
     def max_steps():
         cm = cluster.kube.get("configmaps", "demo-config", NAMESPACE)
         return yaml.safe_load(cm["data"]["rlrun.yaml"])["spec"]["max_steps"] == 300
 
     wait_for(max_steps, what="ConfigMap update")
+    time.sleep(0.5)  # a few reconciles: the second rollout server is the next attempt's, not a missing pod
     assert len(cluster.pods()) == 3  # running pods are left alone
+    status = cluster.status()
+    assert status.get("preemptions") == 0 and "recovery" not in status and status["rolloutReplicas"] == 1
 
 
 def test_deleting_the_run_removes_its_finalizer_and_owned_objects(cluster):
@@ -212,6 +237,8 @@ def test_deleting_the_run_removes_its_finalizer_and_owned_objects(cluster):
 
 def test_an_invalid_change_to_a_running_run_is_ignored_with_a_warning(cluster):
     cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    cluster.run_orchestrator()
     wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
     cluster.kube.patch("rlruns", "demo", {"spec": {"batch_size": 4}}, NAMESPACE)  # < group_size 8
     events = cluster.wait_for_events("InvalidSpec")
@@ -225,7 +252,7 @@ def test_an_invalid_change_to_a_running_run_is_ignored_with_a_warning(cluster):
 
 
 def test_a_failed_orchestrator_frees_the_other_pods_and_suspend_resume_retries(cluster):
-    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    cluster.kube.create("rlruns", manifest(failure_policy={"backoff_limit": 0}), NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="pods")
     cluster.set_pod_status(cluster.pod("orchestrator"), phase="Failed", ready=False)
     wait_for(lambda: cluster.status().get("phase") == "Failed", what="Failed")
@@ -278,10 +305,11 @@ def pod_deletions(cluster) -> dict[str, str | None]:
     [("Succeeded", {"demo-rollout-0-a0"}), ("Failed", {"demo-trainer-a0", "demo-rollout-0-a0"})],
 )
 def test_pods_are_deleted_with_the_spec_models_default_grace_period(cluster, orchestrator_phase, deleted):
-    cluster.kube.create("rlruns", manifest(), NAMESPACE)  # no spec.preemption: the model's default grace, 120 s
+    # no spec.preemption: the model's default grace, 120 s; no failure budget: a failure ends the run
+    cluster.kube.create("rlruns", manifest(failure_policy={"backoff_limit": 0}), NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="pods")
     cluster.orchestrators.run(NAMESPACE, "demo").status.update(phase="done", step=100)
-    cluster.set_pod_status(cluster.pod("orchestrator"), phase=orchestrator_phase, ready=False)
+    cluster.exit_pod(cluster.pod("orchestrator"), code=0 if orchestrator_phase == "Succeeded" else 1)
     wait_for(lambda: set(pod_deletions(cluster)) == deleted, what=f"pods deleted: {deleted}")
     assert pod_deletions(cluster) == dict.fromkeys(deleted, "120")
 
@@ -291,6 +319,7 @@ def test_after_an_ignored_invalid_change_the_previous_spec_stands_for_the_operat
     cluster.kube.create("rlruns", manifest(preemption=grace), NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="pods")
     cluster.set_pod_status(cluster.pod("rollout"), ip="10.0.0.7")
+    cluster.run_orchestrator()
     wait_for(lambda: (c := cluster.condition("Ready")) and c["status"] == "True", what="Ready")
     # invalid (batch_size < group_size), with a new grace period and more rollout servers in the same change
     change = {"batch_size": 4, "rollout": {"replicas": 3}, "preemption": {"termination_grace_period_seconds": 200}}
@@ -298,18 +327,20 @@ def test_after_an_ignored_invalid_change_the_previous_spec_stands_for_the_operat
     cluster.wait_for_events("InvalidSpec")
     time.sleep(0.5)  # a few status ticks: one rollout server is still all the run needs
     assert cluster.condition("Degraded")["status"] == "False" and cluster.condition("Ready")["status"] == "True"
-    cluster.set_pod_status(cluster.pod("orchestrator"), phase="Succeeded", ready=False)
+    cluster.exit_pod(cluster.pod("orchestrator"))
     wait_for(lambda: pod_deletions(cluster), what="the rollout pod deleted")
     assert pod_deletions(cluster) == {"demo-rollout-0-a0": "90"}
 
 
 def test_an_invalid_spec_a_restarted_operator_never_saw_valid_waits_for_a_fix(cluster):
     cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    cluster.run_orchestrator()
     wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
     cluster.kube.patch("rlruns", "demo", {"spec": {"batch_size": 4}}, NAMESPACE)
     cluster.wait_for_events("InvalidSpec")
     cluster.restart_operator()  # forgets the run's last valid spec
-    cluster.set_pod_status(cluster.pod("orchestrator"), phase="Succeeded", ready=False)
+    cluster.exit_pod(cluster.pod("orchestrator"))
 
     def asks_for_a_fix():
         return [e for e in cluster.kube.list("events", NAMESPACE) if "fix the spec" in e.get("message", "")]
@@ -322,6 +353,8 @@ def test_an_invalid_spec_a_restarted_operator_never_saw_valid_waits_for_a_fix(cl
 
 def test_an_answer_outside_the_contract_counts_as_no_answer(cluster):
     cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    cluster.run_orchestrator()
     wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
     fake = cluster.orchestrators.run(NAMESPACE, "demo")
     fake.status.update(step=7, policy_version="seven")

@@ -79,8 +79,10 @@ def real_orchestrator(cluster, tmp_path, tiny_model, monkeypatch):
     thread = OrchestratorThread(orchestrator)
     port = thread.start()
     url = f"http://127.0.0.1:{port}"
-    monkeypatch.setattr(handlers, "SETTINGS", handlers.SETTINGS.model_copy(update={"orchestrator_url": url}))
-    handlers.STATE.clients.clear()
+    settings = handlers.SETTINGS.model_copy(update={"orchestrator_url": url})
+    monkeypatch.setattr(handlers, "SETTINGS", settings)
+    monkeypatch.setattr(handlers.STATE.reconciler, "settings", settings)
+    handlers.STATE.reconciler.clients.clear()
     yield orchestrator
     thread.stop()
     assert thread.error is None, thread.error
@@ -89,6 +91,7 @@ def real_orchestrator(cluster, tmp_path, tiny_model, monkeypatch):
 def test_operator_drives_the_real_orchestrator(cluster, real_orchestrator):
     orchestrator = real_orchestrator
     assert orchestrator.phase == "starting"  # no endpoints yet: it waits for the operator
+    cluster.run_orchestrator()
     cluster.set_pod_status(cluster.pod("rollout"), ip="10.0.0.7")
     wait_for(lambda: orchestrator.rollout_urls == ["http://10.0.0.7:8000"], what="endpoints sent")
     # no trainer here: flow control stops the orchestrator after 2 batches (v + 1 + k)

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from rlrun.api.control import ResumeReport, StatusReport
-from rlrun.api.status import CONDITION_TYPES, PHASES, ConditionType, Phase, Reason, RLRunStatus
-from rlrun_operator.status import (
-    PodView,
-    failed,
-    observe,
-    pod_view,
-    rollout_endpoints,
-    set_condition,
-    starting,
-    suspended,
+from rlrun.api.status import CONDITION_TYPES, PHASES, ConditionType, Phase, Reason, RLRunStatus, Trigger
+from rlrun_operator.disruption import Disruption
+from rlrun_operator.recovery import (
+    begin,
+    begin_suspension,
+    created_suspended,
+    finished,
+    recovery_of,
+    started,
+    suspended_patch,
 )
+from rlrun_operator.recovery import failed_patch as failed
+from rlrun_operator.status import PodView, observe, pod_view, rollout_endpoints, set_condition
 
 T0, T1 = "2026-11-29T12:00:00Z", "2026-11-29T12:05:00Z"
 
@@ -68,28 +70,30 @@ def test_unreachable_orchestrator_is_pending_with_the_reason():
     assert ready["message"] == "connection refused" and "step" not in out
 
 
-def test_orchestrator_pod_exit_decides_succeeded_or_failed():
-    out = observe({"attempt": 0}, 1, pods(orch_phase="Succeeded"), None)
-    assert out["phase"] == "Succeeded" and conds(out)["Succeeded"] == "True" and conds(out)["Ready"] == "False"
-    out = observe({"attempt": 0}, 1, pods(orch_phase="Failed"), None)
-    assert out["phase"] == "Failed" and conds(out)["Failed"] == "True"
-    assert next(c for c in out["conditions"] if c["type"] == "Failed")["reason"] == "OrchestratorFailed"
+def test_never_ready_or_running_without_a_live_orchestrator_pod():
+    for orch_phase in ("Pending", "Succeeded", "Failed"):
+        out = observe({"attempt": 0}, 1, pods(orch_phase=orch_phase), REPORT)  # a stale endpoint still answers
+        assert out["phase"] == "Pending" and conds(out)["Ready"] == "False"
+    out = observe({"attempt": 0}, 1, [p for p in pods() if p.component != "orchestrator"], REPORT)
+    assert out["phase"] == "Pending" and conds(out)["Ready"] == "False"
+
+
+RESUME = ResumeReport(
+    from_step=10,
+    shipped=11,
+    queued_traces=104,
+    open_groups=2,
+    requested_groups=1,
+    finished_episodes_kept=8,
+    dropped_stale=5,
+    members_requested=8,
+    progress_only_would_lose=112,
+    time=1_800_000_000.0,
+)
 
 
 def test_resume_totals_add_each_attempt_once():
-    resume = ResumeReport(
-        from_step=10,
-        shipped=11,
-        queued_traces=104,
-        open_groups=2,
-        requested_groups=1,
-        finished_episodes_kept=8,
-        dropped_stale=5,
-        members_requested=8,
-        progress_only_would_lose=112,
-        time=1_800_000_000.0,
-    )
-    report = REPORT.model_copy(update={"attempt": 1, "resume": resume})
+    report = REPORT.model_copy(update={"attempt": 1, "resume": RESUME})
     first = observe({"attempt": 1, "resumedGroups": 2, "resumedTraces": 50, "resumedEpisodes": 1}, 1, pods(1), report)
     assert (first["resumedGroups"], first["resumedTraces"], first["resumedEpisodes"]) == (5, 154, 9)
     assert first["lastResume"] == {
@@ -121,11 +125,11 @@ def test_pod_view_reads_readiness_ip_and_exit_reason():
             "containerStatuses": [{"state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}],
         },
     }
-    assert pod_view(body) == PodView("p", "trainer", 2, "Failed", False, "10.1.2.3", "OOMKilled")
+    assert pod_view(body) == PodView("p", "trainer", 2, "Failed", False, "10.1.2.3", "OOMKilled", exit_code=137)
 
 
 def test_suspended_and_failed_patches():
-    out = suspended({}, 4, "suspended by user", now=T0)
+    out = suspended_patch({}, 4, "suspended by user", now=T0)
     assert out["phase"] == "Suspended"
     assert conds(out) == {"Ready": "False", "Progressing": "False", "Degraded": "False", "Failed": "False"}
     out = failed({}, 1, "InvalidSpec", "spec.group_size: must be ≥ 2", now=T0)
@@ -133,7 +137,7 @@ def test_suspended_and_failed_patches():
     assert (
         out["phase"] == "Failed" and failed_cond["reason"] == "InvalidSpec" and "group_size" in failed_cond["message"]
     )
-    RLRunStatus.model_validate(out)
+    RLRunStatus.model_validate({k: v for k, v in out.items() if v is not None})
 
 
 def test_set_condition_replaces_by_type():
@@ -168,8 +172,12 @@ def test_one_unanswered_poll_keeps_a_running_run_running():
 
 
 def test_a_new_attempt_starts_pending_and_not_degraded():
-    out = starting(
-        {"resumedGroups": 3, "conditions": failed({}, 1, "OrchestratorFailed", "x", now=T0)["conditions"]}, 2, 1, now=T1
+    out = started(
+        {"resumedGroups": 3, "conditions": failed({}, 1, "OrchestratorFailed", "x", now=T0)["conditions"]},
+        2,
+        None,
+        1,
+        now=T1,
     )
     assert out["phase"] == "Pending" and out["attempt"] == 1 and out["resumedGroups"] == 3 and out["step"] == 0
     assert conds(out) == {
@@ -183,29 +191,38 @@ def test_a_new_attempt_starts_pending_and_not_degraded():
 
 
 def test_every_condition_written_uses_a_declared_type_and_reason():
-    reasons = {v for k, v in vars(Reason).items() if k.isupper()}
+    preempted = Disruption("DisruptionTarget", "preemption", "PreemptionByScheduler", "r-trainer-a0", "trainer", "n1")
+    crashed = Disruption("PodFailed", "failure", "Error", "r-trainer-a0", "trainer", "n1")
+    _, rec = begin({"attempt": 0}, 1, [preempted], orchestrator_alive=True, backoff_limit=1)
+    resuming = {"attempt": 1, "conditions": [], "recovery": rec.model_dump(mode="json")}
+    # a reason is a Reason, or (Preempted's) the Trigger that started the recovery
+    reasons = {v for cls in (Reason, Trigger) for k, v in vars(cls).items() if k.isupper()}
     patches = [
         observe({"attempt": 0}, 1, pods(), REPORT),
         observe({"attempt": 0}, 1, pods(ready_rollouts=0), REPORT),
         observe({"attempt": 0}, 1, pods(), None, "refused"),
         observe({"attempt": 0}, 1, pods()[1:], REPORT, rollout_replicas=2),
-        observe({"attempt": 0}, 1, pods(orch_phase="Succeeded"), REPORT),
-        observe({"attempt": 0}, 1, pods(orch_phase="Failed"), None),
-        starting({}, 1, 0),
-        suspended({}, 1, "suspended"),
+        started({}, 1, None, 0),
+        suspended_patch({}, 1, "suspended"),
         failed({}, 1, Reason.INVALID_SPEC, "spec.group_size: must be ≥ 2"),
+        begin({"attempt": 0}, 1, [preempted], orchestrator_alive=True, backoff_limit=1)[0],
+        begin({"attempt": 0}, 1, [crashed], orchestrator_alive=True, backoff_limit=0)[0],
+        begin_suspension({"attempt": 0}, 1, orchestrator_alive=True)[0],
+        created_suspended({}, 1),
+        finished(resuming, 1, recovery_of(resuming), RESUME, 1),
+        finished(resuming, 1, recovery_of(resuming), None, 1),
     ]
     for patch in patches:
-        assert patch["phase"] in PHASES
+        assert patch.get("phase", Phase.RUNNING) in PHASES
         assert {c["type"] for c in patch["conditions"]} <= set(CONDITION_TYPES)
         assert {c["reason"] for c in patch["conditions"]} <= reasons, patch["conditions"]
-    assert {p["phase"] for p in patches} == {
+    assert {p.get("phase") for p in patches} == {
         Phase.RUNNING,
         Phase.PENDING,
-        Phase.SUCCEEDED,
+        Phase.RECOVERING,
         Phase.FAILED,
         Phase.SUSPENDED,
-    }
-    assert (
-        ConditionType.PREEMPTED in CONDITION_TYPES and ConditionType.RESUMED in CONDITION_TYPES
-    )  # declared, not set yet
+        None,
+    }  # fmt: skip  (Succeeded is written by the reconciler, with Reason.COMPLETED)
+    written = {c["type"] for p in patches for c in p["conditions"]}
+    assert ConditionType.PREEMPTED in written and ConditionType.RESUMED in written

@@ -208,3 +208,46 @@ def test_requests_carry_the_prompt_tokens_and_sampling_settings():
 
     asyncio.run(main())
     assert seen[0]["prompt"] == [CHARS[c] for c in "ab="] and seen[0]["n"] == 2 and seen[0]["max_tokens"] == 8
+
+
+async def test_requests_on_a_removed_endpoint_end_at_once_and_their_group_goes_on_elsewhere_uncounted(tmp_path):
+    from rlrun.ledger import Ledger
+    from rlrun.orchestrator.cancellation import settle
+    from rlrun.orchestrator.sink import TrainSink
+    from rlrun.orchestrator.source import TrainSource
+
+    transports = {"http://lost": never_answers(), "http://up": fake_vllm_transport(error_rate=0.0)}
+    dispatcher, results = make_dispatcher(transports, timeout_s=600, retry_window_s=600)
+    dispatcher.set_endpoints(["http://lost"])  # the only server: the group's two requests wait on it
+    source = TrainSource([(ENV, 1.0)], seed=0)
+    ledger = Ledger(tmp_path, attempt=0, role="orchestrator")
+    sink = TrainSink(group_size=4, batch_size=8, max_off_policy_steps=1, record=ledger.record)
+    request = source.next_group(4)
+    dispatcher.members_per_request = 2
+    dispatcher.dispatch(request, policy_version=0)
+    await asyncio.sleep(0.05)
+    assert dispatcher.inflight_samples == 4
+    t0 = asyncio.get_running_loop().time()
+    change = dispatcher.set_endpoints(["http://up"])  # the node of "lost" is gone
+    assert change.removed == ["http://lost"] and [c.base_url for c in change.added] == ["http://up"]
+    # each says whether its group has other requests out once all of them are cancelled
+    assert [(c.reason, c.request.first_member, c.others_out) for c in change.lost] == [
+        ("lost", 0, False),
+        ("lost", 2, False),
+    ]
+    assert dispatcher.inflight == {} and dispatcher.cancelled_groups == 2
+    assert settle(change.lost, sink, source, dispatcher, ledger, max_group_retries=0) == 2
+    assert source.retries(request.group_id) == 0  # a lost node is not the group's fault: no retry counted
+    while source.resume_requests:  # re-requested with new member numbers, before any new task
+        dispatcher.dispatch(source.next_group(4), policy_version=0)
+    got = await drain(results, 2, timeout=1.0)
+    assert asyncio.get_running_loop().time() - t0 < 1.0
+    assert sorted(e.member for r in got for e in r.episodes) == [4, 5, 6, 7]
+    assert {r.request.group_id for r in got} == {request.group_id} and all(r.error is None for r in got)
+    ledger.flush()
+    cancelled = [json.loads(line) for line in ledger.path.read_text().splitlines()]
+    assert {(e["e"], e["reason"], e["error"]) for e in cancelled} == {
+        ("cancelled", "lost", "rollout endpoint http://lost removed")
+    }
+    ledger.close()
+    await dispatcher.aclose()

@@ -162,3 +162,37 @@ async def test_a_pause_after_the_run_is_done_writes_nothing(tmp_path, tiny_model
     assert paused.step is None and paused.run_complete and paused.note == "the run is complete: nothing to save"
     assert orch.phase == "done" and final.stat().st_mtime_ns == written
     assert len(events(run_dir, "leftover")) <= 1 and check_ledger(run_dir.root / "ledger").ok
+
+
+async def test_a_removed_endpoints_requests_are_requested_again_at_once_and_not_counted_as_retries(
+    tmp_path, tiny_model
+):
+    run_dir = RunDir(tmp_path)
+    transports = {"http://lost:1": Faults(hang=10**6), "http://up:1": Faults()}  # "lost" never answers
+    orch = Orchestrator(
+        spec(request_timeout_seconds=600, retry_window_seconds=600, max_group_retries=0),
+        run_dir,
+        ["http://lost:1"],
+        str(tiny_model),
+        attempt=1,
+        poll_s=0.01,
+        client_factory=lambda url: RolloutClient(url, transport=transports[url]),
+    )
+    stop = start_fake_trainer(run_dir, tiny_model, orch.max_steps, 1, attempt=1)
+    run = asyncio.create_task(orch.run())
+    try:
+        while orch.dispatcher is None or orch.dispatcher.inflight_samples == 0:
+            assert not run.done(), run.exception() if run.done() else None
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        t0 = asyncio.get_running_loop().time()
+        await orch.set_endpoints(["http://up:1"])  # the operator: the node of "lost" is gone
+        assert await asyncio.wait_for(run, 10) == 2
+        assert asyncio.get_running_loop().time() - t0 < 5
+    finally:
+        stop.set()
+    cancelled = events(run_dir, "cancelled")
+    assert cancelled and {e["reason"] for e in cancelled} == {"lost"}
+    assert events(run_dir, "abandoned") == []  # max_group_retries 0, yet every group went on
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok and report.steps == 2 and report.trained == 16, report.problems

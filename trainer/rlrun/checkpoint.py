@@ -262,7 +262,14 @@ def prune_checkpoints(run_dir: RunDir, keep_last: int) -> list[int]:
 
 
 class CheckpointMismatch(CheckpointError):
-    """The checkpoint was written by a run with different settings; resuming would be wrong."""
+    """The checkpoint was written by a run with different settings; resuming would be wrong.
+
+    Retrying cannot heal it (``permanent``; the processes exit with status 78 and ``reason`` in
+    their exit report, :class:`rlrun.api.control.ExitReport`).
+    """
+
+    permanent = True
+    reason = "CheckpointMismatch"
 
 
 def run_identity(spec: Any) -> dict[str, Any]:

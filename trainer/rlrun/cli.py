@@ -1,17 +1,42 @@
-"""``rlrun`` command line: the local launcher and the per-role commands that pods run."""
+"""``rlrun`` command line: the local launcher and the per-role commands that pods run.
+
+Exit of ``rlrun orchestrator`` and ``rlrun trainer`` (the operator reads both the status and,
+from ``$RLRUN_TERMINATION_LOG`` — the container's termination message — an
+:class:`~rlrun.api.control.ExitReport` JSON written on every exit, see
+:func:`~rlrun.api.control.write_exit_report`):
+
+| status | outcome | when |
+|---|---|---|
+| 0 | ``complete`` | every step done (``step == max_steps``) |
+| 0 | ``paused`` | the orchestrator paused (``POST /pause`` or SIGTERM), wrote its snapshot, and stopped |
+| 1 | ``interrupted`` | SIGTERM came and the orchestrator's snapshot could not be written |
+| 143 | ``interrupted`` | the trainer got SIGTERM (or SIGINT: 130); it trains on from its newest checkpoint |
+| 1 | ``error`` | it raised; retrying may heal it (a lost server, a full disk, …) |
+| 78 | ``error``, ``permanent`` | retrying cannot heal it (``sysexits.h`` ``EX_CONFIG``): reason ``InvalidManifest``, ``CheckpointMismatch`` (the manifest's settings differ from the checkpoint's) or ``WeightsMismatch`` (weights that do not fit the model) |
+
+``--run-uid`` (``$RLRUN_RUN_UID``, the operator passes the RLRun's uid) numbers attempts per
+run directory: see :func:`rlrun.rundir.run_dir_attempt`.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import typer
 
+from rlrun.api.control import EXIT_PERMANENT, ExitOutcome, ExitReport, write_exit_report
 from rlrun.api.spec import RLRun
 from rlrun.manifest import ManifestError, load_manifest
+
+log = logging.getLogger("rlrun.cli")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Preemption-safe asynchronous RL for LLMs.")
 model_app = typer.Typer(no_args_is_help=True, help="Build and inspect policy models.")
@@ -23,6 +48,12 @@ MaxStepsOpt = typer.Option(None, "--max-steps", min=1, help="Stop after this ste
 ResumeOpt = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint.")
 CacheOpt = typer.Option(None, "--cache-dir", help="Model cache (default $RLRUN_CACHE_DIR or ~/.cache/rlrun).")
 AttemptOpt = typer.Option(0, "--attempt", min=0, help="Attempt number (the launcher or operator counts restarts).")
+RunUidOpt = typer.Option(
+    None,
+    "--run-uid",
+    envvar="RLRUN_RUN_UID",
+    help="The run's uid: number attempts per run directory (a run re-created over it continues the count).",
+)
 
 
 def _setup_logging(role: str) -> None:
@@ -89,6 +120,87 @@ def rollout(
     serve(run.spec, resolve_model(run.spec.model, cache_dir), host, port)
 
 
+class _Terminated(BaseException):
+    """SIGTERM or SIGINT reached a role process that has no pause of its own (the trainer)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated(signum)
+
+
+class RoleExit:
+    """What a role process reports when it exits (:class:`~rlrun.api.control.ExitReport`).
+
+    The command sets :attr:`step` and :attr:`max_steps` as it learns them and ends with
+    :meth:`finish`; :func:`_reporting` turns an exception into an ``error`` report instead.
+    """
+
+    def __init__(self, role: Literal["orchestrator", "trainer"]) -> None:
+        self.role = role
+        self.step: int | None = None
+        self.max_steps: int | None = None
+
+    def report(self, outcome: ExitOutcome, message: str = "", permanent: bool = False, reason: str | None = None):
+        """Write the exit report (a no-op without ``$RLRUN_TERMINATION_LOG``)."""
+        report = ExitReport(
+            role=self.role, outcome=outcome, step=self.step, max_steps=self.max_steps,
+            permanent=permanent, reason=reason, message=message,
+        )  # fmt: skip
+        write_exit_report(report)
+
+    def finish(self, outcome: ExitOutcome, code: int = 0, message: str = "") -> None:
+        """Report ``outcome`` and exit with ``code``.
+
+        Raises:
+            typer.Exit: always.
+        """
+        self.report(outcome, message)
+        raise typer.Exit(code)
+
+
+def classify_error(exc: BaseException) -> tuple[bool, str]:
+    """``(permanent, reason)`` of an exception that ended a role process.
+
+    Permanent: an invalid manifest (``InvalidManifest``), and every exception whose class says
+    ``permanent = True`` with its ``reason`` (:class:`~rlrun.checkpoint.CheckpointMismatch`,
+    :class:`~rlrun.orchestrator.weights.WeightsMismatch`); anything else is ``(False, "Error")``.
+    """
+    if isinstance(exc, ManifestError):
+        return True, "InvalidManifest"
+    if getattr(exc, "permanent", False) is True:
+        return True, str(getattr(exc, "reason", None) or type(exc).__name__)
+    return False, "Error"
+
+
+@contextlib.contextmanager
+def _reporting(role: Literal["orchestrator", "trainer"]) -> Iterator[RoleExit]:
+    """Run a role command's body: on an exception write an ``error`` exit report and exit 1, or
+    :data:`~rlrun.api.control.EXIT_PERMANENT` (78) when :func:`classify_error` says permanent; on
+    SIGTERM/SIGINT (:class:`_Terminated`) report ``interrupted`` and exit 128 + the signal."""
+    exit_ = RoleExit(role)
+    try:
+        yield exit_
+    except (typer.Exit, SystemExit):
+        raise
+    except _Terminated as sig:
+        log.warning("%s: stopping without finishing (%s)", role, sig)
+        exit_.finish("interrupted", 128 + sig.signum, f"stopped by {sig} at step {exit_.step}")
+    except KeyboardInterrupt:
+        exit_.finish("interrupted", 128 + signal.SIGINT, f"stopped by SIGINT at step {exit_.step}")
+    except Exception as exc:
+        permanent, reason = classify_error(exc)
+        if isinstance(exc, ManifestError):
+            typer.echo(str(exc), err=True)
+        else:
+            log.exception("%s failed%s", role, " (permanent: retrying cannot heal it)" if permanent else "")
+        exit_.report("error", f"{type(exc).__name__}: {exc}", permanent, reason)
+        raise typer.Exit(EXIT_PERMANENT if permanent else 1) from None
+
+
 @app.command()
 def trainer(
     manifest: Path = ManifestArg,
@@ -97,16 +209,35 @@ def trainer(
     resume: bool = ResumeOpt,
     cache_dir: Path = CacheOpt,
     attempt: int = AttemptOpt,
+    run_uid: str = RunUidOpt,
 ) -> None:
-    """Run the trainer process."""
+    """Run the trainer process.
+
+    Exits 0 once ``max_steps`` is trained, 143 on SIGTERM (it keeps no pause: the next attempt
+    trains on from the newest checkpoint), 78 on a permanent error (invalid manifest, checkpoint
+    of other settings, weights that do not fit the model), 1 on any other error; each exit
+    writes an exit report to ``$RLRUN_TERMINATION_LOG`` (see the module docstring).
+    """
     from rlrun.model.resolve import resolve_model
     from rlrun.rundir import RunDir
     from rlrun.training.trainer import Trainer
 
     _setup_logging("trainer")
-    run = _load(manifest)
-    t = Trainer(run.spec, RunDir(run_dir), resolve_model(run.spec.model, cache_dir), max_steps, resume, attempt)
-    t.run()
+    with _reporting("trainer") as exit_:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _raise_terminated)
+        run = load_manifest(manifest)
+        exit_.max_steps = max_steps or run.spec.max_steps
+        t = Trainer(
+            run.spec, RunDir(run_dir), resolve_model(run.spec.model, cache_dir), max_steps, resume, attempt,
+            run_uid=run_uid,
+        )  # fmt: skip
+        exit_.step = t.step
+        try:
+            exit_.step = t.run()
+        finally:
+            exit_.step = t.step
+        exit_.finish("complete", 0, f"trained steps up to {t.step}")
 
 
 @app.command()
@@ -120,12 +251,20 @@ def orchestrator(
     resume: bool = ResumeOpt,
     cache_dir: Path = CacheOpt,
     attempt: int = AttemptOpt,
+    run_uid: str = RunUidOpt,
     control_host: str = typer.Option("127.0.0.1", help="Address of the control server."),
     control_port: int = typer.Option(
         None, help="Port of the control server (its bearer token comes from $RLRUN_CONTROL_TOKEN)."
     ),
 ) -> None:
-    """Run the orchestrator process. Exits 0 when done, or after a pause once SIGTERM arrives."""
+    """Run the orchestrator process.
+
+    Exits 0 when done (``complete``) or after a pause once SIGTERM arrives (``paused``), 1 when
+    SIGTERM came and the snapshot could not be written (``interrupted``), 78 on a permanent
+    error (invalid manifest, checkpoint of other settings, weights that do not fit the model),
+    1 on any other error, 2 on bad options; each exit but the last writes an exit report to
+    ``$RLRUN_TERMINATION_LOG`` (see the module docstring).
+    """
     import os
 
     from rlrun.model.resolve import resolve_model
@@ -133,7 +272,6 @@ def orchestrator(
     from rlrun.rundir import RunDir
 
     _setup_logging("orchestrator")
-    run = _load(manifest)
     token = os.environ.get("RLRUN_CONTROL_TOKEN")
     if control_port is not None and not token:
         typer.echo("error: --control-port needs $RLRUN_CONTROL_TOKEN (the bearer token)", err=True)
@@ -141,21 +279,37 @@ def orchestrator(
     if not rollout_url and control_port is None:
         typer.echo("error: give --rollout-url, or --control-port so the operator can send the endpoints", err=True)
         raise typer.Exit(2)
-    orch = Orchestrator(
-        run.spec,
-        RunDir(run_dir),
-        rollout_url,
-        resolve_model(run.spec.model, cache_dir),
-        max_steps,
-        resume,
-        attempt=attempt,
-        control_port=control_port,
-        control_host=control_host,
-        control_token=token,
-    )
-    asyncio.run(orch.run())
-    if orch.termination.error is not None:  # SIGTERM came and the snapshot could not be written
-        raise typer.Exit(1)
+    with _reporting("orchestrator") as exit_:
+        run = load_manifest(manifest)
+        exit_.max_steps = max_steps or run.spec.max_steps
+        orch = Orchestrator(
+            run.spec,
+            RunDir(run_dir),
+            rollout_url,
+            resolve_model(run.spec.model, cache_dir),
+            max_steps,
+            resume,
+            attempt=attempt,
+            control_port=control_port,
+            control_host=control_host,
+            control_token=token,
+            run_uid=run_uid,
+        )
+        try:
+            asyncio.run(orch.run())
+        finally:
+            exit_.step = orch.shipped
+        if orch.termination.error is not None:  # SIGTERM came and the snapshot could not be written
+            exit_.finish(
+                "interrupted", 1, f"SIGTERM: the pause snapshot could not be written: {orch.termination.error}"
+            )
+        if orch.phase == "done":
+            exit_.finish("complete", 0, f"shipped and checkpointed steps up to {orch.shipped}")
+        if orch.paused:
+            pause = orch.last_pause
+            saved = f"snapshot of step {pause.step} written" if pause and pause.step is not None else "nothing to save"
+            exit_.finish("paused", 0, f"paused at step {orch.shipped}: {saved}")
+        exit_.finish("interrupted", 0, f"stopped at step {orch.shipped}")
 
 
 @app.command("operator")

@@ -2,7 +2,9 @@
 
 Each process of each attempt appends JSON lines to its own file,
 ``<run_dir>/ledger/attempt-<K>.<role>.jsonl`` (role ``orchestrator`` or ``trainer``), so
-no two writers share a file. The events are :class:`LedgerEvent` values: the orchestrator
+no two writers share a file. ``K`` is the run-directory attempt
+(:func:`rlrun.rundir.run_dir_attempt`): a run re-created over the same directory gets new
+numbers, so it never appends to the files of the run before it. The events are :class:`LedgerEvent` values: the orchestrator
 writes what was dispatched, finished, queued, rejected, dropped stale, cancelled,
 shipped, checkpointed, resumed and left over; the trainer what it trained.
 
@@ -41,7 +43,8 @@ class LedgerEvent(str, Enum):
     #: ids, and step (queue sweep), group (left out of scoring) or at (``cancel``, ``resume``)
     DROPPED_STALE = "dropped_stale"
     #: group, first_member, members, reason (``stale``: could no longer train; ``failed``: no server
-    #: answered it, with the error) — a request that ended without members
+    #: answered it, with the error; ``lost``: its rollout endpoint was removed, with the endpoint in
+    #: ``error``) — a request that ended without members
     CANCELLED = "cancelled"
     #: ids (its finished episodes, possibly none), group, reason — a group given up (counted)
     ABANDONED = "abandoned"

@@ -10,6 +10,7 @@ Layout (see ARCHITECTURE.md)::
       metrics.jsonl                                 one line per step (orchestrator)
       trainer_metrics.jsonl                         one line per step (trainer)
       logs/                                         one log per process (rlrun local)
+      attempt_offsets.json                          run uid → attempt offset (:func:`run_dir_attempt`)
 
 Every directory above that another process reads is published by renaming a fully
 written, fsynced temporary directory into place (:func:`publish_dir`), so a reader
@@ -17,22 +18,40 @@ sees either nothing or the whole thing. Each published step directory (a batch, 
 broadcast, a trainer part) holds ``meta.json`` with at least its ``step`` and the
 ``attempt`` that wrote it (:func:`write_meta`, :func:`read_attempt`): a resumed attempt
 uses only what it wrote itself or what it resumed from.
+
+Attempts are numbered per run directory. The operator counts the attempts of one RLRun
+object (``--attempt N``); a run re-created over a retained volume (a new RLRun object, a new
+uid) counts from 0 again. With ``--run-uid`` the **run-directory attempt** is
+``offset(uid) + N`` (:func:`run_dir_attempt`), the offset assigned when the uid is first seen
+as one past the highest attempt the directory recorded, so no two runs' attempts share a
+number: every ``meta.json``, ledger file and batch check uses it. Without a run uid it is
+``N`` (``rlrun local``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
 import re
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from rlrun.ledger import ledger_attempts
+
+log = logging.getLogger(__name__)
+
 #: The file of a published step directory that says which step and attempt wrote it.
 META_FILE = "meta.json"
+
+#: The run directory's map of run uids to attempt offsets (:func:`run_dir_attempt`).
+ATTEMPT_OFFSETS_FILE = "attempt_offsets.json"
 
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
@@ -137,8 +156,67 @@ def read_attempt(directory: Path) -> int | None:
 
 
 def written_by(directory: Path, attempt: int) -> bool:
-    """Whether ``attempt`` wrote the published ``directory``; every directory counts for attempt 0 (unnumbered)."""
+    """Whether ``attempt`` wrote the published ``directory``; every directory counts for attempt 0 (unnumbered).
+
+    ``attempt`` is the run-directory attempt (:func:`run_dir_attempt`): only the first attempt of
+    the first run in a directory (or ``rlrun local`` without ``--attempt``) can be 0.
+    """
     return attempt == 0 or read_attempt(directory) == attempt
+
+
+_offsets_lock = threading.Lock()  # lockf excludes other processes only
+
+
+def run_dir_attempt(run_dir: RunDir, run_uid: str | None, attempt: int) -> int:
+    """The run-directory attempt of attempt ``attempt`` of the run ``run_uid``: ``offset + attempt``.
+
+    Without a run uid it is ``attempt`` and nothing is written. Otherwise the offset is read
+    from ``<run_dir>/attempt_offsets.json`` (``{"runs": {uid: offset}, "highest": int}``) or,
+    the first time the uid is seen, assigned as one past the highest run-directory attempt
+    recorded so far (that file's ``highest`` and every attempt that left a ledger file; −1 in
+    a new directory, so the first run's offset is 0). ``highest`` is raised to the result.
+    The file is read and rewritten under an exclusive ``lockf`` lock on
+    ``.attempt_offsets.lock`` and written atomically and fsynced, so an attempt's orchestrator
+    and trainer, starting at once, get the same number. An unreadable file is logged and
+    rebuilt from the ledger (offsets only grow, so no number is used twice).
+
+    Raises:
+        OSError: the run directory or the file cannot be written.
+    """
+    if not run_uid:
+        return attempt
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    path = run_dir.root / ATTEMPT_OFFSETS_FILE
+    with _offsets_lock, open(run_dir.root / ".attempt_offsets.lock", "a+") as lock:
+        fcntl.lockf(lock, fcntl.LOCK_EX)
+        try:
+            data = _read_offsets(path)
+            runs, highest = data["runs"], data["highest"]
+            changed = run_uid not in runs
+            if changed:
+                ledger = run_dir.root / "ledger"
+                recorded = [*ledger_attempts(ledger, "orchestrator"), *ledger_attempts(ledger, "trainer")]
+                runs[run_uid] = max(highest, *recorded, -1) + 1
+                log.info("run uid %s: attempts numbered from %d in %s", run_uid, runs[run_uid], run_dir.root)
+            effective = runs[run_uid] + attempt
+            if changed or effective > highest:
+                update = {"runs": runs, "highest": max(highest, effective)}
+                write_file_atomic(path, json.dumps(update, indent=1, sort_keys=True).encode())
+        finally:
+            fcntl.lockf(lock, fcntl.LOCK_UN)
+    return effective
+
+
+def _read_offsets(path: Path) -> dict[str, Any]:
+    """``attempt_offsets.json`` as ``{"runs": {uid: offset}, "highest": int}`` (empty when missing or unreadable)."""
+    try:
+        raw = json.loads(path.read_text())
+        return {"runs": {str(u): int(o) for u, o in raw["runs"].items()}, "highest": int(raw["highest"])}
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("%s is unreadable (%s); assigning offsets anew past every attempt on record", path, exc)
+    return {"runs": {}, "highest": -1}
 
 
 def step_dirs(parent: Path) -> dict[int, Path]:

@@ -84,22 +84,33 @@ Call with (list $image $).
 THE RBAC rules of the operator, the only place they are written. A YAML map of three rule lists:
   namespaced     resources in the namespaces the operator watches: in the ClusterRole when it
                  watches all namespaces, else in a Role in each watched namespace
-  clusterScoped  cluster-scoped reads it always needs (CRDs): always in a ClusterRole
+  clusterScoped  cluster-scoped reads it always needs (CRDs, nodes): always in a ClusterRole
   listedNamespaces  only needed with watchNamespaces: kopf lists and watches namespaces to follow
                  the listed ones (watching all namespaces needs no namespace reads)
 templates/rbac.yaml reads it with fromYaml; tests compare the rendered rules with it and with the
-API calls the operator makes.
+API calls the operator makes. One grant is for admission, not for a call (tests/chart/test_chart.py
+ADMISSION_REQUIRED): rlruns/finalizers update.
 */}}
 {{- define "rlrun-operator.rbacRules" -}}
 namespaced:
-  # kopf watches RLRuns, patches its progress annotations and finalizer, and writes status
+  # kopf watches RLRuns, patches its progress annotations and finalizer, and writes status;
+  # preemption reads a run afresh before acting on it
   - apiGroups: ["rlrun.dev"]
     resources: ["rlruns"]
-    verbs: ["list", "watch", "patch"]
+    verbs: ["get", "list", "watch", "patch"]
   - apiGroups: ["rlrun.dev"]
     resources: ["rlruns/status"]
     verbs: ["patch"]
-  # the pods index and endpoint updates watch pods; attempts create them, suspend deletes them
+  # Never called: the OwnerReferencesPermissionEnforcement admission plugin (OpenShift and other
+  # hardened clusters) lets an object set blockOwnerDeletion: true in an ownerReference only if
+  # its creator may update the owner's finalizers; every object the operator creates is owned by
+  # its RLRun that way, so without this grant those creates are refused there.
+  - apiGroups: ["rlrun.dev"]
+    resources: ["rlruns/finalizers"]
+    verbs: ["update"]
+  # the pods index watches pods; attempts create them, suspend and preemption delete them
+  # (force-deleting those stuck terminating on a lost node); the reconciler lists a run's pods
+  # afresh before it declares one missing or the old attempt gone
   - apiGroups: [""]
     resources: ["pods"]
     verbs: ["list", "watch", "create", "delete"]
@@ -121,6 +132,11 @@ clusterScoped:
   # kopf follows CRDs to learn the RLRun resource
   - apiGroups: ["apiextensions.k8s.io"]
     resources: ["customresourcedefinitions"]
+    verbs: ["list", "watch"]
+  # the nodes index: taints and readiness of the nodes a run's pods are on (preemption). Nodes are
+  # cluster-scoped: kopf watches them cluster-wide even when it watches listed namespaces
+  - apiGroups: [""]
+    resources: ["nodes"]
     verbs: ["list", "watch"]
 listedNamespaces:
   - apiGroups: [""]

@@ -21,6 +21,7 @@ from kmock._internal import apps, rendering
 from .admission import WriteOptions
 from .discovery import HEALTH_PATHS, discovery_document
 from .errors import ApiError
+from .graceful import options_from_query
 from .request_log import LOGGED, KubeRequest, Target, kmock_action, parse_target, rbac_verb
 from .resources import ResourceSpec
 from .selectors import object_matcher
@@ -182,13 +183,16 @@ class KubeEmulator(KubeStore):
         if method == "PATCH" and name is not None:
             obj, warnings = self._patch(spec, self._ns(spec, ns), name, data, raw.content_type, sub, opts=opts)
             return _json(spec.present(obj), 200, self._warning_headers(warnings))
-        if method == "DELETE" and name is not None:
-            return _json(spec.present(self._delete(spec, self._ns(spec, ns), name, data or {}, opts=opts)))
         if method == "DELETE":
+            # DeleteOptions: the body when there is one, else the query (?gracePeriodSeconds=), as the API server reads them
+            options = data if data else options_from_query(query)
+            if name is not None:
+                return _json(spec.present(self._delete(spec, self._ns(spec, ns), name, options, opts=opts)))
             match = object_matcher(ns, None, *selectors)
             victims = [obj for obj in self._iter(spec) if match(obj)]
             gone = [
-                self._delete(spec, o["metadata"].get("namespace"), o["metadata"]["name"], data or {}) for o in victims
+                self._delete(spec, o["metadata"].get("namespace"), o["metadata"]["name"], options, opts=opts)
+                for o in victims
             ]
             return _json(self._list_doc(spec, [spec.present(obj) for obj in gone]))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {raw.path}")

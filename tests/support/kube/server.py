@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import datetime
 import logging
 import threading
 from collections.abc import Callable
@@ -39,6 +40,11 @@ class KubeServer:
     ``register_crds``) run on the server's loop and may be called from any other thread; they
     take the same arguments as the ``KubeEmulator`` methods of the same names and raise
     ``ApiError`` as the API would answer. They do not appear in ``requests``.
+
+    There is no kubelet: a scheduled pod (``spec.nodeName``) deleted with a grace period stays,
+    terminating, until a test plays the kubelet with ``finish_pod_deletion`` (its containers
+    stopped) or ``expire_pod_deletions`` (every pod whose grace period is over); see
+    ``tests/support/kube/graceful.py`` for the rules.
     """
 
     def __init__(self, *, crds: str | Path | None = None, emulator: KubeEmulator | None = None) -> None:
@@ -190,6 +196,30 @@ class KubeServer:
         self, resource: str, name: str, namespace: str | None = None, options: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         return self.call(self.emulator.delete_object, resource, name, namespace, options)
+
+    def finish_pod_deletion(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """Play the kubelet once a terminating pod's containers stopped: its grace-0 ``DELETE`` (uid precondition).
+
+        The pod is removed (a ``DELETED`` event); one that still has finalizers keeps them, at
+        ``deletionGracePeriodSeconds: 0``, until the last goes. Returns the pod's last state.
+
+        Raises:
+            ApiError: 404 when there is no such pod.
+            ValueError: the pod is not being deleted (no ``deletionTimestamp``).
+        """
+        return self.call(self.emulator.finish_pod_deletion, name, namespace)
+
+    def expire_pod_deletions(self, at: datetime.datetime | str | None = None) -> list[tuple[str, str]]:
+        """Play every kubelet whose pod's grace period is over: ``finish_pod_deletion`` for each one due.
+
+        Due: a pending graceful deletion (``deletionGracePeriodSeconds`` > 0) whose
+        ``deletionTimestamp`` is not after ``at`` (an aware ``datetime`` or an RFC 3339
+        timestamp; None: now). Pass a future ``at`` rather than sleeping through a grace period.
+
+        Returns:
+            ``(namespace, name)`` of each pod it finished, sorted.
+        """
+        return self.call(self.emulator.expire_pod_deletions, at)
 
     def register_crds(self, directory: str | Path) -> list[ResourceSpec]:
         return self.call(self.emulator.register_crds, directory)

@@ -4,14 +4,18 @@ Invariant: every write that changes an object gets the next value of one global
 ``resourceVersion`` counter and reaches the store and the watch hub before control returns to
 the event loop; a write that changes nothing gets no new version and no event. Deleting an
 object with finalizers only marks it; it is removed when the last finalizer goes, and its
-namespace's objects and its ``ownerReferences`` dependents go with it. The pure rules are
-in the sibling modules (admission, schema, patches, selectors); this class applies them in order.
+namespace's objects and its ``ownerReferences`` dependents go with it. A scheduled pod is
+deleted gracefully (see :mod:`.graceful`): marked for its grace period, removed by the
+kubelet's grace-0 delete (``finish_pod_deletion`` / ``expire_pod_deletions`` stand in for the
+kubelet). The pure rules are in the sibling modules (admission, schema, patches, selectors,
+graceful); this class applies them in order.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import datetime
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +23,13 @@ from typing import Any
 import attrs
 import kmock
 
-from . import admission, schema
+from . import admission, graceful, schema
 from .admission import DEFAULT_WRITE, WriteOptions
 from .errors import ApiError
 from .patches import JSON_PATCH_TYPE, apply_patch
 from .resources import BUILTIN_RESOURCES, RESOURCE_VERBS, ResourceSpec, accept_crd, crd_resources, load_crds
 from .selectors import object_matcher
-from .timestamps import now
+from .timestamps import now, parse
 from .watches import WatchHub
 
 
@@ -203,9 +207,67 @@ class KubeStore(kmock.KubernetesEmulator):
         namespace: str | None = None,
         options: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Delete an object as ``DELETE`` does: marked (``deletionTimestamp``) while it has finalizers, else removed."""
+        """Delete an object as ``DELETE`` does: marked (``deletionTimestamp``) while it has finalizers, else removed.
+
+        A scheduled pod is deleted gracefully (:mod:`.graceful`): ``options`` is the
+        ``DeleteOptions`` body (``gracePeriodSeconds``, ``preconditions``).
+        """
         spec = self.spec(resource)
         return spec.present(self._delete(spec, self._ns(spec, namespace), name, options or {}))
+
+    def finish_pod_deletion(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """The kubelet's last word on a terminating pod: its containers stopped, it sends the grace-0 ``DELETE``.
+
+        That is ``DELETE ?gracePeriodSeconds=0`` with a uid precondition: the pod is removed
+        (``DELETED``), or, while it still has finalizers, keeps them with
+        ``deletionGracePeriodSeconds: 0`` and ``deletionTimestamp`` moved back by the grace period
+        (removed when the last finalizer goes). Not a logged request (like every accessor).
+
+        Returns:
+            The pod's final state (or its finalizer-held state).
+
+        Raises:
+            ApiError: 404 when there is no such pod.
+            ValueError: the pod is not being deleted (a kubelet only finishes what was deleted).
+        """
+        spec = self.spec("v1/pods")
+        ns = self._ns(spec, namespace)
+        current = self._current(spec, ns, name)
+        if current is None:
+            raise ApiError.not_found(spec, name)
+        meta = current["metadata"]
+        if not meta.get("deletionTimestamp"):
+            raise ValueError(f"pod {ns}/{name} is not being deleted: no kubelet would finish its deletion")
+        options = {"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}}
+        return spec.present(self._delete(spec, ns, name, options))
+
+    def expire_pod_deletions(self, at: datetime.datetime | str | None = None) -> list[tuple[str, str]]:
+        """``finish_pod_deletion`` for every pod whose graceful deletion is due (a kubelet that kills at the deadline).
+
+        Due: ``deletionGracePeriodSeconds`` > 0 and ``deletionTimestamp`` <= ``at``. Nothing
+        expires on its own: a test decides when kubelets act (a pod on a lost node stays
+        terminating until force-deleted), and may pass a future ``at`` instead of sleeping.
+
+        Args:
+            at: the time to compare with (an aware ``datetime`` or an RFC 3339 timestamp); None: now.
+
+        Returns:
+            ``(namespace, name)`` of each pod whose deletion it finished, sorted.
+        """
+        if at is None:
+            at = datetime.datetime.now(datetime.timezone.utc)
+        elif isinstance(at, str):
+            at = parse(at)
+        spec = self.spec("v1/pods")
+        due = [
+            (obj["metadata"]["namespace"], obj["metadata"]["name"])
+            for obj in self._iter(spec)
+            if (obj["metadata"].get("deletionGracePeriodSeconds") or 0) > 0
+            and parse(obj["metadata"]["deletionTimestamp"]) <= at
+        ]
+        for namespace, name in due:
+            self.finish_pod_deletion(name, namespace)
+        return due
 
     @property
     def resource_version(self) -> int:
@@ -328,8 +390,10 @@ class KubeStore(kmock.KubernetesEmulator):
         if admission.changes_generation(current, new):
             meta["generation"] = current["metadata"].get("generation", 1) + 1
         meta["resourceVersion"] = self._next_rv()
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-            self._remove(spec, new)  # the last finalizer is gone: the pending deletion completes
+        if meta.get("deletionTimestamp") and not meta.get("finalizers") and not meta.get("deletionGracePeriodSeconds"):
+            # the last finalizer is gone: the pending deletion completes (a pod still in its grace
+            # period waits for the kubelet's grace-0 delete, as with the API server's ShouldDeleteDuringUpdate)
+            self._remove(spec, new)
             return new, unknown
         self._store(spec, new)
         self._watches.emit(spec, "MODIFIED", current, new)
@@ -350,6 +414,8 @@ class KubeStore(kmock.KubernetesEmulator):
         if current is None:
             raise ApiError.not_found(spec, name)
         admission.check_preconditions(spec, current, options)
+        if spec.group == "" and spec.plural == "pods":
+            return self._delete_pod(spec, current, options, opts)
         if opts.dry_run:
             return current
         meta = current["metadata"]
@@ -362,6 +428,27 @@ class KubeStore(kmock.KubernetesEmulator):
             self._store(spec, new)
             self._watches.emit(spec, "MODIFIED", current, new)
             return new
+        return self._remove_now(spec, current)
+
+    def _delete_pod(
+        self, spec: ResourceSpec, current: dict[str, Any], options: Any, opts: WriteOptions
+    ) -> dict[str, Any]:
+        """A pod's ``DELETE``: the API server's graceful deletion (see :mod:`.graceful`)."""
+        marked = graceful.pod_deletion(current, options, datetime.datetime.now(datetime.timezone.utc))
+        if marked is None:  # nothing changes (a deletion is already pending)
+            return current
+        if not marked["metadata"]["deletionGracePeriodSeconds"] and not marked["metadata"].get("finalizers"):
+            # grace 0, no finalizers: removed now, its final state the grace-0 mark. (The API server
+            # first writes that mark, a MODIFIED event, then removes it; here only DELETED is emitted.)
+            return marked if opts.dry_run else self._remove_now(spec, marked)
+        if opts.dry_run:
+            return marked
+        marked["metadata"]["resourceVersion"] = self._next_rv()
+        self._store(spec, marked)
+        self._watches.emit(spec, "MODIFIED", current, marked)
+        return marked
+
+    def _remove_now(self, spec: ResourceSpec, current: dict[str, Any]) -> dict[str, Any]:
         final = copy.deepcopy(current)
         final["metadata"]["resourceVersion"] = self._next_rv()
         self._remove(spec, final)

@@ -10,6 +10,11 @@ them (``rlrun_operator.control``). Field names are the JSON keys.
 | ``POST /pause`` | :class:`PauseResult` |
 | ``PUT /rollout-endpoints`` | :class:`EndpointsUpdate` (also the request body) |
 
+and what each process leaves when it exits: an :class:`ExitReport`, as JSON in the file named by
+``$RLRUN_TERMINATION_LOG`` (:data:`TERMINATION_LOG_ENV`; the operator's pods set it to
+``/dev/termination-log``, the container's termination message), written by
+:func:`write_exit_report`.
+
 Counting words, used the same way in every model:
 
 - a **queued trace** is a sample scored and queued for a batch, not yet shipped;
@@ -29,9 +34,13 @@ orchestrator that added fields; a missing or mistyped field is a validation erro
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+log = logging.getLogger(__name__)
 
 #: What the orchestrator is doing: ``starting`` (waiting for rollout servers, restoring),
 #: ``running``, ``pausing`` (writing the pause snapshot), ``paused`` (stopped for good; the
@@ -168,7 +177,11 @@ class StatusReport(_Contract):
 
     Attributes:
         phase: see :data:`OrchestratorPhase`.
-        attempt: this orchestrator's attempt (0: unnumbered).
+        attempt: this orchestrator's attempt as the operator or launcher numbered it (``--attempt``,
+            echoed unchanged; 0: unnumbered).
+        run_dir_attempt: the attempt as the run directory numbers it (``--attempt`` plus the offset of
+            ``--run-uid``, see :func:`rlrun.rundir.run_dir_attempt`): what files and the ledger are
+            stamped with. Equal to ``attempt`` without a run uid; None from an older orchestrator.
         step: batches shipped to the trainer.
         policy_version: the weights version the rollout servers hold (trainer steps).
         max_steps: the step the run ends at.
@@ -186,6 +199,7 @@ class StatusReport(_Contract):
 
     phase: OrchestratorPhase
     attempt: int = Field(ge=0)
+    run_dir_attempt: int | None = Field(default=None, ge=0)
     step: int = Field(ge=0)
     policy_version: int = Field(ge=0)
     max_steps: int = Field(ge=1)
@@ -212,12 +226,97 @@ class EndpointsUpdate(_Contract):
     endpoints: list[Annotated[str, Field(min_length=1)]]
 
 
+#: The environment variable naming the file an exiting process writes its :class:`ExitReport` to.
+TERMINATION_LOG_ENV = "RLRUN_TERMINATION_LOG"
+
+#: Most characters of :attr:`ExitReport.message` (Kubernetes keeps 4096 bytes of a termination
+#: message; the rest of the JSON and multi-byte characters need the margin).
+EXIT_MESSAGE_MAX_CHARS = 3000
+
+#: Exit status of a permanent error (``sysexits.h`` ``EX_CONFIG``): retrying cannot heal it.
+EXIT_PERMANENT = 78
+
+#: How a process ended (see :class:`ExitReport`).
+ExitOutcome = Literal["complete", "paused", "interrupted", "error"]
+
+
+class ExitReport(_Contract):
+    """What an ``rlrun orchestrator`` or ``rlrun trainer`` process says when it exits.
+
+    Written as JSON to ``$RLRUN_TERMINATION_LOG`` (:func:`write_exit_report`); the operator reads
+    it back from the container's termination message.
+
+    Attributes:
+        role: the process: ``orchestrator``, ``trainer`` or ``rollout``.
+        outcome: ``complete`` — every step done (``step == max_steps``), exit 0; ``paused`` —
+            stopped by a pause or SIGTERM after writing its snapshot (or with nothing to save),
+            exit 0; ``interrupted`` — stopped before its work was done without a snapshot (a
+            trainer's SIGTERM, exit 143; a pause snapshot that failed, exit 1); ``error`` — it
+            raised (exit 1, or :data:`EXIT_PERMANENT` when ``permanent``).
+        step: steps shipped (orchestrator) or trained (trainer) when it exited; None when it
+            had not started counting.
+        max_steps: the step the run ends at; None when unknown (e.g. an invalid manifest).
+        permanent: an error retrying cannot heal (a config that does not match the checkpoint,
+            weights that do not fit the model, an invalid manifest): the exit status is then
+            :data:`EXIT_PERMANENT` (78).
+        reason: CamelCase cause of an error: ``CheckpointMismatch``, ``WeightsMismatch``,
+            ``InvalidManifest``, else ``Error``; None when it did not fail.
+        message: what happened, in words (:func:`write_exit_report` cuts it to at most
+            :data:`EXIT_MESSAGE_MAX_CHARS` characters, in the middle).
+    """
+
+    role: Literal["orchestrator", "trainer", "rollout"]
+    outcome: ExitOutcome
+    step: int | None = Field(default=None, ge=0)
+    max_steps: int | None = Field(default=None, ge=1)
+    permanent: bool = False
+    reason: str | None = None
+    message: str = ""
+
+
+def clip_message(text: str, limit: int = EXIT_MESSAGE_MAX_CHARS) -> str:
+    """``text`` cut to at most ``limit`` characters, keeping its start and end (the end of a
+    traceback-like message says most)."""
+    if len(text) <= limit:
+        return text
+    marker = " … "
+    head = (limit - len(marker)) // 2
+    return text[:head] + marker + text[len(text) - (limit - len(marker) - head) :]
+
+
+def write_exit_report(report: ExitReport, path: str | os.PathLike | None = None) -> bool:
+    """Write ``report`` as JSON to ``path`` (default: ``$RLRUN_TERMINATION_LOG``); never raises.
+
+    Does nothing when neither is set (``rlrun local``). The file is replaced, not appended to
+    (a termination message is one report), with the message cut by :func:`clip_message`.
+    Returns whether it was written; a failed write is logged as a warning.
+    """
+    target = path if path is not None else os.environ.get(TERMINATION_LOG_ENV)
+    if not target:
+        return False
+    try:
+        text = report.model_copy(update={"message": clip_message(report.message)}).model_dump_json()
+        with open(target, "w") as fh:
+            fh.write(text)
+    except Exception as exc:  # an exiting process must not fail on its last words
+        log.warning("could not write the exit report to %s: %s", target, exc)
+        return False
+    return True
+
+
 __all__ = [
+    "EXIT_MESSAGE_MAX_CHARS",
+    "EXIT_PERMANENT",
+    "TERMINATION_LOG_ENV",
     "CheckpointWritten",
     "EndpointsUpdate",
+    "ExitOutcome",
+    "ExitReport",
     "OrchestratorPhase",
     "PauseResult",
     "ResumeReport",
     "SnapshotCounts",
     "StatusReport",
+    "clip_message",
+    "write_exit_report",
 ]

@@ -121,6 +121,13 @@ PRINTER_COLUMNS = [
         "description": "Queued samples restored from snapshots, all attempts",
         "priority": 1,
     },
+    {
+        "name": "Failures",
+        "type": "integer",
+        "jsonPath": ".status.failures",
+        "description": "Recoveries started by a failed pod (counted against failure_policy.backoff_limit)",
+        "priority": 1,
+    },
     {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.lastCheckpointStep", "priority": 1},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1},
 ]

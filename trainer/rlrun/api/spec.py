@@ -208,6 +208,24 @@ class PreemptionSpec(_Strict):
         return grace
 
 
+class FailurePolicySpec(_Strict):
+    """How many crashes a run survives on Kubernetes (JobSet's ``failurePolicy``, Job's ``backoffLimit``).
+
+    A failure is a pod that ends ``Failed`` for a reason of its own (a crash, ``OOMKilled``): the
+    operator restarts the attempt from the newest complete checkpoint and counts it in
+    ``status.failures``. Preemptions (a pod disrupted or deleted, its node lost or tainted) and
+    suspensions never count. Errors that retrying cannot heal (a manifest or checkpoint that does
+    not match, weights that do not fit the model: the process exits 78 and says so) fail the run
+    at once, whatever the budget.
+
+    Attributes:
+        backoff_limit: failures restarted before the run ends ``Failed`` with reason
+            ``BackoffLimitExceeded`` (0: the first failure ends it).
+    """
+
+    backoff_limit: int = Field(default=3, ge=0, le=1000)
+
+
 class StorageSpec(_Strict):
     """The volume holding the run directory (checkpoints, batches, broadcasts, ledger, logs).
 
@@ -262,6 +280,7 @@ class RLRunSpec(_Strict):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
+    failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     orchestrator: OrchestratorSpec = Field(default_factory=OrchestratorSpec)
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     storage: StorageSpec = Field(default_factory=StorageSpec)

@@ -23,29 +23,26 @@ class Phase:
 
     PENDING = "Pending"  # an attempt's pods were created; its orchestrator is not running yet
     RUNNING = "Running"  # the orchestrator runs
+    RECOVERING = "Recovering"  # an attempt hit by a preemption or a failure is paused, stopped and replaced
     SUSPENDED = "Suspended"  # spec.suspend: the pods are removed, the snapshot kept
-    SUCCEEDED = "Succeeded"  # the orchestrator exited 0: every step trained
-    FAILED = "Failed"  # an invalid spec, or the orchestrator failed
+    SUCCEEDED = "Succeeded"  # the orchestrator reported every step trained
+    FAILED = "Failed"  # an invalid spec, an error retrying cannot heal, or more failures than the budget
 
 
 #: Lifecycle phases, in the order a run normally goes through them.
-PHASES = (Phase.PENDING, Phase.RUNNING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED)
+PHASES = (Phase.PENDING, Phase.RUNNING, Phase.RECOVERING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED)
 
 
 class ConditionType:
-    """``status.conditions[].type`` (``metav1.Condition``; at most one condition of each type).
-
-    ``Preempted`` and ``Resumed`` are declared for the preemption protocol
-    (``shared/ARCHITECTURE.md``) and not set yet.
-    """
+    """``status.conditions[].type`` (``metav1.Condition``; at most one condition of each type)."""
 
     READY = "Ready"  # the orchestrator runs and at least one rollout server is ready
     PROGRESSING = "Progressing"  # an attempt is starting or training
     DEGRADED = "Degraded"  # a pod of the attempt failed or is missing, or no rollout server is ready
     FAILED = "Failed"  # the run cannot go on (see the reason)
     SUCCEEDED = "Succeeded"  # every step trained
-    PREEMPTED = "Preempted"  # an attempt ended by a preemption is being recovered
-    RESUMED = "Resumed"  # the attempt resumed from a snapshot (its counts in lastResume)
+    PREEMPTED = "Preempted"  # True while an attempt hit by a preemption is recovered (reason: the trigger)
+    RESUMED = "Resumed"  # the newest attempt's orchestrator confirmed what it restored (counts in lastResume)
 
 
 #: Every condition type, in the order ``kubectl describe`` lists them once all are set.
@@ -75,6 +72,44 @@ class Reason:
     POD_FAILED = "PodFailed"  # a pod of the attempt failed
     PODS_MISSING = "PodsMissing"  # the attempt lacks pods
     NO_ROLLOUT_ENDPOINTS = "NoRolloutEndpoints"  # the orchestrator runs and no rollout server is ready
+    RESUMED = "Resumed"  # Resumed True: the orchestrator restored its snapshot (the message has the counts)
+    RESUMING = "Resuming"  # Ready False: a recovery's new pods run, the orchestrator has not confirmed its restore
+    RECOVERED = "Recovered"  # Preempted False: the last recovery is over
+    STARTED_OVER = "StartedOver"  # Resumed False: the attempt found no complete checkpoint and started from step 0
+    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"  # more failures than spec.failure_policy.backoff_limit
+    RECONCILE_ERROR = "ReconcileError"  # the operator's reconcile raised (the message has the error)
+    SECRET_MISSING = "SecretMissing"  # the control Secret was deleted; recreated, the pods keep the old token
+
+
+class Trigger:
+    """``status.recovery.trigger``: what the operator saw that started a recovery (``disruption.py``)."""
+
+    DISRUPTION_TARGET = "DisruptionTarget"  # the pod got condition DisruptionTarget=True (reason: its reason)
+    POD_DELETED = "PodDeleted"  # the pod got a deletionTimestamp the operator did not cause
+    POD_MISSING = "PodMissing"  # a pod of the attempt is gone without the operator deleting it
+    NODE_TAINTED = "NodeTainted"  # the pod's node has a taint that means it goes away (reason: the taint key)
+    NODE_GONE = "NodeGone"  # the pod's Node object was deleted
+    POD_FAILED = "PodFailed"  # the pod ended Failed (reason: the container's reason or exit code)
+    EXITED_EARLY = "ExitedEarly"  # the pod exited 0 before the run was complete (paused on a SIGTERM)
+    SUSPEND = "Suspend"  # spec.suspend became true (Kueue's preemption)
+
+
+class RecoveryKind:
+    """``status.recovery.kind``: which count a recovery adds to (only failures use the failure budget)."""
+
+    PREEMPTION = "preemption"
+    SUSPENSION = "suspension"
+    FAILURE = "failure"
+
+
+class Stage:
+    """``status.recovery.stage``, in order: each is written to status before its action is taken."""
+
+    PAUSING = "Pausing"  # POST /pause to the live orchestrator (its snapshot: queue and open groups)
+    STOPPING = "Stopping"  # delete the pods that must restart; wait until they are gone (force after a timeout)
+    SUSPENDED = "Suspended"  # a suspension's pods are gone; waiting for spec.suspend false
+    STARTING = "Starting"  # create the next attempt's pods (or a rollout pod's replacement)
+    RESUMING = "Resuming"  # wait for the new orchestrator's resume report
 
 
 class EventReason:
@@ -85,7 +120,10 @@ class EventReason:
     PAUSED = "Paused"  # the orchestrator paused and wrote its snapshot (the message has the counts)
     PAUSE_FAILED = "PauseFailed"  # the pause failed; the pods stop on SIGTERM anyway
     SUSPENDED = Reason.SUSPENDED  # the pods were removed for spec.suspend
-    RESUMED = ConditionType.RESUMED  # the next attempt's pods were created to resume the run
+    RESUMED = ConditionType.RESUMED  # the resumed orchestrator confirmed what it restored (the message has the counts)
+    PREEMPTED = ConditionType.PREEMPTED  # a preemption was seen (one Event per preemption: trigger, pod, node)
+    POD_FAILED = Reason.POD_FAILED  # a pod failed: counted against the failure budget, the attempt restarts
+    RECREATED = "Recreated"  # the next attempt's pods (or a rollout pod's replacement) were created
     SPEC_UPDATED = "SpecUpdated"  # a spec change reaches the pods at the next attempt
     SPEC_FIXED = "SpecFixed"  # a refused spec became valid: the run is created now
     SUCCEEDED = Phase.SUCCEEDED
@@ -139,6 +177,46 @@ class LastResume(BaseModel):
     finishedEpisodes: int = Field(ge=0)
 
 
+class Recovery(BaseModel):
+    """A recovery in progress (``status.recovery``): written before each of its actions, so a restarted operator
+    finishes it exactly once (``rlrun_operator.recovery``).
+
+    Attributes:
+        trigger: what started it (a :class:`Trigger`).
+        kind: preemption, suspension or failure (:class:`RecoveryKind`).
+        reason: the trigger's own reason (``PreemptionByScheduler``, a taint key, ``OOMKilled``, …).
+        message: one line for people (names pod and node).
+        scope: ``attempt`` (every pod restarts as the next attempt) or ``rollout`` (only the lost rollout
+            pods are replaced; the trainer and orchestrator keep running).
+        pods: the pods the trigger hit.
+        node: the node the trigger hit, if any.
+        stage: the current :class:`Stage`.
+        since: when the recovery started (RFC 3339).
+        stageSince: when the current stage started (RFC 3339; force deletion counts from here).
+        attempt: the attempt being recovered.
+        nextAttempt: the attempt its pods are recreated as (scope ``attempt``).
+        replacements: names of the replacement rollout pods (scope ``rollout``), decided before creation.
+        pause: what the pause answered (or why it failed / was skipped).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    trigger: str = Field(min_length=1)
+    kind: Literal["preemption", "suspension", "failure"]
+    reason: str = ""
+    message: str = ""
+    scope: Literal["attempt", "rollout"] = "attempt"
+    pods: list[str] = Field(default_factory=list)
+    node: str | None = None
+    stage: Literal["Pausing", "Stopping", "Suspended", "Starting", "Resuming"]
+    since: str
+    stageSince: str
+    attempt: int | None = Field(default=None, ge=0)
+    nextAttempt: int | None = Field(default=None, ge=0)
+    replacements: list[str] = Field(default_factory=list)
+    pause: str | None = None
+
+
 class RLRunStatus(BaseModel):
     """The operator's view of a run.
 
@@ -149,12 +227,20 @@ class RLRunStatus(BaseModel):
         maxSteps: the step the run ends at.
         policyVersion: weights version the rollout servers hold.
         lastCheckpointStep: newest complete checkpoint.
-        preemptions: attempts ended by a preemption.
+        preemptions: recoveries started by a preemption (pod disrupted or deleted, node lost or tainted).
+        suspensions: times ``spec.suspend`` stopped the run (Kueue's preemption); never failures.
+        failures: recoveries started by a failed pod (counted against ``spec.failure_policy.backoff_limit``).
+        recovery: the recovery in progress, if any (:class:`Recovery`).
+        failedNodes: nodes the run's pods are kept off (``NotIn`` node affinity), newest last.
+        deletedPods: pods the operator deleted itself, newest last (so a restarted operator knows
+            which deletions were its own).
         resumedGroups: rollout groups resumed from snapshots (open and requested groups), all attempts.
         resumedTraces: queued samples restored from snapshots, all attempts.
         resumedEpisodes: finished episodes kept in open groups, all attempts.
         lastResume: the newest attempt's resume report.
         rolloutEndpoints: ready rollout servers the orchestrator was given.
+        rolloutReplicas: rollout pods the current attempt was created with (a spec change applies
+            from the next attempt; a pod missing below this count is replaced).
         message: one line on the current state.
     """
 
@@ -168,11 +254,17 @@ class RLRunStatus(BaseModel):
     policyVersion: int | None = Field(default=None, ge=0)
     lastCheckpointStep: int | None = Field(default=None, ge=0)
     preemptions: int | None = Field(default=None, ge=0)
+    suspensions: int | None = Field(default=None, ge=0)
+    failures: int | None = Field(default=None, ge=0)
+    recovery: Recovery | None = None
+    failedNodes: list[str] = Field(default_factory=list, max_length=64)
+    deletedPods: list[str] = Field(default_factory=list, max_length=256)
     resumedGroups: int | None = Field(default=None, ge=0)
     resumedTraces: int | None = Field(default=None, ge=0)
     resumedEpisodes: int | None = Field(default=None, ge=0)
     lastResume: LastResume | None = None
     rolloutEndpoints: int | None = Field(default=None, ge=0)
+    rolloutReplicas: int | None = Field(default=None, ge=0)
     message: str | None = None
     conditions: list[Condition] = Field(
         default_factory=list, max_length=16, description=f"at most one of each type: {_one_of(CONDITION_TYPES)}."

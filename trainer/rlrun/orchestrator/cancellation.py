@@ -1,12 +1,15 @@
 """Cancellation: requests that can no longer train, or that failed, are settled with their groups.
 
-Two kinds of request end without members:
+Three kinds of request end without members:
 
 - **stale**: after each batch ships, the dispatcher cancels every request dispatched before
   the staleness floor of the next batch (:meth:`Dispatcher.cancel_stale`);
 - **failed**: a request that found no server to answer it within
   ``rollout.retry_window_seconds`` (a dead or hung server, a straggler past
-  ``rollout.request_timeout_seconds``) arrives as a result with an error.
+  ``rollout.request_timeout_seconds``) arrives as a result with an error;
+- **lost**: a request in flight on an endpoint that ``PUT /rollout-endpoints`` removed (its
+  node is gone) is cancelled at once (:meth:`Dispatcher.set_endpoints`) instead of waiting
+  for its timeout.
 
 Each becomes a :class:`GroupCancellation` that :func:`settle` turns into one outcome for the
 group: it **goes on** — the members are requested again, same task and group id, numbered
@@ -14,7 +17,8 @@ after every earlier member — or it is **abandoned**: its other requests are ca
 finished episodes recorded as abandoned, and it is counted. A stale request's group goes on
 while it keeps fresh members or other requests (:meth:`TrainSink.cancel`); a failed request's
 group goes on while it has been requested again fewer than ``rollout.max_group_retries``
-times (counted by the train source, kept in checkpoints).
+times (counted by the train source, kept in checkpoints). A lost request's group always goes
+on, and the request does not count as a retry: losing a node is not the group's fault.
 
 Guarantee: no group is orphaned (left open waiting for members nobody will produce, holding
 flow-control budget), no request is retried without bound, and every outcome is in the
@@ -38,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Why a request ended without members (see the module docstring).
-CancelReason = Literal["stale", "failed"]
+CancelReason = Literal["stale", "failed", "lost"]
 
 
 @dataclass(frozen=True)
@@ -48,11 +52,12 @@ class GroupCancellation:
     Attributes:
         request: the request; none of its members reached the sink.
         min_fresh_version: for ``stale``, the staleness floor of the next batch: the group's
-            finished members older than this can no longer train either (None for ``failed``).
+            finished members older than this can no longer train either (None otherwise).
         others_out: other requests of the same group are still in flight or waiting to be
             consumed (their members may still complete the group).
-        reason: ``stale`` (cancelled: it could no longer train) or ``failed`` (no server answered).
-        error: for ``failed``, what went wrong.
+        reason: ``stale`` (cancelled: it could no longer train), ``failed`` (no server answered)
+            or ``lost`` (cancelled: its endpoint was removed).
+        error: for ``failed``, what went wrong; for ``lost``, which endpoint went.
     """
 
     request: GroupRequest
@@ -87,6 +92,8 @@ def settle(
         ledger.write(LedgerEvent.CANCELLED, group=r.group_id, first_member=r.first_member, members=r.members, **fields)
         if c.reason == "stale":
             goes_on, retry = sink.cancel(c), False
+        elif c.reason == "lost":
+            goes_on, retry = True, False
         else:
             goes_on, retry = source.retries(r.group_id) < max_group_retries, True
         if goes_on:

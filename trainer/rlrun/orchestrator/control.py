@@ -35,7 +35,8 @@ def status_report(orchestrator: Orchestrator) -> StatusReport:
     o, dispatcher, checkpoints = orchestrator, orchestrator.dispatcher, orchestrator.checkpoints
     return StatusReport(
         phase=o.phase,
-        attempt=o.attempt,
+        attempt=o.attempt_number,
+        run_dir_attempt=o.attempt,
         step=o.shipped,
         policy_version=o.policy_version,
         max_steps=o.max_steps,

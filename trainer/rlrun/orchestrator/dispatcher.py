@@ -14,9 +14,11 @@ on a server that has not failed recently when there is one, for up to
 ``rollout.retry_window_seconds``; then the request fails and its result carries the error,
 so the orchestrator can request the members again or abandon the group
 (:mod:`~rlrun.orchestrator.cancellation`). Losing one rollout server only delays its groups.
-The endpoint set can be replaced at run time (:meth:`set_endpoints`). A cancelled request
-reaches the sink as a :class:`~rlrun.orchestrator.cancellation.GroupCancellation`
-(:meth:`Dispatcher.cancel_stale`).
+The endpoint set can be replaced at run time (:meth:`set_endpoints`): a request in flight on
+a removed endpoint is cancelled at once (its server is gone; no answer will come before the
+timeout) and returned for settling with reason ``lost``. A cancelled request reaches the
+sink as a :class:`~rlrun.orchestrator.cancellation.GroupCancellation`
+(:meth:`Dispatcher.cancel_stale`, :meth:`Dispatcher.set_endpoints`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,23 @@ class _Inflight:
     task: asyncio.Task
     request: GroupRequest
     policy_version: int
+    url: str | None = None  # the endpoint its current try waits on (None between tries)
+
+
+@dataclass(frozen=True)
+class EndpointChange:
+    """What :meth:`Dispatcher.set_endpoints` changed.
+
+    Attributes:
+        added: clients of the endpoints that are new (they need the current weights).
+        removed: the endpoints dropped, sorted.
+        lost: one ``lost`` cancellation per request that was in flight on a removed endpoint
+            (already cancelled; the caller settles them, :func:`~rlrun.orchestrator.cancellation.settle`).
+    """
+
+    added: list[RolloutClient]
+    removed: list[str]
+    lost: list[GroupCancellation]
 
 
 class DispatchError(OrchestratorError):
@@ -118,6 +137,8 @@ class Dispatcher:
         self.client_factory = client_factory
         self.clients: dict[str, RolloutClient] = {}
         self.load: dict[str, int] = {}
+        self.inflight: dict[tuple[int, int], _Inflight] = {}
+        self.cancelled_groups = 0
         self.set_endpoints(endpoints)
         self.encode = encode
         self.decode = decode
@@ -129,10 +150,8 @@ class Dispatcher:
         self.request_timeout_s = request_timeout_s
         self.members_per_request = members_per_request
         self.last_failure: dict[str, float] = {}  # endpoint → when a request last failed there (monotonic)
-        self.inflight: dict[tuple[int, int], _Inflight] = {}
         # results put on the queue and not yet taken by the consumer, by (group id, first member)
         self.undelivered: dict[tuple[int, int], GroupRequest] = {}
-        self.cancelled_groups = 0
         self.failures: list[BaseException] = []
 
     @classmethod
@@ -161,24 +180,42 @@ class Dispatcher:
             request_timeout_s=spec.rollout.request_timeout_seconds,
         )
 
-    def set_endpoints(self, endpoints: list[str]) -> list[RolloutClient]:
-        """Replace the endpoint set; returns the clients of the endpoints that are new.
+    def set_endpoints(self, endpoints: list[str]) -> EndpointChange:
+        """Replace the endpoint set; returns the new clients and the requests lost with removed endpoints.
 
-        Requests in flight on removed endpoints finish or fail and are retried elsewhere.
+        A request in flight on a removed endpoint is cancelled at once (counted in
+        ``cancelled_groups``) and comes back as a ``lost`` cancellation in
+        :attr:`EndpointChange.lost`, saying whether other requests of its group are still out;
+        the caller must settle them before its next ``await`` (until then no one is asked for
+        their members). A request between tries (its last server failed) is not lost: its next
+        try picks among the remaining endpoints.
         """
         wanted = [e.rstrip("/") for e in endpoints]
-        for url in list(self.clients):
-            if url not in wanted:
-                client = self.clients.pop(url)
-                self.load.pop(url, None)
-                asyncio.get_event_loop().create_task(client.aclose())
-        new = []
+        removed = sorted(url for url in self.clients if url not in wanted)
+        lost = []
+        for entry in list(self.inflight.values()):
+            if entry.url in removed:
+                entry.task.cancel()
+                del self.inflight[_key(entry.request)]
+                lost.append(entry)
+        self.cancelled_groups += len(lost)
+        for url in removed:
+            client = self.clients.pop(url)
+            self.load.pop(url, None)
+            asyncio.get_event_loop().create_task(client.aclose())
+        added = []
         for url in wanted:
             if url not in self.clients:
                 self.clients[url] = self.client_factory(url)
                 self.load[url] = 0
-                new.append(self.clients[url])
-        return new
+                added.append(self.clients[url])
+        cancellations = [
+            GroupCancellation(
+                e.request, None, self.has_work_out(e.request.group_id), "lost", f"rollout endpoint {e.url} removed"
+            )
+            for e in lost
+        ]
+        return EndpointChange(added, removed, cancellations)
 
     async def wait_until_healthy(self, timeout_s: float, stop: asyncio.Event) -> None:
         """Wait until every endpoint answers ``/health``; with none yet, wait for endpoints to be set.
@@ -268,6 +305,7 @@ class Dispatcher:
 
     async def _run(self, request: GroupRequest, policy_version: int) -> None:
         prompt_ids = self.encode(request.task.prompt)
+        entry = self.inflight.get(_key(request))  # registered by dispatch before this task runs
         failed: set[str] = set()  # endpoints that failed this request: a healthy one is tried first
         members = f"group {request.group_id} members {request.first_member}–{request.next_member - 1}"
         try:
@@ -280,6 +318,8 @@ class Dispatcher:
                 with attempt:
                     url = self._pick(failed)
                     self.load[url] += request.members
+                    if entry is not None:
+                        entry.url = url
                     try:
                         completions = await asyncio.wait_for(
                             self.clients[url].complete(prompt_ids, self.sampling, n=request.members),
@@ -291,6 +331,8 @@ class Dispatcher:
                         log.warning("%s failed on %s: %s", members, url, _describe(exc, self.request_timeout_s))
                         raise
                     finally:
+                        if entry is not None:
+                            entry.url = None
                         if url in self.load:
                             self.load[url] -= request.members
         except _REQUEST_ERRORS as exc:

@@ -40,7 +40,7 @@ from rlrun.orchestrator.source import TrainSource
 from rlrun.orchestrator.staleness import min_fresh_version
 from rlrun.orchestrator.weights import weights_signature
 from rlrun.rollout.client import RolloutClient
-from rlrun.rundir import RunDir
+from rlrun.rundir import RunDir, run_dir_attempt
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,12 @@ class Orchestrator:
         health_timeout_s: how long to wait for every rollout server to answer ``/health``, seconds.
         poll_s: how often to look for results and trainer output, seconds.
         client_factory: ``client_factory(url: str) -> RolloutClient`` (benchmarks pass an instant fake).
+        run_uid: the run's uid (``--run-uid``): attempts are then numbered per run directory.
+
+    Attributes:
+        attempt_number: ``attempt`` as given (``GET /status`` echoes it).
+        attempt: the run-directory attempt (:func:`rlrun.rundir.run_dir_attempt`; ``attempt``
+            without a run uid): what checkpoints, batches and the ledger are stamped with.
     """
 
     def __init__(
@@ -84,9 +90,12 @@ class Orchestrator:
         health_timeout_s: float = 600.0,
         poll_s: float = 0.05,
         client_factory: Callable[[str], RolloutClient] = RolloutClient,
+        run_uid: str | None = None,
     ) -> None:
         self.spec = spec
         self.run_dir = run_dir.ensure()
+        self.attempt_number = attempt
+        attempt = run_dir_attempt(self.run_dir, run_uid, attempt)
         self.rollout_urls = [u.rstrip("/") for u in rollout_urls]
         self.model_path = model_path
         self.max_steps = max_steps or spec.max_steps
@@ -129,12 +138,23 @@ class Orchestrator:
     async def set_endpoints(self, endpoints: list[str]) -> None:
         """Replace the rollout endpoints; new ones get the current weights first.
 
+        Requests in flight on a removed endpoint are cancelled at once and their members
+        requested again (served before new tasks, not counted against
+        ``rollout.max_group_retries``): a lost node's requests do not wait for a timeout.
+
         Raises:
             WeightsError, RolloutError: a new server could not be given the current weights.
         """
         self.rollout_urls = [e.rstrip("/") for e in endpoints]
         if self.dispatcher is not None:
-            await self.weights.catch_up(self.dispatcher.set_endpoints(self.rollout_urls))
+            change = self.dispatcher.set_endpoints(self.rollout_urls)
+            self._settle(change.lost)  # before any await: no snapshot sees them neither in flight nor requested
+            if change.lost:
+                log.info(
+                    "cancelled %d requests in flight on removed endpoints %s; their members are requested again",
+                    len(change.lost), change.removed,
+                )  # fmt: skip
+            await self.weights.catch_up(change.added)
         log.info("rollout endpoints now %s", sorted(self.rollout_urls))
 
     async def pause(self) -> PauseResult:
@@ -300,8 +320,8 @@ class Orchestrator:
                 self.phase = "running"
             follower = asyncio.create_task(self._follow_trainer())
             log.info(
-                "orchestrator running (attempt %d): step %d of %d, endpoints %s",
-                self.attempt, self.shipped, self.max_steps, self.rollout_urls,
+                "orchestrator running (attempt %d, run-directory attempt %d): step %d of %d, endpoints %s",
+                self.attempt_number, self.attempt, self.shipped, self.max_steps, self.rollout_urls,
             )  # fmt: skip
             await self._ship_ready_batches()  # a restored full batch ships at once
             self._dispatch_within_budget()

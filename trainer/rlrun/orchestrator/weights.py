@@ -22,6 +22,14 @@ class WeightsError(RuntimeError):
     """Weights that must not be sent to a rollout server (message names the file and tensor)."""
 
 
+class WeightsMismatch(WeightsError):
+    """Weights whose tensors do not fit the model (names, dtypes or shapes differ): a run with
+    another model wrote them, and retrying cannot heal that (``permanent``; exit reason ``reason``)."""
+
+    permanent = True
+    reason = "WeightsMismatch"
+
+
 def weights_signature(path: str | Path) -> Signature:
     """``{tensor name: (dtype, shape)}`` over every ``*.safetensors`` file in directory ``path``.
 
@@ -47,7 +55,8 @@ def validate_weights_dir(path: str | Path, reference: Signature | None) -> Signa
     """Check ``path`` against ``reference`` (skipped when None); returns its signature.
 
     Raises:
-        WeightsError: missing, extra or reshaped tensors (up to five named).
+        WeightsError: no files, or one that does not parse.
+        WeightsMismatch: missing, extra or reshaped tensors (up to five named).
     """
     sig = weights_signature(path)
     if reference is None:
@@ -56,7 +65,7 @@ def validate_weights_dir(path: str | Path, reference: Signature | None) -> Signa
     problems += [f"unexpected {n}" for n in sig if n not in reference]
     problems += [f"{n}: {sig[n]} != {reference[n]}" for n in sig if n in reference and sig[n] != reference[n]]
     if problems:
-        raise WeightsError(f"{path}: weights do not match the model: " + "; ".join(problems[:5]))
+        raise WeightsMismatch(f"{path}: weights do not match the model: " + "; ".join(problems[:5]))
     return sig
 
 

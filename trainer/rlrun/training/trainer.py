@@ -10,8 +10,11 @@ file, and both record the attempt number in ``meta.json`` (:func:`rlrun.rundir.w
 
 Resume from step ``N``: the checkpoint's orchestrator part says ``M`` batches were
 shipped when it was taken. Batches ``N+1 … M`` on disk are trained as they are; a
-batch past ``M`` is trained only when it carries this attempt's number — one left by a
-dead attempt holds samples the restored snapshot has queued again.
+batch past ``M`` is trained only when it carries this attempt's number or a later one
+(:func:`batch_accepted`) — one left by a dead attempt holds samples the restored snapshot
+has queued again. Attempt numbers are run-directory attempts (``--run-uid``,
+:func:`rlrun.rundir.run_dir_attempt`), so a run re-created over the same directory never
+shares a number with the run before it, and cannot take that run's stale batch for its own.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from rlrun.checkpoint import (
     run_identity,
 )
 from rlrun.ledger import Ledger, LedgerEvent
-from rlrun.rundir import RunDir, publish_dir, read_attempt, step_dirs, write_meta
+from rlrun.orchestrator.weights import WeightsMismatch
+from rlrun.rundir import RunDir, publish_dir, read_attempt, run_dir_attempt, step_dirs, write_meta
 from rlrun.training.loss import clipped_policy_loss, token_logprobs
 
 log = logging.getLogger(__name__)
@@ -49,6 +53,28 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
     save_file(state, str(path), metadata={"format": "pt"})
 
 
+def batch_accepted(path: Path, step: int, attempt: int, shipped_at_restore: int) -> bool:
+    """Whether the published batch directory ``path`` is batch ``step`` for the trainer of ``attempt``.
+
+    Args:
+        path: ``rollouts/step_<step>/``.
+        step: the step to train.
+        attempt: this attempt's run-directory number (0: unnumbered, every batch counts).
+        shipped_at_restore: batches shipped when the checkpoint resumed from was taken: those
+            (written by an earlier attempt) are trained as they are.
+
+    Returns:
+        False while it is not published; True for a batch the checkpoint counts as shipped;
+        else True only when its ``meta.json`` carries ``attempt`` or a later number.
+    """
+    if not path.is_dir():
+        return False
+    if step <= shipped_at_restore or attempt == 0:
+        return True
+    written = read_attempt(path)
+    return written is not None and written >= attempt
+
+
 class Trainer:
     """Trains ``spec``'s policy from the batches in ``run_dir``.
 
@@ -58,8 +84,19 @@ class Trainer:
         model_path: initial weights (path or Hugging Face id), see ``rlrun.model.resolve``.
         max_steps: stop after this step (default ``spec.max_steps``).
         resume: start from the newest complete checkpoint, if any.
-        attempt: this attempt's number (see the module docstring; 0 = unnumbered).
+        attempt: this attempt's number as the launcher or operator counts it (0 = unnumbered).
         poll_s: how often to look for the next batch, seconds.
+        run_uid: the run's uid (``--run-uid``): attempts are then numbered per run directory.
+
+    Attributes:
+        attempt: the run-directory attempt (:func:`rlrun.rundir.run_dir_attempt`) that stamps
+            what it publishes, names its ledger and checks batches.
+        step: the last step trained.
+
+    Raises:
+        RuntimeError: a fresh start in a run directory that holds a run.
+        CheckpointMismatch: the checkpoint resumed from belongs to a run with other settings.
+        WeightsMismatch: the checkpoint's weights do not fit the model.
     """
 
     def __init__(
@@ -71,11 +108,13 @@ class Trainer:
         resume: bool = False,
         attempt: int = 0,
         poll_s: float = 0.02,
+        run_uid: str | None = None,
     ) -> None:
         self.spec = spec
-        self.attempt = attempt
         self.shipped_at_restore = 0
+        self.step = 0
         self.run_dir = run_dir.ensure()
+        self.attempt = run_dir_attempt(self.run_dir, run_uid, attempt)
         self.max_steps = max_steps or spec.max_steps
         self.poll_s = poll_s
         torch.manual_seed(spec.seed)
@@ -84,7 +123,6 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
         )
-        self.step = 0
         restored = resume and self._restore()
         # Batches may already be arriving from this run's orchestrator; checkpoints past 0 cannot be ours.
         # With --resume and nothing complete to resume from, they are a dead attempt's: removed below.
@@ -97,7 +135,7 @@ class Trainer:
             removed = run_dir.remove_steps_after(parent, self.step)
             if removed:
                 log.info("removed %s %s left by an earlier attempt (past step %d)", parent.name, removed, self.step)
-        self.ledger = Ledger(run_dir.root / "ledger", attempt, "trainer")
+        self.ledger = Ledger(run_dir.root / "ledger", self.attempt, "trainer")
         if not restored:
             self.checkpoint(0)
 
@@ -108,7 +146,10 @@ class Trainer:
             return False
         root = self.run_dir.trainer_checkpoint(ckpt.step)
         check_compatible(ckpt.trainer.get("identity"), self.spec, str(root))
-        self.model.load_state_dict(load_file(str(root / WEIGHTS_FILE)))
+        try:
+            self.model.load_state_dict(load_file(str(root / WEIGHTS_FILE)))
+        except RuntimeError as exc:  # torch names every missing, unexpected and reshaped tensor
+            raise WeightsMismatch(f"{root / WEIGHTS_FILE}: weights do not fit the model: {exc}") from None
         self.optimizer.load_state_dict(torch.load(root / OPTIMIZER_FILE, weights_only=True))
         self.step = ckpt.step
         self.shipped_at_restore = int(ckpt.orchestrator.get("shipped", ckpt.step))
@@ -119,12 +160,7 @@ class Trainer:
         return True
 
     def _batch_ready(self, path: Path, step: int) -> bool:
-        if not path.is_dir():
-            return False
-        if step <= self.shipped_at_restore or self.attempt == 0:
-            return True
-        attempt = read_attempt(path)
-        return attempt is not None and attempt >= self.attempt
+        return batch_accepted(path, step, self.attempt, self.shipped_at_restore)
 
     def _wait_for_batch(self, step: int) -> Path:
         path = self.run_dir.rollout_batch(step)

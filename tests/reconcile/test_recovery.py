@@ -1,0 +1,132 @@
+"""The recovery state machine's status patches (pure) and the NotIn node affinity merge."""
+
+from __future__ import annotations
+
+from rlrun.api.control import ResumeReport
+from rlrun.api.status import RLRunStatus
+from rlrun_operator import recovery
+from rlrun_operator.builders import avoid_nodes
+from rlrun_operator.disruption import Disruption
+
+NOW = "2026-12-01T00:00:00Z"
+
+
+def hit(component="trainer", kind="preemption", node="node-a", lost=True, permanent=False, trigger="NodeTainted"):
+    return Disruption(trigger, kind, "karpenter.sh/disrupted", f"demo-{component}-a0", component, node, lost, permanent)
+
+
+def merged(status, patch):
+    out = {**status, **patch}
+    RLRunStatus.model_validate({k: v for k, v in out.items() if v is not None})  # the CRD's status schema
+    return out
+
+
+def test_a_preemption_is_counted_once_and_recorded_with_its_first_stage():
+    status = {"attempt": 2, "preemptions": 1, "failures": 1}
+    patch, rec = recovery.begin(status, 3, [hit()], orchestrator_alive=True, backoff_limit=0, now=NOW)
+    status = merged(status, patch)
+    assert (status["preemptions"], status["failures"], status["phase"]) == (2, 1, "Recovering")
+    assert (rec.stage, rec.scope, rec.attempt, rec.node, rec.trigger) == (
+        "Pausing",
+        "attempt",
+        2,
+        "node-a",
+        "NodeTainted",
+    )
+    assert status["failedNodes"] == ["node-a"]
+    preempted = next(c for c in status["conditions"] if c["type"] == "Preempted")
+    assert (
+        preempted["status"] == "True" and "demo-trainer-a0" in preempted["message"] and "node-a" in preempted["message"]
+    )
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "Resuming")
+
+
+def test_without_a_live_orchestrator_the_recovery_starts_at_stopping():
+    _, rec = recovery.begin(
+        {"attempt": 0}, 1, [hit("orchestrator")], orchestrator_alive=False, backoff_limit=3, now=NOW
+    )
+    assert rec.stage == "Stopping"
+
+
+def test_only_rollout_pods_hit_keeps_the_attempt():
+    patch, rec = recovery.begin({"attempt": 0}, 1, [hit("rollout")], orchestrator_alive=True, backoff_limit=3, now=NOW)
+    assert (rec.scope, rec.stage) == ("rollout", "Stopping") and "phase" not in patch
+
+
+def test_failures_use_the_budget_and_preemptions_never_do():
+    status = {"attempt": 0, "failures": 2}
+    patch, rec = recovery.begin(status, 1, [hit(kind="failure")], orchestrator_alive=True, backoff_limit=3, now=NOW)
+    assert rec is not None and patch["failures"] == 3
+    patch, rec = recovery.begin(
+        {**status, "failures": 3}, 1, [hit(kind="failure")], orchestrator_alive=True, backoff_limit=3
+    )
+    assert rec is None and patch["phase"] == "Failed" and patch["failures"] == 4
+    failed = next(c for c in patch["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    _, rec = recovery.begin({"attempt": 0, "preemptions": 50}, 1, [hit()], orchestrator_alive=True, backoff_limit=0)
+    assert rec is not None
+
+
+def test_a_permanent_failure_fails_at_once_with_its_own_reason():
+    patch, rec = recovery.begin(
+        {"attempt": 0}, 1, [hit(kind="failure", permanent=True)], orchestrator_alive=True, backoff_limit=9
+    )
+    assert rec is None and patch["phase"] == "Failed"
+    assert next(c for c in patch["conditions"] if c["type"] == "Failed")["reason"] == "karpenter.sh/disrupted"
+
+
+def test_finishing_reports_what_was_restored_once():
+    status = {"attempt": 1, "preemptions": 1, "resumedGroups": 2}
+    patch, rec = recovery.begin(status, 1, [hit()], orchestrator_alive=True, backoff_limit=3, now=NOW)
+    status = merged(status, patch)
+    report = ResumeReport(
+        from_step=10, shipped=10, queued_traces=12, open_groups=3, requested_groups=1, finished_episodes_kept=7,
+        dropped_stale=0, members_requested=0, progress_only_would_lose=0, time=0.0,
+    )  # fmt: skip
+    status = merged(status, recovery.started(status, 1, rec, 2, now=NOW))
+    assert status["attempt"] == 2 and status["recovery"]["stage"] == "Resuming"
+    done = merged(status, recovery.finished(status, 1, recovery.recovery_of(status), report, 2, now=NOW))
+    assert done["recovery"] is None and done["resumedGroups"] == 6 and done["lastResume"]["fromStep"] == 10
+    resumed = next(c for c in done["conditions"] if c["type"] == "Resumed")
+    assert (
+        resumed["message"]
+        == "attempt 2 resumed at step 10 with 12 queued traces and 4 open groups (7 finished episodes kept)"
+    )
+    assert next(c for c in done["conditions"] if c["type"] == "Preempted")["status"] == "False"
+
+
+def test_deleted_pods_and_failed_nodes_are_bounded():
+    names = recovery.remember([f"p{i}" for i in range(200)], ["p5", "new"], recovery.MAX_DELETED_PODS)
+    assert len(names) == recovery.MAX_DELETED_PODS and names[-2:] == ["p5", "new"]
+
+
+def test_not_in_is_merged_into_every_node_selector_term():
+    user = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]},
+                    {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["a100"]}]},
+                ]
+            }
+        },
+        "podAntiAffinity": {"x": 1},
+    }
+    out = avoid_nodes(user, ["node-b", "node-a"])
+    terms = out["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    rule = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-a", "node-b"]}
+    assert [t["matchExpressions"][-1] for t in terms] == [rule, rule] and len(terms) == 2
+    assert out["podAntiAffinity"] == {"x": 1}
+    assert (
+        len(
+            user["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+                "matchExpressions"
+            ]
+        )
+        == 1
+    )
+    assert avoid_nodes(None, ["n"])["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchExpressions": [rule | {"values": ["n"]}]}]
+    }
+    assert avoid_nodes(None, []) is None
