@@ -82,6 +82,22 @@ def wait(predicate, timeout: float, poll: float = 0.01):
     raise TimeoutError("benchmark condition not reached")
 
 
+@contextlib.contextmanager
+def emulated_cluster(fakes, namespace: str):
+    """The API emulator serving the real CRD, ``fakes`` (fake orchestrators) started, the operator's
+    settings pointed at them and ``namespace`` created; yields ``(kube, fakes)``."""
+    from rlrun_operator import handlers
+
+    from tests.support.kube import KubeServer
+
+    with KubeServer(crds=ROOT / "crds") as kube, fakes as orchestrators, tempfile.TemporaryDirectory() as tmp:
+        os.environ["KUBECONFIG"] = str(kube.write_kubeconfig(Path(tmp) / "kubeconfig", namespace=namespace))
+        handlers.SETTINGS = handlers.SETTINGS.model_copy(update={"orchestrator_url": orchestrators.url_template})
+        handlers.STATE.__init__()
+        kube.create("namespaces", {"metadata": {"name": namespace}})
+        yield kube, orchestrators
+
+
 def measure(n_runs: int, interval: float, namespace: str = "bench") -> dict:
     import kopf
     from rlrun_operator import handlers
@@ -89,19 +105,10 @@ def measure(n_runs: int, interval: float, namespace: str = "bench") -> dict:
     from rlrun_operator.kube import Kube
 
     from tests.reconcile.fake_orchestrator import FakeOrchestrators
-    from tests.support.kube import KopfThread, KubeServer
+    from tests.support.kube import KopfThread
 
     pods_per_run = 3
-    with (
-        KubeServer(crds=ROOT / "crds") as kube,
-        FakeOrchestrators() as orchestrators,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        os.environ["KUBECONFIG"] = str(kube.write_kubeconfig(Path(tmp) / "kubeconfig", namespace=namespace))
-        handlers.SETTINGS = handlers.SETTINGS.model_copy(update={"orchestrator_url": orchestrators.url_template})
-        handlers.STATE.__init__()
-        kube.create("namespaces", {"metadata": {"name": namespace}})
-
+    with emulated_cluster(FakeOrchestrators(), namespace) as (kube, orchestrators):
         # baseline: the same objects straight through the API, serially, from this process
         direct = Kube(kube.api_client())
         body = {"metadata": {"name": "baseline", "namespace": "baseline", "uid": "u-0"}}
@@ -263,10 +270,9 @@ def _resumed(attempt: int):
 def measure_recovery(trials: int, signal: str, interval: float, namespace: str = "bench-recovery") -> dict:
     """One run preempted (``DisruptionTarget`` on its trainer) and recovered ``trials`` times; see the module docs."""
     import kopf
-    from rlrun_operator import handlers
 
     from tests.reconcile.fake_orchestrator import FakeOrchestrators, resume_report
-    from tests.support.kube import KopfThread, KubeServer
+    from tests.support.kube import KopfThread
 
     class TimedOrchestrators(FakeOrchestrators):
         """The fake orchestrators, with when each ``POST /pause`` arrived and was answered."""
@@ -284,15 +290,7 @@ def measure_recovery(trials: int, signal: str, interval: float, namespace: str =
             return response
 
     name = "demo"
-    with (
-        KubeServer(crds=ROOT / "crds") as kube,
-        TimedOrchestrators() as orchestrators,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        os.environ["KUBECONFIG"] = str(kube.write_kubeconfig(Path(tmp) / "kubeconfig", namespace=namespace))
-        handlers.SETTINGS = handlers.SETTINGS.model_copy(update={"orchestrator_url": orchestrators.url_template})
-        handlers.STATE.__init__()
-        kube.create("namespaces", {"metadata": {"name": namespace}})
+    with emulated_cluster(TimedOrchestrators(), namespace) as (kube, orchestrators):
         recorder = Recorder(
             kube.url,
             {

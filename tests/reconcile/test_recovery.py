@@ -8,6 +8,8 @@ from rlrun_operator import recovery
 from rlrun_operator.builders import avoid_nodes
 from rlrun_operator.disruption import Disruption
 
+from tests.reconcile.fake_orchestrator import resume_report
+
 NOW = "2026-12-01T00:00:00Z"
 
 
@@ -80,10 +82,9 @@ def test_finishing_reports_what_was_restored_once():
     status = {"attempt": 1, "preemptions": 1, "resumedGroups": 2}
     patch, rec = recovery.begin(status, 1, [hit()], orchestrator_alive=True, backoff_limit=3, now=NOW)
     status = merged(status, patch)
-    report = ResumeReport(
-        from_step=10, shipped=10, queued_traces=12, open_groups=3, requested_groups=1, finished_episodes_kept=7,
-        dropped_stale=0, members_requested=0, progress_only_would_lose=0, time=0.0,
-    )  # fmt: skip
+    report = ResumeReport.model_validate(
+        resume_report(queued_traces=12, open_groups=3, requested_groups=1, finished_episodes_kept=7)
+    )
     status = merged(status, recovery.started(status, 1, rec, 2, now=NOW))
     assert status["attempt"] == 2 and status["recovery"]["stage"] == "Resuming"
     done = merged(status, recovery.finished(status, 1, recovery.recovery_of(status), report, 2, now=NOW))

@@ -17,6 +17,8 @@ from rlrun_operator.recovery import (
 from rlrun_operator.recovery import failed_patch as failed
 from rlrun_operator.status import PodView, observe, pod_view, rollout_endpoints, set_condition
 
+from tests.reconcile.fake_orchestrator import resume_report
+
 T0, T1 = "2026-11-29T12:00:00Z", "2026-11-29T12:05:00Z"
 
 
@@ -78,17 +80,9 @@ def test_never_ready_or_running_without_a_live_orchestrator_pod():
     assert out["phase"] == "Pending" and conds(out)["Ready"] == "False"
 
 
-RESUME = ResumeReport(
-    from_step=10,
-    shipped=11,
-    queued_traces=104,
-    open_groups=2,
-    requested_groups=1,
-    finished_episodes_kept=8,
-    dropped_stale=5,
-    members_requested=8,
-    progress_only_would_lose=112,
-    time=1_800_000_000.0,
+RESUME = ResumeReport.model_validate(
+    resume_report(shipped=11, queued_traces=104, open_groups=2, requested_groups=1, finished_episodes_kept=8)
+    | {"dropped_stale": 5, "members_requested": 8, "progress_only_would_lose": 112}
 )
 
 

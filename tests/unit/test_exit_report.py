@@ -14,7 +14,6 @@ import time
 
 import pytest
 import typer
-import yaml
 from rlrun import cli
 from rlrun.api.control import EXIT_PERMANENT, TERMINATION_LOG_ENV, ExitReport, write_exit_report
 from rlrun.checkpoint import run_identity, save_orchestrator_progress
@@ -25,20 +24,13 @@ from rlrun.rundir import RunDir, publish_dir, run_dir_attempt
 from rlrun.training.fake import start_fake_trainer
 from typer.testing import CliRunner
 
+from tests.integration.helpers import write_manifest as integration_manifest
+
 
 def write_manifest(path, **spec):
-    base = {
-        "model": {"builtin": "tiny-reverse"},
-        "envs": [{"name": "reverse-text"}],
-        "group_size": 4,
-        "batch_size": 8,
-        "max_off_policy_steps": 1,
-        "max_steps": 2,
-        "checkpoint": {"interval": 1, "keep_last": 2},
-    }
-    doc = {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "exit"}, "spec": base | spec}
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    """The integration tests' small manifest, 2 steps of 8 samples, a checkpoint every step."""
+    settings = {"batch_size": 8, "max_steps": 2, "checkpoint": {"interval": 1, "keep_last": 2}}
+    return integration_manifest(path, **(settings | spec))
 
 
 @pytest.fixture
