@@ -535,7 +535,9 @@ class Reconciler:
         try:
             return await (await self._control(ctx)).status(), None
         except ControlError as exc:
-            await self._ensure_run_objects(ctx)  # a deleted Service or Secret comes back
+            orchestrator = ctx.live_orchestrator()
+            if orchestrator is not None and orchestrator.ready:  # it should answer: a deleted Service comes back
+                await self._ensure_run_objects(ctx)
             return None, str(exc)
         except ApiException as exc:
             if exc.status != 404:
