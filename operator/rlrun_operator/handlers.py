@@ -42,7 +42,7 @@ from rlrun_operator.builders import build_configmap, build_pods, build_run_objec
 from rlrun_operator.disruption import NodeView, node_view
 from rlrun_operator.kube import Kube, load_api_client
 from rlrun_operator.metrics import OperatorMetrics
-from rlrun_operator.reconcile import Reconciler, _was_refused
+from rlrun_operator.reconcile import Reconciler, was_refused
 from rlrun_operator.settings import OperatorSettings
 from rlrun_operator.specs import SpecMemory
 from rlrun_operator.status import PodView, pod_view
@@ -203,13 +203,13 @@ async def spec_changed(
         try:
             run = STATE.specs.parse(body)
         except ManifestError as exc:
-            if _was_refused(status):  # never created: it stays Failed, with the new reasons
+            if was_refused(status):  # never created: it stays Failed, with the new reasons
                 raise _refuse_invalid_spec(body, patch, status, exc) from None
             message = "; ".join(exc.errors)
             text = f"change ignored, the run goes on with its previous spec: {message}"
             kopf.event(body, type="Warning", reason=EventReason.INVALID_SPEC, message=text)
             raise kopf.PermanentError(f"invalid spec change: {message}") from None
-        if _was_refused(status):  # the spec is valid now: do what creation could not
+        if was_refused(status):  # the spec is valid now: do what creation could not
             message = "the spec is valid now; creating the run"
             kopf.event(body, type="Normal", reason=EventReason.SPEC_FIXED, message=message)
             await _create(body, run, {**dict(status), "conditions": [], "phase": None}, logger)
@@ -248,7 +248,7 @@ async def poll_status(name, namespace, status, stopped, run_pods: kopf.Index, no
     phase = status.get("phase")
     if phase is not None:  # counted even when there is nothing to do (an operator restart forgets)
         METRICS.set_phase(namespace, name, phase)
-    if phase == Phase.SUCCEEDED or _was_refused(status):
+    if phase == Phase.SUCCEEDED or was_refused(status):
         return
     with METRICS.track("status"):
         work = asyncio.ensure_future(_reconcile(namespace, name, run_pods, nodes))

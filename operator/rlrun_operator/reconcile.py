@@ -175,7 +175,7 @@ class Reconciler:
             if body is None or body["metadata"].get("deletionTimestamp"):
                 return
             status = dict(body.get("status") or {})
-            if status.get("phase") == Phase.SUCCEEDED or _was_refused(status):
+            if status.get("phase") == Phase.SUCCEEDED or was_refused(status):
                 return
             run = self.specs.in_force(body)
             uid = body["metadata"].get("uid")
@@ -289,7 +289,7 @@ class Reconciler:
         out += [(c, None, naming.pod_name(run, c, attempt)) for c in (naming.TRAINER, naming.ORCHESTRATOR)]
         return out
 
-    async def _missing(self, ctx: _Run, confirm: bool = True) -> list[Disruption]:
+    async def _missing(self, ctx: _Run) -> list[Disruption]:
         """Pods the attempt should have and has not (deleted by hand, lost mid-recovery), as PodMissing
         preemptions; what the index lacks is confirmed with the API (a pod just created may not be indexed yet)."""
 
@@ -302,10 +302,8 @@ class Reconciler:
             ]
 
         lacking = absent(ctx.pods)
-        if lacking and confirm:
-            uid = ctx.body["metadata"].get("uid")
-            listed = await asyncio.to_thread(self.kube().list_pods, ctx.namespace, ctx.name)
-            lacking = absent([v for v in map(pod_view, listed) if v.owner_uid == uid])
+        if lacking:
+            lacking = absent(await self._listed_pods(ctx))
         return [Disruption(Trigger.POD_MISSING, RecoveryKind.PREEMPTION, "PodGone", n, c) for c, _, n in lacking]
 
     async def _begin(self, ctx: _Run, found: list[Disruption]) -> bool:
@@ -410,9 +408,7 @@ class Reconciler:
             ]
             await self._write(ctx, recovery.to_stage(rec, Stage.STARTING, replacements=replacements))
             return True
-        uid = ctx.body["metadata"].get("uid")
-        listed = await asyncio.to_thread(self.kube().list_pods, ctx.namespace, ctx.name)
-        if any(pod_view(p).owner_uid == uid for p in listed):
+        if await self._listed_pods(ctx):
             return False  # never two attempts' pods at once: wait (pod events wake the reconcile)
         if rec.kind == RecoveryKind.SUSPENSION:
             message = f"suspended; {rec.pause}" if rec.pause else "suspended"
@@ -606,6 +602,12 @@ class Reconciler:
                 self.clients.pop(key, None)
             log.info("%s/%s: %d run objects recreated", ctx.namespace, ctx.name, created)
 
+    async def _listed_pods(self, ctx: _Run) -> list[PodView]:
+        """The run's own pods as the API server has them now (the index may lag behind a create or delete)."""
+        uid = ctx.body["metadata"].get("uid")
+        listed = await asyncio.to_thread(self.kube().list_pods, ctx.namespace, ctx.name)
+        return [v for v in map(pod_view, listed) if v.owner_uid == uid]
+
     async def _create(self, objects: list[dict[str, Any]]) -> int:
         """Create ``objects`` (idempotent by name: existing ones count as not created); returns how many were new."""
         kube = self.kube()
@@ -622,7 +624,7 @@ def _log_failure(task: asyncio.Task) -> None:
         log.error("a scheduled reconcile failed: %s", task.exception())
 
 
-def _was_refused(status: dict[str, Any]) -> bool:
+def was_refused(status: dict[str, Any]) -> bool:
     """Whether the run was refused for an invalid spec (nothing was created for it)."""
     return any(
         c.get("type") == ConditionType.FAILED and c.get("reason") == Reason.INVALID_SPEC

@@ -67,7 +67,6 @@ class Reason:
     SUSPENDED = "Suspended"  # spec.suspend
     AS_EXPECTED = "AsExpected"  # Degraded False: nothing is wrong
     INVALID_SPEC = "InvalidSpec"  # the spec model refuses the spec (the message names the fields)
-    ORCHESTRATOR_FAILED = "OrchestratorFailed"  # the orchestrator pod failed
     ORCHESTRATOR_UNREACHABLE = "OrchestratorUnreachable"  # GET /status got no (valid) answer
     POD_FAILED = "PodFailed"  # a pod of the attempt failed
     PODS_MISSING = "PodsMissing"  # the attempt lacks pods
@@ -78,7 +77,6 @@ class Reason:
     STARTED_OVER = "StartedOver"  # Resumed False: the attempt found no complete checkpoint and started from step 0
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"  # more failures than spec.failure_policy.backoff_limit
     RECONCILE_ERROR = "ReconcileError"  # the operator's reconcile raised (the message has the error)
-    SECRET_MISSING = "SecretMissing"  # the control Secret was deleted; recreated, the pods keep the old token
 
 
 class Trigger:
