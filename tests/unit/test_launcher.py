@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import signal
 import sys
 import time
 
@@ -315,3 +316,47 @@ def test_read_metrics_skips_a_torn_line_and_keeps_a_partial_tail_for_later(tmp_p
     with open(path, "a") as fh:
         fh.write("}\n")
     assert read_metrics(path, offset) == ([{"step": 5}], path.stat().st_size)
+
+
+# -- Child.signal_group ---------------------------------------------------------------------------
+
+# Counts the SIGTERMs that reach it at the C level (one wakeup-fd byte per delivery: Python's own
+# handler would run once for two signals that land before it gets to run), writes the count to
+# argv[1] after a second of quiet, and exits 0.
+COUNT_SIGTERMS = r"""
+import os, signal, sys, time
+path = sys.argv[1]
+r, w = os.pipe()
+os.set_blocking(r, False)
+os.set_blocking(w, False)
+signal.signal(signal.SIGTERM, lambda *_: None)
+signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+with open(path, "w") as f:
+    f.write("ready")
+count, deadline = 0, time.monotonic() + 30
+while time.monotonic() < deadline:
+    time.sleep(0.01)
+    try:
+        count += len(os.read(r, 100))
+    except BlockingIOError:
+        continue
+    deadline = time.monotonic() + 1.0
+with open(path, "w") as f:
+    f.write(str(count))
+"""
+
+
+def test_signal_group_sends_sigterm_once_to_a_process_of_the_group(tmp_path):
+    """A second SIGTERM means "exit now, skip the snapshot" to the orchestrator: the killpg must be all it gets."""
+    counted = tmp_path / "sigterms"
+    proc = Child("counter", [sys.executable, "-c", COUNT_SIGTERMS, str(counted)], tmp_path / "counter.log")
+    try:
+        deadline = time.monotonic() + 10
+        while not (counted.exists() and counted.read_text() == "ready"):
+            assert time.monotonic() < deadline, proc.tail()
+            time.sleep(0.02)
+        proc.signal_group(signal.SIGTERM)
+        assert proc.proc.wait(timeout=10) == 0
+        assert counted.read_text() == "1"
+    finally:
+        proc.kill()

@@ -71,12 +71,19 @@ class Child:
         return [p for p in procs.values() if _alive(p)]
 
     def signal_group(self, sig: int) -> None:
-        """Send ``sig`` to the child's whole process group (and any descendant that left it)."""
+        """Send ``sig`` once to every process of the tree: the process group at once, then each
+        descendant that left it. Once matters: a second SIGTERM tells the orchestrator to skip
+        its snapshot and exit now."""
         procs = self.tree()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        try:
             os.killpg(self.pid, sig)
+            grouped = True
+        except (ProcessLookupError, PermissionError):
+            grouped = False
         for p in procs:
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                if grouped and os.getpgid(p.pid) == self.pid:
+                    continue  # the killpg above reached it
                 p.send_signal(sig)
 
     def kill(self) -> None:

@@ -1,0 +1,153 @@
+"""The design's whole story with real processes: ``kubectl apply`` → the operator's pods run as real
+``rlrun`` processes (vLLM included) on fake nodes → a node is lost → the run finishes, nothing lost.
+
+Each scenario is one RLRun on a fresh ``LocalCluster`` (≈2–4 min on 2 cores: vLLM starts once per
+attempt). ``rlrun ledger check`` on the volume proves no finished episode was lost or trained twice.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.kubelet import wait_until
+
+from .runs import (
+    NAME,
+    apply,
+    kubectl_row,
+    latest_checkpoint_step,
+    ledger_check,
+    manifest,
+    preemption_cost,
+    wait_for_end,
+    wait_for_generation,
+    wait_for_training,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+def node_of(cluster, component: str) -> str:
+    pod = cluster.pod(NAME, component)
+    assert pod is not None and pod["spec"].get("nodeName"), f"no scheduled {component} pod"
+    return pod["spec"]["nodeName"]
+
+
+def bound_nodes(cluster, attempt: int) -> dict[str, str]:
+    """``{pod: node}`` of every pod of ``attempt`` the scheduler bound."""
+    out = {}
+    for _, what in cluster.timeline:
+        words = what.split()
+        if len(words) == 5 and words[0] == "pod" and words[2:4] == ["bound", "to"] and f"-a{attempt}" in words[1]:
+            out[words[1]] = words[4]
+    return out
+
+
+def test_trainer_node_lost_with_notice_pauses_snapshots_and_resumes_elsewhere(cluster):
+    apply(cluster, manifest())
+    wait_for_training(cluster, 5)  # past the step-4 checkpoint
+    lost = node_of(cluster, "trainer")
+    before = wait_for_generation(cluster)  # mid-batch: the pause has a queue and open groups to keep
+    cluster.nodes.preempt_node(lost, notice_seconds=10)
+    notice = cluster.first(f"notice node {lost}")
+
+    status = wait_for_end(cluster)
+    resume = status["lastResume"]
+    print(
+        f"notice at step {before['step']} (policy {before['policy_version']}): {before['queued_traces']} queued "
+        f"traces, {before['open_groups']} open groups, {before['inflight_samples']} samples in flight; resumed: {resume}"
+    )
+    assert status["preemptions"] == 1 and status["failures"] == 0 and status["attempt"] == 1
+    assert resume["attempt"] == 1 and resume["fromStep"] >= 4
+    assert resume["queuedTraces"] + resume["groups"] > 0  # the snapshot kept work in flight
+    assert status["failedNodes"] == [lost]
+    assert lost not in bound_nodes(cluster, 1).values() and len(bound_nodes(cluster, 1)) == 3
+    orchestrator_log = (cluster.nodes.log_path(f"{NAME}-orchestrator-a0")).read_text()
+    assert f"checkpoint step {resume['fromStep']} complete" in orchestrator_log and "pause)" in orchestrator_log
+
+    row = kubectl_row(cluster)
+    assert row["PHASE"] == "Succeeded" and row["STEP"] == "20" and row["PREEMPTIONS"] == "1"
+    assert int(row["RESUMED"]) == resume["groups"] > 0
+    print(cluster.kubectl("get", "rlrun", NAME, "-o", "wide"))
+    print(cluster.kubectl("describe", "rlrun", NAME))
+    print("preemption cost (s):", preemption_cost(cluster, notice, attempt=1))
+    print(ledger_check(cluster))
+
+
+def test_orchestrator_node_lost_abruptly_resumes_from_the_latest_periodic_checkpoint(cluster):
+    apply(cluster, manifest(max_steps=14))
+    wait_for_training(cluster, 5)
+    lost = node_of(cluster, "orchestrator")
+    cluster.nodes.crash_node(lost, gone_after_seconds=5)
+    on_disk = latest_checkpoint_step(cluster)  # nothing on that node writes any more
+
+    status = wait_for_end(cluster)
+    assert status["preemptions"] == 1 and status["failures"] == 0
+    assert on_disk is not None and on_disk >= 4
+    assert status["lastResume"]["fromStep"] == on_disk
+    resumed = next(c for c in status["conditions"] if c["type"] == "Resumed")
+    assert resumed["status"] == "True" and f"resumed at step {on_disk}" in resumed["message"]
+    assert lost not in bound_nodes(cluster, 1).values()
+    print(ledger_check(cluster))
+
+
+def test_one_rollout_node_lost_replaces_only_that_pod(cluster):
+    apply(cluster, manifest(max_steps=14, replicas=2))
+    wait_for_training(cluster, 3)
+    rollouts = {
+        p["metadata"]["name"]: p["spec"]["nodeName"] for p in cluster.pods(NAME) if "-rollout-" in p["metadata"]["name"]
+    }
+    # a rollout pod alone on its node (the other roles share the rest)
+    alone = [n for pod, n in rollouts.items() if cluster.nodes.pods_on(n) == [pod]]
+    assert alone, f"every rollout node also runs another role: {rollouts}"
+    keep = {role: cluster.nodes.pid(f"{NAME}-{role}-a0") for role in ("trainer", "orchestrator")}
+    lost_pod = cluster.nodes.pods_on(alone[0])[0]
+    cluster.nodes.preempt_node(alone[0], notice_seconds=5)
+
+    replacement = f"{lost_pod}-r1"
+    wait_until(lambda: cluster.nodes.pid(replacement), 60, f"{replacement} running")
+    assert {role: cluster.nodes.pid(f"{NAME}-{role}-a0") for role in keep} == keep  # the same processes
+    status = wait_for_end(cluster)
+    assert status["attempt"] == 0 and status["preemptions"] == 1 and status["failures"] == 0
+    # the trainer and orchestrator processes ran through: same pods, same pids, until they exited 0
+    for role, pid in keep.items():
+        assert pid is not None
+        assert cluster.first(f"pod {NAME}-{role}-a0 exited 0") is not None
+        assert not any(f"pod {NAME}-{role}-a0 SIGTERM" in w for _, w in cluster.timeline)
+    assert {p["metadata"]["name"] for p in cluster.pods(NAME) if "-a1" in p["metadata"]["name"]} == set()
+    print(ledger_check(cluster))
+
+
+def test_second_preemption_during_the_recovery_from_the_first(cluster):
+    apply(cluster, manifest(max_steps=14))
+    wait_for_training(cluster, 5)
+    first = node_of(cluster, "trainer")
+    cluster.nodes.preempt_node(first, notice_seconds=10)
+    # the new attempt's pods are being created: its orchestrator's node goes too
+    wait_until(lambda: cluster.nodes.pid(f"{NAME}-orchestrator-a1"), 60, "attempt 1's orchestrator running")
+    assert cluster.status(NAME)["phase"] == "Recovering"
+    second = node_of(cluster, "orchestrator")
+    assert second != first
+    cluster.nodes.preempt_node(second, notice_seconds=5)
+
+    status = wait_for_end(cluster)
+    assert status["preemptions"] == 2 and status["failures"] == 0 and status["attempt"] == 2
+    assert sorted(status["failedNodes"]) == sorted([first, second])
+    assert set(bound_nodes(cluster, 2).values()) == {n for n in cluster.nodes.nodes if n not in (first, second)}
+    print(ledger_check(cluster))
+
+
+def test_suspend_then_resume_as_kueue_does(cluster):
+    apply(cluster, manifest(max_steps=12))
+    wait_for_training(cluster, 5)
+    cluster.kubectl("patch", "rlrun", NAME, "--type", "merge", "-p", '{"spec":{"suspend":true}}')
+    suspended = wait_until(lambda: (s := cluster.status(NAME)).get("phase") == "Suspended" and s, 120, "Suspended")
+    wait_until(lambda: not cluster.pods(NAME), 60, "every pod gone")
+    ready = next(c for c in suspended["conditions"] if c["type"] == "Ready")
+    assert "queued traces" in ready["message"], ready
+    cluster.kubectl("patch", "rlrun", NAME, "--type", "merge", "-p", '{"spec":{"suspend":false}}')
+
+    status = wait_for_end(cluster)
+    assert status["suspensions"] == 1 and status["preemptions"] == 0 and status["failures"] == 0
+    assert status["lastResume"]["attempt"] == 1 and status["lastResume"]["fromStep"] >= 4
+    print(ledger_check(cluster))
