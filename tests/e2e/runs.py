@@ -21,7 +21,8 @@ from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.model.resolve import ensure_builtin_model
 from rlrun.rundir import RunDir
 
-from tests.support.kubelet import LocalCluster, wait_until
+from tests.support.kubelet import LocalCluster
+from tests.support.polling import wait_for
 
 NAME = "demo"
 #: The operator as these tests run it: status polled every second, pods stuck on a lost node
@@ -79,7 +80,7 @@ def run_dir(cluster: LocalCluster) -> Path:
 
 def wait_for_training(cluster: LocalCluster, trained_steps: int, timeout: float = RUN_TIMEOUT) -> dict[str, Any]:
     """Wait until the trainer published ``trained_steps`` policy versions; the RLRun's status then."""
-    return wait_until(
+    return wait_for(
         lambda: (s := cluster.status(NAME)).get("policyVersion", 0) >= trained_steps and s,
         timeout,
         f"policy version {trained_steps}",
@@ -108,7 +109,7 @@ def wait_for_generation(cluster: LocalCluster, timeout: float = 60.0) -> dict[st
     then idles at the staleness bound until the next policy version. A notice sent in that idle time
     finds nothing in flight to keep; sent now, the pause (≈0.2 s later) lands mid-batch.
     """
-    return wait_until(
+    return wait_for(
         lambda: (s := orchestrator_status(cluster)) and s["open_groups"] >= 1 and s["inflight_samples"] > 0 and s,
         timeout,
         "a batch being generated",
@@ -118,7 +119,7 @@ def wait_for_generation(cluster: LocalCluster, timeout: float = 60.0) -> dict[st
 
 def wait_for_end(cluster: LocalCluster, timeout: float = RUN_TIMEOUT) -> dict[str, Any]:
     """Wait for ``Succeeded``; the status. A ``Failed`` run fails at once, with its message."""
-    status = wait_until(
+    status = wait_for(
         lambda: (s := cluster.status(NAME)).get("phase") in ("Succeeded", "Failed") and s, timeout, "the run's end"
     )
     assert status["phase"] == "Succeeded", status.get("message")

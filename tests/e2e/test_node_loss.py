@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.kubelet import wait_until
+from tests.support.polling import wait_for
 
 from .runs import (
     NAME,
@@ -105,7 +105,7 @@ def test_one_rollout_node_lost_replaces_only_that_pod(cluster):
     cluster.nodes.preempt_node(alone[0], notice_seconds=5)
 
     replacement = f"{lost_pod}-r1"
-    wait_until(lambda: cluster.nodes.pid(replacement), 60, f"{replacement} running")
+    wait_for(lambda: cluster.nodes.pid(replacement), 60, f"{replacement} running")
     assert {role: cluster.nodes.pid(f"{NAME}-{role}-a0") for role in keep} == keep  # the same processes
     status = wait_for_end(cluster)
     assert status["attempt"] == 0 and status["preemptions"] == 1 and status["failures"] == 0
@@ -124,7 +124,7 @@ def test_second_preemption_during_the_recovery_from_the_first(cluster):
     first = node_of(cluster, "trainer")
     cluster.nodes.preempt_node(first, notice_seconds=10)
     # the new attempt's pods are being created: its orchestrator's node goes too
-    wait_until(lambda: cluster.nodes.pid(f"{NAME}-orchestrator-a1"), 60, "attempt 1's orchestrator running")
+    wait_for(lambda: cluster.nodes.pid(f"{NAME}-orchestrator-a1"), 60, "attempt 1's orchestrator running")
     assert cluster.status(NAME)["phase"] == "Recovering"
     second = node_of(cluster, "orchestrator")
     assert second != first
@@ -141,8 +141,8 @@ def test_suspend_then_resume_as_kueue_does(cluster):
     apply(cluster, manifest(max_steps=12))
     wait_for_training(cluster, 5)
     cluster.kubectl("patch", "rlrun", NAME, "--type", "merge", "-p", '{"spec":{"suspend":true}}')
-    suspended = wait_until(lambda: (s := cluster.status(NAME)).get("phase") == "Suspended" and s, 120, "Suspended")
-    wait_until(lambda: not cluster.pods(NAME), 60, "every pod gone")
+    suspended = wait_for(lambda: (s := cluster.status(NAME)).get("phase") == "Suspended" and s, 120, "Suspended")
+    wait_for(lambda: not cluster.pods(NAME), 60, "every pod gone")
     ready = next(c for c in suspended["conditions"] if c["type"] == "Ready")
     assert "queued traces" in ready["message"], ready
     cluster.kubectl("patch", "rlrun", NAME, "--type", "merge", "-p", '{"spec":{"suspend":false}}')

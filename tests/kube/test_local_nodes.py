@@ -25,8 +25,9 @@ import pytest
 from rlrun.launcher.processes import free_port
 
 from tests.support.kube import KubeServer
-from tests.support.kubelet import LocalNodes, wait_until
+from tests.support.kubelet import LocalNodes
 from tests.support.kubelet.nodes import NODE_SHUTDOWN_MESSAGE, SPOT_TAINT
+from tests.support.polling import wait_for
 
 NS = "team-a"
 PY = sys.executable
@@ -96,7 +97,7 @@ with open(os.environ["MESSAGE"], "w") as f:
 
 
 def wait(predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT) -> Any:
-    return wait_until(predicate, timeout, what, every=0.05)
+    return wait_for(predicate, timeout, what, every=0.05)
 
 
 def alive(pid: int) -> bool:

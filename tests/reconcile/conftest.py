@@ -10,7 +10,6 @@ operator used is collected into :data:`RBAC_USAGE` for the RBAC proof.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,28 +23,13 @@ from rlrun_operator import handlers
 
 from tests.reconcile.fake_orchestrator import FakeOrchestrators
 from tests.support.kube import KopfThread, KubeServer
+from tests.support.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = kubernetes_validate.utils.latest_version()
 NAMESPACE = "team-a"
 #: (apiGroup, resource[/subresource], verb) the operator used in this test session.
 RBAC_USAGE: set[tuple[str, str, str]] = set()
-
-
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
-    """Poll ``predicate`` every 20 ms until it returns something truthy; return that.
-
-    Raises:
-        AssertionError: naming ``what`` after ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def manifest(name: str = "demo", **spec) -> dict:

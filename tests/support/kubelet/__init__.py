@@ -7,7 +7,7 @@ node loss with notice or abrupt), ``cluster`` (the API emulator, the nodes and t
 differs from Kubernetes and what it does to the host.
 """
 
-from .cluster import LocalCluster, wait_until
+from .cluster import LocalCluster
 from .nodes import LocalNodes
 
-__all__ = ["LocalCluster", "LocalNodes", "wait_until"]
+__all__ = ["LocalCluster", "LocalNodes"]

@@ -18,37 +18,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from rlrun.launcher.processes import free_port
 
 from tests.support.binaries import kubectl
 from tests.support.kube import KubeServer
+from tests.support.polling import wait_for
 
 from .containers import ContainerProcess, Mount
 from .nodes import LocalNodes
 
-T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def wait_until(predicate: Callable[[], T], timeout: float, what: str, every: float = 0.2) -> T:
-    """Poll ``predicate`` until it returns something truthy; return that.
-
-    Raises:
-        AssertionError: naming ``what`` after ``timeout`` seconds.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(every)
 
 
 class LocalCluster:
@@ -122,7 +105,7 @@ class LocalCluster:
             except httpx.HTTPError:
                 return False
 
-        wait_until(healthy, 60, "the operator's /healthz")
+        wait_for(healthy, 60, "the operator's /healthz")
 
     def close(self) -> None:
         """Stop the operator and every pod process; the API server last.
