@@ -74,6 +74,7 @@ def apply(cluster: LocalCluster, doc: dict[str, Any]) -> None:
 
 
 def run_dir(cluster: LocalCluster) -> Path:
+    """The run directory on the run's volume, as the host sees it."""
     assert cluster.nodes is not None
     return cluster.nodes.claim_dir(cluster.namespace, f"{NAME}-run") / "run"
 
@@ -135,11 +136,13 @@ def ledger_check(cluster: LocalCluster) -> str:
 
 
 def metrics(cluster: LocalCluster) -> list[dict[str, Any]]:
+    """The lines of the run's ``metrics.jsonl``, one per shipped step (a resumed step can repeat)."""
     path = run_dir(cluster) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def latest_checkpoint_step(cluster: LocalCluster) -> int | None:
+    """The step of the newest complete checkpoint on the volume, or None."""
     ckpt = latest_complete_checkpoint(RunDir(run_dir(cluster)))
     return None if ckpt is None else ckpt.step
 

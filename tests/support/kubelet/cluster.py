@@ -149,6 +149,7 @@ class LocalCluster:
         return self.nodes.timeline
 
     def note(self, what: str) -> None:
+        """Append ``what`` to the timeline, now."""
         assert self.nodes is not None
         self.nodes.note(what)
 
@@ -168,12 +169,15 @@ class LocalCluster:
         return done.stdout
 
     def rlrun(self, name: str) -> dict[str, Any]:
+        """The RLRun ``name`` in the test's namespace ({} when there is none)."""
         return self.kube.get("rlruns", name, self.namespace) or {}
 
     def status(self, name: str) -> dict[str, Any]:
+        """The RLRun's ``status`` ({} before the operator wrote one)."""
         return self.rlrun(name).get("status") or {}
 
     def pods(self, name: str) -> list[dict[str, Any]]:
+        """Every pod of run ``name`` (by its ``app.kubernetes.io/instance`` label), terminating ones too."""
         return self.kube.list("pods", self.namespace, label_selector=f"app.kubernetes.io/instance={name}")
 
     def pod(self, name: str, component: str) -> dict[str, Any] | None:
@@ -187,5 +191,6 @@ class LocalCluster:
         return min(pods, key=lambda p: p["metadata"]["name"]) if pods else None
 
     def operator_log(self) -> str:
+        """What the operator process logged so far."""
         path = self.root / "operator.log"
         return path.read_text(errors="replace") if path.exists() else ""

@@ -133,6 +133,7 @@ class ContainerProcess:
 
     @property
     def pid(self) -> int:
+        """pid of the container's main process (the leader of its process group)."""
         assert self.child is not None
         return self.child.pid
 

@@ -130,10 +130,12 @@ class LocalNodes:
 
     @property
     def hosts_path(self) -> Path:
+        """The cluster DNS file (``/etc/hosts`` format) a process can bind-mount at ``/etc/hosts``."""
         return self.root / "hosts"
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> LocalNodes:
+        """Create the Node objects and start the loop (returns at once)."""
         self.root.mkdir(parents=True, exist_ok=True)
         self.hosts_path.write_text(Path("/etc/hosts").read_text())
         self._hosts_text = self.hosts_path.read_text()
@@ -230,6 +232,7 @@ class LocalNodes:
         return path
 
     def log_path(self, pod: str) -> Path:
+        """The container log (stdout and stderr) of pod ``pod``."""
         return self.root / "pods" / pod / "container.log"
 
     # ------------------------------------------------------------------ the loop
