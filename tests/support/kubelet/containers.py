@@ -9,8 +9,8 @@ The mounts live exactly as long as the namespace, i.e. the process tree: none ou
 
 Differences from a container runtime, on purpose: the process runs as root in the host's
 filesystem, network and PID namespaces (``securityContext`` and ``resources`` are not
-applied); ``PATH`` is this test session's virtual environment first (the "image");
-and a ``--host``/``--control-host`` argument of ``0.0.0.0`` is rewritten to the pod's IP,
+applied); the "image" is this test session's virtual environment and repository
+(``IMAGE_PATHS``, first on ``PATH`` and mounted at their own paths over the pod's volumes); and a ``--host``/``--control-host`` argument of ``0.0.0.0`` is rewritten to the pod's IP,
 because every pod shares the host's network namespace and two pods binding ``0.0.0.0`` on
 the same port would collide (a real pod has a network namespace of its own).
 """
@@ -36,6 +36,10 @@ FALLBACK_LINES = 80
 FALLBACK_BYTES = 2048
 #: Where the mount prologue stages volume sources (a tmpfs private to the pod's mount namespace).
 STAGING = "/mnt"
+#: The "image": this test session's virtual environment and the repository (``rlrun`` is installed
+#: editable). Mounted at their own paths in every pod, after the pod's volumes, so that a volume at
+#: an ancestor of theirs (the emptyDir at ``/tmp`` when the checkout is under ``/tmp``) hides neither.
+IMAGE_PATHS = (Path(sys.prefix), Path(__file__).resolve().parents[3])
 
 
 def pod_argv(container: dict[str, Any], pod_ip: str) -> list[str]:
@@ -121,7 +125,11 @@ class ContainerProcess:
             lines.append(f"mkdir {stage}" if m.source.is_dir() else f"touch {stage}")
             lines.append(f"mount --bind {shlex.quote(str(m.source))} {stage}")
         for i, m in enumerate(ordered):
-            lines.append(f"mount --move {STAGING}/{i} {shlex.quote(m.target)}")
+            target = shlex.quote(m.target)
+            # a target inside an earlier mount (the image under an emptyDir's /tmp) is created there
+            make = f"mkdir -p {target}" if m.source.is_dir() else f"touch {target}"
+            lines.append(f"[ -e {target} ] || {make}")
+            lines.append(f"mount --move {STAGING}/{i} {target}")
             if m.read_only:
                 lines.append(f"mount -o remount,bind,ro {shlex.quote(m.target)}")
         lines += ["cd /", 'exec "$@"']

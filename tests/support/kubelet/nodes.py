@@ -53,7 +53,7 @@ import httpx
 
 from tests.support.kube import ApiError, KubeServer, label_matcher
 
-from .containers import ContainerProcess, Mount, pod_argv, pod_env
+from .containers import IMAGE_PATHS, ContainerProcess, Mount, pod_argv, pod_env
 from .scheduling import choose_node
 
 log = logging.getLogger(__name__)
@@ -332,6 +332,7 @@ class LocalNodes:
         pod_dir.mkdir(parents=True, exist_ok=True)  # a pod without volumes has no directory yet
         message_path.write_text("")
         mounts.append(Mount(message_path, container.get("terminationMessagePath", "/dev/termination-log")))
+        mounts += [Mount(path, str(path)) for path in IMAGE_PATHS]
         for m in mounts:
             self._ensure_mount_point(Path(m.target), m.source.is_dir())
         env = pod_env(container, lambda name: self.kube.get("secrets", name, meta["namespace"]), ip, pod)
