@@ -26,6 +26,7 @@ from rlrun.launcher.processes import free_port
 
 from tests.support.kube import KubeServer
 from tests.support.kubelet import LocalNodes
+from tests.support.kubelet.containers import IMAGE_PATHS
 from tests.support.kubelet.nodes import NODE_SHUTDOWN_MESSAGE, SPOT_TAINT
 from tests.support.polling import wait_for
 
@@ -278,7 +279,8 @@ def test_volumes_appear_at_their_mount_paths_and_a_claim_is_shared(cluster, tmp_
     assert seen == {
         "settings": "lr: 0.1\n",
         "cfg_write": "EROFS",
-        "tmp": [scratch],  # a fresh emptyDir, not the host's /tmp
+        # a fresh emptyDir, not the host's /tmp; the image's mount point when the checkout is under /tmp
+        "tmp": sorted([scratch, *{p.parts[2] for p in IMAGE_PATHS if p.parts[1] == "tmp"}]),
         "token": "s3cret",
         "ip": pod["status"]["podIP"],
     }
