@@ -30,7 +30,10 @@ after a delay). What happens when is appended to ``timeline`` (wall-clock second
 What it does to the host: it creates the mount points the pods need that are missing
 (directories such as ``/var/lib/rlrun`` and ``/etc/rlrun``, the empty file
 ``/dev/termination-log``) and removes them in ``close()``; everything else is under
-``root`` (removed by the caller). Mounts exist only inside each pod's mount namespace.
+``root`` (removed by the caller). Mounts exist only inside each pod's mount namespace. Run one
+``LocalNodes`` per host at a time (pytest runs tests one after another): Linux detaches a
+directory's mounts in every namespace when the directory is removed, so one session's
+``close()`` would pull the volumes out from under another session's pods.
 ``close()`` kills every process it started and raises if one survived.
 """
 
