@@ -104,14 +104,18 @@ def orchestrator_status(cluster: LocalCluster) -> dict[str, Any] | None:
 
 
 def wait_for_generation(cluster: LocalCluster, timeout: float = 60.0) -> dict[str, Any]:
-    """Wait for the orchestrator to be generating a batch (a group open, samples in flight); its status.
+    """Wait for the orchestrator to be early in generating a batch (samples in flight, fewer than half
+    a batch queued); its status.
 
-    In the steady state of these runs the trainer is the bottleneck: the orchestrator ships a batch,
-    then idles at the staleness bound until the next policy version. A notice sent in that idle time
-    finds nothing in flight to keep; sent now, the pause (≈0.2 s later) lands mid-batch.
+    When the trainer is the bottleneck (it can be, on 2 busy cores, even with ``max_inflight: 4``),
+    the orchestrator ships a batch, then idles at the staleness bound until the next policy version,
+    and its leftovers are stale by the next cut. A notice then finds nothing to keep; one sent late
+    in a batch races its shipping (CI once lost that race by 0.09 s). Sent early, ≥ half a batch
+    (≈1 s of generation here) is still to come when the pause lands ≈0.1 s later.
     """
+    half = manifest()["spec"]["batch_size"] // 2
     return wait_for(
-        lambda: (s := orchestrator_status(cluster)) and s["open_groups"] >= 1 and s["inflight_samples"] > 0 and s,
+        lambda: (s := orchestrator_status(cluster)) and s["inflight_samples"] > 0 and s["queued_traces"] < half and s,
         timeout,
         "a batch being generated",
         every=0.05,
