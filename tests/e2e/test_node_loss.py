@@ -105,15 +105,18 @@ def test_one_rollout_node_lost_replaces_only_that_pod(cluster):
     cluster.nodes.preempt_node(alone[0], notice_seconds=5)
 
     replacement = f"{lost_pod}-r1"
-    wait_for(lambda: cluster.nodes.pid(replacement), 60, f"{replacement} running")
-    assert {role: cluster.nodes.pid(f"{NAME}-{role}-a0") for role in keep} == keep  # the same processes
+    # started, not running: the run may end (and its rollout pods go) before a fresh vLLM is up
+    wait_for(lambda: cluster.first(f"pod {replacement} started"), 120, f"{replacement} started")
     status = wait_for_end(cluster)
+    print({k: status.get(k) for k in ("attempt", "preemptions", "failures", "failedNodes", "message")})
     assert status["attempt"] == 0 and status["preemptions"] == 1 and status["failures"] == 0
-    # the trainer and orchestrator processes ran through: same pods, same pids, until they exited 0
+    # the trainer and orchestrator processes ran through: one process each (the pid seen before the
+    # loss), never signalled, until they exited 0
     for role, pid in keep.items():
         assert pid is not None
+        assert sum(w.startswith(f"pod {NAME}-{role}-a0 started ") for _, w in cluster.timeline) == 1
         assert cluster.first(f"pod {NAME}-{role}-a0 exited 0") is not None
-        assert not any(f"pod {NAME}-{role}-a0 SIGTERM" in w for _, w in cluster.timeline)
+        assert not any(f"pod {NAME}-{role}-a0 SIG" in w for _, w in cluster.timeline)
     assert {p["metadata"]["name"] for p in cluster.pods(NAME) if "-a1" in p["metadata"]["name"]} == set()
     print(ledger_check(cluster))
 
