@@ -150,7 +150,8 @@ def test_a_lost_node_is_a_preemption_and_stuck_pods_are_force_deleted(cluster, m
         lambda: (c := cluster.condition("Preempted")) and c["status"] == "True" and c, what="Preempted"
     )
     assert preempted["reason"] == trigger and reason in cluster.status()["recovery"]["reason"]
-    assert fake.pauses == 1  # the orchestrator (on node-b) was alive
+    # the orchestrator (on node-b) was alive: paused (Pausing is recorded before the call, so wait for it)
+    wait_for(lambda: fake.pauses == 1, what="the pause")
     # the trainer's node is lost: nobody finishes its deletion, the operator forces it after the grace period
     wait_for(lambda: cluster.kube.get("pods", "demo-trainer-a0", NAMESPACE) is None, timeout=15, what="force delete")
     finish_old_pods(cluster)
