@@ -12,6 +12,7 @@ For a run named ``R`` in attempt ``N``:
 | Pod ``rlrun trainer`` | ``R-trainer-aN`` | yes |
 | Pods ``rlrun rollout`` (vLLM), ``rollout.replicas`` of them | ``R-rollout-I-aN`` | yes |
 | a lost rollout pod's replacement (the attempt goes on) | ``R-rollout-I-aN-rK`` | yes |
+| a lost trainer's replacement (the attempt goes on, ``--resume``) | ``R-trainer-aN-rK`` | yes |
 
 Every pod mounts the claim at ``/var/lib/rlrun`` (run directory ``run/``, model cache
 ``cache/``) and the ConfigMap at ``/etc/rlrun``; runs as a non-root user with no
@@ -355,6 +356,16 @@ def build_rollout_replacement(
     """The replacement of attempt ``attempt``'s lost rollout pod ``index``, named ``name``
     (``naming.replacement_pod_name``): the same pod, a new name, the same attempt."""
     return _pod(body, run, settings, naming.ROLLOUT, attempt, index, avoid, name=name)
+
+
+def build_trainer_replacement(
+    body: dict[str, Any], run: RLRun, settings: OperatorSettings, attempt: int, name: str, avoid: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The replacement of attempt ``attempt``'s lost trainer, named ``name`` (``naming.replacement_name``):
+    the trainer pod of :func:`build_pods` with a new name and the same attempt, so its command is the same
+    ``rlrun trainer … --attempt <attempt> --run-uid <uid> --resume`` (it restores the newest complete checkpoint
+    and trains the batches the orchestrator of that attempt shipped after it), kept off ``avoid``."""
+    return _pod(body, run, settings, naming.TRAINER, attempt, avoid=avoid, name=name)
 
 
 def build_run_objects(body: dict[str, Any], run: RLRun, settings: OperatorSettings, token: str) -> list[dict[str, Any]]:

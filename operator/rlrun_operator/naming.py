@@ -1,11 +1,14 @@
 """Names and labels of the objects the operator creates for one RLRun.
 
 Pods carry the attempt in their name and the ``rlrun.dev/attempt`` label: a new attempt's
-pods can be created while the previous attempt's are still terminating. Services select
-by run and component only, so they follow the run across attempts.
+pods can be created while the previous attempt's are still terminating. A lost trainer or rollout
+pod replaced within its attempt gets ``-r<K>`` after the attempt (:func:`replacement_name`).
+Services select by run and component only, so they follow the run across attempts.
 """
 
 from __future__ import annotations
+
+import re
 
 from rlrun.api.spec import API_GROUP
 
@@ -82,6 +85,40 @@ def replacement_pod_name(run: str, index: int, attempt: int, recovery: int) -> s
     """``<run>-rollout-<index>-a<attempt>-r<recovery>``: a lost rollout pod's replacement (same attempt),
     ``recovery`` being the run's count of recoveries so far (unique per run, so idempotent by name)."""
     return f"{pod_name(run, ROLLOUT, attempt, index)}-r{recovery}"
+
+
+def component_of(run: str, pod: str) -> str:
+    """The component in the name of run ``run``'s pod ``pod`` (``<run>-<component>-…``).
+
+    Raises:
+        ValueError: ``pod`` is not a pod name of ``run``.
+    """
+    for component in COMPONENTS:
+        if pod.startswith(f"{run}-{component}-"):
+            return component
+    raise ValueError(f"{pod!r} is not a pod name of run {run!r}")
+
+
+def replacement_name(run: str, pod: str, attempt: int, recovery: int) -> str:
+    """The name of the replacement of run ``run``'s lost pod ``pod`` in the same attempt ``attempt``:
+    ``<run>-trainer-a<attempt>-r<recovery>`` or ``<run>-rollout-<index>-a<attempt>-r<recovery>``
+    (``recovery``: the run's count of recoveries so far, so a replacement's replacement gets a new name).
+
+    Raises:
+        ValueError: ``pod`` is not a trainer or rollout pod name of ``run`` (an orchestrator is never
+            replaced alone: its loss restarts the attempt).
+    """
+    component = component_of(run, pod)
+    if component == TRAINER:
+        return f"{pod_name(run, TRAINER, attempt)}-r{recovery}"
+    if component == ROLLOUT:
+        return replacement_pod_name(run, rollout_index_of(run, pod), attempt, recovery)
+    raise ValueError(f"{pod!r} is an orchestrator: it is never replaced alone")
+
+
+def is_rollout_pod_name(pod: str) -> bool:
+    """Whether ``pod`` is named as a rollout pod is (``…-rollout-<index>-a<attempt>``, maybe ``-r<K>``)."""
+    return re.search(r"-rollout-\d+-a\d+(-r\d+)?$", pod) is not None
 
 
 def rollout_index_of(run: str, pod: str) -> int:

@@ -9,7 +9,8 @@ a count made by another handler (they are the same code, one at a time).
 
 What a reconcile does, first match wins:
 
-1. a recovery in progress (``status.recovery``): advance it (``recovery.py`` has the stages);
+1. a recovery in progress (``status.recovery``): advance it (``recovery.py`` has the stages and
+   the scopes: the next attempt, or a lost rollout pod or trainer replaced within the attempt);
 2. ``spec.suspend`` on a run that is not suspended: start a suspension (same pause path);
 3. the orchestrator reported every step trained and exited: ``Succeeded``, rollout pods removed;
 4. a pod of the run disrupted or missing (``disruption.py``): start a recovery, or fail the run;
@@ -38,7 +39,7 @@ from rlrun.api.spec import RLRun
 from rlrun.api.status import ConditionType, EventReason, Phase, Reason, Recovery, RecoveryKind, Stage, Trigger
 
 from rlrun_operator import naming, recovery
-from rlrun_operator.builders import build_pods, build_rollout_replacement, build_run_objects
+from rlrun_operator.builders import build_pods, build_rollout_replacement, build_run_objects, build_trainer_replacement
 from rlrun_operator.control import ControlClient, ControlError
 from rlrun_operator.disruption import Disruption, NodeView, disruption, node_trouble
 from rlrun_operator.kube import Kube
@@ -309,9 +310,11 @@ class Reconciler:
     async def _begin(self, ctx: _Run, found: list[Disruption]) -> bool:
         hit = {d.pod for d in found}
         alive = ctx.live_orchestrator(hit) is not None
+        orchestrator = next((p for p in ctx.current() if p.component == naming.ORCHESTRATOR), None)
         patch, rec = recovery.begin(
             ctx.status, ctx.generation, found, orchestrator_alive=alive,
             backoff_limit=ctx.run.spec.failure_policy.backoff_limit,
+            orchestrator_node=orchestrator.node if orchestrator is not None else None,
         )  # fmt: skip
         for d in found:
             reason = EventReason.PREEMPTED if d.kind == RecoveryKind.PREEMPTION else EventReason.POD_FAILED
@@ -343,11 +346,13 @@ class Reconciler:
             return True
         if rec.stage == Stage.STARTING:
             return await self._start(ctx, rec)
+        if rec.scope == "trainer":
+            return await self._resume_trainer(ctx, rec)
         return await self._resume(ctx, rec)
 
     def _targets(self, ctx: _Run, rec: Recovery) -> list[PodView]:
-        """The pods a recovery stops: all of the run's (scope attempt) or the lost rollout pods."""
-        if rec.scope == "rollout":
+        """The pods a recovery stops: all of the run's (scope attempt) or the lost ones (rollout, trainer)."""
+        if rec.scope != "attempt":
             return [p for p in ctx.pods if p.name in rec.pods]
         return list(ctx.pods)
 
@@ -399,13 +404,22 @@ class Reconciler:
             await self._delete(ctx, stuck, grace_s=0)
             names = ", ".join(p.name for p in stuck)
             self._event(ctx, EventReason.PREEMPTED, f"force-deleted {names}: stuck terminating on a lost node", True)
-        if rec.scope == "rollout":
+        if rec.scope != "attempt":
+            if rec.scope == "trainer":
+                current = {p.name for p in ctx.current()}
+                widened = [
+                    d for d in self._disruptions(ctx)
+                    if d.component == naming.ORCHESTRATOR and d.pod in current and d.pod not in rec.pods
+                ]  # fmt: skip
+                if widened:  # the orchestrator is lost too while the trainer goes: the attempt restarts
+                    return await self._begin(ctx, widened)
+                trainers = {n for n in rec.pods if naming.component_of(ctx.name, n) == naming.TRAINER}
+                if any(p.name in trainers for p in await self._listed_pods(ctx)):
+                    return False  # two trainers never write the run directory at once: wait (pod events wake us)
             count = sum(ctx.status.get(k) or 0 for k in recovery.COUNTS.values())
             attempt = int(ctx.attempt or 0)
-            replacements = [  # a missing pod is known by name only: its index is in the name
-                naming.replacement_pod_name(ctx.name, naming.rollout_index_of(ctx.name, n), attempt, count)
-                for n in rec.pods
-            ]
+            # a missing pod is known by name only: its component and rollout index are in the name
+            replacements = [naming.replacement_name(ctx.name, n, attempt, count) for n in rec.pods]
             await self._write(ctx, recovery.to_stage(rec, Stage.STARTING, replacements=replacements))
             return True
         if await self._listed_pods(ctx):
@@ -429,17 +443,27 @@ class Reconciler:
         await self._ensure_run_objects(ctx)
         avoid = list(ctx.status.get("failedNodes") or [])
         key = (ctx.namespace, ctx.name)
-        if rec.scope == "rollout":
+        if rec.scope != "attempt":  # the same attempt goes on: replacements of the lost pods only
             attempt = int(ctx.attempt or 0)
             pods = [
-                build_rollout_replacement(
+                build_trainer_replacement(ctx.body, ctx.run, self.settings, attempt, name, avoid)
+                if naming.component_of(ctx.name, name) == naming.TRAINER
+                else build_rollout_replacement(
                     ctx.body, ctx.run, self.settings, attempt, naming.rollout_index_of(ctx.name, name), name, avoid
                 )
                 for name in rec.replacements
             ]
             await self._create(pods)
-            await self._write(ctx, recovery.finished(ctx.status, ctx.generation, rec, None, int(ctx.attempt or 0)))
-            self._event(ctx, EventReason.RECREATED, f"replaced {', '.join(rec.pods)} by {', '.join(rec.replacements)}")
+            replaced = f"replaced {', '.join(rec.pods)} by {', '.join(rec.replacements)}"
+            if rec.scope == "trainer":  # done once the replacement trainer runs
+                await self._write(ctx, recovery.replaced(ctx.status, ctx.generation, rec, attempt))
+                avoiding = f", kept off {', '.join(avoid)}" if avoid else ""
+                self._event(
+                    ctx, EventReason.RECREATED, f"{replaced} with --resume; attempt {attempt} goes on{avoiding}"
+                )
+                return True
+            await self._write(ctx, recovery.finished(ctx.status, ctx.generation, rec, None, attempt))
+            self._event(ctx, EventReason.RECREATED, replaced)
             self._recovered(key, rec)
             return True
         attempt = int(rec.nextAttempt if rec.nextAttempt is not None else 0)
@@ -464,7 +488,8 @@ class Reconciler:
             return await self._begin(ctx, found)
         report, _ = await self._poll(ctx)
         if report is None or report.attempt != ctx.attempt or report.phase not in ("running", "done"):
-            await self._observe(ctx, report_in=report, resuming=True)
+            waiting = f"attempt {int(ctx.attempt or 0)}: waiting for the orchestrator to confirm what it restored"
+            await self._observe(ctx, report_in=report, resuming=waiting)
             self._look_again(ctx.namespace, ctx.name)
             return False
         await self._write(ctx, recovery.finished(ctx.status, ctx.generation, rec, report.resume, int(ctx.attempt or 0)))
@@ -474,6 +499,34 @@ class Reconciler:
             self._event(ctx, EventReason.RESUMED, f"attempt {ctx.attempt} started over: no complete checkpoint")
         self._recovered((ctx.namespace, ctx.name), rec)
         await self._observe(ctx, report_in=report)
+        return False
+
+    async def _resume_trainer(self, ctx: _Run, rec: Recovery) -> bool:
+        """Wait for a trainer replacement (same attempt) to run; a new disruption starts a new recovery.
+
+        The orchestrator kept running and has nothing to report about it: the replacement pod running (the
+        kubelet started ``rlrun trainer … --resume``) ends the recovery.
+        """
+        key = (ctx.namespace, ctx.name)
+        if self._complete(ctx):
+            await self._succeed(ctx)
+            self._recovered(key, rec)
+            return False
+        found = self._disruptions(ctx) or await self._missing(ctx)
+        current = {p.name for p in ctx.current()}
+        found = [d for d in found if d.pod in current or d.trigger == Trigger.POD_MISSING]
+        if found:
+            return await self._begin(ctx, found)
+        attempt = int(ctx.attempt or 0)
+        trainers = [n for n in rec.replacements if naming.component_of(ctx.name, n) == naming.TRAINER]
+        running = [p for p in ctx.pods if p.name in trainers and p.phase in ("Running", "Succeeded")]
+        if not running:
+            await self._observe(ctx, resuming=f"attempt {attempt}: waiting for {', '.join(trainers)} to start")
+            return False
+        await self._write(ctx, recovery.finished(ctx.status, ctx.generation, rec, None, attempt))
+        self._event(ctx, EventReason.RESUMED, recovery.trainer_replaced_message(rec, attempt))
+        self._recovered(key, rec)
+        await self._observe(ctx)
         return False
 
     def _look_again(self, namespace: str, name: str) -> None:
@@ -542,8 +595,13 @@ class Reconciler:
             secret = naming.secret_name(ctx.name)
             return None, f"the control Secret {secret} was deleted and is recreated; the orchestrator is asked again"
 
-    async def _observe(self, ctx: _Run, report_in: StatusReport | None = None, resuming: bool = False) -> None:
-        """Poll ``/status`` (unless given), keep endpoints in sync, fold both into phase and conditions."""
+    async def _observe(self, ctx: _Run, report_in: StatusReport | None = None, resuming: str | None = None) -> None:
+        """Poll ``/status`` (unless given), keep endpoints in sync, fold both into phase and conditions.
+
+        Args:
+            resuming: a recovery waits in ``Resuming``: the message of ``Ready`` False (``Resuming``), and the
+                phase stays ``Recovering`` (``Pending`` after a suspension).
+        """
         report, error = (report_in, None) if report_in is not None else await self._poll(ctx)
         attempt = int(ctx.attempt or 0)
         if report is not None and report.attempt != attempt:
@@ -556,7 +614,7 @@ class Reconciler:
         if resuming:
             rec = recovery.recovery_of(ctx.status)
             new["phase"] = Phase.RECOVERING if rec and rec.kind != RecoveryKind.SUSPENSION else Phase.PENDING
-            new["message"] = f"attempt {attempt}: waiting for the orchestrator to confirm what it restored"
+            new["message"] = resuming
             new["conditions"] = set_condition(
                 new["conditions"], ConditionType.READY, False, Reason.RESUMING, new["message"], ctx.generation
             )

@@ -8,10 +8,16 @@ the recovery exactly once::
     trigger seen ──► Pausing ──► Stopping ──┬──► Starting ──► Resuming ──► (done: Resumed)
        (counted)    POST /pause  delete pods │   create the    wait for the new
                     (live orch-  and wait    │   next attempt  orchestrator's
-                    estrator     until gone  │   (or a rollout resume report
-                    only)        (force on a │   replacement:
-                                 lost node)  │   done at once)
+                    estrator     until gone  │   (or a rollout resume report (trainer
+                    only)        (force on a │   replacement:  scope: the replacement
+                                 lost node)  │   done at once) trainer running)
                                              └──► Suspended ──(spec.suspend false)──► Starting
+
+Scopes (:func:`scope_of`): ``attempt`` restarts every pod as the next attempt; ``rollout`` replaces
+only lost rollout pods (no pause, no wait: a rollout server keeps no state); ``trainer`` replaces
+the lost trainer (and any rollout pods lost with it) in the same attempt, with no pause: the old
+trainer must be gone before its replacement starts (two trainers must never write the run
+directory at once), and the recovery ends when the replacement runs.
 
 Counts: ``preemptions``, ``suspensions`` and ``failures`` are added when the recovery starts
 (in the same patch that records it), never again for the same recovery. Only failures use
@@ -27,6 +33,7 @@ from typing import Any
 from rlrun.api.control import ResumeReport
 from rlrun.api.status import ConditionType, Phase, Reason, Recovery, RecoveryKind, Stage, Trigger
 
+from rlrun_operator import naming
 from rlrun_operator.disruption import Disruption
 from rlrun_operator.status import now_rfc3339, resume_totals, set_condition
 
@@ -72,6 +79,33 @@ def _conditions(status: dict[str, Any], generation: int | None, now: str, *updat
     return conditions
 
 
+def scope_of(found: Sequence[Disruption], orchestrator_node: str | None = None) -> str:
+    """Which pods a recovery from the disruptions ``found`` (non-empty) restarts.
+
+    | pods hit | scope | what restarts |
+    |---|---|---|
+    | rollout pods only | ``rollout`` | those rollout pods, in the same attempt |
+    | the trainer (and maybe rollout pods), not the orchestrator | ``trainer`` | those pods, in the same attempt |
+    | the orchestrator, or the trainer or a rollout pod on a lost node that the orchestrator runs on | ``attempt`` | every pod, as the next attempt |
+
+    The last rule is "a pod on a node that is going away is lost": a node's notice may reach the
+    trainer's pod (``DisruptionTarget``) before the orchestrator's, and that is one loss, not two.
+    Preemption or failure does not change the scope: a crashed trainer is replaced alone too (its
+    replacement resumes from the same checkpoint and batch files a full restart would give it).
+
+    Args:
+        found: the disruptions seen at once.
+        orchestrator_node: the node of the attempt's orchestrator pod (None: not scheduled, or none).
+    """
+    components = {d.component for d in found}
+    lost = {d.node for d in found if d.node_lost and d.node}
+    if naming.ORCHESTRATOR in components or (orchestrator_node is not None and orchestrator_node in lost):
+        return "attempt"
+    if components == {naming.ROLLOUT}:
+        return "rollout"
+    return "trainer"
+
+
 def begin(
     status: dict[str, Any],
     generation: int | None,
@@ -79,14 +113,17 @@ def begin(
     *,
     orchestrator_alive: bool,
     backoff_limit: int,
+    orchestrator_node: str | None = None,
     now: str | None = None,
 ) -> tuple[dict[str, Any], Recovery | None]:
     """The patch starting a recovery for the disruptions ``found`` (non-empty), counted once.
 
-    Scope ``rollout`` when only rollout pods were hit (the attempt goes on), else ``attempt``.
+    Scope from :func:`scope_of` (``orchestrator_node``: the node of the attempt's orchestrator).
     Kind ``preemption`` when any disruption is one, else ``failure``. The first stage is
     ``Pausing`` when the attempt restarts and its orchestrator is alive (not hit itself,
-    not terminating, not ended), else ``Stopping``.
+    not terminating, not ended), else ``Stopping`` (a rollout or trainer replacement never
+    pauses the orchestrator: it keeps running through it). Scopes ``attempt`` and ``trainer``
+    make the run ``Recovering`` with ``Ready`` False (``Resuming``): without a trainer it trains nothing.
 
     Returns:
         ``(patch, recovery)``; ``recovery`` is None when the run fails instead (a permanent
@@ -106,7 +143,7 @@ def begin(
     if kind == RecoveryKind.FAILURE and count > backoff_limit:
         message = f"{lead.message}: failure {count}, more than spec.failure_policy.backoff_limit ({backoff_limit})"
         return {**patch, **failed_patch(status, generation, Reason.BACKOFF_LIMIT_EXCEEDED, message, now)}, None
-    scope = "rollout" if all(d.component == "rollout" for d in found) else "attempt"
+    scope = scope_of(found, orchestrator_node)
     lost = [d.node for d in found if d.node_lost and d.node]
     if lost:
         patch["failedNodes"] = remember(status.get("failedNodes") or [], lost, MAX_FAILED_NODES)
@@ -124,11 +161,12 @@ def begin(
         attempt=status.get("attempt"),
     )
     patch["recovery"] = _dump(recovery)
-    if scope == "attempt":
+    if scope != "rollout":
         patch["phase"] = Phase.RECOVERING
-        patch["message"] = f"recovering attempt {recovery.attempt}: {recovery.message}"
+        what = "replacing the trainer of attempt" if scope == "trainer" else "recovering attempt"
+        patch["message"] = f"{what} {recovery.attempt}: {recovery.message}"
     updates = (
-        [(ConditionType.READY, False, Reason.RESUMING, f"recovering: {recovery.message}")] if scope == "attempt" else []
+        [(ConditionType.READY, False, Reason.RESUMING, f"recovering: {recovery.message}")] if scope != "rollout" else []
     )
     if kind == RecoveryKind.PREEMPTION:
         updates.append((ConditionType.PREEMPTED, True, lead.trigger, recovery.message))
@@ -256,6 +294,33 @@ def started(
     return patch
 
 
+def replaced(
+    status: dict[str, Any], generation: int | None, recovery: Recovery, attempt: int, now: str | None = None
+) -> dict[str, Any]:
+    """The patch after a trainer-scope recovery created its replacement pods (``recovery.replacements``):
+    ``Resuming`` until the replacement trainer runs, the run ``Recovering`` with ``Ready`` False (``Resuming``)."""
+    now = now or now_rfc3339()
+    message = f"attempt {attempt}: {', '.join(recovery.replacements)} created, waiting for the trainer to start"
+    return {
+        **to_stage(recovery, Stage.RESUMING, now),
+        "phase": Phase.RECOVERING,
+        "message": message,
+        "conditions": _conditions(status, generation, now, (ConditionType.READY, False, Reason.RESUMING, message)),
+    }
+
+
+def trainer_replaced_message(recovery: Recovery, attempt: int) -> str:
+    """``attempt N goes on: only the trainer was replaced (OLD by NEW, …)``: the ``Resumed`` message and Event
+    of a trainer-scope recovery (``recovery.pods`` / ``replacements``, in the same order)."""
+    pairs = ", ".join(f"{old} by {new}" for old, new in zip(recovery.pods, recovery.replacements, strict=False))
+    rollouts = sum(1 for p in recovery.pods if naming.is_rollout_pod_name(p))
+    also = f" and {rollouts} rollout server(s) were" if rollouts else " was"
+    return (
+        f"attempt {attempt} goes on: only the trainer{also} replaced ({pairs}); the trainer resumes with --resume "
+        "from the newest complete checkpoint, the orchestrator and the other rollout servers kept running"
+    )
+
+
 def resume_message(report: ResumeReport) -> str:
     """``resumed at step S with Q queued traces and G open groups (E finished episodes kept)``."""
     return (
@@ -273,17 +338,22 @@ def finished(
     now: str | None = None,
 ) -> dict[str, Any]:
     """The patch ending ``recovery``: the resumed orchestrator of ``attempt`` answered (``report``: what it
-    restored, None: it found no complete checkpoint and started over), or a rollout replacement was created.
+    restored, None: it found no complete checkpoint and started over), a rollout replacement was created,
+    or a trainer replacement runs.
 
-    Sets ``Resumed`` (True with :func:`resume_message`, or False ``StartedOver``), clears ``Preempted``,
-    adds the report to the resume totals and ``lastResume`` once, and removes ``status.recovery``.
+    Sets ``Resumed`` (True with :func:`resume_message`, or False ``StartedOver``; for a trainer replacement
+    True with :func:`trainer_replaced_message`), clears ``Preempted``, adds the report to the resume totals and
+    ``lastResume`` once (scope ``attempt``: the only one whose orchestrator restores), and removes
+    ``status.recovery``.
     """
     now = now or now_rfc3339()
     patch: dict[str, Any] = {"recovery": None}
     updates = []
     if any(c.get("type") == ConditionType.PREEMPTED for c in status.get("conditions") or []):
         updates.append((ConditionType.PREEMPTED, False, Reason.RECOVERED, f"recovered from: {recovery.message}"))
-    if recovery.scope == "attempt":
+    if recovery.scope == "trainer":
+        updates.append((ConditionType.RESUMED, True, Reason.RESUMED, trainer_replaced_message(recovery, attempt)))
+    elif recovery.scope == "attempt":
         if report is not None:
             updates.append((ConditionType.RESUMED, True, Reason.RESUMED, f"attempt {attempt} {resume_message(report)}"))
             patch.update(resume_totals(status, report, attempt))

@@ -10,7 +10,7 @@ import yaml
 from rlrun.cli import app
 from rlrun.manifest import parse_manifest
 from rlrun_operator import naming
-from rlrun_operator.builders import build_pods, build_run_objects, command
+from rlrun_operator.builders import build_pods, build_run_objects, build_trainer_replacement, command
 from rlrun_operator.settings import OperatorSettings
 from typer.main import get_command
 
@@ -172,6 +172,38 @@ def test_pod_commands_are_real_rlrun_subcommands(component, tmp_path):
     if component != naming.ROLLOUT:
         assert sub_ctx.params["attempt"] == 4 and sub_ctx.params["resume"] is True
         assert sub_ctx.params["run_uid"] == body["metadata"]["uid"]  # attempts numbered per run directory
+
+
+def test_a_trainer_replacement_is_the_trainer_of_the_same_attempt_renamed_and_kept_off_lost_nodes():
+    body, run = make()
+    name = naming.replacement_name("demo", "demo-trainer-a2", 2, 5)
+    assert name == "demo-trainer-a2-r5"
+    replacement = build_trainer_replacement(body, run, SETTINGS, 2, name, ["node-a"])
+    original = next(p for p in build_pods(body, run, SETTINGS, 2) if p["metadata"]["name"] == "demo-trainer-a2")
+    assert replacement["metadata"]["name"] == "demo-trainer-a2-r5"
+    assert replacement["metadata"]["labels"] == original["metadata"]["labels"]  # trainer, attempt 2
+    assert replacement["metadata"]["ownerReferences"] == original["metadata"]["ownerReferences"]
+    container = replacement["spec"]["containers"][0]
+    assert container == original["spec"]["containers"][0]  # the same command: --attempt 2 --resume, same run uid
+    assert (
+        container["command"][container["command"].index("--attempt") + 1] == "2" and "--resume" in container["command"]
+    )
+    terms = replacement["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-a"]}]}
+    ]
+    kubernetes_validate.validate(replacement, K8S_VERSION, strict=True)
+
+
+def test_replacement_names_keep_the_attempt_and_never_replace_an_orchestrator_alone():
+    assert naming.replacement_name("demo", "demo-trainer-a0-r1", 0, 2) == "demo-trainer-a0-r2"
+    assert naming.replacement_name("demo", "demo-rollout-3-a1", 1, 4) == "demo-rollout-3-a1-r4"
+    assert naming.component_of("demo-trainer", "demo-trainer-rollout-0-a0") == "rollout"
+    assert naming.is_rollout_pod_name("demo-rollout-3-a1-r4") and not naming.is_rollout_pod_name("x-rollout-trainer-a0")
+    with pytest.raises(ValueError, match="never replaced alone"):
+        naming.replacement_name("demo", "demo-orchestrator-a0", 0, 1)
+    with pytest.raises(ValueError, match="not a pod name of run"):
+        naming.component_of("demo", "other-trainer-a0")
 
 
 def test_limits_alone_are_their_own_requests():

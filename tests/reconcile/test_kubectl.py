@@ -43,13 +43,13 @@ def test_kubectl_apply_get_watch_suspend_and_delete(cluster):
     conditions = json.loads(k("get", "rlr", "reverse-text", "-o", "json"))["status"]["conditions"]
     assert {c["type"]: c["status"] for c in conditions}["Ready"] == "True"
 
-    # a preemption, as a user sees it (docs/operator.md shows this output)
+    # a preemption that restarts the attempt (the orchestrator's pod), as a user sees it (docs/operator.md shows
+    # this output); Recovering lasts until the new orchestrator confirms what it restored
     fake = cluster.orchestrators.run(NAMESPACE, "reverse-text")
-    fake.pause_delay = 1.0  # long enough to see the recovery in kubectl get
     disrupted = {
         "status": {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]}
     }
-    k("patch", "pod", "reverse-text-trainer-a0", "--subresource=status", "--type=merge", "-p", json.dumps(disrupted))
+    k("patch", "pod", orchestrator, "--subresource=status", "--type=merge", "-p", json.dumps(disrupted))
     during = wait_for(lambda: (t := k("get", "rlrun", "-o", "wide")) and "Recovering" in t and t, what="Recovering")
     assert during.split("\n")[0].split() == [
         "NAME", "PHASE", "STEP", "RESUMED", "PREEMPTIONS", "AGE", "SAMPLES", "FAILURES", "CHECKPOINT", "ATTEMPT",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from rlrun.api.control import ResumeReport
 from rlrun.api.status import RLRunStatus
 from rlrun_operator import recovery
@@ -25,7 +26,10 @@ def merged(status, patch):
 
 def test_a_preemption_is_counted_once_and_recorded_with_its_first_stage():
     status = {"attempt": 2, "preemptions": 1, "failures": 1}
-    patch, rec = recovery.begin(status, 3, [hit()], orchestrator_alive=True, backoff_limit=0, now=NOW)
+    # the trainer's node is lost and the orchestrator runs there too: the attempt restarts, paused first
+    patch, rec = recovery.begin(
+        status, 3, [hit()], orchestrator_alive=True, backoff_limit=0, orchestrator_node="node-a", now=NOW
+    )
     status = merged(status, patch)
     assert (status["preemptions"], status["failures"], status["phase"]) == (2, 1, "Recovering")
     assert (rec.stage, rec.scope, rec.attempt, rec.node, rec.trigger) == (
@@ -80,7 +84,7 @@ def test_a_permanent_failure_fails_at_once_with_its_own_reason():
 
 def test_finishing_reports_what_was_restored_once():
     status = {"attempt": 1, "preemptions": 1, "resumedGroups": 2}
-    patch, rec = recovery.begin(status, 1, [hit()], orchestrator_alive=True, backoff_limit=3, now=NOW)
+    patch, rec = recovery.begin(status, 1, [hit("orchestrator")], orchestrator_alive=False, backoff_limit=3, now=NOW)
     status = merged(status, patch)
     report = ResumeReport.model_validate(
         resume_report(queued_traces=12, open_groups=3, requested_groups=1, finished_episodes_kept=7)
@@ -95,6 +99,92 @@ def test_finishing_reports_what_was_restored_once():
         == "attempt 2 resumed at step 10 with 12 queued traces and 4 open groups (7 finished episodes kept)"
     )
     assert next(c for c in done["conditions"] if c["type"] == "Preempted")["status"] == "False"
+
+
+def hit_on(component, node, lost=True, kind="preemption"):
+    return Disruption("DisruptionTarget", kind, "TerminationByKubelet", f"demo-{component}-a0", component, node, lost)
+
+
+@pytest.mark.parametrize(
+    ("found", "orchestrator_node", "scope"),
+    [
+        ([hit_on("rollout", "node-b")], "node-a", "rollout"),
+        ([hit_on("trainer", "node-a")], "node-b", "trainer"),  # the trainer's node lost with notice, alone
+        ([hit_on("trainer", "node-a")], None, "trainer"),  # the orchestrator not scheduled yet
+        ([hit_on("trainer", "node-a", lost=False)], "node-a", "trainer"),  # the pod preempted, not its node
+        ([hit_on("trainer", "node-a", lost=False, kind="failure")], "node-a", "trainer"),  # a crash
+        ([hit_on("trainer", "node-a"), hit_on("rollout", "node-a")], "node-b", "trainer"),
+        ([hit_on("orchestrator", "node-b")], "node-b", "attempt"),
+        ([hit_on("trainer", "node-a"), hit_on("orchestrator", "node-b")], "node-b", "attempt"),
+        ([hit_on("trainer", "node-a")], "node-a", "attempt"),  # the notice reached the trainer first: one loss
+        ([hit_on("rollout", "node-a")], "node-a", "attempt"),
+    ],
+)
+def test_the_scope_is_what_was_lost_and_an_orchestrator_lost_restarts_the_attempt(found, orchestrator_node, scope):
+    assert recovery.scope_of(found, orchestrator_node) == scope
+
+
+def test_a_lost_trainer_is_replaced_in_the_same_attempt_without_a_pause_and_counted_once():
+    status = {"attempt": 3, "preemptions": 1, "failures": 0, "resumedGroups": 4}
+    patch, rec = recovery.begin(
+        status, 2, [hit()], orchestrator_alive=True, backoff_limit=0, orchestrator_node="node-b", now=NOW
+    )
+    status = merged(status, patch)
+    assert (rec.scope, rec.stage, rec.attempt, rec.pods, rec.pause) == (
+        "trainer",
+        "Stopping",
+        3,
+        ["demo-trainer-a0"],
+        None,
+    )
+    assert (status["preemptions"], status["failures"], status["phase"]) == (2, 0, "Recovering")
+    assert status["failedNodes"] == ["node-a"] and status["attempt"] == 3
+    assert status["message"] == "replacing the trainer of attempt 3: " + rec.message
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["Preempted"]["status"], conditions["Preempted"]["reason"]) == ("True", "NodeTainted")
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False", "Resuming")
+    # Stopping → Starting: the replacement's name decided before it is created (r2: the run's second recovery)
+    status = merged(status, recovery.to_stage(rec, "Starting", NOW, replacements=["demo-trainer-a3-r2"]))
+    rec = recovery.recovery_of(status)
+    status = merged(status, recovery.replaced(status, 2, rec, 3, now=NOW))
+    assert (status["recovery"]["stage"], status["phase"], status["attempt"]) == ("Resuming", "Recovering", 3)
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "Resuming") and "demo-trainer-a3-r2" in ready["message"]
+    done = merged(status, recovery.finished(status, 2, recovery.recovery_of(status), None, 3, now=NOW))
+    resumed = next(c for c in done["conditions"] if c["type"] == "Resumed")
+    assert (resumed["status"], resumed["reason"]) == ("True", "Resumed")
+    assert resumed["message"] == (
+        "attempt 3 goes on: only the trainer was replaced (demo-trainer-a0 by demo-trainer-a3-r2); the trainer "
+        "resumes with --resume from the newest complete checkpoint, the orchestrator and the other rollout servers "
+        "kept running"
+    )
+    assert next(c for c in done["conditions"] if c["type"] == "Preempted")["status"] == "False"
+    # nothing restored by an orchestrator: the resume totals stay, counted once, no new attempt
+    assert done["recovery"] is None and done["resumedGroups"] == 4 and "lastResume" not in done
+    assert (done["preemptions"], done["attempt"]) == (2, 3)
+
+
+def test_a_trainer_and_rollout_pod_lost_together_are_both_replaced_and_said_so():
+    found = [hit_on("trainer", "node-a"), hit_on("rollout", "node-a")]
+    _, rec = recovery.begin({"attempt": 1}, 1, found, orchestrator_alive=True, backoff_limit=0, orchestrator_node="n")
+    assert (rec.scope, rec.pods) == ("trainer", ["demo-rollout-a0", "demo-trainer-a0"])
+    rec = rec.model_copy(update={"pods": ["demo-rollout-0-a1", "demo-trainer-a1"]})
+    rec = rec.model_copy(update={"replacements": ["demo-rollout-0-a1-r3", "demo-trainer-a1-r3"]})
+    assert recovery.trainer_replaced_message(rec, 1).startswith(
+        "attempt 1 goes on: only the trainer and 1 rollout server(s) were replaced "
+        "(demo-rollout-0-a1 by demo-rollout-0-a1-r3, demo-trainer-a1 by demo-trainer-a1-r3);"
+    )
+
+
+def test_a_crashed_trainer_is_replaced_alone_and_uses_the_failure_budget():
+    crash = hit(kind="failure", lost=False, trigger="PodFailed")
+    patch, rec = recovery.begin({"attempt": 0, "failures": 1}, 1, [crash], orchestrator_alive=True, backoff_limit=2)
+    assert (rec.scope, rec.kind, rec.stage, patch["failures"]) == ("trainer", "failure", "Stopping", 2)
+    assert "failedNodes" not in patch  # its node is fine: the replacement may run there again
+    degraded = next(c for c in patch["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "PodFailed")
+    patch, rec = recovery.begin({"attempt": 0, "failures": 2}, 1, [crash], orchestrator_alive=True, backoff_limit=2)
+    assert rec is None and patch["phase"] == "Failed" and patch["failures"] == 3
 
 
 def test_deleted_pods_and_failed_nodes_are_bounded():

@@ -11,6 +11,7 @@ from rlrun_operator.recovery import (
     created_suspended,
     finished,
     recovery_of,
+    replaced,
     started,
     suspended_patch,
 )
@@ -189,6 +190,12 @@ def test_every_condition_written_uses_a_declared_type_and_reason():
     crashed = Disruption("PodFailed", "failure", "Error", "r-trainer-a0", "trainer", "n1")
     _, rec = begin({"attempt": 0}, 1, [preempted], orchestrator_alive=True, backoff_limit=1)
     resuming = {"attempt": 1, "conditions": [], "recovery": rec.model_dump(mode="json")}
+    lost_trainer = Disruption("NodeTainted", "preemption", "node.kubernetes.io/unreachable", "r-trainer-a0", "trainer",
+                              "n1", node_lost=True)  # fmt: skip
+    _, trainer_rec = begin({"attempt": 0}, 1, [lost_trainer], orchestrator_alive=True, backoff_limit=1)
+    assert trainer_rec.scope == "trainer"
+    trainer_rec = trainer_rec.model_copy(update={"replacements": ["r-trainer-a0-r1"]})
+    replacing = {"attempt": 0, "conditions": [], "recovery": trainer_rec.model_dump(mode="json")}
     # a reason is a Reason, or (Preempted's) the Trigger that started the recovery
     reasons = {v for cls in (Reason, Trigger) for k, v in vars(cls).items() if k.isupper()}
     patches = [
@@ -205,6 +212,10 @@ def test_every_condition_written_uses_a_declared_type_and_reason():
         created_suspended({}, 1),
         finished(resuming, 1, recovery_of(resuming), RESUME, 1),
         finished(resuming, 1, recovery_of(resuming), None, 1),
+        # a trainer replaced in its attempt (the trainer's node lost, the orchestrator elsewhere)
+        begin({"attempt": 0}, 1, [lost_trainer], orchestrator_alive=True, backoff_limit=1, orchestrator_node="n2")[0],
+        replaced(replacing, 1, recovery_of(replacing), 0),
+        finished(replacing, 1, recovery_of(replacing), None, 0),
     ]
     for patch in patches:
         assert patch.get("phase", Phase.RUNNING) in PHASES

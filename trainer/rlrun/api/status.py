@@ -184,8 +184,10 @@ class Recovery(BaseModel):
         kind: preemption, suspension or failure (:class:`RecoveryKind`).
         reason: the trigger's own reason (``PreemptionByScheduler``, a taint key, ``OOMKilled``, …).
         message: one line for people (names pod and node).
-        scope: ``attempt`` (every pod restarts as the next attempt) or ``rollout`` (only the lost rollout
-            pods are replaced; the trainer and orchestrator keep running).
+        scope: ``attempt`` (every pod restarts as the next attempt), ``rollout`` (only the lost rollout
+            pods are replaced; the trainer and orchestrator keep running) or ``trainer`` (the lost trainer is
+            replaced in the same attempt with ``--resume``, with any rollout pods lost with it; the
+            orchestrator and the other rollout pods keep running).
         pods: the pods the trigger hit.
         node: the node the trigger hit, if any.
         stage: the current :class:`Stage`.
@@ -193,7 +195,7 @@ class Recovery(BaseModel):
         stageSince: when the current stage started (RFC 3339; force deletion counts from here).
         attempt: the attempt being recovered.
         nextAttempt: the attempt its pods are recreated as (scope ``attempt``).
-        replacements: names of the replacement rollout pods (scope ``rollout``), decided before creation.
+        replacements: names of the replacement pods (scopes ``rollout`` and ``trainer``), decided before creation.
         pause: what the pause answered (or why it failed / was skipped).
     """
 
@@ -203,7 +205,7 @@ class Recovery(BaseModel):
     kind: Literal["preemption", "suspension", "failure"]
     reason: str = ""
     message: str = ""
-    scope: Literal["attempt", "rollout"] = "attempt"
+    scope: Literal["attempt", "rollout", "trainer"] = "attempt"
     pods: list[str] = Field(default_factory=list)
     node: str | None = None
     stage: Literal["Pausing", "Stopping", "Suspended", "Starting", "Resuming"]
