@@ -10,9 +10,12 @@ For a run named ``R`` in attempt ``N``:
 | Service (orchestrator control port) | ``R-orchestrator`` | yes |
 | Pod ``rlrun orchestrator`` | ``R-orchestrator-aN`` | yes |
 | Pod ``rlrun trainer`` | ``R-trainer-aN`` | yes |
+| Pods ``torchrun … rlrun trainer``, one per node of a multi-node trainer (``trainer.nodes`` > 1) | ``R-trainer-I-aN`` | yes |
+| headless Service giving those pods stable DNS names (only with ``trainer.nodes`` > 1) | ``R-trainer`` | yes |
 | Pods ``rlrun rollout`` (vLLM), ``rollout.replicas`` of them | ``R-rollout-I-aN`` | yes |
 | a lost rollout pod's replacement (the attempt goes on) | ``R-rollout-I-aN-rK`` | yes |
 | a lost trainer's replacement (the attempt goes on, ``--resume``) | ``R-trainer-aN-rK`` | yes |
+| a multi-node trainer's replacement: every node's pod, together | ``R-trainer-I-aN-rK`` | yes |
 
 Every pod mounts the claim at ``/var/lib/rlrun`` (run directory ``run/``, model cache
 ``cache/``) and the ConfigMap at ``/etc/rlrun``; runs as a non-root user with no
@@ -27,6 +30,15 @@ report (:class:`~rlrun.api.control.ExitReport`) to ``/dev/termination-log``, whi
 kubelet hands back as the terminated state's ``message`` (how the operator tells a complete
 run from one that paused on a SIGTERM). After a recovery the pods avoid the nodes that were
 lost: ``NotIn`` the failed nodes is merged into every ``nodeSelectorTerm`` (:func:`avoid_nodes`).
+
+A trainer of ``nodes × processes_per_node`` > 1 ranks runs ``rlrun trainer`` under ``torchrun``
+(:func:`trainer_command`). Several nodes use torchrun's *static* rendezvous: node ``I``'s pod has
+``--node-rank I``, ``hostname: trainer-I`` and ``subdomain: R-trainer`` (the headless Service, which
+publishes not-ready pods, so a pod's DNS name exists as soon as it has an IP), and every node's
+``--master-addr`` is node 0's name ``trainer-0.R-trainer.<namespace>.svc``. Node 0 hosts the store
+because of its rank, not because a DNS lookup matched its own address (c10d's heuristic), and the
+operator always restarts the whole group, so a fixed membership with fixed node ranks is all the
+rendezvous needs; ``--max-restarts 0`` leaves every restart to the operator.
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ from typing import Any
 
 import yaml
 from rlrun.api.control import TERMINATION_LOG_ENV
-from rlrun.api.spec import API_GROUP, API_VERSION, KIND, RLRun, RoleSpec
+from rlrun.api.spec import API_GROUP, API_VERSION, KIND, RLRun, RoleSpec, TrainerSpec
 
 from rlrun_operator import naming
 from rlrun_operator.settings import OperatorSettings
@@ -50,6 +62,11 @@ GPU_RESOURCE = "nvidia.com/gpu"
 TERMINATION_LOG = "/dev/termination-log"
 #: The node label ``NotIn`` matches against to keep pods off lost nodes.
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+#: Seconds a multi-node trainer's node waits for the others at its start (torchrun's static rendezvous
+#: ``timeout``): trainer pods may be scheduled minutes apart (new GPU nodes, image pulls).
+RENDEZVOUS_TIMEOUT_SECONDS = 1800
+#: torchrun's wait between forwarding SIGTERM to its ranks and killing them (seconds; its default is 30).
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 #: Default requests of roles that give none: enough to schedule the tiny example.
 DEFAULT_REQUESTS = {
     naming.ORCHESTRATOR: {"cpu": "1", "memory": "2Gi"},
@@ -158,6 +175,66 @@ def build_orchestrator_service(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def build_trainer_service(body: dict[str, Any]) -> dict[str, Any]:
+    """The headless Service of a multi-node trainer: the ``subdomain`` of its pods, so node ``I``'s pod is
+    ``trainer-I.<run>-trainer.<namespace>.svc`` (:func:`rlrun_operator.naming.trainer_node_address`).
+
+    It selects every trainer pod of the run (any attempt: never two of a node's pods exist at once) and
+    publishes them before they are ready (the trainer has no probe; its peers need the name at start).
+    """
+    run = body["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(body, naming.trainer_service_name(run), naming.TRAINER),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {
+                naming.INSTANCE: run,
+                naming.COMPONENT: naming.TRAINER,
+                naming.MANAGED_BY: naming.OPERATOR_NAME,
+            },
+            "ports": [
+                {"name": "rendezvous", "port": naming.RENDEZVOUS_PORT, "targetPort": "rendezvous", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def trainer_command(
+    trainer: TrainerSpec, run: str, namespace: str, attempt: int, run_uid: str = "", node: int = 0,
+    nodes: int | None = None,
+) -> list[str]:  # fmt: skip
+    """The command of trainer node ``node``'s container.
+
+    ``1 × 1``: :func:`command`'s ``rlrun trainer …`` as it is. One node of several processes:
+    ``torchrun --standalone --nnodes 1 --nproc-per-node P --max-restarts 0 --no-python rlrun trainer …``.
+    Several nodes: ``torchrun --nnodes N --nproc-per-node P --node-rank <node> --master-addr
+    trainer-0.<run>-trainer.<namespace>.svc --master-port 29500 --rdzv-conf timeout=1800 --max-restarts 0
+    --no-python rlrun trainer …`` (static rendezvous; see the module docstring). torchrun hands each rank
+    ``RANK``, ``WORLD_SIZE`` (``N × P``), ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``.
+
+    Args:
+        trainer: the spec's trainer (``nodes``, ``processes_per_node``).
+        nodes: the group's size when it is not ``trainer.nodes`` (a replacement keeps its attempt's group).
+    """
+    nodes = trainer.nodes if nodes is None else nodes
+    rlrun = command(naming.TRAINER, attempt, run_uid)
+    if nodes == 1 and trainer.processes_per_node == 1:
+        return rlrun
+    ranks = ["--nnodes", str(nodes), "--nproc-per-node", str(trainer.processes_per_node)]
+    if nodes == 1:
+        launch = ["torchrun", "--standalone", *ranks]
+    else:
+        launch = [
+            "torchrun", *ranks, "--node-rank", str(node),
+            "--master-addr", naming.trainer_node_address(run, namespace, 0), "--master-port", str(naming.RENDEZVOUS_PORT),
+            "--rdzv-conf", f"timeout={RENDEZVOUS_TIMEOUT_SECONDS}",
+        ]  # fmt: skip
+    return [*launch, "--max-restarts", "0", "--no-python", *rlrun]
+
+
 def _resources(role: RoleSpec, component: str) -> dict[str, Any]:
     limits = dict(role.resources.limits)
     # No requests given: the defaults, except that a limit is its own request (what Kubernetes does
@@ -210,8 +287,14 @@ def _pod(
     index: int | None = None,
     avoid: Sequence[str] = (),
     name: str | None = None,
+    node: int = 0,
+    nodes: int | None = None,
 ) -> dict[str, Any]:
     spec = run.spec
+    namespace = body["metadata"]["namespace"]
+    # a trainer's group: its size (a replacement keeps its attempt's), and whether it runs several ranks
+    group = (spec.trainer.nodes if nodes is None else nodes) if component == naming.TRAINER else 1
+    ranks = group * spec.trainer.processes_per_node if component == naming.TRAINER else 1
     role: RoleSpec = {
         naming.ORCHESTRATOR: spec.orchestrator,
         naming.TRAINER: spec.trainer,
@@ -239,7 +322,13 @@ def _pod(
         "name": component,
         "image": role.image or default_image,
         "imagePullPolicy": settings.image_pull_policy,
-        "command": command(component, attempt, body["metadata"].get("uid", "")),
+        "command": (
+            trainer_command(
+                spec.trainer, run.metadata.name, namespace, attempt, body["metadata"].get("uid", ""), node, group
+            )
+            if component == naming.TRAINER
+            else command(component, attempt, body["metadata"].get("uid", ""))
+        ),
         "env": env,
         "resources": _resources(role, component),
         "volumeMounts": mounts,
@@ -265,6 +354,16 @@ def _pod(
             "periodSeconds": 5,
             "failureThreshold": 3,
         }
+    elif component == naming.TRAINER and group > 1:  # node 0 hosts the rendezvous store on this port
+        container["ports"] = [{"name": "rendezvous", "containerPort": naming.RENDEZVOUS_PORT, "protocol": "TCP"}]
+    if component == naming.TRAINER and ranks > 1:
+        # torchrun forwards SIGTERM to its ranks and SIGKILLs them 30 s later by default: give them the pod's
+        # grace period instead (torch 2.13 reads it, older ones may not; the kubelet's SIGKILL bounds it anyway)
+        grace = str(spec.preemption.termination_grace_period_seconds)
+        env.append({"name": SHUTDOWN_TIMEOUT_ENV, "value": grace})
+        # ranks on one node exchange through /dev/shm (NCCL's SHM transport, gloo); 64 MiB is too small
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
     elif component == naming.ROLLOUT:
         # vLLM's worker processes share tensors through /dev/shm; the container default (64 MiB) is too small.
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -302,10 +401,16 @@ def _pod(
         pod_spec["affinity"] = affinity
     if scheduling.priority_class_name:
         pod_spec["priorityClassName"] = scheduling.priority_class_name
-    pod_name = name or naming.pod_name(run.metadata.name, component, attempt, index)
+    if group > 1:  # a stable DNS name per node: trainer-I.<run>-trainer.<namespace>.svc
+        pod_spec["hostname"] = naming.trainer_hostname(node)
+        pod_spec["subdomain"] = naming.trainer_service_name(run.metadata.name)
+    pod_name = name or naming.pod_name(run.metadata.name, component, attempt, node if group > 1 else index)
     meta = _meta(body, pod_name, component, attempt)
     if index is not None:
         meta["labels"][naming.ROLLOUT_INDEX] = str(index)
+    if group > 1:
+        meta["labels"][naming.TRAINER_NODE] = str(node)
+        meta["labels"][naming.TRAINER_NODES] = str(group)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
 
 
@@ -336,7 +441,7 @@ def avoid_nodes(affinity: dict[str, Any] | None, nodes: Sequence[str]) -> dict[s
 def build_pods(
     body: dict[str, Any], run: RLRun, settings: OperatorSettings, attempt: int, avoid: Sequence[str] = ()
 ) -> list[dict[str, Any]]:
-    """The pods of one attempt: rollout servers first (they take longest), trainer, orchestrator.
+    """The pods of one attempt: rollout servers first (they take longest), trainer (one pod per node), orchestrator.
 
     Args:
         body: the RLRun object (``metadata.name``, ``namespace`` and ``uid`` are read).
@@ -344,7 +449,9 @@ def build_pods(
         avoid: nodes the pods must not be scheduled on (lost in earlier attempts).
     """
     pods = [_pod(body, run, settings, naming.ROLLOUT, attempt, i, avoid) for i in range(run.spec.rollout.replicas)]
-    pods.append(_pod(body, run, settings, naming.TRAINER, attempt, avoid=avoid))
+    pods += [
+        _pod(body, run, settings, naming.TRAINER, attempt, avoid=avoid, node=i) for i in range(run.spec.trainer.nodes)
+    ]
     pods.append(_pod(body, run, settings, naming.ORCHESTRATOR, attempt, avoid=avoid))
     return pods
 
@@ -359,17 +466,27 @@ def build_rollout_replacement(
 
 
 def build_trainer_replacement(
-    body: dict[str, Any], run: RLRun, settings: OperatorSettings, attempt: int, name: str, avoid: Sequence[str] = ()
-) -> dict[str, Any]:
+    body: dict[str, Any], run: RLRun, settings: OperatorSettings, attempt: int, name: str, avoid: Sequence[str] = (),
+    node: int | None = None, nodes: int = 1,
+) -> dict[str, Any]:  # fmt: skip
     """The replacement of attempt ``attempt``'s lost trainer, named ``name`` (``naming.replacement_name``):
     the trainer pod of :func:`build_pods` with a new name and the same attempt, so its command is the same
     ``rlrun trainer … --attempt <attempt> --run-uid <uid> --resume`` (it restores the newest complete checkpoint
-    and trains the batches the orchestrator of that attempt shipped after it), kept off ``avoid``."""
-    return _pod(body, run, settings, naming.TRAINER, attempt, avoid=avoid, name=name)
+    and trains the batches the orchestrator of that attempt shipped after it), kept off ``avoid``.
+
+    Args:
+        node: the node index of a multi-node trainer's pod (None: a single-node trainer).
+        nodes: the size of the group being replaced (every node's pod is replaced together; the attempt's
+            group size holds even if ``trainer.nodes`` changed since, like ``rollout.replicas``).
+    """
+    return _pod(body, run, settings, naming.TRAINER, attempt, avoid=avoid, name=name, node=node or 0, nodes=nodes)
 
 
 def build_run_objects(body: dict[str, Any], run: RLRun, settings: OperatorSettings, token: str) -> list[dict[str, Any]]:
-    """Everything a run needs besides its pods, in creation order (claim, Secret, ConfigMap, Service)."""
+    """Everything a run needs besides its pods, in creation order (claim, Secret, ConfigMap, Service, and the
+    trainer's headless Service when ``trainer.nodes`` > 1)."""
     objects = [build_claim(body, run), build_secret(body, token), build_configmap(body, run)]
     objects.append(build_orchestrator_service(body))
+    if run.spec.trainer.nodes > 1:
+        objects.append(build_trainer_service(body))
     return [o for o in objects if o is not None]

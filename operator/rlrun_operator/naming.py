@@ -2,7 +2,9 @@
 
 Pods carry the attempt in their name and the ``rlrun.dev/attempt`` label: a new attempt's
 pods can be created while the previous attempt's are still terminating. A lost trainer or rollout
-pod replaced within its attempt gets ``-r<K>`` after the attempt (:func:`replacement_name`).
+pod replaced within its attempt gets ``-r<K>`` after the attempt (:func:`replacement_name`). A
+multi-node trainer has one pod per node, ``<run>-trainer-<I>-a<N>``, each reachable at the stable DNS
+name :func:`trainer_node_address` through the headless Service :func:`trainer_service_name`.
 Services select by run and component only, so they follow the run across attempts.
 """
 
@@ -21,6 +23,9 @@ COMPONENT = "app.kubernetes.io/component"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 ATTEMPT = f"{API_GROUP}/attempt"
 ROLLOUT_INDEX = f"{API_GROUP}/rollout-index"
+#: A multi-node trainer's pods: the node's index (its ``torchrun --node-rank``) and the group's size.
+TRAINER_NODE = f"{API_GROUP}/trainer-node"
+TRAINER_NODES = f"{API_GROUP}/trainer-nodes"
 
 ORCHESTRATOR = "orchestrator"
 TRAINER = "trainer"
@@ -30,6 +35,8 @@ COMPONENTS = (ORCHESTRATOR, TRAINER, ROLLOUT)
 #: Ports: the orchestrator's control server and vLLM's HTTP server.
 CONTROL_PORT = 8080
 ROLLOUT_PORT = 8000
+#: A multi-node trainer's rendezvous: the TCP store of ``torchrun``'s static rendezvous on trainer node 0.
+RENDEZVOUS_PORT = 29500
 #: Paths inside the pods.
 CONFIG_DIR = "/etc/rlrun"
 MANIFEST_PATH = f"{CONFIG_DIR}/rlrun.yaml"
@@ -75,8 +82,29 @@ def orchestrator_service_name(run: str) -> str:
     return f"{run}-orchestrator"
 
 
+def trainer_service_name(run: str) -> str:
+    """The headless Service of a multi-node trainer: ``<run>-trainer`` (the trainer pods' ``subdomain``)."""
+    return f"{run}-trainer"
+
+
+def trainer_hostname(node: int) -> str:
+    """The ``hostname`` of trainer node ``node``'s pod: ``trainer-<node>`` (stable across replacements)."""
+    return f"trainer-{node}"
+
+
+def trainer_node_address(run: str, namespace: str, node: int = 0) -> str:
+    """The DNS name of trainer node ``node`` of a multi-node trainer: ``trainer-<node>.<run>-trainer.<namespace>.svc``.
+
+    The pod's ``hostname`` under the ``subdomain`` of the headless Service :func:`trainer_service_name`;
+    it resolves through the pods' DNS search path whatever the cluster domain is, and names every
+    replacement of that node too (only one exists at a time).
+    """
+    return f"{trainer_hostname(node)}.{trainer_service_name(run)}.{namespace}.svc"
+
+
 def pod_name(run: str, component: str, attempt: int, index: int | None = None) -> str:
-    """``<run>-orchestrator-a0``, ``<run>-trainer-a0``, ``<run>-rollout-1-a0``."""
+    """``<run>-orchestrator-a0``, ``<run>-trainer-a0``, ``<run>-rollout-1-a0``; with ``index`` a rollout pod's
+    or a multi-node trainer's node: ``<run>-trainer-1-a0``."""
     middle = component if index is None else f"{component}-{index}"
     return f"{run}-{middle}-a{attempt}"
 
@@ -101,7 +129,8 @@ def component_of(run: str, pod: str) -> str:
 
 def replacement_name(run: str, pod: str, attempt: int, recovery: int) -> str:
     """The name of the replacement of run ``run``'s lost pod ``pod`` in the same attempt ``attempt``:
-    ``<run>-trainer-a<attempt>-r<recovery>`` or ``<run>-rollout-<index>-a<attempt>-r<recovery>``
+    ``<run>-trainer-a<attempt>-r<recovery>`` (a multi-node trainer's node ``I``:
+    ``<run>-trainer-<I>-a<attempt>-r<recovery>``) or ``<run>-rollout-<index>-a<attempt>-r<recovery>``
     (``recovery``: the run's count of recoveries so far, so a replacement's replacement gets a new name).
 
     Raises:
@@ -110,7 +139,7 @@ def replacement_name(run: str, pod: str, attempt: int, recovery: int) -> str:
     """
     component = component_of(run, pod)
     if component == TRAINER:
-        return f"{pod_name(run, TRAINER, attempt)}-r{recovery}"
+        return f"{pod_name(run, TRAINER, attempt, trainer_node_of(run, pod))}-r{recovery}"
     if component == ROLLOUT:
         return replacement_pod_name(run, rollout_index_of(run, pod), attempt, recovery)
     raise ValueError(f"{pod!r} is an orchestrator: it is never replaced alone")
@@ -132,3 +161,20 @@ def rollout_index_of(run: str, pod: str) -> int:
     if not index.isdigit():
         raise ValueError(f"{pod!r} is not a rollout pod name of run {run!r}")
     return int(index)
+
+
+def trainer_node_of(run: str, pod: str) -> int | None:
+    """The node index in the name of run ``run``'s trainer pod ``pod``: ``<run>-trainer-<I>-a…`` → ``I``, and
+    None for a single-node trainer's ``<run>-trainer-a…``.
+
+    Raises:
+        ValueError: ``pod`` is not a trainer pod name of ``run``.
+    """
+    prefix = f"{run}-{TRAINER}-"
+    rest = pod[len(prefix) :] if pod.startswith(prefix) else ""
+    if re.fullmatch(r"a\d+(-r\d+)?", rest):
+        return None
+    found = re.fullmatch(r"(\d+)-a\d+(-r\d+)?", rest)
+    if found is None:
+        raise ValueError(f"{pod!r} is not a trainer pod name of run {run!r}")
+    return int(found.group(1))

@@ -96,6 +96,13 @@ class _Run:
         created = self.status.get("rolloutReplicas")
         return int(created) if created is not None else self.run.spec.rollout.replicas
 
+    @property
+    def trainer_nodes(self) -> int:
+        """Trainer pods (nodes) the current attempt's trainer group has: its pods' ``rlrun.dev/trainer-nodes``
+        (a spec change applies when the trainer is next created), the spec's ``trainer.nodes`` without any."""
+        mine = [p for p in self.pods if p.component == naming.TRAINER and p.attempt == self.attempt]
+        return max(p.trainer_nodes for p in mine) if mine else self.run.spec.trainer.nodes
+
     def current(self) -> list[PodView]:
         """The current attempt's pods that are not being deleted."""
         return [p for p in self.pods if p.attempt == self.attempt and not p.deleting]
@@ -282,24 +289,33 @@ class Reconciler:
         return found
 
     def _expected(self, ctx: _Run) -> list[tuple[str, int | None, str]]:
-        """``(component, rollout index, name)`` of every pod the current attempt should have."""
+        """``(component, index, name)`` of every pod the current attempt should have (index: a rollout pod's,
+        or a multi-node trainer's node; None: the one orchestrator or single-node trainer)."""
         run, attempt = ctx.name, int(ctx.attempt or 0)
         out = [
             (naming.ROLLOUT, i, naming.pod_name(run, naming.ROLLOUT, attempt, i)) for i in range(ctx.rollout_replicas)
         ]
-        out += [(c, None, naming.pod_name(run, c, attempt)) for c in (naming.TRAINER, naming.ORCHESTRATOR)]
+        nodes = ctx.trainer_nodes
+        if nodes > 1:
+            out += [(naming.TRAINER, i, naming.pod_name(run, naming.TRAINER, attempt, i)) for i in range(nodes)]
+        else:
+            out.append((naming.TRAINER, None, naming.pod_name(run, naming.TRAINER, attempt)))
+        out.append((naming.ORCHESTRATOR, None, naming.pod_name(run, naming.ORCHESTRATOR, attempt)))
         return out
 
     async def _missing(self, ctx: _Run) -> list[Disruption]:
         """Pods the attempt should have and has not (deleted by hand, lost mid-recovery), as PodMissing
         preemptions; what the index lacks is confirmed with the API (a pod just created may not be indexed yet)."""
 
+        def index(p: PodView) -> int | None:
+            return p.rollout_index if p.component == naming.ROLLOUT else p.trainer_node
+
         def absent(pods: list[PodView]) -> list[tuple[str, int | None, str]]:
             mine = [p for p in pods if p.attempt == ctx.attempt]
             return [
                 (c, i, n)
                 for c, i, n in self._expected(ctx)
-                if not any(p.component == c and (i is None or p.rollout_index == i) for p in mine)
+                if not any(p.component == c and (i is None or index(p) == i) for p in mine)
             ]
 
         lacking = absent(ctx.pods)
@@ -315,6 +331,7 @@ class Reconciler:
             ctx.status, ctx.generation, found, orchestrator_alive=alive,
             backoff_limit=ctx.run.spec.failure_policy.backoff_limit,
             orchestrator_node=orchestrator.node if orchestrator is not None else None,
+            trainer_group=[p.name for p in ctx.current() if p.component == naming.TRAINER],
         )  # fmt: skip
         for d in found:
             reason = EventReason.PREEMPTED if d.kind == RecoveryKind.PREEMPTION else EventReason.POD_FAILED
@@ -445,8 +462,19 @@ class Reconciler:
         key = (ctx.namespace, ctx.name)
         if rec.scope != "attempt":  # the same attempt goes on: replacements of the lost pods only
             attempt = int(ctx.attempt or 0)
+            # a trainer group is replaced whole: every node's pod, the group's size kept
+            nodes = sum(1 for name in rec.replacements if naming.component_of(ctx.name, name) == naming.TRAINER)
             pods = [
-                build_trainer_replacement(ctx.body, ctx.run, self.settings, attempt, name, avoid)
+                build_trainer_replacement(
+                    ctx.body,
+                    ctx.run,
+                    self.settings,
+                    attempt,
+                    name,
+                    avoid,
+                    naming.trainer_node_of(ctx.name, name),
+                    nodes,
+                )
                 if naming.component_of(ctx.name, name) == naming.TRAINER
                 else build_rollout_replacement(
                     ctx.body, ctx.run, self.settings, attempt, naming.rollout_index_of(ctx.name, name), name, avoid
@@ -504,8 +532,8 @@ class Reconciler:
     async def _resume_trainer(self, ctx: _Run, rec: Recovery) -> bool:
         """Wait for a trainer replacement (same attempt) to run; a new disruption starts a new recovery.
 
-        The orchestrator kept running and has nothing to report about it: the replacement pod running (the
-        kubelet started ``rlrun trainer … --resume``) ends the recovery.
+        The orchestrator kept running and has nothing to report about it: the replacement pods running (the
+        kubelet started ``rlrun trainer … --resume`` on every node of the group) end the recovery.
         """
         key = (ctx.namespace, ctx.name)
         if self._complete(ctx):
@@ -519,9 +547,10 @@ class Reconciler:
             return await self._begin(ctx, found)
         attempt = int(ctx.attempt or 0)
         trainers = [n for n in rec.replacements if naming.component_of(ctx.name, n) == naming.TRAINER]
-        running = [p for p in ctx.pods if p.name in trainers and p.phase in ("Running", "Succeeded")]
-        if not running:
-            await self._observe(ctx, resuming=f"attempt {attempt}: waiting for {', '.join(trainers)} to start")
+        running = {p.name for p in ctx.pods if p.name in trainers and p.phase in ("Running", "Succeeded")}
+        if running != set(trainers):  # a group trains only once every node's pod runs
+            waiting = ", ".join(n for n in trainers if n not in running)
+            await self._observe(ctx, resuming=f"attempt {attempt}: waiting for {waiting} to start")
             return False
         await self._write(ctx, recovery.finished(ctx.status, ctx.generation, rec, None, attempt))
         self._event(ctx, EventReason.RESUMED, recovery.trainer_replaced_message(rec, attempt))

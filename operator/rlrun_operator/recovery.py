@@ -17,7 +17,11 @@ Scopes (:func:`scope_of`): ``attempt`` restarts every pod as the next attempt; `
 only lost rollout pods (no pause, no wait: a rollout server keeps no state); ``trainer`` replaces
 the lost trainer (and any rollout pods lost with it) in the same attempt, with no pause: the old
 trainer must be gone before its replacement starts (two trainers must never write the run
-directory at once), and the recovery ends when the replacement runs.
+directory at once), and the recovery ends when the replacement runs. A multi-node trainer is one
+trainer: losing any of its pods replaces **all** of them together (``recovery.pods`` lists the
+whole group, so each gets a replacement name, and none is created before every old one is gone:
+the ranks of one group rendezvous with each other only), and the recovery ends when every node's
+replacement runs.
 
 Counts: ``preemptions``, ``suspensions`` and ``failures`` are added when the recovery starts
 (in the same patch that records it), never again for the same recovery. Only failures use
@@ -85,7 +89,7 @@ def scope_of(found: Sequence[Disruption], orchestrator_node: str | None = None) 
     | pods hit | scope | what restarts |
     |---|---|---|
     | rollout pods only | ``rollout`` | those rollout pods, in the same attempt |
-    | the trainer (and maybe rollout pods), not the orchestrator | ``trainer`` | those pods, in the same attempt |
+    | the trainer (and maybe rollout pods), not the orchestrator | ``trainer`` | those pods and every other pod of a multi-node trainer, in the same attempt |
     | the orchestrator, or the trainer or a rollout pod on a lost node that the orchestrator runs on | ``attempt`` | every pod, as the next attempt |
 
     The last rule is "a pod on a node that is going away is lost": a node's notice may reach the
@@ -114,11 +118,14 @@ def begin(
     orchestrator_alive: bool,
     backoff_limit: int,
     orchestrator_node: str | None = None,
+    trainer_group: Sequence[str] = (),
     now: str | None = None,
 ) -> tuple[dict[str, Any], Recovery | None]:
     """The patch starting a recovery for the disruptions ``found`` (non-empty), counted once.
 
-    Scope from :func:`scope_of` (``orchestrator_node``: the node of the attempt's orchestrator).
+    Scope from :func:`scope_of` (``orchestrator_node``: the node of the attempt's orchestrator). Scope
+    ``trainer`` widens ``recovery.pods`` to the whole ``trainer_group`` (the names of the attempt's trainer
+    pods: every node of a multi-node trainer restarts together).
     Kind ``preemption`` when any disruption is one, else ``failure``. The first stage is
     ``Pausing`` when the attempt restarts and its orchestrator is alive (not hit itself,
     not terminating, not ended), else ``Stopping`` (a rollout or trainer replacement never
@@ -153,7 +160,7 @@ def begin(
         reason=lead.reason,
         message="; ".join(d.message for d in found),
         scope=scope,
-        pods=sorted({d.pod for d in found}),
+        pods=sorted({d.pod for d in found} | (set(trainer_group) if scope == "trainer" else set())),
         node=lead.node,
         stage=Stage.PAUSING if scope == "attempt" and orchestrator_alive else Stage.STOPPING,
         since=now,

@@ -95,6 +95,8 @@ class PodView:
         deletion_deadline: ``metadata.deletionTimestamp`` (RFC 3339: when its grace period ends).
         status_reason: ``status.reason`` (``Evicted``, ``Terminated``, ``NodeLost``, …).
         rollout_index: ``rlrun.dev/rollout-index`` of a rollout pod.
+        trainer_node: ``rlrun.dev/trainer-node`` of a multi-node trainer's pod (None: a single-node trainer).
+        trainer_nodes: ``rlrun.dev/trainer-nodes``, the size of that pod's trainer group (1 without the label).
     """
 
     name: str
@@ -113,6 +115,8 @@ class PodView:
     deletion_deadline: str | None = None
     status_reason: str | None = None
     rollout_index: int | None = None
+    trainer_node: int | None = None
+    trainer_nodes: int = 1
 
     @property
     def ended(self) -> bool:
@@ -153,6 +157,7 @@ def pod_view(body: dict[str, Any]) -> PodView:
             report = _exit_report(term.get("message"))
     owner = next((o.get("uid") for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
     index = labels.get(naming.ROLLOUT_INDEX)
+    node, nodes = labels.get(naming.TRAINER_NODE, ""), labels.get(naming.TRAINER_NODES, "")
     return PodView(
         name=meta.get("name", ""),
         component=labels.get(naming.COMPONENT, ""),
@@ -170,6 +175,8 @@ def pod_view(body: dict[str, Any]) -> PodView:
         deletion_deadline=meta.get("deletionTimestamp"),
         status_reason=status.get("reason"),
         rollout_index=int(index) if index is not None and index.isdigit() else None,
+        trainer_node=int(node) if node.isdigit() else None,
+        trainer_nodes=int(nodes) if nodes.isdigit() and int(nodes) > 0 else 1,
     )
 
 

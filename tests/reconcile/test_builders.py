@@ -225,3 +225,130 @@ def test_image_pull_secrets_reach_every_pod():
         assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
         kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
     assert "imagePullSecrets" not in build_pods(body, run, SETTINGS, 0)[0]["spec"]
+
+
+def trainer_pods(pods: list[dict]) -> list[dict]:
+    return [p for p in pods if p["kind"] == "Pod" and p["metadata"]["labels"][naming.COMPONENT] == naming.TRAINER]
+
+
+def test_a_two_node_trainer_is_one_pod_per_node_with_stable_dns_names_behind_a_headless_service():
+    body, run = make(trainer={"nodes": 2, "processes_per_node": 4, "gpus": 4})
+    objects = all_objects(body, run, attempt=3)
+    assert [o["kind"] for o in objects] == ["PersistentVolumeClaim", "Secret", "ConfigMap", "Service", "Service"] + [
+        "Pod"
+    ] * 4
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    service = objects[4]
+    assert service["metadata"]["name"] == "demo-trainer"
+    assert service["metadata"]["ownerReferences"][0]["uid"] == "1234-uid"
+    assert service["spec"] == {
+        "clusterIP": "None",
+        "publishNotReadyAddresses": True,  # a peer needs node 0's name before anything is ready
+        "selector": {naming.INSTANCE: "demo", naming.COMPONENT: "trainer", naming.MANAGED_BY: "rlrun-operator"},
+        "ports": [{"name": "rendezvous", "port": 29500, "targetPort": "rendezvous", "protocol": "TCP"}],
+    }
+    pods = trainer_pods(objects)
+    assert [p["metadata"]["name"] for p in pods] == ["demo-trainer-0-a3", "demo-trainer-1-a3"]
+    for node, pod in enumerate(pods):
+        labels, spec = pod["metadata"]["labels"], pod["spec"]
+        assert (labels[naming.TRAINER_NODE], labels[naming.TRAINER_NODES], labels[naming.ATTEMPT]) == (
+            str(node),
+            "2",
+            "3",
+        )
+        assert service["spec"]["selector"].items() <= labels.items()  # the Service gives it its DNS name
+        assert (spec["hostname"], spec["subdomain"]) == (f"trainer-{node}", "demo-trainer")
+        container = spec["containers"][0]
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "4"}  # gpus per pod, not per group
+        assert container["ports"] == [{"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"}]
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        # torchrun gives its ranks the pod's grace period after a SIGTERM, not its default 30 s
+        assert {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": "120"} in container["env"]
+        assert container["command"] == [
+            "torchrun", "--nnodes", "2", "--nproc-per-node", "4", "--node-rank", str(node),
+            "--master-addr", "trainer-0.demo-trainer.team-a.svc", "--master-port", "29500",
+            "--rdzv-conf", "timeout=1800", "--max-restarts", "0", "--no-python",
+            "rlrun", "trainer", "/etc/rlrun/rlrun.yaml", "--run-dir", "/var/lib/rlrun/run",
+            "--cache-dir", "/var/lib/rlrun/cache", "--attempt", "3", "--run-uid", "1234-uid", "--resume",
+        ]  # fmt: skip
+    assert naming.trainer_node_address("demo", "team-a") == "trainer-0.demo-trainer.team-a.svc"
+
+
+@pytest.mark.parametrize(("nodes", "per_node"), [(2, 4), (3, 1), (1, 2)])
+def test_trainer_commands_are_what_torchrun_and_rlrun_accept(nodes, per_node, tmp_path):
+    """torchrun's own parser and launch config read each node's command as intended: the group's size, the
+    node's rank, node 0's store as the static rendezvous, no restarts of its own; the rest is ``rlrun trainer``."""
+    from torch.distributed.run import config_from_args, parse_args
+
+    body, run = make(trainer={"nodes": nodes, "processes_per_node": per_node})
+    manifest = tmp_path / "rlrun.yaml"
+    manifest.write_text(build_run_objects(body, run, SETTINGS, "tok")[2]["data"]["rlrun.yaml"])
+    pods = trainer_pods(build_pods(body, run, SETTINGS, 1))
+    assert len(pods) == nodes
+    for node, pod in enumerate(pods):
+        argv = pod["spec"]["containers"][0]["command"]
+        assert argv[0] == "torchrun"
+        args = parse_args(argv[1:])
+        config, cmd, cmd_args = config_from_args(args)
+        assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (nodes, nodes, per_node)
+        assert config.max_restarts == 0 and args.no_python and cmd == "rlrun"
+        if nodes > 1:
+            assert (config.rdzv_backend, config.rdzv_endpoint) == ("static", "trainer-0.demo-trainer.team-a.svc:29500")
+            assert config.rdzv_configs == {"timeout": "1800", "rank": node}
+        else:
+            assert args.standalone  # one node: torchrun's local rendezvous, no Service
+            assert "hostname" not in pod["spec"] and pod["metadata"]["name"] == "demo-trainer-a1"
+        assert cmd_args == command(naming.TRAINER, 1, "1234-uid")[1:]
+        group = get_command(app)
+        args = [str(manifest) if a == naming.MANIFEST_PATH else a for a in cmd_args]
+        sub = group.get_command(group.make_context("rlrun", list(args)), "trainer")
+        params = sub.make_context("trainer", list(args[1:])).params
+        assert params["attempt"] == 1 and params["resume"] is True and params["run_uid"] == "1234-uid"
+
+
+def test_a_one_by_one_trainer_is_todays_single_pod():
+    body, run = make()
+    objects = all_objects(body, run)
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "Service"] == ["demo-orchestrator"]
+    (pod,) = trainer_pods(objects)
+    assert pod["metadata"]["name"] == "demo-trainer-a0"
+    assert (
+        naming.TRAINER_NODE not in pod["metadata"]["labels"] and naming.TRAINER_NODES not in pod["metadata"]["labels"]
+    )
+    assert not {"hostname", "subdomain"} & set(pod["spec"])
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == command(naming.TRAINER, 0, "1234-uid") and "ports" not in container
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in {e["name"] for e in container["env"]}
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "config", "tmp"]
+
+
+def test_a_trainer_groups_replacement_is_each_node_renamed_with_the_groups_size():
+    body, run = make(trainer={"nodes": 2})
+    originals = trainer_pods(build_pods(body, run, SETTINGS, 2))
+    names = [naming.replacement_name("demo", p["metadata"]["name"], 2, 5) for p in originals]
+    assert names == ["demo-trainer-0-a2-r5", "demo-trainer-1-a2-r5"]
+    assert [naming.trainer_node_of("demo", n) for n in names] == [0, 1]
+    for node, (name, original) in enumerate(zip(names, originals, strict=True)):
+        replacement = build_trainer_replacement(body, run, SETTINGS, 2, name, ["node-a"], node, 2)
+        assert replacement["metadata"]["name"] == name
+        assert replacement["metadata"]["labels"] == original["metadata"]["labels"]
+        assert replacement["spec"]["containers"] == original["spec"]["containers"]  # --node-rank, --resume, …
+        assert replacement["spec"]["hostname"] == f"trainer-{node}"  # the same DNS name as the pod it replaces
+        kubernetes_validate.validate(replacement, K8S_VERSION, strict=True)
+    # trainer.nodes changed since: the attempt's group keeps its size until the next attempt
+    body, run = make(trainer={"nodes": 3})
+    kept = build_trainer_replacement(body, run, SETTINGS, 2, "demo-trainer-1-a2-r5", [], 1, 2)
+    argv = kept["spec"]["containers"][0]["command"]
+    assert argv[argv.index("--nnodes") + 1] == "2" and kept["metadata"]["labels"][naming.TRAINER_NODES] == "2"
+    single = build_trainer_replacement(body, run, SETTINGS, 2, "demo-trainer-a2-r5", [], None, 1)
+    assert single["spec"]["containers"][0]["command"][0] == "rlrun" and "hostname" not in single["spec"]
+
+
+def test_trainer_node_names():
+    assert naming.trainer_node_of("demo", "demo-trainer-a0") is None
+    assert naming.trainer_node_of("demo", "demo-trainer-a0-r3") is None
+    assert naming.trainer_node_of("demo", "demo-trainer-12-a4-r3") == 12
+    assert naming.replacement_name("demo", "demo-trainer-1-a0-r1", 0, 2) == "demo-trainer-1-a0-r2"
+    with pytest.raises(ValueError, match="not a trainer pod name"):
+        naming.trainer_node_of("demo", "demo-trainer-x-a0")

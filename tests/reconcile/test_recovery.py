@@ -221,3 +221,28 @@ def test_not_in_is_merged_into_every_node_selector_term():
         "nodeSelectorTerms": [{"matchExpressions": [rule | {"values": ["n"]}]}]
     }
     assert avoid_nodes(None, []) is None
+
+
+def test_a_hit_trainer_rank_makes_the_whole_trainer_group_the_recovery():
+    """Any trainer pod of a multi-node trainer lost: every trainer pod of the group is replaced (the rollout
+    pods hit with it too); a rollout-only or attempt-wide recovery is not widened."""
+    rank1 = Disruption("NodeTainted", "preemption", "spot", "demo-trainer-1-a0", "trainer", "node-a", True, False)
+    rollout = Disruption("NodeTainted", "preemption", "spot", "demo-rollout-0-a0", "rollout", "node-a", True, False)
+    group = ["demo-trainer-0-a0", "demo-trainer-1-a0"]
+    patch, rec = recovery.begin(
+        {"attempt": 0}, 1, [rank1, rollout], orchestrator_alive=True, backoff_limit=3,
+        orchestrator_node="node-b", trainer_group=group, now=NOW,
+    )  # fmt: skip
+    assert (rec.scope, rec.stage) == ("trainer", "Stopping")
+    assert rec.pods == ["demo-rollout-0-a0", "demo-trainer-0-a0", "demo-trainer-1-a0"]
+    assert "demo-trainer-1-a0" in rec.message and "demo-trainer-0-a0" not in rec.message  # what was hit
+    assert merged({"attempt": 0}, patch)["preemptions"] == 1  # one loss, counted once
+    _, rec = recovery.begin(
+        {"attempt": 0}, 1, [rollout], orchestrator_alive=True, backoff_limit=3, trainer_group=group, now=NOW
+    )
+    assert (rec.scope, rec.pods) == ("rollout", ["demo-rollout-0-a0"])
+    _, rec = recovery.begin(
+        {"attempt": 0}, 1, [rank1], orchestrator_alive=True, backoff_limit=3,
+        orchestrator_node="node-a", trainer_group=group, now=NOW,
+    )  # fmt: skip
+    assert (rec.scope, rec.pods) == ("attempt", ["demo-trainer-1-a0"])  # every pod restarts anyway

@@ -92,6 +92,8 @@ def test_defaults_match_the_pydantic_spec():
     assert defaulted["storage"]["retention_policy"] == "Retain"
     assert defaulted["storage"]["access_modes"] == ["ReadWriteMany"]
     assert defaulted["rollout"]["replicas"] == 1 and defaulted["suspend"] is False
+    trainer = ("gpus", "nodes", "processes_per_node")  # one pod, one process: as before multi-node training
+    assert [defaulted["trainer"][k] for k in trainer] == [resolved["trainer"][k] for k in trainer] == [0, 1, 1]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
@@ -123,6 +125,11 @@ INVALID = [
      "spec.rollout.resources.requests.memory"),
     ({"trainer": {"gpus": -1}}, "spec.trainer.gpus", "spec.trainer.gpus"),
     ({"orchestrator": {"gpus": 1}}, "spec.orchestrator.gpus", "spec.orchestrator.gpus"),
+    ({"trainer": {"nodes": 0}}, "spec.trainer.nodes", "spec.trainer.nodes"),
+    ({"trainer": {"nodes": "2"}}, "spec.trainer.nodes", "spec.trainer.nodes"),
+    ({"trainer": {"processes_per_node": 17}}, "spec.trainer.processes_per_node", "spec.trainer.processes_per_node"),
+    ({"trainer": {"gpus": 2, "processes_per_node": 4}}, "spec.trainer.processes_per_node",
+     "spec.trainer.processes_per_node"),
     ({"preemption": {"snapshot_timeout_seconds": 120, "termination_grace_period_seconds": 60}},
      "spec.preemption.termination_grace_period_seconds", "spec.preemption.termination_grace_period_seconds"),
     ({"storage": {"retention_policy": "Keep"}}, "spec.storage.retention_policy", "spec.storage.retention_policy"),

@@ -25,6 +25,17 @@ def test_defaults_fill_a_minimal_manifest():
     run = parse_manifest(manifest())
     assert run.spec.group_size == 8 and run.spec.max_off_policy_steps == 1
     assert run.spec.checkpoint.interval == 10 and run.spec.sampling.temperature == 1.0
+    assert (run.spec.trainer.nodes, run.spec.trainer.processes_per_node) == (1, 1)  # one process, as before
+
+
+@pytest.mark.parametrize(
+    "trainer",
+    [{"gpus": 8, "processes_per_node": 8, "nodes": 4}, {"gpus": 8, "processes_per_node": 2}, {"processes_per_node": 4}],
+)
+def test_trainer_ranks_fit_its_gpus_or_run_on_cpu(trainer):
+    """At most one rank per GPU; fewer ranks than GPUs is allowed, and CPU pods take any number of gloo ranks."""
+    spec = parse_manifest(manifest(trainer=trainer)).spec.trainer
+    assert (spec.nodes, spec.processes_per_node) == (trainer.get("nodes", 1), trainer["processes_per_node"])
 
 
 @pytest.mark.parametrize(
@@ -45,6 +56,14 @@ def test_defaults_fill_a_minimal_manifest():
         ({"group_size": "eight"}, "spec.group_size: must be an integer"),
         ({"batch_size": 4, "group_size": 8}, "spec.batch_size: must be ≥ group_size (8)"),
         ({"rollout": {"max_inflight": 4}, "group_size": 8}, "spec.rollout: max_inflight (4) must be ≥ group_size (8)"),
+        ({"trainer": {"nodes": 0}}, "spec.trainer.nodes: must be ≥ 1"),
+        ({"trainer": {"nodes": 257}}, "spec.trainer.nodes: must be ≤ 256"),
+        ({"trainer": {"processes_per_node": 0}}, "spec.trainer.processes_per_node: must be ≥ 1"),
+        ({"trainer": {"processes_per_node": 17}}, "spec.trainer.processes_per_node: must be ≤ 16"),
+        (
+            {"trainer": {"gpus": 2, "processes_per_node": 4}},
+            "spec.trainer.processes_per_node: must be ≤ gpus (2) when the trainer has GPUs",
+        ),
     ],
 )
 def test_invalid_spec_names_the_field(spec, expected):

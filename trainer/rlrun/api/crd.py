@@ -87,6 +87,14 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "message": "storage is immutable: the run directory lives on it (create a new RLRun)",
         },
     ],
+    ("trainer",): [
+        {
+            "rule": "self.gpus == 0 || self.processes_per_node <= self.gpus",
+            "message": "trainer.processes_per_node must be ≤ trainer.gpus when the trainer has GPUs: "
+            "each rank takes one GPU",
+            "fieldPath": ".processes_per_node",
+        },
+    ],
     ("preemption",): [
         {
             "rule": "self.snapshot_timeout_seconds < self.termination_grace_period_seconds",

@@ -153,7 +153,33 @@ class OrchestratorSpec(RoleSpec):
 
 
 class TrainerSpec(RoleSpec):
-    """The trainer pod (one process; multi-node training is not supported yet)."""
+    """The trainer: ``nodes`` pods (one per node) of ``processes_per_node`` ranks each.
+
+    ``1 × 1`` (the default) is one pod running one ``rlrun trainer`` process. Anything larger runs
+    ``rlrun trainer`` under ``torchrun`` as ``nodes × processes_per_node`` data-parallel ranks (FSDP):
+    on Kubernetes the operator creates one pod per node (``gpus`` each) and restarts them together
+    when any of them is lost. A change takes effect at the next attempt (a trainer replaced within an
+    attempt keeps its group's node count).
+
+    Attributes:
+        nodes: trainer pods, one per node (1: a single pod, no rendezvous Service).
+        processes_per_node: ranks (``torchrun --nproc-per-node``) in each trainer pod, one per GPU;
+            at most ``gpus`` when the pod has GPUs (two ranks on one GPU is an NCCL error; fewer
+            leaves GPUs idle), any number of CPU (gloo) ranks otherwise.
+    """
+
+    nodes: int = Field(default=1, ge=1, le=256)
+    processes_per_node: int = Field(default=1, ge=1, le=16)
+
+    @field_validator("processes_per_node")
+    @classmethod
+    def _one_gpu_per_process(cls, processes: int, info: ValidationInfo) -> int:
+        gpus = info.data.get("gpus")
+        if gpus and processes > gpus:
+            raise ValueError(
+                f"must be ≤ gpus ({gpus}) when the trainer has GPUs: each rank takes one GPU, got {processes}"
+            )
+        return processes
 
 
 class RolloutSpec(RoleSpec):
