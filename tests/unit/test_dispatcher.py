@@ -251,3 +251,29 @@ async def test_requests_on_a_removed_endpoint_end_at_once_and_their_group_goes_o
     }
     ledger.close()
     await dispatcher.aclose()
+
+
+async def test_a_benched_endpoint_gets_no_requests_until_it_rejoins_and_the_endpoint_set_can_drop_it():
+    transports = {"http://a": never_answers(), "http://b": fake_vllm_transport(error_rate=0.0)}
+    dispatcher, _ = make_dispatcher(transports, timeout_s=600, retry_window_s=600)
+    dispatcher.set_endpoints(["http://a"])
+    dispatcher.dispatch(GroupRequest(1, task(), 2), policy_version=0)
+    await asyncio.sleep(0.05)
+    lost = dispatcher.bench("http://a", "ReadError: connection closed")
+    assert [(c.reason, c.error) for c in lost] == [
+        ("lost", "rollout endpoint http://a benched (ReadError: connection closed)")
+    ]
+    assert dispatcher.inflight == {} and dispatcher.clients == {}
+    assert dispatcher.bench("http://a", "again") == []  # no longer in use: nothing to bench
+    # The operator still lists it: it stays benched, not re-added with old weights.
+    change = dispatcher.set_endpoints(["http://a", "http://b"])
+    assert [c.base_url for c in change.added] == ["http://b"] and list(dispatcher.clients) == ["http://b"]
+    assert dispatcher.benched == {"http://a": "ReadError: connection closed"}
+    assert dispatcher.rejoin(RolloutClient("http://a", transport=transports["http://a"]))
+    assert sorted(dispatcher.clients) == ["http://a", "http://b"] and dispatcher.load["http://a"] == 0
+    dispatcher.bench("http://a", "gone again")
+    dispatcher.set_endpoints(["http://b"])  # the operator drops it: it is forgotten and cannot rejoin
+    assert dispatcher.benched == {}
+    assert not dispatcher.rejoin(RolloutClient("http://a", transport=transports["http://a"]))
+    assert list(dispatcher.clients) == ["http://b"]
+    await dispatcher.aclose()

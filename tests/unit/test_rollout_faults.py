@@ -8,10 +8,12 @@ import asyncio
 import json
 
 import httpx
+import pytest
 from rlrun.ledger import check_ledger, read_ledger
 from rlrun.manifest import parse_manifest
+from rlrun.orchestrator import loop
 from rlrun.orchestrator.loop import Orchestrator
-from rlrun.rollout.client import RolloutClient
+from rlrun.rollout.client import RolloutClient, RolloutError
 from rlrun.rollout.fake import fake_vllm_transport
 from rlrun.rundir import RunDir
 from rlrun.training.fake import start_fake_trainer
@@ -196,3 +198,93 @@ async def test_a_removed_endpoints_requests_are_requested_again_at_once_and_not_
     assert events(run_dir, "abandoned") == []  # max_group_retries 0, yet every group went on
     report = check_ledger(run_dir.root / "ledger")
     assert report.ok and report.steps == 2 and report.trained == 16, report.problems
+
+
+class Vanishing(httpx.AsyncBaseTransport):
+    """The fake vLLM server, until its node goes away during its first weight update after it served
+    completions (``/pause``): from then on, while ``gone``, every request fails with a transport error,
+    as a closed connection does."""
+
+    def __init__(self) -> None:
+        self.inner = fake_vllm_transport(error_rate=0.3)
+        self.gone = False
+        self.log: list[str] = []  # the paths it served, in order
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/pause" and "/v1/completions" in self.log and "vanished" not in self.log:
+            self.gone = True
+            self.log.append("vanished")
+        if self.gone:
+            raise httpx.ReadError("connection closed by peer", request=request)
+        self.log.append(request.url.path)
+        return await self.inner.handle_async_request(request)
+
+
+def two_servers(run_dir: RunDir, model, transports: dict, max_steps: int = 2) -> Orchestrator:
+    return Orchestrator(
+        spec(request_timeout_seconds=600, retry_window_seconds=600, max_group_retries=0),
+        run_dir,
+        list(transports),
+        str(model),
+        max_steps=max_steps,
+        attempt=1,
+        poll_s=0.01,
+        client_factory=lambda url: RolloutClient(url, transport=transports[url]),
+    )
+
+
+async def test_a_server_lost_during_a_weight_update_is_benched_and_the_run_goes_on(tmp_path, tiny_model):
+    run_dir = RunDir(tmp_path)
+    lost = Vanishing()
+    transports = {"http://lost:1": lost, "http://up:1": Faults()}
+    orch = two_servers(run_dir, tiny_model, transports)
+    assert await run_to_the_end(orch, run_dir, tiny_model) == 2  # no ReadError out of the weight follower
+    assert "vanished" in lost.log
+    assert orch.policy_version >= 1  # the update went on for the server that stayed
+    assert orch.dispatcher.benched.keys() == {"http://lost:1"}
+    assert "http://lost:1" not in orch.dispatcher.clients
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok and report.steps == 2 and report.trained == 16, report.problems
+
+
+async def test_a_benched_server_that_answers_again_gets_the_current_weights_before_any_request(
+    tmp_path, tiny_model, monkeypatch
+):
+    monkeypatch.setattr(loop, "REJOIN_EVERY_S", 0.05)  # the run is over in about a second
+    run_dir = RunDir(tmp_path)
+    back = Vanishing()
+    transports = {"http://back:1": back, "http://up:1": Faults()}
+    orch = two_servers(run_dir, tiny_model, transports, max_steps=4)
+    stop = start_fake_trainer(run_dir, tiny_model, orch.max_steps, 1, attempt=1)
+    run = asyncio.create_task(orch.run())
+    try:
+        while orch.dispatcher is None or "http://back:1" not in orch.dispatcher.benched:
+            assert not run.done(), run.exception() if run.done() else None
+            await asyncio.sleep(0.01)
+        benched_at = orch.policy_version
+        back.gone = False  # the server answers again
+        assert await asyncio.wait_for(run, 30) == 4
+    finally:
+        stop.set()
+    assert "http://back:1" in orch.dispatcher.clients and not orch.dispatcher.benched
+    after = back.log[back.log.index("vanished") + 1 :]
+    # The rejoin: health, then a whole weight update to the version current then; only then completions.
+    update = ["/health", "/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume"]
+    assert after[: len(update)] == update, after
+    assert "/v1/completions" not in after[: len(update)]
+    assert orch.policy_version >= benched_at
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok and report.steps == 4, report.problems
+
+
+async def test_a_server_answering_an_error_to_a_weight_update_still_fails_the_attempt(tmp_path, tiny_model):
+    class RefusesReload(Faults):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path == "/collective_rpc":
+                return httpx.Response(200, json={"results": [{"ok": False, "error": "shape mismatch"}]})
+            return await super().handle_async_request(request)
+
+    run_dir = RunDir(tmp_path)
+    orch = two_servers(run_dir, tiny_model, {"http://bad:1": RefusesReload(), "http://up:1": Faults()})
+    with pytest.raises(RolloutError, match=r"reload of .* failed"):
+        await run_to_the_end(orch, run_dir, tiny_model)

@@ -19,6 +19,10 @@ a removed endpoint is cancelled at once (its server is gone; no answer will come
 timeout) and returned for settling with reason ``lost``. A cancelled request reaches the
 sink as a :class:`~rlrun.orchestrator.cancellation.GroupCancellation`
 (:meth:`Dispatcher.cancel_stale`, :meth:`Dispatcher.set_endpoints`).
+An endpoint that could not be reached during a weight update is **benched**
+(:meth:`Dispatcher.bench`): it may hold older weights, so it gets no requests, and its
+in-flight requests are lost like a removed endpoint's, until it answers again and has been
+given the current weights (:meth:`Dispatcher.rejoin`), or the endpoint set drops it.
 """
 
 from __future__ import annotations
@@ -136,6 +140,7 @@ class Dispatcher:
     ) -> None:
         self.client_factory = client_factory
         self.clients: dict[str, RolloutClient] = {}
+        self.benched: dict[str, str] = {}  # endpoint → why it gets no requests until it rejoins
         self.load: dict[str, int] = {}
         self.inflight: dict[tuple[int, int], _Inflight] = {}
         self.cancelled_groups = 0
@@ -191,31 +196,58 @@ class Dispatcher:
         try picks among the remaining endpoints.
         """
         wanted = [e.rstrip("/") for e in endpoints]
+        for url in [u for u in self.benched if u not in wanted]:
+            del self.benched[url]
         removed = sorted(url for url in self.clients if url not in wanted)
+        cancellations = self._drop(removed, "removed")
+        added = []
+        for url in wanted:
+            if url not in self.clients and url not in self.benched:  # a benched one rejoins once caught up
+                self.clients[url] = self.client_factory(url)
+                self.load[url] = 0
+                added.append(self.clients[url])
+        return EndpointChange(added, removed, cancellations)
+
+    def bench(self, url: str, reason: str) -> list[GroupCancellation]:
+        """Stop using endpoint ``url`` (it missed a weight update: ``reason``) until :meth:`rejoin`.
+
+        Its in-flight requests are cancelled and returned as ``lost`` cancellations, to be settled
+        before the caller's next ``await`` (as for :meth:`set_endpoints`). Unknown URLs (removed
+        meanwhile) are ignored.
+        """
+        if url not in self.clients:
+            return []
+        self.benched[url] = reason
+        return self._drop([url], f"benched ({reason})")
+
+    def rejoin(self, client: RolloutClient) -> bool:
+        """Use benched endpoint ``client.base_url`` again, through ``client`` (it has the current weights);
+        False when it is no longer benched (the endpoint set dropped it meanwhile)."""
+        if self.benched.pop(client.base_url, None) is None:
+            return False
+        self.clients[client.base_url] = client
+        self.load[client.base_url] = 0
+        return True
+
+    def _drop(self, urls: list[str], why: str) -> list[GroupCancellation]:
+        """Remove the clients of ``urls``, cancelling their in-flight requests (returned as ``lost``)."""
         lost = []
         for entry in list(self.inflight.values()):
-            if entry.url in removed:
+            if entry.url in urls:
                 entry.task.cancel()
                 del self.inflight[_key(entry.request)]
                 lost.append(entry)
         self.cancelled_groups += len(lost)
-        for url in removed:
+        for url in urls:
             client = self.clients.pop(url)
             self.load.pop(url, None)
             asyncio.get_event_loop().create_task(client.aclose())
-        added = []
-        for url in wanted:
-            if url not in self.clients:
-                self.clients[url] = self.client_factory(url)
-                self.load[url] = 0
-                added.append(self.clients[url])
-        cancellations = [
+        return [
             GroupCancellation(
-                e.request, None, self.has_work_out(e.request.group_id), "lost", f"rollout endpoint {e.url} removed"
+                e.request, None, self.has_work_out(e.request.group_id), "lost", f"rollout endpoint {e.url} {why}"
             )
             for e in lost
         ]
-        return EndpointChange(added, removed, cancellations)
 
     async def wait_until_healthy(self, timeout_s: float, stop: asyncio.Event) -> None:
         """Wait until every endpoint answers ``/health``; with none yet, wait for endpoints to be set.

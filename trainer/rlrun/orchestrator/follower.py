@@ -8,7 +8,9 @@ Guarantees: the policy version only goes up; only broadcasts written by this att
 trainer are loaded (a dead attempt's may hold weights the resumed run never trained);
 weights that do not match the model are refused before any server is touched; the version
 recorded at dispatch is never newer than the weights that produce the tokens (servers
-finish in-flight requests on the old weights before reloading).
+finish in-flight requests on the old weights before reloading). A server that cannot be
+reached during an update (its node is going away) is returned as unreachable rather than
+failing the run: the orchestrator benches it until it answers again and has caught up.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from rlrun.orchestrator.weights import Signature, push_weights
+from rlrun.orchestrator.weights import Signature, WeightPush, push_weights
 from rlrun.rollout.client import RolloutClient
 from rlrun.rundir import RunDir, step_dirs, written_by
 
@@ -49,29 +51,34 @@ class WeightFollower:
                 return p
         return None
 
-    async def load(self, clients: list[RolloutClient], path: str | Path, version: int) -> float:
-        """Load the weights in ``path`` into ``clients`` as policy ``version``; returns seconds taken.
+    async def load(self, clients: list[RolloutClient], path: str | Path, version: int) -> WeightPush:
+        """Load the weights in ``path`` into ``clients`` as policy ``version`` (the version moves even
+        when some servers were unreachable: they must catch up before serving again).
 
         Raises:
             WeightsError: the weights do not match the model (no server was touched).
-            RolloutError: a server failed to reload.
+            RolloutError: a reachable server failed to reload.
         """
-        seconds = await push_weights(clients, path, version, self.reference)
+        push = await push_weights(clients, path, version, self.reference)
         self.version = version
-        return seconds
+        for url, error in push.unreachable.items():
+            log.warning("rollout server %s unreachable during the update to policy %d: %s", url, version, error)
+        return push
 
-    async def catch_up(self, clients: list[RolloutClient]) -> None:
-        """Give servers that just joined the current policy (nothing to do at version 0: they start on it).
+    async def catch_up(self, clients: list[RolloutClient]) -> dict[str, str]:
+        """Give servers that just joined the current policy (nothing to do at version 0: they start on it);
+        returns those unreachable (base URL → error).
 
         Raises:
             WeightsError, RolloutError: as :meth:`load`.
         """
         weights = self.weights_dir(self.version) if self.version > 0 else None
         if clients and weights is not None:
-            await self.load(clients, weights, self.version)
+            return (await self.load(clients, weights, self.version)).unreachable
+        return {}
 
-    async def follow(self, clients: list[RolloutClient]) -> int | None:
-        """Load the newest broadcast past :attr:`version`, if any; returns the new version or None.
+    async def follow(self, clients: list[RolloutClient]) -> WeightPush | None:
+        """Load the newest broadcast past :attr:`version`, if any (None: there is none).
 
         Raises:
             WeightsError, RolloutError: as :meth:`load`.
@@ -85,9 +92,9 @@ class WeightFollower:
             return None
         newest = max(broadcasts)
         previous = self.version
-        seconds = await self.load(clients, broadcasts[newest], newest)
-        log.info("policy version %d -> %d (weight update %.3f s)", previous, newest, seconds)
+        push = await self.load(clients, broadcasts[newest], newest)
+        log.info("policy version %d -> %d (weight update %.3f s)", previous, newest, push.seconds)
         for n, p in step_dirs(self.run_dir.broadcasts).items():
             if n < newest:
                 shutil.rmtree(p, ignore_errors=True)
-        return newest
+        return push

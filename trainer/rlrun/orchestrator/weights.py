@@ -4,13 +4,21 @@ vLLM kills the whole server when a ``collective_rpc`` method raises, so weights
 are validated here first: every ``*.safetensors`` file must parse and hold exactly
 the tensor names, dtypes and shapes of the reference (the initial model). Only
 then does every server run pause(wait) → reload → reset prefix cache → resume.
+
+A server that cannot be reached during its update (a transport error: its node is going
+away, or its endpoint was removed and its client closed meanwhile) does not fail the
+update of the others: it is reported as ``unreachable`` and the caller takes it out of use
+until it has the current weights (:meth:`rlrun.orchestrator.dispatcher.Dispatcher.bench`).
+A server that answers with an error is not unreachable: that error is raised.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 from safetensors import safe_open
 
 from rlrun.rollout.client import RolloutClient
@@ -69,17 +77,45 @@ def validate_weights_dir(path: str | Path, reference: Signature | None) -> Signa
     return sig
 
 
+@dataclass(frozen=True)
+class WeightPush:
+    """What one weight update came to.
+
+    Attributes:
+        seconds: wall time of validation and every server's update, seconds.
+        unreachable: the servers that could not be reached (base URL → the transport error):
+            they may hold older weights and must not serve until they are given the current ones.
+    """
+
+    seconds: float
+    unreachable: dict[str, str] = field(default_factory=dict)
+
+
+def _unreachable(client: RolloutClient, error: BaseException) -> bool:
+    # A closed client's request raises RuntimeError: its endpoint was removed while it updated.
+    return isinstance(error, httpx.TransportError) or client.closed
+
+
 async def push_weights(
     clients: list[RolloutClient], path: str | Path, version: int, reference: Signature | None
-) -> float:
-    """Validate ``path`` then update every server to it as policy ``version``; returns seconds taken.
+) -> WeightPush:
+    """Validate ``path`` then update every server to it as policy ``version``.
+
+    Every server's update runs to its end even when another's fails.
 
     Raises:
         WeightsError: validation failed (no server was touched).
-        RolloutError: a server failed to reload.
+        RolloutError: a reachable server failed to reload (the first such error).
     """
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     await asyncio.to_thread(validate_weights_dir, path, reference)
-    await asyncio.gather(*(c.update_weights(str(path), version) for c in clients))
-    return loop.time() - t0
+    outcomes = await asyncio.gather(*(c.update_weights(str(path), version) for c in clients), return_exceptions=True)
+    unreachable = {}
+    for client, outcome in zip(clients, outcomes, strict=True):
+        if not isinstance(outcome, BaseException):
+            continue
+        if isinstance(outcome, asyncio.CancelledError) or not _unreachable(client, outcome):
+            raise outcome
+        unreachable[client.base_url] = f"{type(outcome).__name__}: {outcome}"
+    return WeightPush(loop.time() - t0, unreachable)

@@ -59,6 +59,11 @@ class RolloutClient:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
         )
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called (no request can be sent any more)."""
+        return self._http.is_closed
+
     async def aclose(self) -> None:
         """Close the connection pool."""
         await self._http.aclose()
