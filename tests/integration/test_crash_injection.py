@@ -4,21 +4,37 @@ from a complete checkpoint, finish the run, and pass the ledger check (invariant
 Each trial runs a real trainer and a real orchestrator against the session's real vLLM
 server: attempt 1 dies (SIGKILL, injected with ``$RLRUN_CRASH_AT`` or sent from here), its
 trainer is killed too, and attempt 2 resumes and runs to ``max_steps``.
+
+The episode journal's trials (at the end) kill the real orchestrator, with fake rollouts and the fake
+trainer in forked processes, at every journal phase and at random instants: no episode the journal
+acknowledged may be lost or counted twice.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import multiprocessing
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
-from rlrun.checkpoint import complete_steps, latest_complete_checkpoint
+from rlrun.checkpoint import TRAINER_PROGRESS_FILE, WEIGHTS_FILE, complete_steps, latest_complete_checkpoint
 from rlrun.ledger import check_ledger
-from rlrun.rundir import SAVE_PHASES, RunDir
+from rlrun.manifest import parse_manifest
+from rlrun.orchestrator.journal import JOURNAL_PHASES
+from rlrun.orchestrator.loop import Orchestrator
+from rlrun.rollout.fake import fake_client_factory
+from rlrun.rundir import SAVE_PHASES, RunDir, publish_dir, write_meta
+from rlrun.training.fake import fake_trainer
 
 from .helpers import metrics, write_manifest
 
@@ -149,3 +165,146 @@ def test_kill_before_any_complete_checkpoint_starts_over_and_loses_nothing(tmp_p
 def test_sigterm_pauses_writes_the_snapshot_and_exits_0_and_nothing_is_rolled_back(tmp_path, cache_dir, rollout_server):
     _, report = run_trial(tmp_path, cache_dir, rollout_server, sigterm_at_step=3)
     assert report.rolled_back == 0
+
+
+# -- The episode journal: kill -9 at every journal phase and at random instants -----------------------------
+# The real Orchestrator with fake rollout endpoints and the fake trainer, each attempt a process forked from
+# this one (no interpreter start-up, so a trial takes about a second): attempt 1 dies by SIGKILL (injected at a
+# journal or checkpoint phase with $RLRUN_CRASH_AT, or sent from here), its trainer thread with it; the next
+# attempt resumes and runs to the end. Every episode the journal acknowledged must end exactly once.
+
+JOURNAL_STEPS = 8
+
+
+def journal_spec():
+    return parse_manifest(
+        {
+            "apiVersion": "rlrun.dev/v1alpha1",
+            "kind": "RLRun",
+            "metadata": {"name": "journal-trials"},
+            "spec": {
+                "model": {"builtin": "tiny-reverse"},
+                "envs": [{"name": "reverse-text"}],
+                "group_size": 4,
+                "batch_size": 8,
+                "max_off_policy_steps": 1,
+                "max_steps": JOURNAL_STEPS,
+                "seed": 5,
+                "checkpoint": {"interval": 2, "keep_last": 2},
+                "rollout": {"max_inflight": 16, "members_per_request": 2},
+            },
+        }
+    ).spec
+
+
+def _one_attempt(root: str, model: str, attempt: int, resume: bool, crash_env: dict[str, str]) -> None:
+    """Child process: one orchestrator attempt (fake rollouts at 100 samples/s: 1.5–2 s a run) and the fake trainer."""
+    os.environ.update(crash_env)
+    logging.basicConfig(
+        filename=f"{root}/orchestrator-{attempt}.log", level=logging.INFO, force=True,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )  # fmt: skip
+    run_dir = RunDir(root)
+    spec = journal_spec()
+    ckpt = latest_complete_checkpoint(run_dir) if resume else None
+    if not resume:  # the trainer's start-up checkpoint, as the real trainer publishes it
+
+        def part(tmp):
+            shutil.copy(Path(model) / WEIGHTS_FILE, tmp / WEIGHTS_FILE)
+            (tmp / TRAINER_PROGRESS_FILE).write_text(json.dumps({"step": 0}))
+            write_meta(tmp, 0, attempt)
+
+        run_dir.checkpoint(0).mkdir(parents=True, exist_ok=True)
+        publish_dir(run_dir.trainer_checkpoint(0), part)
+    orch = Orchestrator(
+        spec, run_dir, ["http://fake-rollout:1"], model, resume=resume, attempt=attempt, poll_s=0.01,
+        client_factory=fake_client_factory(samples_per_s=100, error_rate=0.3, seed=attempt),
+    )  # fmt: skip
+    stop = threading.Event()
+
+    def trainer() -> None:  # starts once the resume has removed batches past the snapshot, as the real one waits
+        while orch.phase == "starting" and not stop.is_set():
+            time.sleep(0.005)
+        first = ckpt.step if ckpt is not None else 0
+        fake_trainer(run_dir, Path(model), JOURNAL_STEPS, 2, stop, attempt=attempt, first_step=first)
+
+    threading.Thread(target=trainer, daemon=True).start()
+    try:
+        shipped = asyncio.run(orch.run())
+    finally:
+        stop.set()
+    sys.exit(0 if shipped == JOURNAL_STEPS else 3)
+
+
+def run_attempt(root, model, attempt, resume, crash_env=None, kill_at=None) -> int:
+    """Run one attempt in a forked process; returns its exit code (−9: killed).
+
+    ``kill_at = (steps, delay_s)``: SIGKILL it ``delay_s`` after it has shipped ``steps`` batches of its
+    own (a random instant that is surely before the end, whatever the machine's speed).
+    """
+    ctx = multiprocessing.get_context("fork")
+    proc = ctx.Process(target=_one_attempt, args=(str(root), str(model), attempt, resume, crash_env or {}))
+    proc.start()
+    if kill_at is not None:
+        steps, delay_s = kill_at
+        deadline = time.monotonic() + 60
+        while proc.exitcode is None and time.monotonic() < deadline:
+            if sum(r["attempt"] == attempt for r in metrics(root / "metrics.jsonl")) >= steps:
+                proc.join(delay_s)
+                break
+            time.sleep(0.005)
+        if proc.exitcode is None:
+            os.kill(proc.pid, signal.SIGKILL)
+    proc.join(120)
+    if proc.exitcode is None:
+        proc.kill()
+        proc.join()
+    return proc.exitcode
+
+
+def journal_trial(tmp_path, model, crash_env=None, kill_at=None, kills=1):
+    """``kills`` attempts die — the first by ``crash_env`` or at ``kill_at`` (see :func:`run_attempt`), a
+    second one once it has shipped a batch of its own — then one resumes to the end; returns the ledger
+    report."""
+    root = tmp_path / "run"
+    root.mkdir()
+    code = run_attempt(root, model, 1, False, crash_env, kill_at)
+    log1 = (root / "orchestrator-1.log").read_text()
+    assert code == -signal.SIGKILL, log1[-3000:]  # killed, not finished first
+    for attempt in range(2, kills + 1):
+        assert run_attempt(root, model, attempt, True, None, (1, kill_at[1] if kill_at else 0.0)) == -signal.SIGKILL
+    last = kills + 1
+    assert run_attempt(root, model, last, True) == 0, (root / f"orchestrator-{last}.log").read_text()[-3000:]
+    report = check_ledger(root / "ledger")
+    assert report.ok, report.problems
+    assert report.steps == JOURNAL_STEPS and report.trained > 0 and report.journaled > 0
+    assert report.journal_lost == 0 and report.doubled == 0
+    assert complete_steps(RunDir(root))[-1] == JOURNAL_STEPS
+    return report
+
+
+@pytest.mark.parametrize(
+    ("phase", "hit"),
+    [(p, h) for p in JOURNAL_PHASES if p not in ("journal_cut", "journal_compact") for h in (3, 10)]
+    + [("journal_cut", 2), ("journal_cut", 3), ("journal_compact", 1), ("journal_compact", 3)],
+)
+def test_kill_at_a_journal_phase_loses_no_acknowledged_episode(tmp_path, tiny_model, phase, hit):
+    # journal_cut hit 1 is the step-0 save; each later save cuts once and compacts one or more files
+    report = journal_trial(tmp_path, tiny_model, {"RLRUN_CRASH_AT": phase, "RLRUN_CRASH_AT_HIT": str(hit)})
+    if phase in ("journal_before_fsync", "journal_after_fsync"):
+        # the batch was written (the page cache survives a process kill) but never acknowledged: it is
+        # replayed, not regenerated
+        assert report.replayed > 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_kill_at_a_random_instant_loses_no_acknowledged_episode(tmp_path, tiny_model, seed):
+    rng = random.Random(1000 + seed)  # after 1–4 batches, then 0–100 ms: every stage of a step is hit
+    journal_trial(tmp_path, tiny_model, kill_at=(rng.randint(1, 4), rng.uniform(0.0, 0.1)))
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_two_attempts_killed_in_a_row_lose_no_acknowledged_episode(tmp_path, tiny_model, seed):
+    """The second attempt dies before completing a checkpoint: the third replays both journals."""
+    rng = random.Random(2000 + seed)
+    journal_trial(tmp_path, tiny_model, kill_at=(rng.randint(1, 3), rng.uniform(0.0, 0.1)), kills=2)

@@ -128,3 +128,76 @@ def test_episodes_of_an_abandoned_group_are_accounted_for(tmp_path):
     write(tmp_path, 1, "trainer", trained(1, "1/0", "1/1"))
     report = check_ledger(tmp_path)
     assert report.ok and report.abandoned == 1 and report.trained == 2, report.problems
+
+
+def journaled(*pairs):
+    """``finished`` events of journaled episodes: ``(id, record)`` pairs."""
+    return [(LedgerEvent.FINISHED, {"id": i, "reward": 0.5, "v": 0, "j": j}) for i, j in pairs]
+
+
+def crash_and_resume(tmp_path, replayed_ids):
+    """Attempt 1 acknowledges 1/0 and 1/1 before its checkpoint and 9/0, 9/1 after it, then is killed;
+    attempt 2 resumes from that checkpoint and replays ``replayed_ids``."""
+    write(
+        tmp_path, 1, "orchestrator",
+        *journaled(("1/0", 0), ("1/1", 0)),
+        (LedgerEvent.CHECKPOINT, {"step": 0, "reason": "periodic", "ledger_line": 1}),
+        *journaled(("9/0", 1), ("9/1", 1)),
+    )  # fmt: skip
+    events = [(LedgerEvent.RESUMED, {"from_attempt": 1, "snapshot_line": 1, "step": 0})]
+    if replayed_ids:
+        events.append((LedgerEvent.REPLAYED, {"ids": list(replayed_ids), "attempts": [1], "records": 1}))
+    write(tmp_path, 2, "orchestrator", *events)
+    write(tmp_path, 2, "trainer", trained(1, "1/0", "1/1", *dict.fromkeys(replayed_ids)))
+    return check_ledger(tmp_path)
+
+
+def test_journaled_episodes_finished_after_the_snapshot_and_replayed_end_exactly_once(tmp_path):
+    report = crash_and_resume(tmp_path, ["9/0", "9/1"])
+    assert report.ok, report.problems
+    assert (report.journaled, report.replayed, report.rolled_back, report.trained) == (4, 2, 2, 4)
+    assert report.journal_lost == 0 and report.doubled == 0
+
+
+def test_a_journaled_episode_that_no_resume_replayed_is_lost(tmp_path):
+    report = crash_and_resume(tmp_path, ["9/0"])
+    assert not report.ok and report.journal_lost == 1
+    assert report.problems == [
+        "episode 9/1 was acknowledged by the journal (attempt 1, record 1) but lost: its finish was rolled back "
+        "and no later attempt replayed it"
+    ]
+
+
+def test_a_journaled_episode_replayed_twice_is_doubled(tmp_path):
+    report = crash_and_resume(tmp_path, ["9/0", "9/1", "9/1"])
+    assert not report.ok and report.doubled == 1
+    assert "episode 9/1 was finished or replayed 2 times in the final history" in report.problems
+
+
+def test_an_episode_replayed_although_its_finish_stands_is_doubled(tmp_path):
+    # 1/0 finished before the snapshot (so the snapshot holds it): replaying it too would train it twice
+    report = crash_and_resume(tmp_path, ["9/0", "9/1", "1/0"])
+    assert not report.ok and report.doubled == 1
+    assert "episode 1/0 was finished or replayed 2 times in the final history" in report.problems
+
+
+def test_an_attempt_between_the_checkpoint_and_the_resume_is_rolled_back_and_its_replay_does_not_count(tmp_path):
+    # attempt 2 resumed from attempt 1's checkpoint, replayed 9/0, and died before a checkpoint of its own;
+    # attempt 3 resumes from the same checkpoint, rolls attempt 2 back whole, and replays 9/0 again
+    write(
+        tmp_path, 1, "orchestrator",
+        *journaled(("1/0", 0), ("1/1", 0)),
+        (LedgerEvent.CHECKPOINT, {"step": 0, "reason": "periodic", "ledger_line": 1}),
+        *journaled(("9/0", 1)),
+    )  # fmt: skip
+    replay_9 = (LedgerEvent.REPLAYED, {"ids": ["9/0"], "attempts": [1], "records": 1})
+    resume_1 = (LedgerEvent.RESUMED, {"from_attempt": 1, "snapshot_line": 1, "step": 0})
+    write(tmp_path, 2, "orchestrator", resume_1, replay_9)
+    write(
+        tmp_path, 3, "orchestrator",
+        resume_1, (LedgerEvent.RESUMED, {"from_attempt": 2, "snapshot_line": -1, "step": 0}), replay_9,
+    )  # fmt: skip
+    write(tmp_path, 3, "trainer", trained(1, "1/0", "1/1", "9/0"))
+    report = check_ledger(tmp_path)
+    assert report.ok, report.problems
+    assert report.replayed == 1 and report.trained == 3

@@ -13,7 +13,10 @@ orchestrator events after the snapshot are rolled back (their episodes are regen
 and every attempt's ``trained`` records for steps after the restored step are superseded
 by the later attempt's. A graceful preemption snapshots last, so it rolls back nothing;
 an abrupt loss rolls back the work since the last periodic checkpoint, and the checker
-reports how much.
+reports how much. With the episode journal (:mod:`rlrun.orchestrator.journal`) a rolled-back
+``finished`` event of a journaled episode (``j``) must come back as ``replayed`` in a later
+attempt that counts: :func:`check_ledger` reports each one that does not as lost, and each
+episode finished (or replayed) more than once in the final history as doubled.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class LedgerEvent(str, Enum):
 
     #: group, task, env, first_member, members, v (policy version at dispatch)
     DISPATCHED = "dispatched"
-    #: id (episode), reward, v
+    #: id (episode), reward, v, and j (its record's number in the attempt's episode journal) when it was
+    #: journaled: written only once the record is durable, so ``j`` marks an *acknowledged* episode
     FINISHED = "finished"
     #: ids, group — scored and queued for a batch
     QUEUED = "queued"
@@ -57,6 +61,9 @@ class LedgerEvent(str, Enum):
     #: — events of ``from_attempt`` after ``snapshot_line`` are rolled back (line −1: the whole attempt,
     #: a start-over from step 0, which has no report)
     RESUMED = "resumed"
+    #: ids, attempts, records — journaled episodes of earlier attempts put back by a resume (after the
+    #: snapshot's cut): they count as finished in this attempt, which decides their fate
+    REPLAYED = "replayed"
     #: group, members, first_member — members of a restored group requested again
     REDISPATCH_REQUESTED = "redispatch_requested"
     #: ids — still queued or in open groups when the run ended
@@ -152,6 +159,10 @@ class LedgerReport:
     abandoned: int = 0
     leftover: int = 0
     rolled_back: int = 0
+    journaled: int = 0
+    replayed: int = 0
+    journal_lost: int = 0
+    doubled: int = 0
     steps: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -212,17 +223,42 @@ def check_ledger(root: Path) -> LedgerReport:
     # final fate of every episode
     fates: dict[str, list[str]] = defaultdict(list)
     finished: set[str] = set()
+    finishes: Counter = Counter()  # live finished + replayed, per episode: more than 1 is a double
+    journaled: dict[str, tuple[int, int]] = {}  # acknowledged by the journal → (attempt, record)
+    rolled_back_journaled: set[str] = set()
     for a in attempts:
         for ev in orch[a]:
             live = ev["_line"] < cutoff[a]
             if ev["e"] == LedgerEvent.FINISHED:
+                if ev.get("j") is not None:
+                    journaled.setdefault(ev["id"], (a, ev["j"]))
                 if live:
                     finished.add(ev["id"])
+                    finishes[ev["id"]] += 1
                 else:
                     report.rolled_back += 1
+                    if ev.get("j") is not None:
+                        rolled_back_journaled.add(ev["id"])
+            elif live and ev["e"] == LedgerEvent.REPLAYED:
+                finished.update(ev["ids"])
+                finishes.update(ev["ids"])
+                report.replayed += len(ev["ids"])
             elif live and ev["e"] in _FATES:
                 for eid in ev["ids"]:
                     fates[eid].append(ev["e"])
+    report.journaled = len(journaled)
+    # Invariant 1 with the journal: an acknowledged episode is never lost to a rollback, nor counted twice.
+    for eid in sorted(rolled_back_journaled - finished):
+        a, j = journaled[eid]
+        report.journal_lost += 1
+        report.problems.append(
+            f"episode {eid} was acknowledged by the journal (attempt {a}, record {j}) but lost: "
+            "its finish was rolled back and no later attempt replayed it"
+        )
+    for eid, n in sorted(finishes.items()):
+        if n > 1:
+            report.doubled += 1
+            report.problems.append(f"episode {eid} was finished or replayed {n} times in the final history")
     # final training history: for each step, the last attempt that trained it (later attempts restart
     # from a checkpoint and supersede the steps after it)
     by_step: dict[int, tuple[int, list[str]]] = {}

@@ -14,6 +14,19 @@ them. A pause (``POST /pause`` or SIGTERM) stops dispatching and shipping and re
 the orchestrator part of the newest trainer checkpoint with the current snapshot — the
 same cut, losing nothing.
 
+Pause, then the trainer's save on notice. The trainer, told to stop (SIGTERM), checkpoints
+the step ``S`` it has — often newer than the part the pause paired with, as it trains on
+batches the orchestrator had already shipped. A paused orchestrator therefore keeps
+completing every new trainer part of its attempt with **the same pause snapshot** (same
+progress, queue, groups and ``ledger_line``; only ``step`` differs) until it is stopped:
+valid because the snapshot's ``shipped = M ≥ S`` (nothing ships after a pause), so a resume
+from ``S`` trains ``S+1 … M`` from the kept files and recomputes no trainer step. A part with
+``S > M`` cannot be paired and is left alone. Each pairing is its own atomic write, so a kill
+at any moment leaves the previous complete checkpoint (at worst the pause's own step) usable;
+writing the same pairing twice writes the same content (idempotent). The launcher and operator
+stop the orchestrator after the trainer has exited, and the orchestrator pairs what is there
+once more as it stops (``Orchestrator.run``).
+
 Guarantees:
 
 - **A state that existed.** The orchestrator's progress, the train-source state and the
@@ -27,6 +40,9 @@ Guarantees:
   completed: the one it resumed from, or one its own trainer published (``meta.json``).
 - **Nothing cut half-way.** Saves take :attr:`CheckpointManager.lock`, which the loop also
   holds from cutting a batch to counting it shipped, so no snapshot falls in between.
+- **Journal cut.** The capture includes the episode journal's cut (``progress["journal"]``,
+  :meth:`rlrun.orchestrator.journal.Journal.cut`); once ``progress.pt`` is durable the journal
+  is compacted to it (segments and earlier attempts' journals it covers are deleted).
 - **Retention.** After each save, all but the ``checkpoint.keep_last`` newest usable steps
   (both parts verify) are deleted, and batch files no usable checkpoint can need any more.
 """
@@ -51,6 +67,7 @@ from rlrun.checkpoint import (
 from rlrun.ledger import Ledger, LedgerEvent
 from rlrun.orchestrator import snapshot as sink_snapshot
 from rlrun.orchestrator.errors import OrchestratorError
+from rlrun.orchestrator.journal import Journal
 from rlrun.rundir import RunDir, step_dirs, written_by
 
 log = logging.getLogger(__name__)
@@ -76,6 +93,8 @@ class CheckpointManager:
         base_step: the checkpoint this attempt resumed from (0 for a fresh start).
         last_step: the newest step this attempt completed or resumed from (−1: none yet).
         last_written: the newest part written, as the control server reports it.
+        paused_capture: the pause snapshot (what :data:`Capture` returned, with ``ledger_line``),
+            reused for every trainer part completed after the pause; None before a pause.
     """
 
     def __init__(self, run_dir: RunDir, attempt: int, keep_last: int, ledger: Ledger, capture: Capture) -> None:
@@ -88,6 +107,8 @@ class CheckpointManager:
         self.base_step = 0
         self.last_step = -1
         self.last_written: CheckpointWritten | None = None
+        self.paused_capture: tuple[dict[str, Any], sink_snapshot.SinkSnapshot, SnapshotCounts] | None = None
+        self.journal: Journal | None = None  # the episode journal, compacted after each save (set by the loop)
 
     def resumed_from(self, step: int) -> None:
         """This attempt resumed from complete checkpoint ``step``."""
@@ -118,10 +139,15 @@ class CheckpointManager:
         return await self.save(step, "pause")
 
     async def complete_new_trainer_parts(self) -> None:
-        """Write our part for every trainer part newer than :attr:`last_step` (periodic checkpoints)."""
+        """Write our part for every trainer part newer than :attr:`last_step`: a periodic checkpoint,
+        or, once paused, the pause snapshot again (module docstring) for a part with ``step ≤ shipped``."""
         for step in sorted(step_dirs(self.run_dir.checkpoints)):
-            if step > self.last_step and self.pairable(step):
+            if step <= self.last_step or not self.pairable(step):
+                continue
+            if self.paused_capture is None:
                 await self.save(step, "periodic")
+            elif step <= self.paused_capture[0]["shipped"]:
+                await self.save(step, "pause")
 
     async def save(self, step: int, reason: Literal["periodic", "pause"]) -> CheckpointWritten:
         """Capture now and write ``checkpoints/step_N/orchestrator/progress.pt``, then prune.
@@ -131,8 +157,14 @@ class CheckpointManager:
         """
         async with self.lock:
             self.ledger.flush()
-            progress, snap, counts = self.capture(step)
-            progress["ledger_line"] = self.ledger.lines - 1
+            if reason == "pause" and self.paused_capture is not None:
+                progress, snap, counts = self.paused_capture  # the same cut, paired with a newer trainer part
+                progress = {**progress, "step": step}
+            else:
+                progress, snap, counts = self.capture(step)
+                progress["ledger_line"] = self.ledger.lines - 1
+                if reason == "pause":
+                    self.paused_capture = (progress, snap, counts)
 
             def write():
                 self.ledger.sync()  # the ledger lines the snapshot refers to are durable first
@@ -156,6 +188,8 @@ class CheckpointManager:
             )
             self.last_written = written
             removed = await self.prune()
+            if self.journal is not None and progress.get("journal"):  # progress.pt is durable: drop what it covers
+                await asyncio.to_thread(self.journal.compact, progress["journal"])
             log.info(
                 "checkpoint step %d complete (%s, %s): %d queued traces, %d open groups (%d finished episodes kept), "
                 "%d requested groups; pruned %s",

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from rlrun.orchestrator.control import ControlServer
 from rlrun.orchestrator.dispatcher import Dispatcher, GroupResult
 from rlrun.orchestrator.flow import FlowControl
 from rlrun.orchestrator.follower import WeightFollower
+from rlrun.orchestrator.journal import FRESH_BASE, Journal, journal_root
 from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.orchestrator.resume import begin_attempt
 from rlrun.orchestrator.signals import TerminationHandler
@@ -39,7 +41,7 @@ from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.source import TrainSource
 from rlrun.orchestrator.staleness import min_fresh_version
 from rlrun.orchestrator.weights import weights_signature
-from rlrun.rollout.client import RolloutClient
+from rlrun.rollout.client import RolloutClient, RolloutError
 from rlrun.rundir import RunDir, run_dir_attempt
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,9 @@ log = logging.getLogger(__name__)
 #: thread; with Python's default 5 ms the event loop can wait that long for the GIL at each
 #: switch (measured p99 7.2 ms at 10k queued traces), with 1 ms it waited 3.4 ms at p99.
 LOOP_SWITCH_INTERVAL_S = 0.001
+
+#: How often a benched rollout server is asked whether it is back, seconds.
+REJOIN_EVERY_S = 2.0
 
 
 class Orchestrator:
@@ -68,6 +73,8 @@ class Orchestrator:
         poll_s: how often to look for results and trainer output, seconds.
         client_factory: ``client_factory(url: str) -> RolloutClient`` (benchmarks pass an instant fake).
         run_uid: the run's uid (``--run-uid``): attempts are then numbered per run directory.
+        journal: keep the episode journal (:mod:`.journal`): finished episodes are durable before
+            they count, so an abrupt kill loses none (False: only benchmarks' baselines).
 
     Attributes:
         attempt_number: ``attempt`` as given (``GET /status`` echoes it).
@@ -91,6 +98,7 @@ class Orchestrator:
         poll_s: float = 0.05,
         client_factory: Callable[[str], RolloutClient] = RolloutClient,
         run_uid: str | None = None,
+        journal: bool = True,
     ) -> None:
         self.spec = spec
         self.run_dir = run_dir.ensure()
@@ -114,8 +122,13 @@ class Orchestrator:
         )
         self.weights = WeightFollower(self.run_dir, attempt, reference=None)
         self.metrics = StepMetrics(self.run_dir.metrics, attempt)
-        self.results: asyncio.Queue[GroupResult] = asyncio.Queue()
+        self.results: asyncio.Queue[GroupResult | None] = asyncio.Queue()  # None: wake up, episodes admitted
+        self.use_journal = journal
+        self.journal: Journal | None = None  # opened once the attempt has begun (its base is known)
+        self._unadmitted: deque[tuple[int, GroupResult]] = deque()  # journaled, not yet durable, by seq
+        self._admitting = True
         self.dispatcher: Dispatcher | None = None
+        self._rejoin_tried: dict[str, float] = {}  # benched endpoint → when it was last asked (monotonic)
         self.shipped = 0
         self.phase: OrchestratorPhase = "starting"
         self.paused = False
@@ -154,8 +167,42 @@ class Orchestrator:
                     "cancelled %d requests in flight on removed endpoints %s; their members are requested again",
                     len(change.lost), change.removed,
                 )  # fmt: skip
-            await self.weights.catch_up(change.added)
+            self._bench(await self.weights.catch_up(change.added))
         log.info("rollout endpoints now %s", sorted(self.rollout_urls))
+
+    def _bench(self, unreachable: dict[str, str]) -> None:
+        """Take rollout servers that missed a weight update out of use; their requests are asked again."""
+        for url, error in unreachable.items():
+            lost = self.dispatcher.bench(url, error)
+            self._settle(lost)  # before any await, as for a removed endpoint
+            log.warning(
+                "rollout server %s benched until it answers and has policy %d; %d requests on it asked again",
+                url, self.policy_version, len(lost),
+            )  # fmt: skip
+
+    async def _rejoin_benched(self) -> None:
+        """Give each benched rollout server that answers ``/health`` the current weights, then use it again
+        (tried at most every :data:`REJOIN_EVERY_S` per server)."""
+        now = time.monotonic()
+        for url in list(self.dispatcher.benched):
+            if now - self._rejoin_tried.get(url, -1e18) < REJOIN_EVERY_S:
+                continue
+            self._rejoin_tried[url] = now
+            client = self.client_factory(url)
+            try:
+                rejoined = (
+                    await client.healthy()
+                    and not await self.weights.catch_up([client])
+                    and self.dispatcher.rejoin(client)
+                )
+            except RolloutError as exc:  # it answers but cannot reload yet: it stays benched, asked again later
+                log.warning("benched rollout server %s could not catch up: %s", url, exc)
+                rejoined = False
+            if rejoined:
+                log.info("rollout server %s rejoined with policy %d", url, self.policy_version)
+                self._dispatch_within_budget()
+            else:
+                await client.aclose()
 
     async def pause(self) -> PauseResult:
         """Stop dispatching and shipping, write the snapshot, and return its counts (idempotent).
@@ -164,6 +211,8 @@ class Orchestrator:
         once done, the final checkpoint holds everything: then nothing is written (a snapshot would
         pair an empty sink with a trainer part, or record the leftovers twice), the newest complete
         checkpoint stays what a next attempt resumes from, and the answer says so (``step`` None).
+        While paused (until stopped), every newer trainer part of this attempt — the trainer's save on
+        notice — is completed with this same snapshot (:mod:`.checkpointing`), so it is the one resumed from.
 
         Raises:
             OrchestratorError: no trainer part to pair the snapshot with.
@@ -207,6 +256,8 @@ class Orchestrator:
             "time": time.time(),
         }
         snap = sink_snapshot.capture(self.sink, self.dispatcher)
+        if self.journal is not None:  # the same step as the snapshot: records after this cut are replayed
+            progress["journal"] = self.journal.cut()
         return progress, snap, snap.counts(list(self.source.resume_requests))
 
     # -- the work -----------------------------------------------------------------------------
@@ -228,17 +279,50 @@ class Orchestrator:
             committed += request.members
 
     def _consume(self, result: GroupResult) -> None:
-        """Hand a request's episodes to the sink (a failed one to :func:`settle`); forget a scored group."""
-        g = self.dispatcher.take(result).request.group_id
+        """Journal a request's episodes (admitted by :meth:`_on_durable` once durable); a failed request goes
+        to :func:`settle`, and without a journal (or for an abandoned group) the episodes are admitted at once.
+
+        Until it is admitted, the request stays *delivered, not taken* in the dispatcher, so a snapshot taken
+        meanwhile lists it as emitted (its members are requested again unless the journal replay brings
+        them back) and the group counts as having work out.
+        """
         if result.error is not None:
+            g = self.dispatcher.take(result).request.group_id
             out = self.dispatcher.has_work_out(g)
             return self._settle([GroupCancellation(result.request, None, out, "failed", result.error)])
         self.metrics.add_tokens(result.tokens)
+        g = result.request.group_id
+        if self.journal is None or not result.episodes or g in self.sink.abandoned:
+            return self._admit(result, None)  # nothing that can train: recorded abandoned at once
+        self._unadmitted.append((self.journal.append(g, result.request.task, result.episodes), result))
+
+    def _admit(self, result: GroupResult, seq: int | None) -> None:
+        """Count a request's episodes finished: ledger ``finished`` (with ``j = seq`` when journaled), the
+        sink, and forget a group that is scored."""
+        g = self.dispatcher.take(result).request.group_id
+        j = {} if seq is None else {"j": seq}
         for e in result.episodes:
-            self.ledger.write(LedgerEvent.FINISHED, id=e.episode_id, reward=round(e.reward, 6), v=e.policy_version)
+            self.ledger.write(LedgerEvent.FINISHED, id=e.episode_id, reward=round(e.reward, 6), v=e.policy_version, **j)
         self.sink.add_episodes(g, result.request.task, result.episodes, self.shipped + 1)
         if g not in self.sink.open_groups and not self.dispatcher.has_work_out(g):
             self.source.forget(g)
+
+    def _on_durable(self, seq: int) -> None:
+        """The journal's group commit made records ``≤ seq`` durable (on the loop): admit them, in order.
+
+        Not once paused (the pause snapshot lists their requests as emitted and the journal keeps them:
+        the next attempt replays them, so admitting now would record finishes a resume rolls back), nor
+        once the run is done or stopping."""
+        if not self._admitting or self.paused or self.phase == "done":
+            return
+        admitted = False
+        while self._unadmitted and self._unadmitted[0][0] <= seq:
+            s, result = self._unadmitted.popleft()
+            self._admit(result, s)
+            self.journal.admitted(s)
+            admitted = True
+        if admitted:
+            self.results.put_nowait(None)  # wake the main loop: a batch may be ready to ship
 
     def _settle(self, cancellations: list[GroupCancellation]) -> None:
         settle(cancellations, self.sink, self.source, self.dispatcher, self.ledger, self.spec.rollout.max_group_retries)
@@ -269,9 +353,14 @@ class Orchestrator:
     async def _follow_trainer(self) -> None:
         """Load each new policy into the rollout servers; complete each new trainer part with ours."""
         while True:
-            if not self.paused and await self.weights.follow(list(self.dispatcher.clients.values())) is not None:
-                self._dispatch_within_budget()
             if not self.paused:
+                push = await self.weights.follow(list(self.dispatcher.clients.values()))
+                if push is not None:
+                    self._bench(push.unreachable)
+                    self._dispatch_within_budget()
+                await self._rejoin_benched()
+            # Paused: the trainer's save on notice is completed with the pause snapshot (checkpointing.py).
+            if not self.paused or self.checkpoints.paused_capture is not None:
                 await self.checkpoints.complete_new_trainer_parts()
             await asyncio.sleep(self.poll_s)
 
@@ -282,12 +371,18 @@ class Orchestrator:
         """Resume, start over, or start fresh (:func:`.resume.begin_attempt`), and load the matching weights."""
         clients = list(self.dispatcher.clients.values())
         restored = await begin_attempt(self.resume, self.run_dir, self.spec, self.source, self.sink, self.ledger)
+        if self.use_journal:
+            base = restored.journal_base if restored is not None else FRESH_BASE
+            args = (journal_root(self.run_dir), self.attempt, base, self._on_durable, asyncio.get_running_loop())
+            self.journal = await asyncio.to_thread(Journal, *args)
+            self.checkpoints.journal = self.journal
         if restored is not None:
             self.shipped, self.resume_report = restored.shipped, restored.report
             self.checkpoints.resumed_from(restored.step)
-            await self.weights.load(clients, self.run_dir.trainer_checkpoint(restored.step), restored.step)
+            push = await self.weights.load(clients, self.run_dir.trainer_checkpoint(restored.step), restored.step)
+            self._bench(push.unreachable)
         elif self.weights.reference is not None:  # servers may hold another run's weights: start from ours
-            await self.weights.load(clients, self.model_path, 0)
+            self._bench((await self.weights.load(clients, self.model_path, 0)).unreachable)
 
     async def run(self) -> int:
         """Run until batch ``max_steps`` is shipped and checkpointed, or a pause then stop; returns the step.
@@ -342,7 +437,8 @@ class Orchestrator:
                 while not self.results.empty():
                     results.append(self.results.get_nowait())
                 for result in results:
-                    self._consume(result)
+                    if result is not None:  # None only wakes the loop (episodes admitted)
+                        self._consume(result)
                 await self._ship_ready_batches()
                 self._dispatch_within_budget()
             if self._done():
@@ -359,9 +455,19 @@ class Orchestrator:
                     await follower
             if self._done():  # the last save's prune may have been cut short by the cancel: retention holds
                 await self.checkpoints.prune()
+            elif self.checkpoints.paused_capture is not None:  # a trainer part saved on notice since the last look
+                try:
+                    await self.checkpoints.complete_new_trainer_parts()
+                except Exception as exc:  # the pause's own checkpoint stands
+                    log.warning("could not pair the pause snapshot with a newer trainer part: %s", exc)
             await self.dispatcher.aclose()
             if self.control is not None:
                 await self.control.stop()
+            self._admitting = False  # no ledger line after this attempt's last
+            if self.journal is not None:  # what is pending becomes durable: the next attempt replays it
+                await asyncio.to_thread(self.journal.close)
+                j = self.journal
+                log.info("journal: %d records, %d fsyncs, %d bytes", j.next_seq, j.fsyncs, j.bytes_written)
             self.metrics.close()
             self.ledger.close()
 

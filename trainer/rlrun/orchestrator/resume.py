@@ -9,6 +9,12 @@
 - **Start-over** (``--resume`` with no complete checkpoint, :func:`start_over`): what dead
   attempts left past step 0 is discarded and their ledger events rolled back, so the
   operator can pass ``--resume`` to every attempt.
+
+Both put back the episode journal's records after the cut of what they start from
+(:func:`rlrun.orchestrator.journal.replay`) before the staleness sweep and group completion, so
+no episode a dead attempt acknowledged is lost; the ledger gets a ``replayed`` event with their
+ids, and every attempt between the checkpoint's and this one is rolled back whole (its work is
+either replayed from its journal or regenerated).
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from rlrun.api.spec import RLRunSpec
 from rlrun.checkpoint import check_compatible, latest_complete_checkpoint
 from rlrun.ledger import Ledger, LedgerEvent, ledger_attempts
 from rlrun.orchestrator.errors import OrchestratorError
+from rlrun.orchestrator.journal import FRESH_BASE, JournalRecord, journal_root, replay
 from rlrun.orchestrator.sink import TrainSink
-from rlrun.orchestrator.snapshot import restore_plan, unpack
+from rlrun.orchestrator.snapshot import SinkSnapshot, restore_plan, unpack, with_journal
 from rlrun.orchestrator.source import TrainSource
 from rlrun.rundir import RunDir, step_dirs
 
@@ -54,8 +61,9 @@ def start_over(run_dir: RunDir, ledger: Ledger, attempt: int) -> list[int]:
     An attempt killed before its first complete checkpoint leaves batches (and orchestrator
     parts) past step 0 that nothing can resume from; they go (the trainer removes its own parts
     and broadcasts), and every earlier attempt's ledger events are rolled back by a ``resumed``
-    event from no snapshot (line −1), so the ledger check does not count them. Returns the
-    batch steps removed.
+    event from no snapshot (line −1), so the ledger check does not count them. (The journals of
+    the attempts that also began from nothing are then replayed by :func:`begin_attempt`.)
+    Returns the batch steps removed.
     """
     removed = run_dir.remove_steps_after(run_dir.rollouts, 0)
     for n in step_dirs(run_dir.checkpoints):
@@ -67,6 +75,34 @@ def start_over(run_dir: RunDir, ledger: Ledger, attempt: int) -> list[int]:
     if removed:
         log.info("resume: starting over from step 0; removed batches %s left by an earlier attempt", removed)
     return removed
+
+
+def put_back(
+    snap: SinkSnapshot,
+    records: list[JournalRecord],
+    spec: RLRunSpec,
+    source: TrainSource,
+    sink: TrainSink,
+    ledger: Ledger,
+    shipped: int,
+):
+    """Restore ``snap`` plus the journal ``records`` into ``source`` (state already loaded) and ``sink``.
+
+    Adds the records' episodes to the snapshot (:func:`~rlrun.orchestrator.snapshot.with_journal`),
+    writes the ``replayed`` ledger event, moves the task cursor past every group the records name
+    (a group a dead attempt opened after the snapshot must not be drawn again as a new task), then
+    applies the staleness rule of step ``shipped + 1`` and completes every group
+    (:func:`~rlrun.orchestrator.snapshot.restore_plan`). Returns ``(plan, snap with the records)``.
+    """
+    merged, added = with_journal(snap, records)
+    if added:
+        attempts = sorted({r.attempt for r in records})
+        ledger.write(LedgerEvent.REPLAYED, ids=[e.episode_id for e in added], attempts=attempts, records=len(records))
+        source.cursor = max(source.cursor, max(r.group_id for r in records) + 1)
+    plan = restore_plan(merged, list(source.resume_requests), shipped + 1, spec.max_off_policy_steps, spec.group_size)
+    sink.restore(plan, merged.counters, shipped + 1)
+    source.restore(list(merged.taken_members()), plan.to_complete)
+    return plan, merged
 
 
 async def begin_attempt(
@@ -85,6 +121,11 @@ async def begin_attempt(
     restored = await restore(run_dir, spec, source, sink, ledger)
     if restored is None:
         start_over(run_dir, ledger, ledger.attempt)
+        records = await asyncio.to_thread(replay, journal_root(run_dir), FRESH_BASE, ledger.attempt)
+        if records:
+            plan, _ = put_back(SinkSnapshot([], [], []), records, spec, source, sink, ledger, 0)
+            log.info("resume: starting over with %d journaled episodes replayed (%d open groups, %d queued traces)",
+                     sum(len(r.episodes) for r in records), len(plan.open_groups), len(sink.queue))  # fmt: skip
     return restored
 
 
@@ -96,11 +137,15 @@ class Restored:
         step: the complete checkpoint resumed from (the policy version the servers must load).
         shipped: batches shipped when its snapshot was taken (the next batch is ``shipped + 1``).
         report: the resume report (``GET /status``'s ``resume``).
+        journal_base: where this attempt's journal begins (``base.json``, :func:`~rlrun.orchestrator.journal.replay`).
+        replayed: journaled episodes put back.
     """
 
     step: int
     shipped: int
     report: ResumeReport
+    journal_base: dict | None = None
+    replayed: int = 0
 
 
 async def restore(
@@ -122,7 +167,12 @@ async def restore(
     # Batches shipped after the snapshot hold samples the snapshot still has queued: drop them.
     removed = run_dir.remove_steps_after(run_dir.rollouts, shipped)
     snap = unpack(state.get("sink"), state.get("tensors", {}))
-    plan = restore_plan(snap, list(source.resume_requests), shipped + 1, spec.max_off_policy_steps, spec.group_size)
+    cut = state.get("journal") or {}
+    base = {"step": ckpt.step, "attempt": cut.get("attempt", state.get("attempt")), "seq": cut.get("seq")}
+    records = await asyncio.to_thread(replay, journal_root(run_dir), base, ledger.attempt)
+    replayed = sum(len(r.episodes) for r in records)
+    merged, _ = with_journal(snap, records)
+    plan = restore_plan(merged, list(source.resume_requests), shipped + 1, spec.max_off_policy_steps, spec.group_size)
     report = ResumeReport(
         from_step=ckpt.step,
         from_attempt=state.get("attempt"),
@@ -143,9 +193,14 @@ async def restore(
         snapshot_line=state.get("ledger_line"),
         step=ckpt.step,
         report=report.model_dump(mode="json"),
+        journal_replayed=replayed,
     )
-    sink.restore(plan, snap.counters, shipped + 1)
-    source.restore(list(snap.taken_members()), plan.to_complete)
+    # Attempts after the checkpoint's died without completing one of their own: their events are rolled
+    # back whole (their journaled episodes come back through the replay, the rest is regenerated).
+    for between in ledger_attempts(ledger.path.parent, "orchestrator"):
+        if report.from_attempt is not None and report.from_attempt < between < ledger.attempt:
+            ledger.write(LedgerEvent.RESUMED, from_attempt=between, snapshot_line=-1, step=ckpt.step)
+    put_back(snap, records, spec, source, sink, ledger, shipped)
     for r in source.resume_requests:
         ledger.write(LedgerEvent.REDISPATCH_REQUESTED, group=r.group_id, members=r.members, first_member=r.first_member)
     log.info(
@@ -154,4 +209,7 @@ async def restore(
         report.queued_traces, report.open_groups, report.finished_episodes_kept, report.requested_groups,
         ckpt.step, shipped, report.dropped_stale, report.members_requested, source.cursor,
     )  # fmt: skip
-    return Restored(ckpt.step, shipped, report)
+    if records:
+        log.info("resume: replayed %d journaled episodes (%d records of attempts %s after the cut %s)",
+                 replayed, len(records), sorted({r.attempt for r in records}), base)  # fmt: skip
+    return Restored(ckpt.step, shipped, report, base, replayed)

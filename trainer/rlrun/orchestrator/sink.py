@@ -247,6 +247,10 @@ class TrainSink:
         dropped = [s.trace.episode_id for s in plan.dropped_samples] + [e.episode_id for e in plan.dropped_episodes]
         if dropped:
             self._record(LedgerEvent.DROPPED_STALE, dropped, step=next_step, at="resume")
+        # A group the journal replay completed (its last members finished after the snapshot) is scored now,
+        # as it was before the crash; it is not requested again (the plan lists it with no missing member).
+        for group_id in [g for g, group in self.open_groups.items() if len(group.episodes) >= self.group_size]:
+            self._score(self.open_groups.pop(group_id), next_step)
 
     def unfinished_episode_ids(self) -> list[str]:
         """Episode ids still queued or waiting in open groups (left over when the run ends)."""

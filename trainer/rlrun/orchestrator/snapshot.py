@@ -9,7 +9,8 @@ Saved (in ``progress.pt``, beside progress and the train-source state):
 - the train source's pending resume requests (in the source state).
 
 Not saved: in-flight rollouts and unconsumed results — they are regenerated with
-their group. Token ids and logprobs go into flat tensors, everything else into JSON;
+their group, unless the episode journal holds them (:func:`with_journal` adds the journal
+records after the snapshot's cut before :func:`restore_plan` runs). Token ids and logprobs go into flat tensors, everything else into JSON;
 no object is pickled.
 
 Guarantee: :func:`capture` runs on the event loop with no ``await`` inside, so the
@@ -22,6 +23,7 @@ completed with its same task and group id (invariant 3).
 
 from __future__ import annotations
 
+import logging
 from array import array
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -37,7 +39,10 @@ from rlrun.samples import Episode, QueuedTrace, TrainingSample
 
 if TYPE_CHECKING:
     from rlrun.orchestrator.dispatcher import Dispatcher
+    from rlrun.orchestrator.journal import JournalRecord
     from rlrun.orchestrator.sink import TrainSink
+
+log = logging.getLogger(__name__)
 
 #: 2: open-group episodes carry their member number (1: parsed from the episode id).
 SINK_STATE_VERSION = 2
@@ -233,6 +238,34 @@ def _offsets(lens: torch.Tensor) -> list[int]:
     return out
 
 
+def with_journal(snap: SinkSnapshot, records: list[JournalRecord]) -> tuple[SinkSnapshot, list[Episode]]:
+    """The snapshot as it would have been with the journal ``records`` (after its cut) added to the sink.
+
+    Each record's episodes join their group's saved open group (a new open group when it has none):
+    they finished after the snapshot was taken, so neither its queue nor its open groups hold them.
+    An episode id the snapshot already holds is skipped and logged (the cut rules it out; a duplicate
+    would train twice). Returns the new snapshot (``snap`` is not changed) and the episodes added, in order.
+    """
+    held = {s.trace.episode_id for s in snap.pending_batch}
+    groups: dict[int, tuple[int, Task, list[Episode]]] = {}
+    for g, task, eps in snap.open_groups:
+        groups[g] = (g, task, list(eps))
+        held.update(e.episode_id for e in eps)
+    added: list[Episode] = []
+    for rec in records:
+        group = groups.setdefault(rec.group_id, (rec.group_id, rec.task, []))
+        for e in rec.episodes:
+            if e.episode_id in held:
+                log.warning("journal record %d of attempt %d: episode %s is in the snapshot already; skipped",
+                            rec.seq, rec.attempt, e.episode_id)  # fmt: skip
+                continue
+            held.add(e.episode_id)
+            group[2].append(e)
+            added.append(e)
+    merged = SinkSnapshot(snap.pending_batch, list(groups.values()), snap.emitted_train_groups, dict(snap.counters))
+    return merged, added
+
+
 @dataclass
 class RestorePlan:
     """What a resume puts back, after the staleness rule of the resumed step.
@@ -262,7 +295,7 @@ class RestorePlan:
     @property
     def requested_groups(self) -> int:
         """Groups to complete that keep no finished episode (requested again whole)."""
-        return len(self.to_complete) - len(self.open_groups)
+        return len({g for g, _, _ in self.to_complete} - {g for g, _, _ in self.open_groups})
 
     @property
     def members_requested(self) -> int:
