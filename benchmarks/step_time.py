@@ -14,7 +14,12 @@ Two measurements in one run:
 ``capacity_ratio`` = orchestrator samples/s ÷ real rollout samples/s; the goal is ≥ 10,
 so the orchestrator is never what a run waits on.
 
-Usage: ``python benchmarks/step_time.py [--steps 30] [--warmup 5] [--capacity-steps 40]``
+3. ``ranks`` (with ``--ranks``): the data-parallel trainer's cost from
+   ``benchmarks/step_time_ranks.py`` (the one place it is measured): trainer step time on
+   1 × 1 vs 1 × 2 ranks (the real ``rlrun trainer`` on the default example, and the bare step),
+   and sharded (DCP) vs unsharded checkpoint write/load times. ``--only-ranks`` runs just that.
+
+Usage: ``python benchmarks/step_time.py [--steps 30] [--warmup 5] [--capacity-steps 40] [--ranks | --only-ranks]``
 """
 
 from __future__ import annotations
@@ -108,13 +113,28 @@ def measure_orchestrator(steps: int, cache_dir: Path | None) -> dict:
     }
 
 
+def measure_ranks() -> dict:
+    """Run ``benchmarks/step_time_ranks.py`` (1 × 1 vs 1 × 2 ranks, sharded vs unsharded checkpoints)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "step_time_ranks.py")], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"step_time_ranks.py failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--capacity-steps", type=int, default=40)
     parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--ranks", action="store_true", help="also measure 1 × 1 vs 1 × 2 trainer ranks")
+    parser.add_argument("--only-ranks", action="store_true", help="measure only the trainer ranks")
     args = parser.parse_args()
+    if args.only_ranks:
+        print(json.dumps({"benchmark": "step_time", "ranks": measure_ranks()}, indent=2))
+        return
     orchestrator = measure_orchestrator(args.capacity_steps, args.cache_dir)
     rl = measure_rl(args.steps, args.warmup, args.cache_dir)
     print(
@@ -126,6 +146,7 @@ def main() -> None:
                 "orchestrator": orchestrator,
                 "capacity_ratio": round(orchestrator["samples_per_s"] / rl["rollout_samples_per_s"], 2),
                 "goal_capacity_ratio": 10,
+                **({"ranks": measure_ranks()} if args.ranks else {}),
             },
             indent=2,
         )

@@ -19,7 +19,16 @@ numbers with ``load_average``, printed at the end. Measured once (load average 6
 rows, 1536 tokens): step 1.04 s (1x1_t1), 5.0 s (1x1_t2), 0.81 s (1x2_t1); write / load 0.07 / 0.04 s
 unsharded, 0.22 / 0.19 s DCP on 1 rank, 0.50 / 0.79 s DCP on 2 ranks (7.5–8.1 MB).
 
-Usage: ``python benchmarks/step_time_ranks.py [--batch-size 64] [--steps 5] [--repeats 3]``
+- ``trainer``: the real ``rlrun trainer`` on the default example (``examples/reverse-text.yaml``:
+  its model and ``batch_size``), fed ``--trainer-steps`` batches of reverse-text-sized samples by a
+  fake orchestrator (files written up front): ``1x1`` one process (today's path, 1 torch thread),
+  ``1x2`` ``torchrun --nproc-per-node 2`` (gloo, 1 thread per rank). Reports the trainer's own
+  ``train_s`` (median over the steps after the first) and the command's wall time, which includes
+  start-up, the step-0 and last-step checkpoints (unsharded for 1x1, sharded for 1x2) and the
+  per-step weight broadcast.
+
+Usage: ``python benchmarks/step_time_ranks.py [--batch-size 64] [--steps 5] [--repeats 3] [--trainer-steps 6]``
+(``benchmarks/step_time.py --ranks`` runs it and includes its JSON under ``ranks``).
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ import json
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,6 +65,8 @@ from safetensors.torch import load_file, save_file
 from transformers import Qwen3ForCausalLM
 
 OPT = OptimizerSpec()
+ROOT = Path(__file__).resolve().parents[1]
+MANIFEST = ROOT / "examples" / "reverse-text.yaml"
 
 
 def make_batch(rows: int, prompt: int = 20, completion: int = 24) -> TrainBatch:
@@ -124,6 +137,52 @@ def rank_main(rank: int, port: int, work: str, rows: int, steps: int, repeats: i
     teardown(dp)
 
 
+def measure_trainer(steps: int, work: Path) -> dict:
+    """``rlrun trainer`` on 1 process vs 2 ``torchrun`` ranks over the same ``steps`` batches (see module docstring)."""
+    import yaml
+    from rlrun.batch import write_batch
+    from rlrun.manifest import load_manifest
+    from rlrun.rundir import RunDir
+
+    doc = yaml.safe_load(MANIFEST.read_text())
+    doc["spec"]["checkpoint"]["interval"] = steps  # checkpoints at 0 and at the last step only
+    manifest = work / "trainer.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    rows = load_manifest(manifest).spec.batch_size
+    bindir = Path(sys.executable).parent
+    out: dict = {"batch_size": rows, "steps": steps}
+    for name, launcher in (
+        ("1x1", [str(bindir / "rlrun")]),
+        ("1x2", [str(bindir / "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
+                 "--max-restarts", "0", "--no-python", str(bindir / "rlrun")]),
+    ):  # fmt: skip
+        run_dir = RunDir(work / f"trainer_{name}").ensure()
+        g = torch.Generator().manual_seed(0)
+        for s in range(1, steps + 1):
+            samples = []
+            for i in range(rows):
+                ids = torch.randint(2, 97, (44,), generator=g).tolist()
+                lp = (-4.85 + 0.6 * (torch.rand(24, generator=g) - 0.5)).tolist()
+                adv = float(torch.randn(1, generator=g))
+                samples.append(TrainingSample(ids[:20], ids[20:], lp, adv, 0.5, QueuedTrace("reverse-text", 0, s, i)))
+            write_batch(run_dir.rollout_batch(s), s, samples, pad_id=0)
+        argv = [*launcher, "trainer", str(manifest), "--run-dir", str(run_dir.root), "--max-steps", str(steps)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env.pop("RLRUN_TERMINATION_LOG", None)
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"{name} trainer failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        metrics = [json.loads(x) for x in run_dir.trainer_metrics.read_text().splitlines()]
+        out[name] = {
+            "train_s_median": round(statistics.median(m["train_s"] for m in metrics[1:]), 4),
+            "wall_s": round(wall, 2),
+        }
+    out["speedup_1x2"] = round(out["1x1"]["train_s_median"] / out["1x2"]["train_s_median"], 2)
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -135,6 +194,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--trainer-steps", type=int, default=6, help="0: skip the real-trainer measurement")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="rlrun-ranks-") as tmp:
         work = Path(tmp)
@@ -181,6 +241,8 @@ def main() -> None:
         ranks = json.loads((work / "ranks.json").read_text())
         out["step_s"]["1x2_t1"] = round(ranks["step_s"], 4)
         out["checkpoint_s"]["dcp_2"] = ranks["dcp"]
+        if args.trainer_steps:
+            out["trainer"] = measure_trainer(args.trainer_steps, work)
     out["load_average"] = os.getloadavg()
     print(json.dumps(out, indent=2))
 

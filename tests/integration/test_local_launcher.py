@@ -10,6 +10,7 @@ import time
 import psutil
 import pytest
 from rlrun.checkpoint import latest_complete_checkpoint
+from rlrun.ledger import check_ledger
 from rlrun.rundir import RunDir
 
 from .helpers import alive, descendants, local_argv, metrics, write_manifest, write_preemption_manifest
@@ -125,3 +126,35 @@ def test_preempt_at_step_just_before_the_end_finishes_cleanly_and_a_resume_then_
     assert again.returncode == 0, out
     assert "already complete" in out and "step 6" in out and "no process started" in out
     assert "done:" not in out and "reward per step" not in out
+
+
+def test_preempt_at_step_only_trainer_restarts_only_the_trainer_and_recomputes_no_step(tmp_path, cache_dir, tiny_model):
+    # SIGTERM to the trainer after step 2: it saves the step it has, the running orchestrator completes that
+    # checkpoint, and the same trainer command with --resume (same attempt) carries on from it; the
+    # orchestrator and the vLLM server are never restarted.
+    manifest = write_preemption_manifest(tmp_path / "m.yaml", max_steps=6)
+    run_dir = tmp_path / "run"
+    proc = start_local(manifest, run_dir, cache_dir, "--preempt-at-step", "2", "--only", "trainer")
+    seen = watch(proc, timeout_s=600)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out[-5000:]
+    assert "Traceback" not in out, out[-5000:]
+    assert "trainer-only preemption after trainer step 2" in out, out[-3000:]
+    assert "trainer steps recomputed: 0; rollout server restarts: 0" in out and "1 preemption(s)" in out
+    [record] = [json.loads(line) for line in (run_dir / "preemptions.jsonl").read_text().splitlines()]
+    assert (record["only"], record["trainer_exit"], record["steps_recomputed"], record["rollout_restarts"]) == (
+        "trainer", 143, 0, 0,
+    )  # fmt: skip
+    saved = record["trainer_saved_step"]
+    assert 2 <= saved < 6 and record["next_step"] == saved + 1 and record["notice_to_next_step_s"] > 0
+    logs = run_dir / "logs"
+    assert (logs / "trainer.log").read_text().count(f"restored trainer checkpoint step {saved} ") == 1
+    assert (logs / "orchestrator.log").read_text().count("orchestrator running") == 1
+    assert (logs / "rollout-0.log").read_text().count("Application startup complete") == 1
+    rows = metrics(run_dir / "metrics.jsonl")
+    assert sorted({r["step"] for r in rows}) == [1, 2, 3, 4, 5, 6] and {r["attempt"] for r in rows} == {1}
+    versions = [r["policy_version"] for r in rows]
+    assert versions == sorted(versions)
+    report = check_ledger(run_dir / "ledger")
+    assert report.ok and report.steps == 6 and report.rolled_back == 0, report.problems
+    assert alive(seen) == [], "processes left behind"

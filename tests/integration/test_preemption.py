@@ -1,4 +1,5 @@
-"""``rlrun local --preempt-at-step K``: pause → snapshot → SIGKILL everything → resume, on the real stack."""
+"""``rlrun local --preempt-at-step K``: pause → snapshot → the trainer saves on notice → SIGKILL everything →
+resume, on the real stack."""
 
 from __future__ import annotations
 
@@ -36,6 +37,14 @@ def test_preempt_at_step_resumes_queued_samples_and_open_groups(tmp_path, cache_
         lost == queued + kept or lost >= queued
     )  # stale ones dropped at resume still count as work a bare cursor loses
     assert "1 preemption(s)" in out and "ledger: ok" in out
+    # the trainer's notice: it saved the step it had, the paused orchestrator paired it, nothing recomputed
+    assert "trainer steps recomputed: 0; rollout server restarts: 1" in out, out[-3000:]
+    [record] = [json.loads(line) for line in (run_dir / "preemptions.jsonl").read_text().splitlines()]
+    assert (record["only"], record["trainer_exit"], record["steps_recomputed"]) == ("all", 143, 0)
+    saved = record["trainer_saved_step"]
+    assert saved >= 5 and record["next_step"] == saved + 1 and saved >= record["pause_step"]
+    if saved > record["pause_step"]:  # usual: the trainer trained past the pause's step, then saved
+        assert f"trainer saved checkpoint step {saved} on notice" in out and "paired with the pause snapshot" in out
     rows = metrics(run_dir / "metrics.jsonl")
     assert sorted({r["step"] for r in rows}) == list(range(1, 11))
     assert {r["attempt"] for r in rows} == {1, 2}

@@ -134,3 +134,47 @@ def test_config_mismatch_refuses_and_names_the_field():
     with pytest.raises(CheckpointMismatch, match=r"spec.model: checkpoint has 'builtin:tiny-reverse'"):
         check_compatible(saved, spec(model={"name": "Qwen/Qwen3-0.6B"}), "ckpt")
     check_compatible(None, spec(group_size=4), "old checkpoint without identity")
+
+
+async def test_a_paused_manager_pairs_its_pause_snapshot_with_each_newer_trainer_part_up_to_shipped(tmp_path):
+    # The trainer's save on notice comes after the pause: the paused orchestrator completes it with the
+    # pause snapshot itself (not a new capture), and only a part the snapshot's `shipped` covers.
+    from rlrun.checkpoint import load_orchestrator_progress
+    from rlrun.ledger import Ledger
+    from rlrun.orchestrator.checkpointing import CheckpointManager
+    from rlrun.orchestrator.snapshot import SinkSnapshot
+    from rlrun.rundir import write_meta
+
+    rd = RunDir(tmp_path).ensure()
+    shipped = {"now": 5}
+    captured: list[int] = []
+
+    def capture(step):
+        captured.append(step)
+        snap = SinkSnapshot([], [], [])
+        return {"step": step, "shipped": shipped["now"], "source": {"cursor": 7}}, snap, snap.counts([])
+
+    def part(step):
+        write_trainer_part(rd, step)
+        write_meta(rd.trainer_checkpoint(step), step, 1)
+
+    ledger = Ledger(rd.root / "ledger", 1, "orchestrator")
+    manager = CheckpointManager(rd, 1, keep_last=5, ledger=ledger, capture=capture)
+    part(0)
+    assert (await manager.save_pause()).step == 0
+    shipped["now"] = 99  # what a capture after the pause would say
+    part(4)
+    part(6)  # past the snapshot's shipped (5): batch 6 is not in the cut, cannot be paired
+    await manager.complete_new_trainer_parts()
+    await manager.complete_new_trainer_parts()  # again: nothing new to write
+    assert captured == [0]
+    at_pause, paired = load_orchestrator_progress(rd, 0), load_orchestrator_progress(rd, 4)
+    assert (paired["step"], paired["shipped"], paired["source"]) == (4, 5, {"cursor": 7})
+    assert paired["ledger_line"] == at_pause["ledger_line"]
+    assert not (rd.orchestrator_checkpoint(6) / "progress.pt").exists()
+    assert latest_complete_checkpoint(rd).step == 4
+    ledger.close()
+    events = [
+        json.loads(line) for line in (rd.root / "ledger" / "attempt-1.orchestrator.jsonl").read_text().splitlines()
+    ]
+    assert [(e["step"], e["reason"]) for e in events if e["e"] == "checkpoint"] == [(0, "pause"), (4, "pause")]

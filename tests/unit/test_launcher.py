@@ -17,11 +17,12 @@ from rich.console import Console
 from rlrun.api.control import ResumeReport
 from rlrun.checkpoint import save_orchestrator_progress
 from rlrun.launcher.local import LaunchError, LocalLauncher
-from rlrun.launcher.preemption import preemption_skip_reason, resume_report_from_ledger
+from rlrun.launcher.preemption import preemption_skip_reason, resume_report_from_ledger, steps_recomputed
 from rlrun.launcher.processes import Child, ChildDied, free_port, wait_http_ok
 from rlrun.launcher.progress import label_restored, progress_cells, read_metrics, summary_table
 from rlrun.manifest import parse_manifest
 from rlrun.rundir import RunDir
+from rlrun.training.trainer import end_torn_line
 from safetensors.torch import save_file
 
 
@@ -296,12 +297,15 @@ def test_a_pause_that_meets_the_end_of_the_run_restarts_nothing(tmp_path, phase,
     launcher, _ = make_launcher(tmp_path, preempt_at_step=5)
     launcher.health_timeout_s = 5  # if it did restart, fail fast
     port = launcher.control_url.rsplit(":", 1)[1]
+    trainer = launcher._start("trainer", [sys.executable, "-c", "import time; time.sleep(60)"])
     orch = launcher._start("orchestrator", [sys.executable, "-c", FAKE_CONTROL, port, phase, str(pause_step)])
     try:
         wait_http_ok(f"{launcher.control_url}/healthz", orch, timeout_s=30)
-        assert launcher._preempt("unused", orch) is None
+        assert launcher._preempt("unused", trainer, orch) is None
         assert launcher._preempt_skipped == f"the run finished before the preemption after trainer step 5 {told}"
-        assert launcher.children == [orch] and launcher.preemptions == []
+        assert launcher.children == [trainer, orch] and launcher.preemptions == []
+        assert trainer.poll() is None  # no notice: nothing is left to preempt
+        assert launcher.preemption_records == []
         assert not (tmp_path / "run" / "attempts.jsonl").exists()
     finally:
         launcher.stop_all()
@@ -360,3 +364,50 @@ def test_signal_group_sends_sigterm_once_to_a_process_of_the_group(tmp_path):
         assert counted.read_text() == "1"
     finally:
         proc.kill()
+
+
+# -- the trainer's notice and trainer-only restarts -----------------------------------------------
+
+
+def write_trainer_ledger(rd: RunDir, attempt: int, steps: list[int], torn_tail: bool = False) -> None:
+    (rd.root / "ledger").mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps({"e": "trained", "step": s, "ids": [f"g{s}/0"]}) + "\n" for s in steps)
+    (rd.root / "ledger" / f"attempt-{attempt}.trainer.jsonl").write_text(text + ('{"e": "trai' if torn_tail else ""))
+
+
+def test_steps_recomputed_counts_every_training_of_a_step_after_its_first(tmp_path):
+    rd = RunDir(tmp_path)
+    write_trainer_ledger(rd, 1, [1, 2, 3, 4, 5], torn_tail=True)  # killed after step 5
+    write_trainer_ledger(rd, 2, [4, 5, 6])  # resumed from checkpoint 3: steps 4 and 5 again
+    assert steps_recomputed(rd.root / "ledger") == 2
+    write_trainer_ledger(rd, 2, [6])  # resumed from 5, saved on notice: nothing again
+    assert steps_recomputed(rd.root / "ledger") == 0
+
+
+def test_a_restarted_trainer_ends_its_predecessors_torn_line_before_appending(tmp_path):
+    path = tmp_path / "attempt-1.trainer.jsonl"
+    path.write_text('{"e": "trained", "step": 1}\n{"e": "trai')
+    end_torn_line(path)
+    end_torn_line(path)  # a whole last line is left as it is
+    with open(path, "a") as fh:
+        fh.write('{"e": "trained", "step": 2}\n')
+    assert path.read_text().splitlines()[-1] == '{"e": "trained", "step": 2}'
+    end_torn_line(tmp_path / "missing.jsonl")  # nothing to do
+    assert not (tmp_path / "missing.jsonl").exists()
+
+
+def test_only_without_preempt_at_step_is_refused(tmp_path):
+    from rlrun import cli
+    from typer.testing import CliRunner
+
+    manifest = tmp_path / "m.yaml"
+    spec = {"model": {"builtin": "tiny-reverse"}, "envs": [{"name": "reverse-text"}]}
+    manifest.write_text(
+        json.dumps({"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "t"}, "spec": spec})
+    )
+    result = CliRunner().invoke(
+        cli.app, ["local", str(manifest), "--only", "trainer", "--run-dir", str(tmp_path / "r")]
+    )
+    assert result.exit_code == 2 and "--only needs --preempt-at-step" in result.output
+    result = CliRunner().invoke(cli.app, ["local", str(manifest), "--only", "nodes", "--preempt-at-step", "2"])
+    assert result.exit_code == 2

@@ -2,7 +2,9 @@
 
 A step ``N`` is **complete** when both parts exist and verify:
 ``checkpoints/step_N/trainer/`` (published atomically by the trainer; its
-``progress.json`` and ``model.safetensors`` parse) and
+``progress.json`` and ``model.safetensors`` parse; a part whose ``meta.json`` says
+``format: "dcp"``, written by several trainer ranks, must also pass
+:func:`rlrun.training.sharded_checkpoint.verify_sharded`: every DCP shard present and whole) and
 ``checkpoints/step_N/orchestrator/progress.pt`` (written atomically by the
 orchestrator; schema version known, checksum matches). Resume always starts from
 the newest complete step; a step that fails verification is skipped with a log
@@ -27,7 +29,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from rlrun.rundir import RunDir, step_dirs, write_file_atomic
+from rlrun.checkpoint_error import CheckpointError
+from rlrun.rundir import META_FILE, RunDir, step_dirs, write_file_atomic
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +38,9 @@ PROGRESS_SCHEMA_VERSION = 1
 PROGRESS_FILE = "progress.pt"
 TRAINER_PROGRESS_FILE = "progress.json"
 WEIGHTS_FILE = "model.safetensors"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint part that is missing, torn, corrupt or from another run (message names the file)."""
+#: ``meta.json`` ``format`` of a trainer part written by several ranks
+#: (:data:`rlrun.training.sharded_checkpoint.SHARDED_FORMAT`): verified with ``verify_sharded``.
+SHARDED_TRAINER_FORMAT = "dcp"
 
 
 def _digest(payload: str, tensors: dict[str, torch.Tensor]) -> str:
@@ -125,6 +127,15 @@ def load_orchestrator_progress(run_dir: RunDir, step: int) -> dict[str, Any]:
     return decode_progress(path.read_bytes(), str(path))
 
 
+def part_format(root: Path) -> str | None:
+    """``meta.json``'s ``format`` of the part ``root`` (None: unsharded, or no readable ``meta.json``)."""
+    try:
+        meta = json.loads((root / META_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta.get("format") if isinstance(meta, dict) else None
+
+
 def load_trainer_progress(run_dir: RunDir, step: int) -> dict[str, Any]:
     """Read and verify the trainer part of step ``step``: its ``progress.json`` and weights header.
 
@@ -141,6 +152,12 @@ def load_trainer_progress(run_dir: RunDir, step: int) -> dict[str, Any]:
         raise CheckpointError(f"{progress}: unreadable ({exc})") from None
     if data.get("step") != step:
         raise CheckpointError(f"{progress}: says step {data.get('step')}, expected {step}")
+    if part_format(root) == SHARDED_TRAINER_FORMAT:
+        # A part written by several ranks: its DCP shards must be whole too (the full weights file
+        # beside them, checked below, is what the orchestrator loads into vLLM).
+        from rlrun.training.sharded_checkpoint import verify_sharded
+
+        verify_sharded(root)
     try:
         with safe_open(str(root / WEIGHTS_FILE), framework="pt") as fh:
             if not list(fh.keys()):

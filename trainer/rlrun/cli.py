@@ -10,7 +10,7 @@ from ``$RLRUN_TERMINATION_LOG`` — the container's termination message — an
 | 0 | ``complete`` | every step done (``step == max_steps``) |
 | 0 | ``paused`` | the orchestrator paused (``POST /pause`` or SIGTERM), wrote its snapshot, and stopped |
 | 1 | ``interrupted`` | SIGTERM came and the orchestrator's snapshot could not be written |
-| 143 | ``interrupted`` | the trainer got SIGTERM (or SIGINT: 130); it trains on from its newest checkpoint |
+| 143 | ``interrupted`` | the trainer got SIGTERM (or SIGINT: 130): it finished the step it was computing and saved a checkpoint of the step it has (a second signal exits at once); the next start trains on from the newest complete checkpoint |
 | 1 | ``error`` | it raised; retrying may heal it (a lost server, a full disk, …) |
 | 78 | ``error``, ``permanent`` | retrying cannot heal it (``sysexits.h`` ``EX_CONFIG``): reason ``InvalidManifest``, ``CheckpointMismatch`` (the manifest's settings differ from the checkpoint's) or ``WeightsMismatch`` (weights that do not fit the model) |
 
@@ -27,6 +27,7 @@ import logging
 import signal
 import sys
 from collections.abc import Iterator
+from enum import Enum
 from pathlib import Path
 from typing import Literal
 
@@ -54,6 +55,13 @@ RunUidOpt = typer.Option(
     envvar="RLRUN_RUN_UID",
     help="The run's uid: number attempts per run directory (a run re-created over it continues the count).",
 )
+
+
+class PreemptOnly(str, Enum):
+    """What ``rlrun local --preempt-at-step`` loses (``--only``)."""
+
+    all = "all"
+    trainer = "trainer"
 
 
 def _setup_logging(role: str) -> None:
@@ -90,16 +98,28 @@ def local(
     resume: bool = ResumeOpt,
     cache_dir: Path = CacheOpt,
     preempt_at_step: int = typer.Option(
-        None, "--preempt-at-step", min=1, help="Simulate a preemption at this step: pause, SIGKILL all, resume."
+        None,
+        "--preempt-at-step",
+        min=1,
+        help="Simulate a preemption at this step: pause, the trainer's notice (it saves), SIGKILL all, resume.",
+    ),
+    only: PreemptOnly = typer.Option(
+        PreemptOnly.all,
+        "--only",
+        help="What --preempt-at-step loses: all (every process restarts) or trainer (SIGTERM to the trainer, "
+        "which saves; only the trainer restarts with --resume; orchestrator and rollout servers stay up).",
     ),
 ) -> None:
     """Run a manifest on this machine: rollout server(s), trainer and orchestrator as local processes."""
     from rlrun.launcher.local import LocalLauncher
 
     run = _load(manifest)
+    if only is not PreemptOnly.all and preempt_at_step is None:
+        typer.echo("error: --only needs --preempt-at-step", err=True)
+        raise typer.Exit(2)
     launcher = LocalLauncher(
         manifest, run, run_dir=run_dir or Path("runs") / run.metadata.name, max_steps=max_steps,
-        resume=resume, cache_dir=cache_dir, preempt_at_step=preempt_at_step,
+        resume=resume, cache_dir=cache_dir, preempt_at_step=preempt_at_step, preempt_only=only.value,
     )  # fmt: skip
     raise typer.Exit(launcher.run())
 
@@ -143,9 +163,13 @@ class RoleExit:
         self.role = role
         self.step: int | None = None
         self.max_steps: int | None = None
+        #: False on trainer ranks other than 0: rank 0 alone writes the exit report.
+        self.writes_report = True
 
     def report(self, outcome: ExitOutcome, message: str = "", permanent: bool = False, reason: str | None = None):
-        """Write the exit report (a no-op without ``$RLRUN_TERMINATION_LOG``)."""
+        """Write the exit report (a no-op without ``$RLRUN_TERMINATION_LOG``, or when not :attr:`writes_report`)."""
+        if not self.writes_report:
+            return
         report = ExitReport(
             role=self.role, outcome=outcome, step=self.step, max_steps=self.max_steps,
             permanent=permanent, reason=reason, message=message,
@@ -213,30 +237,66 @@ def trainer(
 ) -> None:
     """Run the trainer process.
 
-    Exits 0 once ``max_steps`` is trained, 143 on SIGTERM (it keeps no pause: the next attempt
-    trains on from the newest checkpoint), 78 on a permanent error (invalid manifest, checkpoint
-    of other settings, weights that do not fit the model), 1 on any other error; each exit
-    writes an exit report to ``$RLRUN_TERMINATION_LOG`` (see the module docstring).
+    Exits 0 once ``max_steps`` is trained; 143 on SIGTERM (130 on SIGINT) after the **save on
+    notice**: the step being computed is finished, or the wait for the next batch abandoned, and a
+    trainer checkpoint of the step it has is written (:meth:`Trainer.notice`); a second signal
+    exits at once (every part is published by rename, so the previous complete checkpoint
+    stands). 78 on a permanent error (invalid manifest, checkpoint of other settings, weights
+    that do not fit the model), 1 on any other error; each exit writes an exit report to
+    ``$RLRUN_TERMINATION_LOG`` (see the module docstring).
+
+    A trainer-only restart (the orchestrator and rollout servers keep running) starts the same
+    command with ``--resume`` and the **same** ``--attempt`` and ``--run-uid``: see
+    :mod:`rlrun.training.trainer`.
+
+    Under ``torchrun`` (``WORLD_SIZE > 1``) every rank runs this command with the same arguments
+    and joins the data-parallel group (:func:`rlrun.training.distributed.init_from_env`); rank 0
+    alone publishes and writes the exit report. A notice (SIGTERM, which torchrun forwards to
+    every rank) seen by any rank stops all of them at the same step boundary.
     """
     from rlrun.model.resolve import resolve_model
     from rlrun.rundir import RunDir
+    from rlrun.training.distributed import init_from_env, teardown
     from rlrun.training.trainer import Trainer
 
     _setup_logging("trainer")
     with _reporting("trainer") as exit_:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _raise_terminated)
+        dp = init_from_env()
+        exit_.writes_report = dp.is_main
         run = load_manifest(manifest)
         exit_.max_steps = max_steps or run.spec.max_steps
         t = Trainer(
             run.spec, RunDir(run_dir), resolve_model(run.spec.model, cache_dir), max_steps, resume, attempt,
-            run_uid=run_uid,
+            run_uid=run_uid, dp=dp if dp.distributed else None,
         )  # fmt: skip
         exit_.step = t.step
+        noticed: list[int] = []
+
+        def on_notice(signum: int, frame: object) -> None:
+            if noticed:  # a second signal: exit now; what is on disk stays consistent
+                raise _Terminated(signum)
+            noticed.append(signum)
+            log.info("%s: finishing the current step, then saving a checkpoint", signal.Signals(signum).name)
+            t.notice()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, on_notice)
         try:
             exit_.step = t.run()
         finally:
             exit_.step = t.step
+        teardown(dp)  # every rank got here together (a no-op in one process)
+        noticed = noticed or ([signal.SIGTERM] if t.saved_on_notice is not None or t.noticed.is_set() else [])
+        if noticed and t.step < exit_.max_steps:
+            name = signal.Signals(noticed[0]).name
+            saved = (
+                f"saved trainer checkpoint step {t.saved_on_notice}"
+                if t.saved_on_notice is not None
+                else f"the trainer part of step {t.step} was already written"
+            )
+            exit_.finish("interrupted", 128 + noticed[0], f"stopped by {name} at step {t.step}: {saved}")
         exit_.finish("complete", 0, f"trained steps up to {t.step}")
 
 

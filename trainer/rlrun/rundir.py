@@ -80,6 +80,12 @@ def _fault_point(phase: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def fault_point(phase: str) -> None:
+    """Test-only crash injection for other modules (:func:`_fault_point`): the trainer's
+    ``trainer_notice_save`` and ``trainer_periodic_save``, inside the fill of its part."""
+    _fault_point(phase)
+
+
 def write_file_atomic(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None]) -> None:
     """Write ``data`` (bytes, or a function that writes to a binary file) to ``path`` via a fsynced
     temporary file and a rename; fsync the parent after.

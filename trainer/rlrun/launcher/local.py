@@ -10,9 +10,22 @@ showing its last log lines.
 
 ``--preempt-at-step K`` exercises the preemption protocol: just after the trainer
 finishes step K, while new rollouts are in flight, the launcher asks the orchestrator
-to pause (``POST /pause``: snapshot written), SIGKILLs every process, restarts them all
-with ``--resume`` as the next attempt, prints what the resumed orchestrator restored,
-and carries on. A K the run never reaches is told and ignored: K at or past the last
+to pause (``POST /pause``: snapshot written), gives the trainer its notice (SIGTERM: it
+finishes its step and saves a checkpoint of the step it has, which the paused orchestrator
+completes with its pause snapshot; :data:`TRAINER_GRACE_S`, then SIGKILL), SIGKILLs every
+process, restarts them all with ``--resume`` as the next attempt, prints what the resumed
+orchestrator restored, and carries on. No trainer step is recomputed unless the save missed
+the grace period.
+
+``--preempt-at-step K --only trainer`` loses only the trainer: SIGTERM to the trainer (it
+saves on notice), then the same ``rlrun trainer … --resume`` with the **same** ``--attempt``
+is started while the orchestrator and the rollout servers keep running (no pause: the
+orchestrator keeps generating within ``max_off_policy_steps`` and ships again once the new
+trainer trains). Every preemption is printed and recorded in ``<run_dir>/preemptions.jsonl``:
+seconds from the notice to the next optimizer step, rollout server restarts, and (at the end)
+the trainer steps recomputed over the run.
+
+A K the run never reaches is told and ignored: K at or past the last
 step, or at or before the step a ``--resume`` starts from, before anything starts; a run
 that finishes before the pause lands, when it does. The orchestrator may exit at any
 moment near the end, so no control-server call assumes it is still there: an exit 0
@@ -29,9 +42,11 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import sys
 import time
 from pathlib import Path
+from typing import Literal
 
 import httpx
 from rich.console import Console
@@ -41,17 +56,26 @@ from rich.table import Table
 from rlrun.api.control import PauseResult, ResumeReport, StatusReport
 from rlrun.api.spec import RLRun
 from rlrun.checkpoint import latest_complete_checkpoint
-from rlrun.launcher.preemption import preemption_skip_reason, resume_line, resume_report_from_ledger
+from rlrun.launcher.preemption import (
+    preemption_skip_reason,
+    resume_line,
+    resume_report_from_ledger,
+    steps_recomputed,
+)
 from rlrun.launcher.processes import Child, ChildDied, free_port, wait_http_ok
 from rlrun.launcher.progress import label_restored, progress_cells, read_metrics, reward_gain, summary_table
 from rlrun.ledger import check_ledger
 from rlrun.model.resolve import resolve_model
-from rlrun.rundir import RunDir, step_dirs
+from rlrun.rundir import RunDir, read_attempt, step_dirs
 
 #: Seconds between the trainer finishing step K and a simulated preemption (see ``_preempt_due``).
 PREEMPT_DELAY_S = 0.3
 #: Seconds an orchestrator whose control server stopped answering gets to exit before that counts as a failure.
 EXIT_GRACE_S = 10.0
+#: Grace period of the trainer's save on notice (SIGTERM → exit), seconds; then SIGKILL (a pod's default is 30).
+TRAINER_GRACE_S = 30.0
+#: Seconds a paused orchestrator gets to pair its snapshot with the part the trainer saved on notice.
+PAIR_WAIT_S = 10.0
 
 
 class LaunchError(RuntimeError):
@@ -75,6 +99,7 @@ class LocalLauncher:
         console: Console | None = None,
         health_timeout_s: float = 600.0,
         preempt_at_step: int | None = None,
+        preempt_only: Literal["all", "trainer"] = "all",
     ) -> None:
         self.manifest_path = Path(manifest_path).absolute()
         self.manifest = run
@@ -87,7 +112,13 @@ class LocalLauncher:
         self.health_timeout_s = health_timeout_s
         self.children: list[Child] = []
         self.preempt_at_step = preempt_at_step
+        self.preempt_only = preempt_only
+        self.trainer_grace_s = TRAINER_GRACE_S
         self.preemptions: list[PauseResult] = []
+        #: one record per simulated preemption (both kinds), written to ``<run_dir>/preemptions.jsonl``
+        self.preemption_records: list[dict] = []
+        self.rollout_starts = 0
+        self._next_step_watch: tuple[dict, int] | None = None  # (record, trainer_metrics offset) until it trains
         self.resume_reports: list[ResumeReport] = []
         self.control_token = secrets.token_urlsafe(24)
         self.control_url = ""
@@ -109,6 +140,44 @@ class LocalLauncher:
         child = Child(name, argv, self.run_dir.logs / f"{name}.log", env=env)
         self.children.append(child)
         return child
+
+    def _trainer_shape_problem(self) -> str | None:
+        """Why the spec's trainer cannot run on this one machine (``trainer.nodes > 1``), or None."""
+        nodes = self.spec.trainer.nodes
+        if nodes > 1:
+            return (
+                f"trainer.nodes is {nodes}: rlrun local runs the trainer on this one machine; set trainer.nodes "
+                "to 1 (trainer.processes_per_node ranks still run here) or run the manifest with the operator"
+            )
+        return None
+
+    def _trainer_argv(self, *args: str) -> list[str]:
+        """``rlrun trainer <args>``; with ``trainer.processes_per_node`` P > 1, under
+        ``torchrun --standalone --nnodes 1 --nproc-per-node P --max-restarts 0 --no-python``: P
+        data-parallel ranks on this machine (a failed rank fails the trainer; the launcher restarts
+        nothing by itself)."""
+        argv = self._rlrun("trainer", *args)
+        procs = self.spec.trainer.processes_per_node
+        if procs == 1:
+            return argv
+        rlrun = Path(sys.executable).parent / "rlrun"
+        torchrun = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+            "--nproc-per-node", str(procs), "--max-restarts", "0", "--no-python",
+        ]  # fmt: skip
+        if rlrun.is_file():
+            return [*torchrun, str(rlrun), *argv[3:]]  # argv[:3] is [python, -m, rlrun]
+        return [*torchrun, *argv]  # no console script: torchrun runs "python -m rlrun …" as the command
+
+    def _signal_trainer(self, trainer: Child, sig: int) -> None:
+        """Give the trainer ``sig`` once. Under torchrun only torchrun gets it and forwards it to each
+        rank (its ranks sit in sessions of their own); signalling the ranks as well would be their
+        second signal, which means "exit now, skip the save"."""
+        if self.spec.trainer.processes_per_node > 1:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(trainer.pid, sig)
+        else:
+            trainer.signal_group(sig)
 
     def _check_run_dir(self) -> str | None:
         if self.resume:
@@ -150,29 +219,57 @@ class LocalLauncher:
         for i in range(self.spec.rollout.replicas):
             port = free_port()
             self._start(f"rollout-{i}", self._rlrun("rollout", "--port", str(port)), env)
+            self.rollout_starts += 1
             urls.append(f"http://127.0.0.1:{port}")
         with console.status(f"starting {len(urls)} vLLM rollout server(s) (≈30 s on CPU)…"):
             for child, url in zip(self.children, urls, strict=True):
                 waited = wait_http_ok(f"{url}/health", child, self.health_timeout_s)
                 console.print(f"{child.name} healthy at {url} after {waited:.0f} s")
-        common = [
-            "--run-dir",
-            str(self.run_dir.root),
-            "--max-steps",
-            str(self.max_steps),
-            "--attempt",
-            str(self.attempt),
-        ]
-        if resume:
-            common.append("--resume")
-        trainer_env = {**env, "OMP_NUM_THREADS": str(self.trainer_threads())}
-        trainer = self._start("trainer", self._rlrun("trainer", *common), trainer_env)
+        common = self._common_args(resume)
+        trainer = self._start("trainer", self._trainer_argv(*common), self._trainer_env())
         rollout_args = [a for u in urls for a in ("--rollout-url", u)]
         self.control_url = f"http://127.0.0.1:{free_port()}"
         orch_env = {**env, "RLRUN_CONTROL_TOKEN": self.control_token}
         control = ["--control-port", self.control_url.rsplit(":", 1)[1]]
         orch = self._start("orchestrator", self._rlrun("orchestrator", *common, *rollout_args, *control), orch_env)
         return trainer, orch
+
+    def _common_args(self, resume: bool) -> list[str]:
+        """Options the trainer and orchestrator of this attempt share."""
+        args = ["--run-dir", str(self.run_dir.root), "--max-steps", str(self.max_steps), "--attempt", str(self.attempt)]
+        return [*args, "--resume"] if resume else args
+
+    def _trainer_env(self) -> dict[str, str]:
+        """The trainer's environment: its threads (:meth:`trainer_threads`) shared among its ranks."""
+        threads = max(1, self.trainer_threads() // self.spec.trainer.processes_per_node)
+        return {**os.environ, "OMP_NUM_THREADS": str(threads)}
+
+    def _newest_trainer_part(self) -> int | None:
+        """The newest trainer part this attempt published (a save on notice, or a periodic one)."""
+        parts = [
+            n
+            for n, p in step_dirs(self.run_dir.checkpoints).items()
+            if (p / "trainer" / "progress.json").is_file() and read_attempt(p / "trainer") == self.attempt
+        ]
+        return max(parts, default=None)
+
+    def _notice_trainer(self, trainer: Child) -> tuple[int | None, float]:
+        """SIGTERM the trainer (its notice: it finishes its step and saves) and wait up to
+        :attr:`trainer_grace_s` for it to exit, then SIGKILL it (the save missed its grace period).
+        Returns its exit code (None: killed) and the seconds it took."""
+        t0 = time.monotonic()
+        self._signal_trainer(trainer, signal.SIGTERM)
+        deadline = t0 + self.trainer_grace_s
+        while trainer.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        code = trainer.poll()
+        if code is None:
+            self.console.print(
+                f"[yellow]the trainer did not save within its {self.trainer_grace_s:.0f} s grace period: killed; "
+                "the steps since its last checkpoint are retrained[/yellow]"
+            )
+        trainer.kill()  # reaps it (and anything it left)
+        return code, time.monotonic() - t0
 
     def _control(self, method: str, path: str, timeout_s: float = 120.0) -> dict:
         """One request to the orchestrator's control server; the decoded JSON answer.
@@ -270,10 +367,12 @@ class LocalLauncher:
                 )
             time.sleep(0.5)
 
-    def _preempt(self, model_path: str, orch: Child) -> tuple[Child, Child] | None:
-        """Simulated preemption: pause through the control server, SIGKILL everything, restart with
-        --resume; the new trainer and orchestrator, or None when the run finished before the pause."""
+    def _preempt(self, model_path: str, trainer: Child, orch: Child) -> tuple[Child, Child] | None:
+        """Simulated preemption: pause through the control server, the trainer's notice (it saves, the
+        paused orchestrator pairs), SIGKILL everything, restart with --resume; the new trainer and
+        orchestrator, or None when the run finished before the pause."""
         console = self.console
+        noticed_at = time.time()
         snap = self._pause(orch)
         finished = f"the run finished before the preemption after trainer step {self.preempt_at_step} landed"
         if snap is None or snap.run_complete:
@@ -291,14 +390,34 @@ class LocalLauncher:
             if snap.step is not None
             else snap.note
         )
-        console.print(
-            f"[yellow]preemption after trainer step {self.preempt_at_step}:[/yellow] {saved}; killing every process"
-        )
+        console.print(f"[yellow]preemption after trainer step {self.preempt_at_step}:[/yellow] {saved}")
+        code, took = self._notice_trainer(trainer)
+        part = self._newest_trainer_part()
+        if part is not None and snap.step is not None and part > snap.step:
+            done = self.run_dir.orchestrator_checkpoint(part) / "progress.pt"
+            deadline = time.monotonic() + PAIR_WAIT_S
+            while not done.is_file() and time.monotonic() < deadline and orch.poll() is None:
+                time.sleep(0.05)
+            paired = (
+                "paired with the pause snapshot" if done.is_file() else "NOT paired (the steps after are retrained)"
+            )
+            console.print(f"trainer saved checkpoint step {part} on notice in {took:.1f} s (exit {code}); {paired}")
+        else:
+            console.print(
+                f"trainer stopped on notice in {took:.1f} s (exit {code}); its newest part is the pause's step"
+            )
+        console.print("killing every process")
         for child in self.children:
             child.kill()
         self.children = []
         self.preemptions.append(snap)
+        record = {
+            "only": "all", "at_step": self.preempt_at_step, "notice_time": noticed_at, "pause_step": snap.step,
+            "trainer_exit": code, "trainer_saved_step": part, "from_attempt": self.attempt,
+        }  # fmt: skip
+        self.preemption_records.append(record)
         trainer, orch = self._start_all(model_path, resume=True)
+        self._watch_next_step(record)
         report, finished = self._await_resume_report(trainer, orch)
         if report is None:
             console.print(f"attempt {self.attempt} resumed nothing (no complete checkpoint): it started from step 0")
@@ -308,6 +427,61 @@ class LocalLauncher:
         if finished:
             console.print(f"attempt {self.attempt} finished the run right after resuming (report read from its ledger)")
         return trainer, orch
+
+    def _preempt_trainer(self, trainer: Child) -> Child | None:
+        """Simulated loss of the trainer alone: its notice (SIGTERM: it saves the step it has), then
+        the same trainer command with ``--resume`` and the same attempt; the orchestrator and the
+        rollout servers keep running. Returns the new trainer, or None when the old one had
+        already finished the run (exit 0)."""
+        noticed_at = time.time()
+        index = self.children.index(trainer)
+        code, took = self._notice_trainer(trainer)
+        if code == 0:
+            self._preempt_skipped = (
+                f"the run finished before the trainer-only preemption after step {self.preempt_at_step}"
+            )
+            return None
+        if code not in (None, 128 + signal.SIGTERM):
+            raise ChildDied(trainer, code)
+        part = self._newest_trainer_part()
+        self.console.print(
+            f"[yellow]trainer-only preemption after trainer step {self.preempt_at_step}:[/yellow] SIGTERM → the "
+            f"trainer exited ({code}) in {took:.1f} s, its newest checkpoint step {part}; restarting only the trainer "
+            f"with --resume (attempt {self.attempt}); the orchestrator and "
+            f"{self.spec.rollout.replicas} rollout server(s) keep running"
+        )
+        new = Child("trainer", self._rlrun("trainer", *self._common_args(True)), trainer.log_path, self._trainer_env())
+        self.children[index] = new
+        record = {
+            "only": "trainer", "at_step": self.preempt_at_step, "notice_time": noticed_at, "pause_step": None,
+            "trainer_exit": code, "trainer_saved_step": part, "from_attempt": self.attempt,
+        }  # fmt: skip
+        self.preemption_records.append(record)
+        self._watch_next_step(record)
+        return new
+
+    def _watch_next_step(self, record: dict) -> None:
+        """Note the time of the first optimizer step after this point into ``record`` (``_check_next_step``)."""
+        try:
+            offset = self.run_dir.trainer_metrics.stat().st_size
+        except FileNotFoundError:
+            offset = 0
+        self._next_step_watch = (record, offset)
+
+    def _check_next_step(self) -> None:
+        if self._next_step_watch is None:
+            return
+        record, offset = self._next_step_watch
+        rows, _ = read_metrics(self.run_dir.trainer_metrics, offset)
+        if not rows:
+            return
+        self._next_step_watch = None
+        record["next_step"] = rows[0]["step"]
+        record["notice_to_next_step_s"] = round(rows[0]["time"] - record["notice_time"], 2)
+        how = "only the trainer restarted" if record["only"] == "trainer" else "every process restarted"
+        self.console.print(
+            f"{how}: notice → next optimizer step (step {rows[0]['step']}) in {record['notice_to_next_step_s']:.1f} s"
+        )
 
     def _already_complete(self) -> str | None:
         """With ``--resume``: the sentence saying the run is already complete, when the newest complete
@@ -328,7 +502,7 @@ class LocalLauncher:
     def run(self) -> int:
         """Start everything, show progress, stop everything; returns 0 on success."""
         console = self.console
-        problem = self._check_run_dir()
+        problem = self._trainer_shape_problem() or self._check_run_dir()
         if problem:
             console.print(f"[red]error:[/red] {problem}")
             return 2
@@ -384,11 +558,23 @@ class LocalLauncher:
         )
         for problem in report.problems[:5]:
             console.print(f"  [red]{problem}[/red]")
+        if self.preemption_records:
+            self._record_preemptions()
         console.print(
-            f"done: {len(rows)} steps in {time.monotonic() - t_start:.0f} s, {len(self.preemptions)} preemption(s); "
-            f"run directory {self.run_dir.root}"
+            f"done: {len(rows)} steps in {time.monotonic() - t_start:.0f} s, {len(self.preemption_records)} "
+            f"preemption(s); run directory {self.run_dir.root}"
         )
         return 0 if report.ok else 1
+
+    def _record_preemptions(self) -> None:
+        """Print and append to ``<run_dir>/preemptions.jsonl`` what the preemptions cost."""
+        recomputed = steps_recomputed(self.run_dir.root / "ledger")
+        restarts = self.rollout_starts - self.spec.rollout.replicas
+        with open(self.run_dir.root / "preemptions.jsonl", "a") as fh:
+            for record in self.preemption_records:
+                record.update(steps_recomputed=recomputed, rollout_restarts=restarts)
+                fh.write(json.dumps(record) + "\n")
+        self.console.print(f"trainer steps recomputed: {recomputed}; rollout server restarts: {restarts}")
 
     def _progress(self, rows: list[dict], t0: float) -> Table:
         table = Table.grid(padding=(0, 2))
@@ -421,8 +607,18 @@ class LocalLauncher:
         with live if self.console.is_terminal else contextlib.nullcontext():
             while True:
                 take_new()
-                if self.preempt_at_step and not self.preemptions and not self._preempt_skipped and self._preempt_due():
-                    restarted = self._preempt(model_path, orch)
+                self._check_next_step()
+                pending = self.preempt_at_step and not self.preemption_records and not self._preempt_skipped
+                if pending and self.preempt_only == "trainer" and self._preempt_due():
+                    new_trainer = self._preempt_trainer(trainer)
+                    if new_trainer is not None:
+                        trainer = new_trainer
+                    else:
+                        take_new()
+                        self.console.print(f"[yellow]{self._preempt_skipped}: no preemption[/yellow]")
+                    continue
+                if pending and self._preempt_due():
+                    restarted = self._preempt(model_path, trainer, orch)
                     if restarted is not None:
                         trainer, orch = restarted
                     else:  # its last steps first, then why there was no preemption
@@ -438,7 +634,8 @@ class LocalLauncher:
                     raise ChildDied(child, code)
                 if trainer.poll() == 0 and orch.poll() == 0:
                     take_new()
-                    if self.preempt_at_step and not self.preemptions and not self._preempt_skipped:
+                    self._check_next_step()
+                    if self.preempt_at_step and not self.preemption_records and not self._preempt_skipped:
                         self._preempt_skipped = (
                             f"the run finished before the preemption after trainer step {self.preempt_at_step}"
                         )

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from rlrun.api.control import ResumeReport
-from rlrun.ledger import LedgerEvent
+from rlrun.ledger import LedgerEvent, read_ledger
 
 
 def preemption_skip_reason(preempt_at_step: int, last_step: int, resumed_from: int | None) -> str | None:
@@ -32,6 +32,18 @@ def preemption_skip_reason(preempt_at_step: int, last_step: int, resumed_from: i
             "the checkpoint this run resumes from: that step is not trained again"
         )
     return None
+
+
+def steps_recomputed(ledger_root: Path) -> int:
+    """Trainer steps trained more than once over every attempt (``trained`` events of the trainer
+    ledgers, a torn line ignored): ``Σ_step (times trained − 1)``. A preemption noticed by the trainer
+    recomputes none; an abrupt one recomputes the steps after the checkpoint resumed from."""
+    counts: dict[int, int] = {}
+    for (_, role), events in read_ledger(ledger_root).items():
+        for ev in events:
+            if role == "trainer" and ev.get("e") == LedgerEvent.TRAINED.value:
+                counts[ev["step"]] = counts.get(ev["step"], 0) + 1
+    return sum(n - 1 for n in counts.values())
 
 
 def resume_report_from_ledger(ledger_root: Path, attempt: int) -> ResumeReport | None:

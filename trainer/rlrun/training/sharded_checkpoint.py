@@ -52,7 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from rlrun.checkpoint import CheckpointError
+from rlrun.checkpoint_error import CheckpointError
 from rlrun.rundir import META_FILE, publish_dir, write_meta
 from rlrun.training.distributed import DataParallel
 

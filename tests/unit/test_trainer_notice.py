@@ -1,0 +1,167 @@
+"""The trainer saves on notice: told to stop (SIGTERM), it checkpoints the step it has and the orchestrator
+pairs it, so the next start recomputes no trainer step — whether only the trainer restarts (same attempt, the
+orchestrator kept running) or everything does after a pause (the paused orchestrator pairs its pause snapshot
+with the trainer's newer part). A trainer killed during that save falls back to retraining from the kept batch
+files. Real trainer (tiny model) and real orchestrator, with instant fake rollout endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+
+from rlrun.checkpoint import latest_complete_checkpoint, load_orchestrator_progress
+from rlrun.launcher.preemption import steps_recomputed
+from rlrun.ledger import check_ledger, read_ledger
+from rlrun.manifest import load_manifest
+from rlrun.orchestrator.loop import Orchestrator
+from rlrun.rollout.fake import fake_client_factory
+from rlrun.rundir import RunDir, step_dirs
+from rlrun.training.trainer import Trainer
+
+from tests.integration.helpers import metrics, write_manifest
+
+MAX_STEPS = 6
+
+
+def run_spec(tmp_path):
+    """6 steps of 8 samples; periodic trainer parts only at steps 0 and 6, so a notice's part is its own."""
+    path = write_manifest(
+        tmp_path / "m.yaml", batch_size=8, max_steps=MAX_STEPS, checkpoint={"interval": 10, "keep_last": 2}
+    )
+    return path, load_manifest(path).spec
+
+
+def orchestrator(spec, run_dir, model, attempt=1, resume=False) -> Orchestrator:
+    return Orchestrator(
+        spec, run_dir, ["http://fake-rollout:1"], str(model), resume=resume, attempt=attempt, poll_s=0.01,
+        client_factory=fake_client_factory(error_rate=0.3),
+    )  # fmt: skip
+
+
+async def until(check, timeout_s=60.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def train_until_notice(trainer: Trainer, at_step: int) -> int:
+    """Run ``trainer`` in a thread, give it the notice once it has trained ``at_step``; the step it stopped at."""
+    task = asyncio.create_task(asyncio.to_thread(trainer.run))
+    await until(lambda: trainer.step >= at_step or task.done(), what=f"trainer step {at_step}")
+    trainer.notice()
+    return await asyncio.wait_for(task, 60)
+
+
+def load_trainer_part(run_dir: RunDir, step: int) -> dict:
+    return json.loads((run_dir.trainer_checkpoint(step) / "progress.json").read_text())
+
+
+def trained_steps(run_dir: RunDir) -> list[int]:
+    ledger = read_ledger(run_dir.root / "ledger")
+    return sorted(
+        e["step"] for (_, role), evs in ledger.items() if role == "trainer" for e in evs if e["e"] == "trained"
+    )
+
+
+async def test_trainer_only_restart_resumes_from_the_step_saved_on_notice_and_recomputes_no_step(tmp_path, tiny_model):
+    _, spec = run_spec(tmp_path)
+    run_dir = RunDir(tmp_path / "run")
+    first = Trainer(spec, run_dir, str(tiny_model), attempt=1)
+    orch = orchestrator(spec, run_dir, tiny_model)
+    orch_task = asyncio.create_task(orch.run())
+    saved = await train_until_notice(first, at_step=2)
+    assert 2 <= saved < MAX_STEPS
+    part = load_trainer_part(run_dir, saved)
+    assert part["reason"] == "notice" and first.saved_on_notice == first.checkpointed_step == saved
+    # The orchestrator keeps running; a trainer of the same attempt replaces the first. It waits until the
+    # orchestrator has completed the part saved on notice, so it resumes exactly there.
+    second = await asyncio.to_thread(Trainer, spec, run_dir, str(tiny_model), resume=True, attempt=1)
+    assert second.step == saved and second.shipped_at_restore >= saved
+    assert await asyncio.wait_for(asyncio.to_thread(second.run), 60) == MAX_STEPS
+    assert await asyncio.wait_for(orch_task, 60) == MAX_STEPS
+    assert steps_recomputed(run_dir.root / "ledger") == 0
+    assert trained_steps(run_dir) == list(range(1, MAX_STEPS + 1))
+    versions = [r["policy_version"] for r in metrics(run_dir.metrics)]
+    assert versions == sorted(versions)  # the weight follower never went back to older weights
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok and report.steps == MAX_STEPS and report.rolled_back == 0, report.problems
+
+
+async def test_paused_orchestrator_pairs_its_pause_snapshot_with_the_part_the_trainer_saves_on_notice(
+    tmp_path, tiny_model
+):
+    _, spec = run_spec(tmp_path)
+    run_dir = RunDir(tmp_path / "run")
+    trainer = Trainer(spec, run_dir, str(tiny_model), attempt=1)
+    orch = orchestrator(spec, run_dir, tiny_model)
+    orch_task = asyncio.create_task(orch.run())
+    train = asyncio.create_task(asyncio.to_thread(trainer.run))
+    await until(lambda: trainer.step >= 2 or train.done(), what="trainer step 2")
+    pause = await orch.pause()
+    trainer.notice()
+    saved = await asyncio.wait_for(train, 60)
+    assert pause.step is not None and pause.step <= saved <= orch.shipped
+    done = run_dir.orchestrator_checkpoint(saved) / "progress.pt"
+    await until(done.is_file, timeout_s=10, what=f"the paused orchestrator to pair step {saved}")
+    paired = load_orchestrator_progress(run_dir, saved)
+    at_pause = load_orchestrator_progress(run_dir, pause.step)
+    # the same cut: the pause snapshot, only the step differs
+    assert paired["step"] == saved and paired["shipped"] == at_pause["shipped"] == orch.shipped
+    assert paired["ledger_line"] == at_pause["ledger_line"] and paired["source"] == at_pause["source"]
+    orch.request_stop()
+    assert await asyncio.wait_for(orch_task, 30) == paired["shipped"]
+    # the next attempt (everything restarted) resumes from the step saved on notice
+    assert latest_complete_checkpoint(run_dir).step == saved
+    trainer2 = await asyncio.to_thread(Trainer, spec, run_dir, str(tiny_model), resume=True, attempt=2)
+    assert trainer2.step == saved
+    orch2 = orchestrator(spec, run_dir, tiny_model, attempt=2, resume=True)
+    orch2_task = asyncio.create_task(orch2.run())
+    assert await asyncio.wait_for(asyncio.to_thread(trainer2.run), 60) == MAX_STEPS
+    assert await asyncio.wait_for(orch2_task, 60) == MAX_STEPS
+    assert orch2.resume_report.from_step == saved
+    assert steps_recomputed(run_dir.root / "ledger") == 0
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok and report.steps == MAX_STEPS and report.rolled_back == 0, report.problems
+
+
+async def test_trainer_killed_while_saving_on_notice_leaves_the_previous_checkpoint_and_the_steps_are_retrained(
+    tmp_path, tiny_model, cache_dir
+):
+    # A grace period too short for the save: the real `rlrun trainer` gets SIGTERM and is SIGKILLed inside
+    # the fill of its notice part (before the rename that would publish it).
+    manifest, spec = run_spec(tmp_path)
+    run_dir = RunDir(tmp_path / "run")
+    orch = orchestrator(spec, run_dir, tiny_model)
+    env = {**os.environ, "RLRUN_CRASH_AT": "trainer_notice_save", "OMP_NUM_THREADS": "1"}
+    argv = ["-m", "rlrun", "trainer", str(manifest), "--run-dir", str(run_dir.root), "--attempt", "1"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, "--cache-dir", str(cache_dir), env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    await until(lambda: (run_dir.trainer_checkpoint(0) / "progress.json").is_file(), what="trainer start")
+    orch_task = asyncio.create_task(orch.run())
+    await until(lambda: len(metrics(run_dir.trainer_metrics)) >= 2, what="trainer step 2")
+    proc.send_signal(signal.SIGTERM)
+    out = (await asyncio.wait_for(proc.communicate(), 60))[0].decode()
+    assert proc.returncode == -signal.SIGKILL, out[-3000:]
+    reached = metrics(run_dir.trainer_metrics)[-1]["step"]
+    assert "finishing the current step, then saving a checkpoint" in out
+    assert 2 <= reached < MAX_STEPS and not run_dir.trainer_checkpoint(reached).exists()
+    # The orchestrator, still running, has the previous complete checkpoint (step 0); a trainer of the same
+    # attempt resumes from it and retrains the steps since from the kept batch files.
+    before = latest_complete_checkpoint(run_dir).step
+    assert before == 0
+    served = max(step_dirs(run_dir.broadcasts))  # what the live orchestrator may have loaded into vLLM
+    second = await asyncio.to_thread(Trainer, spec, run_dir, str(tiny_model), resume=True, attempt=1)
+    assert second.step == before
+    assert run_dir.broadcast(served).is_dir()  # kept for the orchestrator: same attempt, not a dead one's
+    assert await asyncio.wait_for(asyncio.to_thread(second.run), 60) == MAX_STEPS
+    assert await asyncio.wait_for(orch_task, 60) == MAX_STEPS
+    assert steps_recomputed(run_dir.root / "ledger") == reached - before > 0
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok and report.steps == MAX_STEPS, report.problems
