@@ -193,6 +193,31 @@ def preemption_cost(cluster: LocalCluster, notice: float, attempt: int) -> dict[
     return out
 
 
+def trainer_loss_cost(cluster: LocalCluster, notice: float) -> dict[str, float]:
+    """A trainer-only preemption's wall time split into stages, seconds: notice → old trainer signalled
+    → old trainer gone → replacement started → the next optimizer step (the first ``trained`` event
+    of the trainer ledger after the replacement started)."""
+    old, new = f"{NAME}-trainer-a0", f"{NAME}-trainer-a0-r1"
+    # SIGTERM by the operator's deletion, or by the node's shutdown at the end of the notice
+    signals = [cluster.first(f"pod {old} SIG", notice), cluster.first("shutdown node", notice)]
+    signalled = min((t for t in signals if t is not None), default=None)
+    gone = cluster.first(f"pod {old} deleted", notice)
+    started = cluster.first(f"pod {new} started", notice)
+    ledger = run_dir(cluster) / "ledger" / "attempt-0.trainer.jsonl"
+    trained = [json.loads(line) for line in ledger.read_text().splitlines() if line.endswith("}")]
+    step = next((e["t"] for e in trained if e["e"] == "trained" and started is not None and e["t"] > started), None)
+    points = [("trainer_signalled", signalled), ("trainer_gone", gone), ("replacement_started", started)]
+    points.append(("next_optimizer_step", step))
+    out: dict[str, float] = {}
+    last = notice
+    for name, t in points:
+        assert t is not None, f"no {name} in the timeline: {cluster.timeline}"
+        out[name] = round(t - last, 2)
+        last = t
+    out["total"] = round(last - notice, 2)
+    return out
+
+
 def reward_tail(cluster: LocalCluster, steps: int = 10) -> float:
     """Mean reward of the last ``steps`` steps in ``metrics.jsonl`` (a resumed step counts once: its last line)."""
     by_step = {m["step"]: m["reward_mean"] for m in metrics(cluster)}
