@@ -503,9 +503,10 @@ class Reconciler:
         self._event(ctx, EventReason.RECREATED, f"attempt {attempt}: {count} pods created with --resume{avoiding}")
         return True
 
-    async def _resume(self, ctx: _Run, rec: Recovery) -> bool:
-        """Wait for the new attempt's orchestrator to confirm its restore; a new disruption starts a new recovery."""
-        if self._complete(ctx):  # it finished before a poll saw it resume
+    async def _ended_or_disrupted(self, ctx: _Run, rec: Recovery) -> bool | None:
+        """What a stage waiting for new pods checks first: the run finished meanwhile (the recovery is over:
+        False), or a new disruption hit the current pods (a new recovery begins: its result); None: neither."""
+        if self._complete(ctx):  # it finished before a poll saw the recovery end
             await self._succeed(ctx)
             self._recovered((ctx.namespace, ctx.name), rec)
             return False
@@ -514,6 +515,12 @@ class Reconciler:
         found = [d for d in found if d.pod in current or d.trigger == Trigger.POD_MISSING]
         if found:
             return await self._begin(ctx, found)
+        return None
+
+    async def _resume(self, ctx: _Run, rec: Recovery) -> bool:
+        """Wait for the new attempt's orchestrator to confirm its restore; a new disruption starts a new recovery."""
+        if (outcome := await self._ended_or_disrupted(ctx, rec)) is not None:
+            return outcome
         report, _ = await self._poll(ctx)
         if report is None or report.attempt != ctx.attempt or report.phase not in ("running", "done"):
             waiting = f"attempt {int(ctx.attempt or 0)}: waiting for the orchestrator to confirm what it restored"
@@ -536,15 +543,8 @@ class Reconciler:
         kubelet started ``rlrun trainer … --resume`` on every node of the group) end the recovery.
         """
         key = (ctx.namespace, ctx.name)
-        if self._complete(ctx):
-            await self._succeed(ctx)
-            self._recovered(key, rec)
-            return False
-        found = self._disruptions(ctx) or await self._missing(ctx)
-        current = {p.name for p in ctx.current()}
-        found = [d for d in found if d.pod in current or d.trigger == Trigger.POD_MISSING]
-        if found:
-            return await self._begin(ctx, found)
+        if (outcome := await self._ended_or_disrupted(ctx, rec)) is not None:
+            return outcome
         attempt = int(ctx.attempt or 0)
         trainers = [n for n in rec.replacements if naming.component_of(ctx.name, n) == naming.TRAINER]
         running = {p.name for p in ctx.pods if p.name in trainers and p.phase in ("Running", "Succeeded")}

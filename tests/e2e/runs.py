@@ -183,14 +183,7 @@ def preemption_cost(cluster: LocalCluster, notice: float, attempt: int) -> dict[
     ready = attempt_pods_ready(cluster, attempt, notice)
     first_batch = next((m["time"] for m in metrics(cluster) if m["time"] > notice and m["attempt"] >= attempt), None)
     points = [("pause_answered", paused), ("pods_gone", gone), ("new_pods_ready", ready), ("first_batch", first_batch)]
-    out: dict[str, float] = {}
-    last = notice
-    for name, t in points:
-        assert t is not None, f"no {name} in the timeline: {cluster.timeline}"
-        out[name] = round(t - last, 2)
-        last = t
-    out["total"] = round(last - notice, 2)
-    return out
+    return _stages(cluster, notice, points)
 
 
 def trainer_loss_cost(cluster: LocalCluster, notice: float) -> dict[str, float]:
@@ -207,14 +200,18 @@ def trainer_loss_cost(cluster: LocalCluster, notice: float) -> dict[str, float]:
     trained = [json.loads(line) for line in ledger.read_text().splitlines() if line.endswith("}")]
     step = next((e["t"] for e in trained if e["e"] == "trained" and started is not None and e["t"] > started), None)
     points = [("trainer_signalled", signalled), ("trainer_gone", gone), ("replacement_started", started)]
-    points.append(("next_optimizer_step", step))
+    return _stages(cluster, notice, [*points, ("next_optimizer_step", step)])
+
+
+def _stages(cluster: LocalCluster, start: float, points: list[tuple[str, float | None]]) -> dict[str, float]:
+    """``{stage: seconds since the previous point}`` for ``(stage, time)`` points in order, plus ``total``."""
     out: dict[str, float] = {}
-    last = notice
+    last = start
     for name, t in points:
         assert t is not None, f"no {name} in the timeline: {cluster.timeline}"
         out[name] = round(t - last, 2)
         last = t
-    out["total"] = round(last - notice, 2)
+    out["total"] = round(last - start, 2)
     return out
 
 
