@@ -149,6 +149,20 @@ def _full_optim(model, opt, dp: DataParallel) -> dict:
 # --- the 2-rank job --------------------------------------------------------------------------------
 
 
+def _train_a_save_b_c(model, opt, dp, part: Path) -> dict:
+    """Steps A, B, C with a sharded save after A (both sides of every scenario); what each left."""
+    out: dict = {}
+    out["stats_a"], out["grads_a"] = _step(model, opt, BATCH_A(), dp)
+    out["weights_a"] = full_state_dict(model, dp)
+    out["optim_a"] = _full_optim(model, opt, dp)
+    save_sharded(part, model, opt, dp, step=1, attempt=3)
+    out["stats_b"], _ = _step(model, opt, BATCH_B(), dp)
+    out["weights_b"] = full_state_dict(model, dp)
+    out["stats_c"], out["grads_c"] = _step(model, opt, BATCH_C(), dp)
+    out["weights_c"] = full_state_dict(model, dp)
+    return out
+
+
 def _rank_main(rank: int, port: int, work: str) -> None:
     """One rank of the forked group: the 2-rank side of every scenario (results written by rank 0)."""
     os.environ.update(
@@ -162,14 +176,7 @@ def _rank_main(rank: int, port: int, work: str) -> None:
     out: dict = {}
     model, opt = _new_model(work_dir / "init.safetensors", dp)
     out["sharded"] = all(hasattr(p, "full_tensor") for p in model.parameters())
-    out["stats_a"], out["grads_a"] = _step(model, opt, BATCH_A(), dp)
-    out["weights_a"] = full_state_dict(model, dp)
-    out["optim_a"] = _full_optim(model, opt, dp)
-    save_sharded(work_dir / "two" / "trainer", model, opt, dp, step=1, attempt=3)
-    out["stats_b"], _ = _step(model, opt, BATCH_B(), dp)
-    out["weights_b"] = full_state_dict(model, dp)
-    out["stats_c"], out["grads_c"] = _step(model, opt, BATCH_C(), dp)
-    out["weights_c"] = full_state_dict(model, dp)
+    out.update(_train_a_save_b_c(model, opt, dp, work_dir / "two" / "trainer"))
 
     # 1 → 2: load the part this test's process wrote alone, then continue with step B.
     model2, opt2 = _new_model(work_dir / "init.safetensors", dp)
@@ -242,14 +249,7 @@ def runs(tmp_path_factory) -> dict:
         dp = init_from_env(env={})
         one: dict = {}
         model, opt = _new_model(work / "init.safetensors", dp)
-        one["stats_a"], one["grads_a"] = _step(model, opt, BATCH_A(), dp)
-        one["weights_a"] = full_state_dict(model, dp)
-        one["optim_a"] = _full_optim(model, opt, dp)
-        save_sharded(work / "one" / "trainer", model, opt, dp, step=1, attempt=3)
-        one["stats_b"], _ = _step(model, opt, BATCH_B(), dp)
-        one["weights_b"] = full_state_dict(model, dp)
-        one["stats_c"], one["grads_c"] = _step(model, opt, BATCH_C(), dp)
-        one["weights_c"] = full_state_dict(model, dp)
+        one.update(_train_a_save_b_c(model, opt, dp, work / "one" / "trainer"))
 
         _spawn(work)
         two = torch.load(work / "two_ranks.pt", weights_only=True)

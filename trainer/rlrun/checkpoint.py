@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from rlrun.checkpoint_error import CheckpointError
+from rlrun.checkpoint_error import CheckpointError, read_json_part
 from rlrun.rundir import META_FILE, RunDir, step_dirs, write_file_atomic
 
 log = logging.getLogger(__name__)
@@ -144,12 +144,7 @@ def load_trainer_progress(run_dir: RunDir, step: int) -> dict[str, Any]:
     """
     root = run_dir.trainer_checkpoint(step)
     progress = root / TRAINER_PROGRESS_FILE
-    try:
-        data = json.loads(progress.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{progress}: missing") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{progress}: unreadable ({exc})") from None
+    data = read_json_part(progress)
     if data.get("step") != step:
         raise CheckpointError(f"{progress}: says step {data.get('step')}, expected {step}")
     if part_format(root) == SHARDED_TRAINER_FORMAT:

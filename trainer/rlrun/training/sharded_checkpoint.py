@@ -29,7 +29,6 @@ read as raw bytes and non-tensor values with ``torch.load(weights_only=True)`` (
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import pickle
 import warnings
@@ -52,7 +51,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from rlrun.checkpoint_error import CheckpointError
+from rlrun.checkpoint_error import CheckpointError, read_json_part
 from rlrun.rundir import META_FILE, publish_dir, write_meta
 from rlrun.training.distributed import DataParallel
 
@@ -174,12 +173,7 @@ def verify_sharded(part: str | Path, deep: bool = False) -> ShardedCheckpointInf
     """
     part = Path(part)
     meta_path = part / META_FILE
-    try:
-        meta = json.loads(meta_path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{meta_path}: missing") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{meta_path}: unreadable ({exc})") from None
+    meta = read_json_part(meta_path)
     if not isinstance(meta, dict) or meta.get("format") != SHARDED_FORMAT or not isinstance(meta.get("shards"), dict):
         raise CheckpointError(f"{meta_path}: not a sharded ({SHARDED_FORMAT}) checkpoint part")
     root = part / SHARDED_DIR
