@@ -186,21 +186,31 @@ def preemption_cost(cluster: LocalCluster, notice: float, attempt: int) -> dict[
     return _stages(cluster, notice, points)
 
 
-def trainer_loss_cost(cluster: LocalCluster, notice: float) -> dict[str, float]:
+def trainer_loss_cost(
+    cluster: LocalCluster, notice: float, old: tuple[str, ...] = (f"{NAME}-trainer-a0",), recovery: int = 1
+) -> dict[str, float]:
     """A trainer-only preemption's wall time split into stages, seconds: notice → old trainer signalled
     → old trainer gone → replacement started → the next optimizer step (the first ``trained`` event
-    of the trainer ledger after the replacement started)."""
-    old, new = f"{NAME}-trainer-a0", f"{NAME}-trainer-a0-r1"
+    of the trainer ledger after the replacement started).
+
+    ``old``: the trainer pods replaced (every node's pod of a multi-node trainer: the stages then end
+    at the first one signalled, the last one gone and the last replacement started), each replaced by
+    ``<pod>-r<recovery>``."""
     # SIGTERM by the operator's deletion, or by the node's shutdown at the end of the notice
-    signals = [cluster.first(f"pod {old} SIG", notice), cluster.first("shutdown node", notice)]
+    signals = [cluster.first(f"pod {pod} SIG", notice) for pod in old] + [cluster.first("shutdown node", notice)]
     signalled = min((t for t in signals if t is not None), default=None)
-    gone = cluster.first(f"pod {old} deleted", notice)
-    started = cluster.first(f"pod {new} started", notice)
+    gone = _last([cluster.first(f"pod {pod} deleted", notice) for pod in old])
+    started = _last([cluster.first(f"pod {pod}-r{recovery} started", notice) for pod in old])
     ledger = run_dir(cluster) / "ledger" / "attempt-0.trainer.jsonl"
     trained = [json.loads(line) for line in ledger.read_text().splitlines() if line.endswith("}")]
     step = next((e["t"] for e in trained if e["e"] == "trained" and started is not None and e["t"] > started), None)
     points = [("trainer_signalled", signalled), ("trainer_gone", gone), ("replacement_started", started)]
     return _stages(cluster, notice, [*points, ("next_optimizer_step", step)])
+
+
+def _last(times: list[float | None]) -> float | None:
+    """The latest of ``times``, or None when one of them is None (that point was not reached)."""
+    return None if None in times else max(t for t in times if t is not None)
 
 
 def _stages(cluster: LocalCluster, start: float, points: list[tuple[str, float | None]]) -> dict[str, float]:

@@ -8,6 +8,7 @@ attempt). ``rlrun ledger check`` on the volume proves no finished episode was lo
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from rlrun.launcher.preemption import steps_recomputed
@@ -35,6 +36,11 @@ def node_of(cluster, component: str) -> str:
     pod = cluster.pod(NAME, component)
     assert pod is not None and pod["spec"].get("nodeName"), f"no scheduled {component} pod"
     return pod["spec"]["nodeName"]
+
+
+def exit_code(cluster, pod: str) -> str | None:
+    """The exit code pod ``pod``'s container exited with (from the timeline), or None while it runs."""
+    return next((w.split()[-1] for _, w in cluster.timeline if w.startswith(f"pod {pod} exited ")), None)
 
 
 def bound_nodes(cluster, attempt: int) -> dict[str, str]:
@@ -71,11 +77,13 @@ def test_trainer_node_lost_with_notice_replaces_only_the_trainer_which_saves_fir
     old_log = cluster.nodes.log_path(f"{NAME}-trainer-a0").read_text()
     assert "notice: saved trainer checkpoint step" in old_log or "notice: trainer part of step" in old_log
     assert steps_recomputed(run_dir(cluster) / "ledger") == 0
-    # the orchestrator and vLLM ran through: one process each, never signalled, exit 0; no attempt 1
+    # the orchestrator and vLLM ran through: one process each, never signalled before the run's end (when
+    # the operator removes the rollout pods), exit 0; no attempt 1
+    ended = cluster.first(f"run {NAME} phase Succeeded")
     for role, pid in keep.items():
         assert pid is not None
         assert sum(w.startswith(f"pod {NAME}-{role}-a0 started ") for _, w in cluster.timeline) == 1
-        assert not any(f"pod {NAME}-{role}-a0 SIG" in w for _, w in cluster.timeline)
+        assert not any(f"pod {NAME}-{role}-a0 SIG" in w for t, w in cluster.timeline if t < ended)
     assert cluster.first(f"pod {NAME}-orchestrator-a0 exited 0") is not None
     assert not any("-a1" in p["metadata"]["name"] for p in cluster.pods(NAME))
 
@@ -84,6 +92,78 @@ def test_trainer_node_lost_with_notice_replaces_only_the_trainer_which_saves_fir
     print(cluster.kubectl("get", "rlrun", NAME, "-o", "wide"))
     print(cluster.kubectl("describe", "rlrun", NAME))
     print("trainer-only preemption cost (s):", trainer_loss_cost(cluster, notice))
+    print(ledger_check(cluster))
+
+
+def test_losing_the_rendezvous_node_of_a_two_node_trainer_replaces_the_whole_group_which_saves_first(cluster):
+    cluster.nodes.add_node("node-4")  # a node per pod: the lost node holds trainer node 0 alone
+    doc = manifest(max_steps=12)
+    doc["spec"]["trainer"] = {"nodes": 2, "processes_per_node": 1}
+    apply(cluster, doc)
+    wait_for_training(cluster, 5)  # past the step-4 checkpoint, trained by both ranks
+    old = [f"{NAME}-trainer-{i}-a0" for i in range(2)]
+    lost = cluster.kube.get("pods", old[0], cluster.namespace)["spec"]["nodeName"]
+    assert cluster.nodes.pods_on(lost) == [old[0]], "trainer node 0 (the rendezvous store) must be alone on its node"
+    keep = {role: cluster.nodes.pid(f"{NAME}-{role}-a0") for role in ("orchestrator", "rollout-0")}
+    before = wait_for_generation(cluster)
+    cluster.nodes.preempt_node(lost, notice_seconds=10)
+    notice = cluster.first(f"notice node {lost}")
+
+    status = wait_for_end(cluster)
+    print(f"notice at step {before['step']} (policy {before['policy_version']})")
+    assert status["preemptions"] == 1 and status["failures"] == 0 and status["attempt"] == 0
+    assert status["failedNodes"] == [lost] and status.get("lastResume") is None
+    # both ranks' pods were replaced together, each by its node's replacement in the same attempt
+    new = [f"{pod}-r1" for pod in old]
+    resumed = next(c for c in status["conditions"] if c["type"] == "Resumed")
+    assert resumed["message"] == (
+        f"attempt 0 goes on: only the trainer was replaced ({old[0]} by {new[0]}, {old[1]} by {new[1]}); the "
+        "trainer resumes with --resume from the newest complete checkpoint, the orchestrator and the other "
+        "rollout servers kept running"
+    )
+    bound = bound_nodes(cluster, 0)
+    assert lost not in (bound[new[0]], bound[new[1]])
+    # no replacement rank started before both old ranks were gone (one group rendezvous at a time)
+    gone = max(cluster.first(f"pod {pod} deleted", notice) for pod in old)
+    assert min(cluster.first(f"pod {pod} started", notice) for pod in new) > gone
+    for node, pod in enumerate(new):
+        argv = cluster.kube.get("pods", pod, cluster.namespace)["spec"]["containers"][0]["command"]
+        assert argv[argv.index("--node-rank") + 1] == str(node) and argv[-1] == "--resume"
+    # the new group trains to the end and both torchrun agents exit 0 (after the run's end: nothing waits for them)
+    assert {pod: wait_for(lambda pod=pod: exit_code(cluster, pod), 60, f"{pod} exited") for pod in new} == {
+        new[0]: "0",
+        new[1]: "0",
+    }
+    # both old ranks stopped at the same step boundary and saved it together (or it was a periodic
+    # checkpoint already); the new group resumed from exactly that step: no step trained twice
+    logs = [cluster.nodes.log_path(pod).read_text() for pod in old]
+    # each rank had one SIGTERM (forwarded by torchrun): a second one would mean "exit now, skip the save"
+    assert [log.count("SIGTERM: finishing the current step") for log in logs] == [1, 1]
+    assert not any("stopping without finishing" in log for log in logs)
+    stops = [re.findall(r"trainer stopped on notice at step (\d+)", log) for log in logs]
+    assert len(stops[0]) == 1 and stops[1] == stops[0], stops
+    step = int(stops[0][0])
+    saved = (
+        f"notice: saved trainer checkpoint step {step} ",
+        f"notice: trainer part of step {step} is already written",
+    )
+    assert any(line in logs[0] for line in saved)
+    assert f"resume: restored trainer checkpoint step {step} " in cluster.nodes.log_path(new[0]).read_text()
+    assert steps_recomputed(run_dir(cluster) / "ledger") == 0
+    # the orchestrator and vLLM ran through: one process each, never signalled before the run's end (when
+    # the operator removes the rollout pods), the orchestrator exit 0; no attempt 1
+    ended = cluster.first(f"run {NAME} phase Succeeded")
+    for role, pid in keep.items():
+        assert pid is not None
+        assert sum(w.startswith(f"pod {NAME}-{role}-a0 started ") for _, w in cluster.timeline) == 1
+        assert not any(f"pod {NAME}-{role}-a0 SIG" in w for t, w in cluster.timeline if t < ended)
+    assert exit_code(cluster, f"{NAME}-orchestrator-a0") == "0"
+    assert not any("-a1" in p["metadata"]["name"] for p in cluster.pods(NAME))
+
+    row = kubectl_row(cluster)
+    assert row["PHASE"] == "Succeeded" and row["STEP"] == "12" and row["PREEMPTIONS"] == "1"
+    print(f"trainer group stopped at step {step}")
+    print("trainer-group preemption cost (s):", trainer_loss_cost(cluster, notice, tuple(old)))
     print(ledger_check(cluster))
 
 

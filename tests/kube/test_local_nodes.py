@@ -127,7 +127,15 @@ class Cluster:
 
     def create_pod(self, name: str, command: list[str], labels: dict[str, str] | None = None, **extra: Any) -> None:
         """A one-container pod; ``extra`` goes into the container unless it is a pod spec field."""
-        pod_fields = ("volumes", "terminationGracePeriodSeconds", "nodeSelector", "tolerations", "affinity")
+        pod_fields = (
+            "volumes",
+            "terminationGracePeriodSeconds",
+            "nodeSelector",
+            "tolerations",
+            "affinity",
+            "hostname",
+            "subdomain",
+        )
         container: dict[str, Any] = {
             "name": "main",
             "image": "local",
@@ -385,7 +393,8 @@ def test_a_process_ignoring_sigterm_is_killed_when_the_grace_period_ends(cluster
 def test_children_of_a_deleted_pod_do_not_survive_it(cluster, tmp_path):
     cluster.start("node-1")
     pids = tmp_path / "pids"
-    # one child dies of the group's SIGTERM, the other ignores it: the runtime stops it when the pod's process exits
+    # SIGTERM reaches the main process only (as PID 1's stop signal): its children, one ignoring SIGTERM, go
+    # when the runtime stops what the exited main process left behind
     script = f'sleep 300 & echo $! > {pids}; (trap "" TERM; exec sleep 301) & echo $! >> {pids}; wait'
     cluster.create_pod("p", ["sh", "-c", script], terminationGracePeriodSeconds=30)
     cluster.wait_phase("p", "Running")
@@ -488,6 +497,35 @@ def test_a_service_resolves_to_its_ready_pod_and_stops_when_the_pod_is_deleted(c
     cluster.kube.delete("pods", "orch-0", NS)
     wait(lambda: line not in nodes.hosts_path.read_text(), "the DNS entry removed")
     assert nodes.hosts_path.read_text() == host_file
+
+
+def test_a_pod_with_hostname_and_subdomain_resolves_under_its_headless_service_in_other_pods(cluster):
+    nodes = cluster.start("node-1")
+    port = free_port()
+    headless = {
+        "clusterIP": "None",
+        "publishNotReadyAddresses": True,
+        "selector": {"app": "w"},
+        "ports": [{"port": port}],
+    }
+    cluster.kube.create("services", {"metadata": {"name": "workers"}, "spec": headless}, NS)
+    never_ready = {"httpGet": {"path": "/ready", "port": port}}
+    cluster.create_pod(
+        "w-0", ["sleep", "30"], labels={"app": "w"}, hostname="w-0", subdomain="workers", readinessProbe=never_ready
+    )
+    cluster.create_pod("stray", ["sleep", "30"], labels={"app": "x"}, hostname="stray", subdomain="workers")
+    # w-1 looks its peer up as a pod does: through its own /etc/hosts
+    lookup = f"until getent hosts w-0.workers.{NS}.svc > {cluster.mnt}/termination-log; do sleep 0.1; done"
+    cluster.create_pod("w-1", ["sh", "-c", lookup], labels={"app": "w"}, hostname="w-1", subdomain="workers")
+    cluster.wait_phase("w-1", "Succeeded")
+    ip = cluster.pod("w-0")["status"]["podIP"]
+    name = f"w-0.workers.{NS}.svc"
+    assert cluster.terminated("w-1")["message"].split() == [ip, name, f"{name}.cluster.local"]  # not Ready: published
+    # w-1 ended, stray is not selected, no Ready pod for the Service's own name: w-0's record only
+    host_file = Path("/etc/hosts").read_text().rstrip("\n") + "\n"
+    wait(lambda: nodes.hosts_path.read_text() == f"{host_file}{ip}\t{name} {name}.cluster.local\n", "w-0's record only")
+    cluster.kube.delete("pods", "w-0", NS)
+    wait(lambda: nodes.hosts_path.read_text() == host_file, "the record removed")
 
 
 def test_a_service_whose_port_is_not_its_target_port_fails_the_nodes(cluster):

@@ -7,18 +7,25 @@ where a small shell prologue bind-mounts each volume's host directory at the con
 ``terminationMessagePath``, then ``exec``s the command.
 The mounts live exactly as long as the namespace, i.e. the process tree: none outlives it.
 
+Like a container runtime, :meth:`ContainerProcess.signal` (the stop signal) reaches the main
+process only; :meth:`ContainerProcess.kill` reaches every process of the tree.
+
 Differences from a container runtime, on purpose: the process runs as root in the host's
 filesystem, network and PID namespaces (``securityContext`` and ``resources`` are not
 applied); the "image" is this test session's virtual environment and repository
 (``IMAGE_PATHS``, first on ``PATH`` and mounted at their own paths over the pod's volumes); and a ``--host``/``--control-host`` argument of ``0.0.0.0`` is rewritten to the pod's IP,
 because every pod shares the host's network namespace and two pods binding ``0.0.0.0`` on
-the same port would collide (a real pod has a network namespace of its own).
+the same port would collide (a real pod has a network namespace of its own). What binds all
+interfaces by itself still takes the host's port: a multi-node trainer's rendezvous store
+(``torchrun``'s TCPStore on 29500) does, which works because only trainer node 0 hosts it and a
+group's replacements start only once every old pod is gone.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -152,9 +159,14 @@ class ContainerProcess:
         return None if code is None else exit_code(code)
 
     def signal(self, sig: int) -> None:
-        """Send ``sig`` to the whole process tree (vLLM's engine core and workers too)."""
+        """Send ``sig`` to the container's main process only, as a container runtime sends its stop signal
+        to PID 1: what that process started (torchrun's ranks, vLLM's engine core) hears of it from the
+        process, once. Signalling the whole tree would hand each torchrun rank SIGTERM twice (from here
+        and forwarded by torchrun), and a trainer takes a second SIGTERM as "exit now, skip the save".
+        :meth:`kill` still SIGKILLs the whole tree (the runtime kills the container's cgroup)."""
         if self.child is not None:
-            self.child.signal_group(sig)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child.pid, sig)
 
     def kill(self) -> None:
         """SIGKILL the whole tree and reap the process."""

@@ -11,18 +11,30 @@ it created:
   follows the process (``Running``; ``Ready`` once its readiness probe, tried every
   ``PROBE_SECONDS`` rather than its ``periodSeconds``, answers 2xx, or at once without a probe;
   ``Succeeded``/``Failed`` with the exit code, reason and termination message). A deleted pod's
-  process tree gets SIGTERM, SIGKILL once ``deletionGracePeriodSeconds`` are over, and the pod
-  is removed only then (the kubelet's grace-0 ``DELETE``).
+  main process gets SIGTERM (once, as a container runtime sends the stop signal to PID 1), its
+  whole process tree SIGKILL once ``deletionGracePeriodSeconds`` are over, and the pod is removed
+  only then (the kubelet's grace-0 ``DELETE``).
 - **the pod garbage collector**: a pod bound to a node that no longer exists is force-deleted.
-- **cluster DNS**: ``<service>.<namespace>.svc`` resolves, through ``hosts_path`` (an
-  ``/etc/hosts`` a process can bind-mount), to the IP of the first Ready, non-terminating pod the
-  Service selects (a headless Service, in effect: the Service's ``port`` must equal its
-  ``targetPort``'s number, which is checked).
+- **cluster DNS**: ``hosts_path`` (an ``/etc/hosts`` every pod gets bind-mounted at ``/etc/hosts``,
+  as the kubelet manages a pod's ``/etc/hosts``; kept in place, so a rewrite reaches every pod)
+  holds, each also under ``.cluster.local``:
+
+  - ``<service>.<namespace>.svc`` → the IP of the first Ready, non-terminating pod the Service
+    selects (a headless Service, in effect: the Service's ``port`` must equal its ``targetPort``'s
+    number, which is checked);
+  - ``<hostname>.<subdomain>.<namespace>.svc`` → the IP of a pod with ``spec.hostname`` and
+    ``spec.subdomain`` when a headless Service (``clusterIP: None``) named ``<subdomain>`` in its
+    namespace selects it: Kubernetes' pod DNS record, for a Ready pod or, with
+    ``publishNotReadyAddresses``, any running one; never a terminating or ended one.
+
+  Every pod shares the host's name (no UTS namespace): a process resolving its own host name (gloo
+  picking its interface) gets the host's address, which reaches every pod as well.
 
 A node is lost **with notice** (``preempt_node``: a spot interruption handled by graceful node
 shutdown — the node is tainted, its pods get ``DisruptionTarget=True``
-``TerminationByKubelet``, after the notice window their processes get SIGTERM and, after their
-grace period, SIGKILL, and they end ``Failed`` with reason ``Terminated``; then the node goes) or
+``TerminationByKubelet``, after the notice window their main processes get SIGTERM (not those
+already stopping: a runtime sends a container its stop signal once) and, after their grace period,
+SIGKILL, and they end ``Failed`` with reason ``Terminated``; then the node goes) or
 **abruptly** (``crash_node``: every process on it is SIGKILLed at once, the kubelet stops
 answering, the node turns ``Ready=Unknown`` with the ``unreachable`` taint, and it is deleted
 after a delay). What happens when is appended to ``timeline`` (wall-clock seconds, text).
@@ -45,6 +57,7 @@ import datetime
 import ipaddress
 import itertools
 import logging
+import os
 import signal
 import threading
 import time
@@ -335,6 +348,7 @@ class LocalNodes:
         pod_dir.mkdir(parents=True, exist_ok=True)  # a pod without volumes has no directory yet
         message_path.write_text("")
         mounts.append(Mount(message_path, container.get("terminationMessagePath", "/dev/termination-log")))
+        mounts.append(Mount(self.hosts_path, "/etc/hosts"))  # cluster DNS
         mounts += [Mount(path, str(path)) for path in IMAGE_PATHS]
         for m in mounts:
             self._ensure_mount_point(Path(m.target), m.source.is_dir())
@@ -452,7 +466,8 @@ class LocalNodes:
             self.note(f"pod {name} deleted")
 
     def _shut_down(self, node: Node) -> None:
-        """Graceful node shutdown: SIGTERM to every pod, SIGKILL at the end of its grace; pods end Failed."""
+        """Graceful node shutdown: SIGTERM to every pod not already stopping, SIGKILL at the end of its grace;
+        pods end Failed."""
         node.shutdown_at = None
         self.note(f"shutdown node {node.name}")
         for run in self._runs_on(node.name):
@@ -460,7 +475,8 @@ class LocalNodes:
             if run.exit_code is None:
                 pod = self.kube.get("pods", run.name, run.namespace) or {"spec": {}}
                 grace = min(float(pod["spec"].get("terminationGracePeriodSeconds", 30)), SHUTDOWN_GRACE_SECONDS)
-                run.container.signal(signal.SIGTERM)
+                if run.kill_at is None:  # not yet stopping (a deleted pod has its SIGTERM already)
+                    run.container.signal(signal.SIGTERM)
                 run.kill_at = min(run.kill_at or float("inf"), time.monotonic() + grace)
         # once its pods stopped the node is gone (the cloud deletes the instance)
         node.delete_at = time.monotonic() + SHUTDOWN_GRACE_SECONDS + 1
@@ -563,14 +579,42 @@ class LocalNodes:
             self._check_ports(svc, ready[0])
             host = f"{meta['name']}.{meta['namespace']}.svc"
             lines.append(f"{ready[0]['status']['podIP']}\t{host} {host}.cluster.local")
+        lines += self._pod_records(pods)
         text = "\n".join(lines) + "\n"
         if text != self._hosts_text:
-            # in place (not a rename): processes bind-mount this very inode
-            with open(self.hosts_path, "r+") as f:
-                f.truncate(0)
-                f.write(text)
+            # in place (not a rename): processes bind-mount this very inode. One write, then the cut: a
+            # process resolving meanwhile never finds the file empty (a torchrun agent's rendezvous address)
+            data = text.encode()
+            fd = os.open(self.hosts_path, os.O_WRONLY)
+            try:
+                os.pwrite(fd, data, 0)
+                os.ftruncate(fd, len(data))
+            finally:
+                os.close(fd)
             self._hosts_text = text
             self.note("dns " + "; ".join(line.replace("\t", " ") for line in lines[1:]))
+
+    def _pod_records(self, pods: list[dict[str, Any]]) -> list[str]:
+        """``<ip>\t<hostname>.<subdomain>.<ns>.svc …`` of every pod a headless Service named its ``subdomain``
+        selects (see the module docstring)."""
+        headless = {
+            (svc["metadata"]["namespace"], svc["metadata"]["name"]): svc["spec"]
+            for svc in self.kube.list("services")
+            if (svc.get("spec") or {}).get("clusterIP") == "None" and svc["spec"].get("selector")
+        }
+        lines = []
+        for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+            meta, status = pod["metadata"], pod.get("status") or {}
+            hostname, subdomain = pod["spec"].get("hostname"), pod["spec"].get("subdomain")
+            spec = headless.get((meta["namespace"], subdomain))
+            if not hostname or spec is None or meta.get("deletionTimestamp") or status.get("phase") != "Running":
+                continue
+            match = label_matcher(",".join(f"{k}={v}" for k, v in spec["selector"].items()))
+            if not match(meta.get("labels") or {}) or not (spec.get("publishNotReadyAddresses") or _is_ready(pod)):
+                continue
+            host = f"{hostname}.{subdomain}.{meta['namespace']}.svc"
+            lines.append(f"{status['podIP']}\t{host} {host}.cluster.local")
+        return lines
 
     @staticmethod
     def _check_ports(svc: dict[str, Any], pod: dict[str, Any]) -> None:
