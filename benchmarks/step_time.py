@@ -16,8 +16,10 @@ so the orchestrator is never what a run waits on.
 
 3. ``ranks`` (with ``--ranks``): the data-parallel trainer's cost from
    ``benchmarks/step_time_ranks.py`` (the one place it is measured): trainer step time on
-   1 × 1 vs 1 × 2 ranks (the real ``rlrun trainer`` on the default example, and the bare step),
-   and sharded (DCP) vs unsharded checkpoint write/load times. ``--only-ranks`` runs just that.
+   1 × 1 vs 1 × 2 vs 2 × 1 ranks (nodes × processes per node; the real ``rlrun trainer`` on the
+   default example, 2 × 1 as two ``torchrun --nnodes 2 --node-rank 0/1`` on localhost with static
+   rendezvous like the operator's pods, with speedups against 1 × 1 from the same run; and the bare
+   step), and sharded (DCP) vs unsharded checkpoint write/load times. ``--only-ranks`` runs just that.
 
 Usage: ``python benchmarks/step_time.py [--steps 30] [--warmup 5] [--capacity-steps 40] [--ranks | --only-ranks]``
 """
@@ -114,7 +116,7 @@ def measure_orchestrator(steps: int, cache_dir: Path | None) -> dict:
 
 
 def measure_ranks() -> dict:
-    """Run ``benchmarks/step_time_ranks.py`` (1 × 1 vs 1 × 2 ranks, sharded vs unsharded checkpoints)."""
+    """Run ``benchmarks/step_time_ranks.py`` (1 × 1 vs 1 × 2 vs 2 × 1 ranks, sharded vs unsharded checkpoints)."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "step_time_ranks.py")], capture_output=True, text=True
     )
@@ -129,7 +131,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--capacity-steps", type=int, default=40)
     parser.add_argument("--cache-dir", type=Path, default=None)
-    parser.add_argument("--ranks", action="store_true", help="also measure 1 × 1 vs 1 × 2 trainer ranks")
+    parser.add_argument("--ranks", action="store_true", help="also measure 1 × 1 vs 1 × 2 vs 2 × 1 trainer ranks")
     parser.add_argument("--only-ranks", action="store_true", help="measure only the trainer ranks")
     args = parser.parse_args()
     if args.only_ranks:

@@ -1,5 +1,5 @@
-"""Data-parallel trainer cost (JSON on stdout): step time on 1 vs 2 ranks, and checkpoint write/load time
-sharded (DCP) vs unsharded (safetensors + ``torch.save``), for the builtin tiny model's architecture.
+"""Data-parallel trainer cost (JSON on stdout): step time on 1 vs 2 ranks (1 × 2 and 2 × 1), and checkpoint
+write/load time sharded (DCP) vs unsharded (safetensors + ``torch.save``), for the builtin tiny model's architecture.
 
 - ``step_s``: one trainer step (forward, :func:`~rlrun.training.distributed.data_parallel_policy_loss`,
   backward, global-norm clip, AdamW) on a ``--batch-size``-row batch of reverse-text-sized samples
@@ -22,10 +22,15 @@ unsharded, 0.22 / 0.19 s DCP on 1 rank, 0.50 / 0.79 s DCP on 2 ranks (7.5–8.1 
 - ``trainer``: the real ``rlrun trainer`` on the default example (``examples/reverse-text.yaml``:
   its model and ``batch_size``), fed ``--trainer-steps`` batches of reverse-text-sized samples by a
   fake orchestrator (files written up front): ``1x1`` one process (today's path, 1 torch thread),
-  ``1x2`` ``torchrun --nproc-per-node 2`` (gloo, 1 thread per rank). Reports the trainer's own
-  ``train_s`` (median over the steps after the first) and the command's wall time, which includes
-  start-up, the step-0 and last-step checkpoints (unsharded for 1x1, sharded for 1x2) and the
-  per-step weight broadcast.
+  ``1x2`` ``torchrun --nproc-per-node 2`` (gloo, 1 thread per rank), ``2x1`` two ``torchrun --nnodes 2
+  --node-rank 0/1 --nproc-per-node 1`` commands on localhost with static rendezvous on
+  ``127.0.0.1:<free port>`` (the operator's two trainer pods, :func:`two_node_launchers`). Reports the
+  trainer's own ``train_s`` (median over the steps after the first), the command's wall time (until
+  both nodes exit), which includes start-up, the step-0 and last-step checkpoints (unsharded for 1x1,
+  sharded otherwise) and the per-step weight broadcast, and ``speedup_1x2`` / ``speedup_2x1``: 1x1's
+  ``train_s`` over theirs, all from the same run. On one machine 2x1 and 1x2 differ only in how the
+  ranks meet (two agents and a static rendezvous vs one agent), so their step times should agree; a
+  real 2-node trainer adds the network between the nodes.
 
 Usage: ``python benchmarks/step_time_ranks.py [--batch-size 64] [--steps 5] [--repeats 3] [--trainer-steps 6]``
 (``benchmarks/step_time.py --ranks`` runs it and includes its JSON under ``ranks``).
@@ -138,7 +143,8 @@ def rank_main(rank: int, port: int, work: str, rows: int, steps: int, repeats: i
 
 
 def measure_trainer(steps: int, work: Path) -> dict:
-    """``rlrun trainer`` on 1 process vs 2 ``torchrun`` ranks over the same ``steps`` batches (see module docstring)."""
+    """``rlrun trainer`` on 1 process vs 2 ``torchrun`` ranks on one node (1x2) and on two (2x1) over the
+    same ``steps`` batches (see module docstring)."""
     import yaml
     from rlrun.batch import write_batch
     from rlrun.manifest import load_manifest
@@ -151,10 +157,11 @@ def measure_trainer(steps: int, work: Path) -> dict:
     rows = load_manifest(manifest).spec.batch_size
     bindir = Path(sys.executable).parent
     out: dict = {"batch_size": rows, "steps": steps}
-    for name, launcher in (
-        ("1x1", [str(bindir / "rlrun")]),
-        ("1x2", [str(bindir / "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
-                 "--max-restarts", "0", "--no-python", str(bindir / "rlrun")]),
+    for name, launchers in (
+        ("1x1", [[str(bindir / "rlrun")]]),
+        ("1x2", [[str(bindir / "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
+                  "--max-restarts", "0", "--no-python", str(bindir / "rlrun")]]),
+        ("2x1", two_node_launchers(bindir)),
     ):  # fmt: skip
         run_dir = RunDir(work / f"trainer_{name}").ensure()
         g = torch.Generator().manual_seed(0)
@@ -166,21 +173,54 @@ def measure_trainer(steps: int, work: Path) -> dict:
                 adv = float(torch.randn(1, generator=g))
                 samples.append(TrainingSample(ids[:20], ids[20:], lp, adv, 0.5, QueuedTrace("reverse-text", 0, s, i)))
             write_batch(run_dir.rollout_batch(s), s, samples, pad_id=0)
-        argv = [*launcher, "trainer", str(manifest), "--run-dir", str(run_dir.root), "--max-steps", str(steps)]
+        trainer = ["trainer", str(manifest), "--run-dir", str(run_dir.root), "--max-steps", str(steps)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         env.pop("RLRUN_TERMINATION_LOG", None)
         t0 = time.perf_counter()
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+        logs = [work / f"trainer_{name}_node{node}.log" for node in range(len(launchers))]
+        procs = []
+        for launcher, log in zip(launchers, logs, strict=True):  # files, not pipes: no node blocks on a full pipe
+            with open(log, "w") as fh:
+                procs.append(subprocess.Popen([*launcher, *trainer], stdout=fh, stderr=subprocess.STDOUT, env=env))
+        codes = wait_all(procs)
         wall = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise SystemExit(f"{name} trainer failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        for node, (code, log) in enumerate(zip(codes, logs, strict=True)):
+            if code != 0:
+                raise SystemExit(f"{name} trainer (node {node}) failed ({code}):\n{log.read_text()[-3000:]}")
         metrics = [json.loads(x) for x in run_dir.trainer_metrics.read_text().splitlines()]
         out[name] = {
+            "ranks": metrics[-1].get("ranks", 1),  # the world the trainer saw (its metrics say so beyond 1)
             "train_s_median": round(statistics.median(m["train_s"] for m in metrics[1:]), 4),
             "wall_s": round(wall, 2),
         }
-    out["speedup_1x2"] = round(out["1x1"]["train_s_median"] / out["1x2"]["train_s_median"], 2)
+    for name in ("1x2", "2x1"):
+        out[f"speedup_{name}"] = round(out["1x1"]["train_s_median"] / out[name]["train_s_median"], 2)
     return out
+
+
+def wait_all(procs: list[subprocess.Popen]) -> list[int]:
+    """Exit codes of ``procs`` once all have exited; a failed one kills the rest (a node left alone waits on
+    its peer until its timeouts)."""
+    while any(p.poll() is None for p in procs):
+        if any(p.poll() not in (None, 0) for p in procs):
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        time.sleep(0.1)
+    return [p.returncode for p in procs]
+
+
+def two_node_launchers(bindir: Path) -> list[list[str]]:
+    """Two ``torchrun`` commands, one per trainer "node", both on localhost: ``--nnodes 2 --node-rank I
+    --nproc-per-node 1`` with static rendezvous on ``127.0.0.1:<free port>``, as the operator's trainer pods
+    run it (:func:`rlrun_operator.builders.trainer_command`), node 0 hosting the store."""
+    port = str(free_port())
+    return [
+        [str(bindir / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+         "--master-addr", "127.0.0.1", "--master-port", port, "--rdzv-conf", "timeout=300",
+         "--max-restarts", "0", "--no-python", str(bindir / "rlrun")]
+        for node in (0, 1)
+    ]  # fmt: skip
 
 
 def free_port() -> int:

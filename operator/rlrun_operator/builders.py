@@ -65,7 +65,8 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: Seconds a multi-node trainer's node waits for the others at its start (torchrun's static rendezvous
 #: ``timeout``): trainer pods may be scheduled minutes apart (new GPU nodes, image pulls).
 RENDEZVOUS_TIMEOUT_SECONDS = 1800
-#: torchrun's wait between forwarding SIGTERM to its ranks and killing them (seconds; its default is 30).
+#: torchrun's wait between forwarding SIGTERM to its ranks and killing them (seconds; its default is 30;
+#: read by torch >= 2.12, see the comment in :func:`_pod`).
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 #: Default requests of roles that give none: enough to schedule the tiny example.
 DEFAULT_REQUESTS = {
@@ -358,7 +359,11 @@ def _pod(
         container["ports"] = [{"name": "rendezvous", "containerPort": naming.RENDEZVOUS_PORT, "protocol": "TCP"}]
     if component == naming.TRAINER and ranks > 1:
         # torchrun forwards SIGTERM to its ranks and SIGKILLs them 30 s later by default: give them the pod's
-        # grace period instead (torch 2.13 reads it, older ones may not; the kubelet's SIGKILL bounds it anyway)
+        # grace period instead, so only the kubelet's SIGKILL bounds the save on notice. torch >= 2.12 reads it
+        # (pytorch/pytorch#172596; checked with 2.13); older torch ignores it and always waits 30 s, so with the
+        # trainer image's torch 2.8 a save on notice under torchrun must fit in 30 s (a cut save only costs the
+        # steps since the previous checkpoint). An env var, not --shutdown-timeout: older torchrun would refuse
+        # the unknown argument and the pod would never start.
         grace = str(spec.preemption.termination_grace_period_seconds)
         env.append({"name": SHUTDOWN_TIMEOUT_ENV, "value": grace})
         # ranks on one node exchange through /dev/shm (NCCL's SHM transport, gloo); 64 MiB is too small

@@ -188,7 +188,10 @@ class Recovery(BaseModel):
             pods are replaced; the trainer and orchestrator keep running) or ``trainer`` (the lost trainer is
             replaced in the same attempt with ``--resume``, with any rollout pods lost with it; the
             orchestrator and the other rollout pods keep running).
-        pods: the pods the trigger hit.
+        pods: the pods the trigger hit; with scope ``trainer`` also every other pod of the attempt's trainer
+            group: a multi-node trainer (``trainer.nodes`` > 1) is one trainer, so losing any of its pods
+            replaces all of them together and the list names the whole group even when one node was hit
+            (``replacements`` in the same order).
         node: the node the trigger hit, if any.
         stage: the current :class:`Stage`.
         since: when the recovery started (RFC 3339).

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 import signal
@@ -53,7 +54,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from rlrun.api.control import PauseResult, ResumeReport, StatusReport
+from rlrun.api.control import TERMINATION_LOG_ENV, ExitReport, PauseResult, ResumeReport, StatusReport
 from rlrun.api.spec import RLRun
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.launcher.preemption import (
@@ -76,6 +77,10 @@ EXIT_GRACE_S = 10.0
 TRAINER_GRACE_S = 30.0
 #: Seconds a paused orchestrator gets to pair its snapshot with the part the trainer saved on notice.
 PAIR_WAIT_S = 10.0
+#: torchrun's wait between forwarding SIGTERM to its ranks and killing them (seconds; default 30; torch ≥ 2.12).
+TORCHRUN_SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+#: Where a trainer under torchrun writes its exit report (in ``<run_dir>/logs/``; see ``_trainer_exit_code``).
+TRAINER_EXIT_REPORT = "trainer-exit.json"
 
 
 class LaunchError(RuntimeError):
@@ -226,7 +231,7 @@ class LocalLauncher:
                 waited = wait_http_ok(f"{url}/health", child, self.health_timeout_s)
                 console.print(f"{child.name} healthy at {url} after {waited:.0f} s")
         common = self._common_args(resume)
-        trainer = self._start("trainer", self._trainer_argv(*common), self._trainer_env())
+        trainer = self._start("trainer", self._trainer_command(resume), self._trainer_env())
         rollout_args = [a for u in urls for a in ("--rollout-url", u)]
         self.control_url = f"http://127.0.0.1:{free_port()}"
         orch_env = {**env, "RLRUN_CONTROL_TOKEN": self.control_token}
@@ -234,15 +239,57 @@ class LocalLauncher:
         orch = self._start("orchestrator", self._rlrun("orchestrator", *common, *rollout_args, *control), orch_env)
         return trainer, orch
 
+    def _trainer_command(self, resume: bool) -> list[str]:
+        """This attempt's trainer command, the same at its start and for a trainer-only restart: under
+        torchrun with ``processes_per_node`` > 1 (:meth:`_trainer_argv`), so a restarted trainer keeps
+        its rank count."""
+        return self._trainer_argv(*self._common_args(resume))
+
     def _common_args(self, resume: bool) -> list[str]:
         """Options the trainer and orchestrator of this attempt share."""
         args = ["--run-dir", str(self.run_dir.root), "--max-steps", str(self.max_steps), "--attempt", str(self.attempt)]
         return [*args, "--resume"] if resume else args
 
     def _trainer_env(self) -> dict[str, str]:
-        """The trainer's environment: its threads (:meth:`trainer_threads`) shared among its ranks."""
-        threads = max(1, self.trainer_threads() // self.spec.trainer.processes_per_node)
-        return {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        """The trainer's environment: its threads (:meth:`trainer_threads`) shared among its ranks, and,
+        under torchrun, :data:`TORCHRUN_SHUTDOWN_TIMEOUT_ENV` set to :attr:`trainer_grace_s` (rounded up).
+
+        torchrun forwards the notice (SIGTERM) to its ranks, waits its shutdown timeout for them to exit,
+        then SIGKILLs them: 30 s by default, read from ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` since torch 2.12
+        (``LaunchConfig.shutdown_timeout``; older versions always wait 30 s). Given the grace period, the
+        ranks' save on notice is never cut short by torchrun before this launcher's own SIGKILL
+        (:meth:`_notice_trainer`) — the same rule as the operator's trainer pods, whose timeout is the
+        pod's ``terminationGracePeriodSeconds``."""
+        procs = self.spec.trainer.processes_per_node
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, self.trainer_threads() // procs))}
+        if procs > 1:
+            env[TORCHRUN_SHUTDOWN_TIMEOUT_ENV] = str(math.ceil(self.trainer_grace_s))
+            env[TERMINATION_LOG_ENV] = str(self._trainer_exit_report_path())  # see _trainer_exit_code
+        return env
+
+    def _trainer_exit_report_path(self) -> Path:
+        return self.run_dir.logs / TRAINER_EXIT_REPORT
+
+    def _trainer_exit_code(self, code: int | None) -> int | None:
+        """The trainer's exit status as ``rlrun trainer`` gives it (see :mod:`rlrun.cli`).
+
+        Under torchrun the status is torchrun's own, and torchrun exits 1 whenever it got SIGTERM
+        (its ``SignalException``), after its ranks saved on notice and exited 143 as well; so there the
+        outcome rank 0 wrote to its exit report (:data:`TRAINER_EXIT_REPORT`, ``$RLRUN_TERMINATION_LOG``,
+        as the operator reads a pod's termination message) decides: ``interrupted`` is 143 (saved on
+        notice), ``complete`` 0. None (killed) and a status without a report stay as they are.
+        """
+        if code in (None, 0) or self.spec.trainer.processes_per_node == 1:
+            return code
+        try:
+            report = ExitReport.model_validate_json(self._trainer_exit_report_path().read_text())
+        except (OSError, ValueError):
+            return code
+        if report.outcome == "interrupted":
+            return 128 + signal.SIGTERM
+        if report.outcome == "complete":
+            return 0
+        return code
 
     def _newest_trainer_part(self) -> int | None:
         """The newest trainer part this attempt published (a save on notice, or a periodic one)."""
@@ -256,13 +303,15 @@ class LocalLauncher:
     def _notice_trainer(self, trainer: Child) -> tuple[int | None, float]:
         """SIGTERM the trainer (its notice: it finishes its step and saves) and wait up to
         :attr:`trainer_grace_s` for it to exit, then SIGKILL it (the save missed its grace period).
-        Returns its exit code (None: killed) and the seconds it took."""
+        Returns its exit status as ``rlrun trainer`` gives it (:meth:`_trainer_exit_code`; None: killed)
+        and the seconds it took."""
         t0 = time.monotonic()
+        self._trainer_exit_report_path().unlink(missing_ok=True)  # what is read back is this exit's report
         self._signal_trainer(trainer, signal.SIGTERM)
         deadline = t0 + self.trainer_grace_s
         while trainer.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        code = trainer.poll()
+        code = self._trainer_exit_code(trainer.poll())
         if code is None:
             self.console.print(
                 f"[yellow]the trainer did not save within its {self.trainer_grace_s:.0f} s grace period: killed; "
@@ -450,7 +499,7 @@ class LocalLauncher:
             f"with --resume (attempt {self.attempt}); the orchestrator and "
             f"{self.spec.rollout.replicas} rollout server(s) keep running"
         )
-        new = Child("trainer", self._rlrun("trainer", *self._common_args(True)), trainer.log_path, self._trainer_env())
+        new = Child("trainer", self._trainer_command(resume=True), trainer.log_path, self._trainer_env())
         self.children[index] = new
         record = {
             "only": "trainer", "at_step": self.preempt_at_step, "notice_time": noticed_at, "pause_step": None,
