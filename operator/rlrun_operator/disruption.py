@@ -158,7 +158,10 @@ def disruption(
             return make(Trigger.POD_FAILED, RecoveryKind.FAILURE, "OOMKilled")
         if pod.status_reason in NODE_STOP_REASONS:
             return make(Trigger.POD_FAILED, RecoveryKind.PREEMPTION, pod.status_reason, node_lost=True)
-        if pod.exit_code in SIGNAL_EXIT_CODES and trouble is not None:
+        # stopped by a signal: its exit code, or the exit report of a process that exits with its own code
+        # after handling one (torchrun exits 1 once its ranks saved on SIGTERM; rank 0's report says so)
+        stopped = pod.exit_code in SIGNAL_EXIT_CODES or (report is not None and report.outcome == "interrupted")
+        if stopped and trouble is not None:
             return make(Trigger.POD_FAILED, RecoveryKind.PREEMPTION, trouble[1], node_lost=True)
         return make(Trigger.POD_FAILED, RecoveryKind.FAILURE, pod.reason or "Error")
     if pod.phase == "Succeeded":

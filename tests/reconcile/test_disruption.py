@@ -110,6 +110,18 @@ def test_exit_codes_as_other_operators_reported_them():
     assert sigkill_on_lost_node.kind == "preemption"
 
 
+def test_a_torchrun_trainer_stopped_on_a_troubled_node_is_a_preemption_by_its_exit_report():
+    # torchrun exits 1 after forwarding SIGTERM, whatever its ranks did; rank 0's report says "interrupted"
+    saved = ExitReport(role="trainer", outcome="interrupted", step=7, max_steps=20).model_dump_json()
+    draining = NodeView("node-a", frozenset({"node.kubernetes.io/unreachable"}))
+    stopped = pod("Failed", terminated={"exitCode": 1, "reason": "Error", "message": saved})
+    found = classify(stopped, draining)
+    assert (found.kind, found.reason, found.node_lost) == ("preemption", "node.kubernetes.io/unreachable", True)
+    assert classify(stopped).kind == "failure"  # on a healthy node an exit 1 stays a failure
+    crashed = classify(pod("Failed", terminated={"exitCode": 1, "reason": "Error"}), draining)
+    assert crashed.kind == "failure"
+
+
 def test_a_permanent_error_says_so_in_its_exit_report():
     report = ExitReport(role="orchestrator", outcome="error", permanent=True, reason="CheckpointMismatch")
     found = classify(pod("Failed", terminated={"exitCode": 78, "reason": "Error", "message": report.model_dump_json()}))

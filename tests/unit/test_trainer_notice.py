@@ -129,6 +129,42 @@ async def test_paused_orchestrator_pairs_its_pause_snapshot_with_the_part_the_tr
     assert report.ok and report.steps == MAX_STEPS and report.rolled_back == 0, report.problems
 
 
+async def start_real_trainer(manifest, run_dir: RunDir, cache_dir, **env: str) -> asyncio.subprocess.Process:
+    """``rlrun trainer`` (attempt 1) as a process of its own, started once its step-0 part is written."""
+    argv = ["-m", "rlrun", "trainer", str(manifest), "--run-dir", str(run_dir.root), "--attempt", "1"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, "--cache-dir", str(cache_dir), env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    await until(lambda: (run_dir.trainer_checkpoint(0) / "progress.json").is_file(), what="trainer start")
+    return proc
+
+
+async def test_a_repeated_sigterm_does_not_skip_the_save_on_notice(tmp_path, tiny_model, cache_dir):
+    # A runtime (or torchrun) sending the stop signal again: the trainer still finishes its step and saves it.
+    manifest, spec = run_spec(tmp_path)
+    run_dir = RunDir(tmp_path / "run")
+    orch = orchestrator(spec, run_dir, tiny_model)
+    proc = await start_real_trainer(manifest, run_dir, cache_dir)
+    orch_task = asyncio.create_task(orch.run())
+    await until(lambda: len(metrics(run_dir.trainer_metrics)) >= 2, what="trainer step 2")
+    proc.send_signal(signal.SIGTERM)
+    await asyncio.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out = (await asyncio.wait_for(proc.communicate(), 60))[0].decode()
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert "SIGTERM again: still finishing the current step and saving" in out
+    reached = metrics(run_dir.trainer_metrics)[-1]["step"]
+    assert f"notice: saved trainer checkpoint step {reached}" in out and reached < MAX_STEPS
+    # the running orchestrator pairs that part: a trainer of the same attempt resumes at it, nothing retrained
+    await until(lambda: latest_complete_checkpoint(run_dir).step == reached, what=f"checkpoint step {reached}")
+    second = await asyncio.to_thread(Trainer, spec, run_dir, str(tiny_model), resume=True, attempt=1)
+    assert second.step == reached
+    assert await asyncio.wait_for(asyncio.to_thread(second.run), 60) == MAX_STEPS
+    assert await asyncio.wait_for(orch_task, 60) == MAX_STEPS
+    assert steps_recomputed(run_dir.root / "ledger") == 0
+
+
 async def test_trainer_killed_while_saving_on_notice_leaves_the_previous_checkpoint_and_the_steps_are_retrained(
     tmp_path, tiny_model, cache_dir
 ):
@@ -137,13 +173,7 @@ async def test_trainer_killed_while_saving_on_notice_leaves_the_previous_checkpo
     manifest, spec = run_spec(tmp_path)
     run_dir = RunDir(tmp_path / "run")
     orch = orchestrator(spec, run_dir, tiny_model)
-    env = {**os.environ, "RLRUN_CRASH_AT": "trainer_notice_save", "OMP_NUM_THREADS": "1"}
-    argv = ["-m", "rlrun", "trainer", str(manifest), "--run-dir", str(run_dir.root), "--attempt", "1"]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, *argv, "--cache-dir", str(cache_dir), env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    await until(lambda: (run_dir.trainer_checkpoint(0) / "progress.json").is_file(), what="trainer start")
+    proc = await start_real_trainer(manifest, run_dir, cache_dir, RLRUN_CRASH_AT="trainer_notice_save")
     orch_task = asyncio.create_task(orch.run())
     await until(lambda: len(metrics(run_dir.trainer_metrics)) >= 2, what="trainer step 2")
     proc.send_signal(signal.SIGTERM)

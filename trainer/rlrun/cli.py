@@ -275,8 +275,15 @@ def trainer(
         noticed: list[int] = []
 
         def on_notice(signum: int, frame: object) -> None:
-            if noticed:  # a second signal: exit now; what is on disk stays consistent
+            # Decided: a second SIGINT (Ctrl-C twice) exits now, what is on disk staying consistent; a second
+            # SIGTERM does not. It comes from a runtime or torchrun sending the stop signal again, and
+            # exiting would skip the save, which for a multi-rank trainer also breaks the other ranks'
+            # joint save. The grace period's SIGKILL bounds the wait either way.
+            if noticed and signum == signal.SIGINT:
                 raise _Terminated(signum)
+            if noticed:
+                log.info("SIGTERM again: still finishing the current step and saving")
+                return
             noticed.append(signum)
             log.info("%s: finishing the current step, then saving a checkpoint", signal.Signals(signum).name)
             t.notice()

@@ -162,7 +162,7 @@ class ContainerProcess:
         """Send ``sig`` to the container's main process only, as a container runtime sends its stop signal
         to PID 1: what that process started (torchrun's ranks, vLLM's engine core) hears of it from the
         process, once. Signalling the whole tree would hand each torchrun rank SIGTERM twice (from here
-        and forwarded by torchrun), and a trainer takes a second SIGTERM as "exit now, skip the save".
+        and forwarded by torchrun), which a real runtime does not do.
         :meth:`kill` still SIGKILLs the whole tree (the runtime kills the container's cgroup)."""
         if self.child is not None:
             with contextlib.suppress(ProcessLookupError):
