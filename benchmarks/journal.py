@@ -1,7 +1,9 @@
 """Cost of the episode journal (JSON on stdout): capacity, event-loop stall, bytes, fsyncs, ack latency.
 
 - ``capacity``: the real :class:`~rlrun.orchestrator.loop.Orchestrator` (dispatcher → journal → sink →
-  batches) against instant fake rollout endpoints and an instant fake trainer, with the journal and
+  batches) against instant fake rollout endpoints and an instant fake trainer in a process of its own
+  (as in a run: a trainer thread in the orchestrator's process would take the GIL from its
+  event loop, a cost no real run has), with the journal and
   without it (the baseline), ``--repeats`` runs each, interleaved, in the same process and run-directory
   filesystem. Episodes/s = episodes finished (ledger ``finished`` events) ÷ seconds from the orchestrator
   running to its end. ``capacity_ratio`` = median with ÷ median without; ``best_ratio`` = best run with ÷
@@ -10,8 +12,10 @@
 - ``loop_stall_ms``: lateness of a 1 ms ticker on the orchestrator's event loop (p50 / p99 / max, with
   and without the journal), in runs whose fake rollouts arrive at ``--rollout-samples-per-s`` (default
   500, 3× the vLLM-CPU rate ``step_time.py`` measured), so the loop has idle time and the ticker sees what
-  each step of work (appends, admissions, scoring, shipping) holds it for; goal p99 ≤ 3 ms with the
-  journal. (In the capacity runs the loop is saturated by design; their ticker lateness is reported as
+  each step of work (appends, admissions, scoring, shipping) holds it for, with the orchestrator's
+  default polling period (``poll_s``, as in a run; the capacity runs poll every 5 ms); goal p99 ≤ 3 ms
+  with the journal. The fake rollout server is in-process (an ``httpx.MockTransport``): its own work
+  (answers, JSON) runs on this loop too, which a real vLLM's does not. (In the capacity runs the loop is saturated by design; their ticker lateness is reported as
   ``capacity.saturated_loop_lateness_ms``, for information.)
 - ``bytes_per_episode`` and ``fsyncs_per_s``: what the journal wrote during the runs with it.
 - ``ack``: the journal alone: appends of one 4-episode record arriving at ``--ack-rate`` records/s;
@@ -20,20 +24,21 @@
   the same ticker with the appends but no journal (``baseline_loop_stall_ms``): what the journal itself
   (encoding, the writer thread's GIL use, the wake-ups) costs the event loop.
 
-Usage: ``python benchmarks/journal.py [--steps 60] [--repeats 5] [--dir /path/on/the/run/volume]``
+Usage: ``python benchmarks/journal.py [--steps 60] [--repeats 9] [--dir /path/on/the/run/volume]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from array import array
 from pathlib import Path
@@ -54,8 +59,11 @@ def percentiles(xs: list[float]) -> dict:
     }
 
 
-def one_run(spec, model_dir: Path, steps: int, journal: bool, parent: Path, samples_per_s: float | None = None) -> dict:
-    """One orchestrator run to ``steps``; its episodes/s, ticker lateness and journal counters."""
+def one_run(
+    spec, model_dir: Path, steps: int, journal: bool, parent: Path, samples_per_s: float | None = None, poll_s=0.005
+) -> dict:
+    """One orchestrator run to ``steps``; its episodes/s, ticker lateness and journal counters. ``poll_s``: the
+    orchestrator's polling period (0.005 s, so that the instant fake trainer's output is seen at once)."""
     from rlrun.ledger import read_ledger
     from rlrun.orchestrator.loop import Orchestrator
     from rlrun.rollout.fake import fake_client_factory
@@ -66,13 +74,15 @@ def one_run(spec, model_dir: Path, steps: int, journal: bool, parent: Path, samp
         run_dir = RunDir(tmp)
         orch = Orchestrator(
             spec, run_dir, ["http://fake-rollout:8000"], str(model_dir), max_steps=steps,
-            client_factory=fake_client_factory(samples_per_s=samples_per_s, error_rate=0.15), poll_s=0.005,
+            client_factory=fake_client_factory(samples_per_s=samples_per_s, error_rate=0.15), poll_s=poll_s,
             journal=journal,
         )  # fmt: skip
-        stop = threading.Event()
-        threading.Thread(
+        fork = multiprocessing.get_context("fork")  # no pickling, no re-import: it starts at once
+        stop = fork.Event()
+        trainer = fork.Process(
             target=fake_trainer, args=(run_dir, model_dir, steps, spec.checkpoint.interval, stop), daemon=True
-        ).start()
+        )
+        trainer.start()
         lateness: list[float] = []
         marks: dict[str, float] = {}
 
@@ -97,6 +107,7 @@ def one_run(spec, model_dir: Path, steps: int, journal: bool, parent: Path, samp
             asyncio.run(main())
         finally:
             stop.set()
+            trainer.join(10)
         seconds = marks["end"] - marks["running"]
         events = [e for evs in read_ledger(run_dir.root / "ledger").values() for e in evs]
         finished = sum(1 for e in events if e["e"] == "finished")
@@ -150,13 +161,16 @@ def measure_capacity(steps: int, repeats: int, parent: Path, cache_dir: Path | N
 def measure_stall(steps: int, parent: Path, cache_dir: Path | None, samples_per_s: float) -> dict:
     from rlrun.manifest import load_manifest
     from rlrun.model.resolve import resolve_model
+    from rlrun.orchestrator.loop import Orchestrator
 
     spec = load_manifest(MANIFEST).spec
     model_dir = Path(resolve_model(spec.model, cache_dir))
-    runs = {journal: one_run(spec, model_dir, steps, journal, parent, samples_per_s) for journal in (False, True)}
+    poll_s = inspect.signature(Orchestrator).parameters["poll_s"].default  # as it runs: its default polling
+    runs = {j: one_run(spec, model_dir, steps, j, parent, samples_per_s, poll_s) for j in (False, True)}
     return {
         "rollout_samples_per_s": samples_per_s,
         "steps": steps,
+        "poll_s": poll_s,
         "journal": percentiles(runs[True]["lateness"]),
         "baseline": percentiles(runs[False]["lateness"]),
     }
@@ -232,7 +246,7 @@ def filesystem(path: Path) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where run dirs go")
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--ack-rate", type=float, default=500.0)

@@ -277,3 +277,15 @@ async def test_a_benched_endpoint_gets_no_requests_until_it_rejoins_and_the_endp
     assert not dispatcher.rejoin(RolloutClient("http://a", transport=transports["http://a"]))
     assert list(dispatcher.clients) == ["http://b"]
     await dispatcher.aclose()
+
+
+def test_a_run_encodes_prompts_through_the_fast_backend_like_the_tokenizer_and_once_per_text(tiny_model):
+    from rlrun.manifest import load_manifest
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    spec = load_manifest("examples/reverse-text.yaml").spec
+    d = Dispatcher.for_tokenizer(tokenizer, [], {}, spec, asyncio.Queue())
+    prompts = ["beautiful is better=", "flat=", " two  spaces=", "ünïcode ß=", ""]
+    assert [list(d.encode(p)) for p in prompts] == [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    assert d.encode(prompts[0]) is d.encode(prompts[0])  # cached: the same ids object

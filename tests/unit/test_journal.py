@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import threading
 import time
 from array import array
 
@@ -72,6 +74,28 @@ async def test_appends_are_group_committed_within_the_delay_bound(tmp_path):
     # each burst waited the delay (gathering), not much more: bound + one write and fsync
     assert min(latencies) >= delay * 0.9
     assert sorted(latencies)[len(latencies) // 2] < delay + 0.1
+
+
+async def test_by_default_the_appends_made_during_a_commit_form_the_next_one(tmp_path, monkeypatch):
+    """No gathering timer: the first record is committed alone at once; the 20 appended while its
+    ``fdatasync`` runs (held 0.2 s here) are committed together right after it."""
+    real, syncing = os.fdatasync, threading.Event()
+
+    def slow_fdatasync(fd: int) -> None:
+        syncing.set()
+        time.sleep(0.2)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    journal = Journal(tmp_path, 1)
+    assert journal.max_delay_s == 0
+    journal.append(0, TASK, episodes(0, 0))
+    assert await asyncio.to_thread(syncing.wait, 10)
+    seqs = append_all(journal, [(g, episodes(g, 0)) for g in range(1, 21)])
+    await journal.wait_durable(seqs[-1])
+    await asyncio.to_thread(journal.close)
+    assert journal.fsyncs == 2 and journal.durable_seq == 20
+    assert [r.seq for r in read_records(tmp_path / "attempt-1", 1)] == list(range(21))
 
 
 async def test_nothing_is_reported_durable_before_its_fsync(tmp_path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlrun.ledger import Ledger, LedgerEvent, check_ledger
+from rlrun.ledger import Ledger, LedgerEvent, check_ledger, read_ledger
 
 
 def write(root, attempt, role, *events):
@@ -201,3 +201,19 @@ def test_an_attempt_between_the_checkpoint_and_the_resume_is_rolled_back_and_its
     report = check_ledger(tmp_path)
     assert report.ok, report.problems
     assert report.replayed == 1 and report.trained == 3
+
+
+def test_write_each_is_the_same_lines_as_one_write_per_row(tmp_path):
+    rows = [{"id": f"4/{m}", "reward": 0.25 * m, "v": 2, "j": 9} for m in range(3)]
+    one = Ledger(tmp_path / "a", 1, "orchestrator")
+    assert [one.write(LedgerEvent.FINISHED, **row) for row in rows] == [0, 1, 2]
+    one.close()
+    each = Ledger(tmp_path / "b", 1, "orchestrator")
+    assert each.write_each(LedgerEvent.FINISHED, rows) == 2 and each.lines == 3
+    each.close()
+
+    def lines(root):
+        return [{k: v for k, v in e.items() if k != "t"} for e in read_ledger(root)[(1, "orchestrator")]]
+
+    expected = [{"e": "finished", **row, "_line": n} for n, row in enumerate(rows)]
+    assert lines(tmp_path / "b") == lines(tmp_path / "a") == expected

@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Literal
@@ -104,6 +105,9 @@ class CheckpointManager:
         self.ledger = ledger
         self.capture = capture
         self.lock = asyncio.Lock()
+        # One prune at a time: a cancelled await (the run ending mid-save) leaves its thread running, and
+        # the final prune would otherwise verify steps that thread is deleting.
+        self._prune_lock = threading.Lock()
         self.base_step = 0
         self.last_step = -1
         self.last_written: CheckpointWritten | None = None
@@ -202,12 +206,13 @@ class CheckpointManager:
         """Apply retention (module docstring); returns the checkpoint steps deleted."""
 
         def prune() -> list[int]:
-            removed = prune_checkpoints(self.run_dir, self.keep_last)
-            kept = usable_steps(self.run_dir)
-            if kept:  # a resume starts at the oldest kept step at the earliest: batches up to it are trained
-                for n, p in step_dirs(self.run_dir.rollouts).items():
-                    if n <= kept[0]:
-                        shutil.rmtree(p, ignore_errors=True)
-            return removed
+            with self._prune_lock:
+                removed = prune_checkpoints(self.run_dir, self.keep_last)
+                kept = usable_steps(self.run_dir)
+                if kept:  # a resume starts at the oldest kept step at the earliest: batches up to it are trained
+                    for n, p in step_dirs(self.run_dir.rollouts).items():
+                        if n <= kept[0]:
+                            shutil.rmtree(p, ignore_errors=True)
+                return removed
 
         return await asyncio.to_thread(prune)

@@ -15,6 +15,7 @@ failing the run: the orchestrator benches it until it answers again and has caug
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 from pathlib import Path
@@ -94,7 +95,7 @@ class WeightFollower:
         previous = self.version
         push = await self.load(clients, broadcasts[newest], newest)
         log.info("policy version %d -> %d (weight update %.3f s)", previous, newest, push.seconds)
-        for n, p in step_dirs(self.run_dir.broadcasts).items():
-            if n < newest:
-                shutil.rmtree(p, ignore_errors=True)
+        old = [p for n, p in step_dirs(self.run_dir.broadcasts).items() if n < newest]
+        if old:  # deleting weight files is I/O: off the event loop
+            await asyncio.to_thread(lambda: [shutil.rmtree(p, ignore_errors=True) for p in old])
         return push
