@@ -15,12 +15,13 @@
   each step of work (appends, admissions, scoring, shipping) holds it for, with the orchestrator's
   default polling period (``poll_s``, as in a run; the capacity runs poll every 5 ms); goal p99 ≤ 3 ms
   with the journal. The fake rollout server is in-process (an ``httpx.MockTransport``): its own work
-  (answers, JSON) runs on this loop too, which a real vLLM's does not. (In the capacity runs the loop is saturated by design; their ticker lateness is reported as
+  (answers, JSON) runs on this loop too, which a real vLLM's does not. (In the capacity runs the
+  loop is saturated by design; their ticker lateness is reported as
   ``capacity.saturated_loop_lateness_ms``, for information.)
 - ``bytes_per_episode`` and ``fsyncs_per_s``: what the journal wrote during the runs with it.
 - ``ack``: the journal alone: appends of one 4-episode record arriving at ``--ack-rate`` records/s;
   ``ack_latency_ms`` from :meth:`Journal.append` to the record being durable (p50 / p99, with the default
-  2 ms group-commit bound), and ``loop_stall_ms``, a 1 ms ticker's lateness on that loop meanwhile, against
+  group commit: no gathering delay), and ``loop_stall_ms``, a 1 ms ticker's lateness on that loop meanwhile, against
   the same ticker with the appends but no journal (``baseline_loop_stall_ms``): what the journal itself
   (encoding, the writer thread's GIL use, the wake-ups) costs the event loop.
 
@@ -59,6 +60,17 @@ def percentiles(xs: list[float]) -> dict:
     }
 
 
+async def tick(lateness: list[float], counting=lambda: True) -> None:
+    """Every 1 ms, append to ``lateness`` how late (ms) the loop ran this ticker, while ``counting()``;
+    runs until cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        t = loop.time()
+        await asyncio.sleep(0.001)
+        if counting():
+            lateness.append((loop.time() - t - 0.001) * 1000)
+
+
 def one_run(
     spec, model_dir: Path, steps: int, journal: bool, parent: Path, samples_per_s: float | None = None, poll_s=0.005
 ) -> dict:
@@ -86,22 +98,19 @@ def one_run(
         lateness: list[float] = []
         marks: dict[str, float] = {}
 
-        async def ticker() -> None:
-            loop = asyncio.get_running_loop()
-            while True:
-                t = loop.time()
-                await asyncio.sleep(0.001)
-                if orch.phase == "running":
-                    marks.setdefault("running", time.perf_counter())
-                    lateness.append((loop.time() - t - 0.001) * 1000)
+        def running() -> bool:
+            if orch.phase != "running":
+                return False
+            marks.setdefault("running", time.perf_counter())
+            return True
 
         async def main() -> None:
-            tick = asyncio.create_task(ticker())
+            ticker = asyncio.create_task(tick(lateness, running))
             try:
                 await orch.run()
             finally:
                 marks["end"] = time.perf_counter()
-                tick.cancel()
+                ticker.cancel()
 
         try:
             asyncio.run(main())
@@ -195,14 +204,6 @@ def measure_ack_latency(parent: Path, rate: float, seconds: float) -> dict:
             journal = Journal(Path(tmp), 1, loop=asyncio.get_running_loop()) if use_journal else None
             lat: list[float] = []
             lateness: list[float] = []
-            done = asyncio.Event()
-
-            async def ticker() -> None:
-                loop = asyncio.get_running_loop()
-                while not done.is_set():
-                    t = loop.time()
-                    await asyncio.sleep(0.001)
-                    lateness.append((loop.time() - t - 0.001) * 1000)
 
             async def one() -> None:
                 t0 = time.perf_counter()
@@ -210,15 +211,14 @@ def measure_ack_latency(parent: Path, rate: float, seconds: float) -> dict:
                     await journal.wait_durable(journal.append(1, task, eps))
                 lat.append((time.perf_counter() - t0) * 1000)
 
-            tick = asyncio.create_task(ticker())
+            ticker = asyncio.create_task(tick(lateness))
             tasks = []
             end = time.perf_counter() + seconds
             while time.perf_counter() < end:
                 tasks.append(asyncio.create_task(one()))
                 await asyncio.sleep(1 / rate)
             await asyncio.gather(*tasks)
-            done.set()
-            await tick
+            ticker.cancel()
             if journal is not None:
                 await asyncio.to_thread(journal.close)
             return lat, lateness, journal.fsyncs if journal is not None else 0

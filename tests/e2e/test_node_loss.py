@@ -43,6 +43,33 @@ def exit_code(cluster, pod: str) -> str | None:
     return next((w.split()[-1] for _, w in cluster.timeline if w.startswith(f"pod {pod} exited ")), None)
 
 
+def preempt_alone(cluster, pod: str) -> tuple[str, dict[str, int | None], float]:
+    """Once generation goes on, preempt with a 10 s notice the node of ``pod``, which must be alone on it;
+    returns the node, the pids of the orchestrator and rollout-0 then, and the time of the notice."""
+    lost = cluster.kube.get("pods", pod, cluster.namespace)["spec"]["nodeName"]
+    assert cluster.nodes.pods_on(lost) == [pod], f"{pod} must be alone on its node"
+    keep = {role: cluster.nodes.pid(f"{NAME}-{role}-a0") for role in ("orchestrator", "rollout-0")}
+    before = wait_for_generation(cluster)
+    cluster.nodes.preempt_node(lost, notice_seconds=10)
+    print(f"notice at step {before['step']} (policy {before['policy_version']})")
+    return lost, keep, cluster.first(f"notice node {lost}")
+
+
+def assert_only_the_trainer_was_replaced(cluster, status: dict, lost: str, keep: dict[str, int | None]) -> None:
+    """One preemption, no failure, still attempt 0 and no attempt-1 pod; the orchestrator and vLLM (``keep``:
+    their pids before) ran through: one process each, never signalled before the run's end (when the operator
+    removes the rollout pods), the orchestrator exit 0."""
+    assert status["preemptions"] == 1 and status["failures"] == 0 and status["attempt"] == 0
+    assert status["failedNodes"] == [lost] and status.get("lastResume") is None
+    ended = cluster.first(f"run {NAME} phase Succeeded")
+    for role, pid in keep.items():
+        assert pid is not None
+        assert sum(w.startswith(f"pod {NAME}-{role}-a0 started ") for _, w in cluster.timeline) == 1
+        assert not any(f"pod {NAME}-{role}-a0 SIG" in w for t, w in cluster.timeline if t < ended)
+    assert exit_code(cluster, f"{NAME}-orchestrator-a0") == "0"
+    assert not any("-a1" in p["metadata"]["name"] for p in cluster.pods(NAME))
+
+
 def bound_nodes(cluster, attempt: int) -> dict[str, str]:
     """``{pod: node}`` of every pod of ``attempt`` the scheduler bound."""
     out = {}
@@ -56,17 +83,10 @@ def bound_nodes(cluster, attempt: int) -> dict[str, str]:
 def test_trainer_node_lost_with_notice_replaces_only_the_trainer_which_saves_first(cluster):
     apply(cluster, manifest())
     wait_for_training(cluster, 5)  # past the step-4 checkpoint
-    lost = node_of(cluster, "trainer")
-    assert cluster.nodes.pods_on(lost) == [f"{NAME}-trainer-a0"], "the trainer must be alone on its node"
-    keep = {role: cluster.nodes.pid(f"{NAME}-{role}-a0") for role in ("orchestrator", "rollout-0")}
-    before = wait_for_generation(cluster)
-    cluster.nodes.preempt_node(lost, notice_seconds=10)
-    notice = cluster.first(f"notice node {lost}")
+    lost, keep, notice = preempt_alone(cluster, f"{NAME}-trainer-a0")
 
     status = wait_for_end(cluster)
-    print(f"notice at step {before['step']} (policy {before['policy_version']})")
-    assert status["preemptions"] == 1 and status["failures"] == 0 and status["attempt"] == 0
-    assert status["failedNodes"] == [lost] and status.get("lastResume") is None
+    assert_only_the_trainer_was_replaced(cluster, status, lost, keep)
     resumed = next(c for c in status["conditions"] if c["type"] == "Resumed")
     assert "only the trainer was replaced" in resumed["message"], resumed
     # the replacement: off the lost node, same attempt, --resume, started after the old trainer was gone
@@ -77,15 +97,6 @@ def test_trainer_node_lost_with_notice_replaces_only_the_trainer_which_saves_fir
     old_log = cluster.nodes.log_path(f"{NAME}-trainer-a0").read_text()
     assert "notice: saved trainer checkpoint step" in old_log or "notice: trainer part of step" in old_log
     assert steps_recomputed(run_dir(cluster) / "ledger") == 0
-    # the orchestrator and vLLM ran through: one process each, never signalled before the run's end (when
-    # the operator removes the rollout pods), exit 0; no attempt 1
-    ended = cluster.first(f"run {NAME} phase Succeeded")
-    for role, pid in keep.items():
-        assert pid is not None
-        assert sum(w.startswith(f"pod {NAME}-{role}-a0 started ") for _, w in cluster.timeline) == 1
-        assert not any(f"pod {NAME}-{role}-a0 SIG" in w for t, w in cluster.timeline if t < ended)
-    assert cluster.first(f"pod {NAME}-orchestrator-a0 exited 0") is not None
-    assert not any("-a1" in p["metadata"]["name"] for p in cluster.pods(NAME))
 
     row = kubectl_row(cluster)
     assert row["PHASE"] == "Succeeded" and row["STEP"] == "20" and row["PREEMPTIONS"] == "1"
@@ -102,17 +113,10 @@ def test_losing_the_rendezvous_node_of_a_two_node_trainer_replaces_the_whole_gro
     apply(cluster, doc)
     wait_for_training(cluster, 5)  # past the step-4 checkpoint, trained by both ranks
     old = [f"{NAME}-trainer-{i}-a0" for i in range(2)]
-    lost = cluster.kube.get("pods", old[0], cluster.namespace)["spec"]["nodeName"]
-    assert cluster.nodes.pods_on(lost) == [old[0]], "trainer node 0 (the rendezvous store) must be alone on its node"
-    keep = {role: cluster.nodes.pid(f"{NAME}-{role}-a0") for role in ("orchestrator", "rollout-0")}
-    before = wait_for_generation(cluster)
-    cluster.nodes.preempt_node(lost, notice_seconds=10)
-    notice = cluster.first(f"notice node {lost}")
+    lost, keep, notice = preempt_alone(cluster, old[0])  # trainer node 0: the rendezvous store's
 
     status = wait_for_end(cluster)
-    print(f"notice at step {before['step']} (policy {before['policy_version']})")
-    assert status["preemptions"] == 1 and status["failures"] == 0 and status["attempt"] == 0
-    assert status["failedNodes"] == [lost] and status.get("lastResume") is None
+    assert_only_the_trainer_was_replaced(cluster, status, lost, keep)
     # both ranks' pods were replaced together, each by its node's replacement in the same attempt
     new = [f"{pod}-r1" for pod in old]
     resumed = next(c for c in status["conditions"] if c["type"] == "Resumed")
@@ -137,7 +141,7 @@ def test_losing_the_rendezvous_node_of_a_two_node_trainer_replaces_the_whole_gro
     # both old ranks stopped at the same step boundary and saved it together (or it was a periodic
     # checkpoint already); the new group resumed from exactly that step: no step trained twice
     logs = [cluster.nodes.log_path(pod).read_text() for pod in old]
-    # each rank had one SIGTERM (forwarded by torchrun): a second one would mean "exit now, skip the save"
+    # each rank had one SIGTERM, forwarded by torchrun (the kubelet signals a container's main process only)
     assert [log.count("SIGTERM: finishing the current step") for log in logs] == [1, 1]
     assert not any("stopping without finishing" in log for log in logs)
     stops = [re.findall(r"trainer stopped on notice at step (\d+)", log) for log in logs]
@@ -150,15 +154,6 @@ def test_losing_the_rendezvous_node_of_a_two_node_trainer_replaces_the_whole_gro
     assert any(line in logs[0] for line in saved)
     assert f"resume: restored trainer checkpoint step {step} " in cluster.nodes.log_path(new[0]).read_text()
     assert steps_recomputed(run_dir(cluster) / "ledger") == 0
-    # the orchestrator and vLLM ran through: one process each, never signalled before the run's end (when
-    # the operator removes the rollout pods), the orchestrator exit 0; no attempt 1
-    ended = cluster.first(f"run {NAME} phase Succeeded")
-    for role, pid in keep.items():
-        assert pid is not None
-        assert sum(w.startswith(f"pod {NAME}-{role}-a0 started ") for _, w in cluster.timeline) == 1
-        assert not any(f"pod {NAME}-{role}-a0 SIG" in w for t, w in cluster.timeline if t < ended)
-    assert exit_code(cluster, f"{NAME}-orchestrator-a0") == "0"
-    assert not any("-a1" in p["metadata"]["name"] for p in cluster.pods(NAME))
 
     row = kubectl_row(cluster)
     assert row["PHASE"] == "Succeeded" and row["STEP"] == "12" and row["PREEMPTIONS"] == "1"
