@@ -31,7 +31,17 @@ def test_preempt_at_step_resumes_queued_samples_and_open_groups(tmp_path, cache_
     )
     assert m, out[-3000:]
     queued, open_groups, kept, requested = map(int, m.groups())
-    assert queued + open_groups + requested > 0
+    # What the pause snapshot kept comes back (less what the staleness sweep drops; the journal may turn a
+    # requested group into an open one). Whether it kept anything depends on timing: an orchestrator that had
+    # filled its staleness budget sits idle, and its queue can be empty at a batch boundary.
+    log = (run_dir / "logs" / "orchestrator.log").read_text()
+    pause = re.search(
+        r", pause\): (\d+) queued traces, (\d+) open groups \(\d+ finished episodes kept\), (\d+) requested", log
+    )
+    dropped = int(re.search(r"Resuming with .* (\d+) stale dropped", log).group(1))
+    assert pause, log[-3000:]
+    if sum(map(int, pause.groups())) > 0:
+        assert queued + open_groups + requested + dropped > 0
     lost = int(re.search(r"progress-only checkpoint would have lost (\d+) finished episodes", out).group(1))
     assert (
         lost == queued + kept or lost >= queued
