@@ -271,16 +271,18 @@ class Orchestrator:
         d = self.dispatcher
         committed = len(self.sink.queue) + self.sink.finished_episodes_kept + d.outstanding_samples
         rows = []
-        while self.flow.may_dispatch(committed, d.inflight_samples, self.policy_version, self.shipped):
-            r, v = self.source.next_group(self.spec.group_size), self.policy_version
-            rows.append(
-                {"group": r.group_id, "task": r.task.index, "env": r.task.env, "first_member": r.first_member,
-                 "members": r.members, "v": v}
-            )  # fmt: skip
-            d.dispatch(r, v)  # only schedules the request: it is sent after this returns, once recorded below
-            committed += r.members
-        if rows:
-            self.ledger.write_each(LedgerEvent.DISPATCHED, rows)
+        try:
+            while self.flow.may_dispatch(committed, d.inflight_samples, self.policy_version, self.shipped):
+                r, v = self.source.next_group(self.spec.group_size), self.policy_version
+                rows.append(
+                    {"group": r.group_id, "task": r.task.index, "env": r.task.env, "first_member": r.first_member,
+                     "members": r.members, "v": v}
+                )  # fmt: skip
+                d.dispatch(r, v)  # only schedules the request: it is sent after this returns, recorded below
+                committed += r.members
+        finally:
+            if rows:  # one write for the round (each system call on the loop lets another thread take the GIL)
+                self.ledger.write_each(LedgerEvent.DISPATCHED, rows)
 
     def _consume(self, result: GroupResult) -> None:
         """Journal a request's episodes (admitted by :meth:`_on_durable` once durable); a failed request goes
