@@ -61,7 +61,8 @@ def assert_only_the_trainer_was_replaced(cluster, status: dict, lost: str, keep:
     removes the rollout pods), the orchestrator exit 0."""
     assert status["preemptions"] == 1 and status["failures"] == 0 and status["attempt"] == 0
     assert status["failedNodes"] == [lost] and status.get("lastResume") is None
-    ended = cluster.first(f"run {NAME} phase Succeeded")
+    # the timeline notes the phase at its next look (every 0.1 s), maybe after wait_for_end saw it
+    ended = wait_for(lambda: cluster.first(f"run {NAME} phase Succeeded"), 10, "Succeeded in the timeline")
     for role, pid in keep.items():
         assert pid is not None
         assert sum(w.startswith(f"pod {NAME}-{role}-a0 started ") for _, w in cluster.timeline) == 1
