@@ -202,7 +202,7 @@ def test_a_run_that_existed_before_a_restart_is_handled_once(cluster):
     def created_events():
         return [e for e in cluster.kube.list("events", NAMESPACE) if e.get("reason") == "Created"]
 
-    wait_for(lambda: len(created_events()) == 2, what="two Created events")  # posted asynchronously by kopf
+    wait_for(lambda: len(created_events()) == 2, 30, "two Created events")  # posted asynchronously by kopf
     time.sleep(0.5)  # a few timer ticks later: still handled once
     assert len(created_events()) == 2
     assert len([r for r in cluster.kube.requests if r.rbac == ("", "pods", "create")]) == 6
