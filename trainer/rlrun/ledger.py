@@ -97,14 +97,12 @@ class Ledger:
 
     def write(self, event: LedgerEvent, **fields: Any) -> int:
         """Append one event; returns its line number (0-based) in this file."""
-        self._fh.write(json.dumps({"e": event.value, "t": round(time.time(), 3), **fields}) + "\n")
-        self.lines += 1
-        return self.lines - 1
+        return self.write_each(event, [fields])
 
     def write_each(self, event: LedgerEvent, rows: list[dict[str, Any]]) -> int:
         """Append one ``event`` line per ``rows`` item, handed to the OS in one ``write`` (not one per
         line: each system call lets another thread take the GIL from the orchestrator's event loop);
-        returns the last line's number (−1 … for no rows: the previous line's)."""
+        returns the last line's number, 0-based (with no rows: the previous line's, −1 in an empty file)."""
         t = round(time.time(), 3)
         self._fh.write("".join(json.dumps({"e": event.value, "t": t, **row}) + "\n" for row in rows))
         self.lines += len(rows)
