@@ -57,17 +57,19 @@ def preempt_alone(cluster, pod: str) -> tuple[str, dict[str, int | None], float]
 
 def assert_only_the_trainer_was_replaced(cluster, status: dict, lost: str, keep: dict[str, int | None]) -> None:
     """One preemption, no failure, still attempt 0 and no attempt-1 pod; the orchestrator and vLLM (``keep``:
-    their pids before) ran through: one process each, never signalled before the run's end (when the operator
-    removes the rollout pods), the orchestrator exit 0."""
+    their pids before) ran through: one process each, never signalled before the run's end (the orchestrator's
+    exit 0, after which the operator removes the rollout pods), the orchestrator exit 0."""
     assert status["preemptions"] == 1 and status["failures"] == 0 and status["attempt"] == 0
     assert status["failedNodes"] == [lost] and status.get("lastResume") is None
-    # the timeline notes the phase at its next look (every 0.1 s), maybe after wait_for_end saw it
-    ended = wait_for(lambda: cluster.first(f"run {NAME} phase Succeeded"), 10, "Succeeded in the timeline")
+    # The end is the orchestrator's exit, not the timeline's "phase Succeeded" line: the timeline notes the phase
+    # at its next look (every 0.1 s), so the rollout pods' SIGTERM that follows Succeeded may be noted first.
+    orchestrator = f"{NAME}-orchestrator-a0"
+    ended = wait_for(lambda: cluster.first(f"pod {orchestrator} exited "), 10, "the orchestrator's exit")
     for role, pid in keep.items():
         assert pid is not None
         assert sum(w.startswith(f"pod {NAME}-{role}-a0 started ") for _, w in cluster.timeline) == 1
         assert not any(f"pod {NAME}-{role}-a0 SIG" in w for t, w in cluster.timeline if t < ended)
-    assert exit_code(cluster, f"{NAME}-orchestrator-a0") == "0"
+    assert exit_code(cluster, orchestrator) == "0"
     assert not any("-a1" in p["metadata"]["name"] for p in cluster.pods(NAME))
 
 
