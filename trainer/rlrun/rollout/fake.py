@@ -5,14 +5,19 @@ orchestrator uses. Completions of a reverse-text prompt (text + one separator to
 the text reversed with each token replaced at random with probability ``error_rate``,
 then EOS, so rewards and group rejections resemble a real run's. With ``samples_per_s``
 set, completions are served at that aggregate rate (a model of a real server's
-throughput); without it they are instant.
+throughput); without it they are instant. :func:`serve_fake_vllm` serves the same answers
+over real HTTP, for a benchmark that keeps the server's work off the orchestrator's
+process, as a real vLLM does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import random
+import socket
+import time
 
 import httpx
 
@@ -56,6 +61,58 @@ def fake_vllm_transport(
         return httpx.Response(200, json={})
 
     return httpx.MockTransport(handler)
+
+
+def fake_vllm_app(**kwargs):
+    """An ``aiohttp.web.Application`` answering as :func:`fake_vllm_transport` (``kwargs`` are its own),
+    over real HTTP."""
+    from aiohttp import web
+
+    handler = fake_vllm_transport(**kwargs).handler
+
+    async def answer(request: web.Request) -> web.Response:
+        body = await request.read()
+        resp = await handler(httpx.Request(request.method, str(request.url), content=body))
+        return web.Response(status=resp.status_code, body=resp.content, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_route("*", "/{path:.*}", answer)
+    return app
+
+
+def serve_fake_vllm(host: str, port: int, **kwargs) -> None:
+    """Serve :func:`fake_vllm_app` on ``host:port`` until the process ends (blocking: run it in a process
+    of its own)."""
+    from aiohttp import web
+
+    web.run_app(fake_vllm_app(**kwargs), host=host, port=port, print=None, access_log=None)
+
+
+def fake_vllm_process(**kwargs) -> tuple[multiprocessing.Process, str]:
+    """:func:`serve_fake_vllm` (``kwargs`` are its own) in a forked process of its own, on a free
+    localhost port, as a benchmark's stand-in for a vLLM server on another machine: the process (a
+    daemon; kill it when done) and its URL, once it listens.
+
+    Raises:
+        RuntimeError: it did not listen within 30 s.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = multiprocessing.get_context("fork").Process(
+        target=serve_fake_vllm, args=("127.0.0.1", port), kwargs=kwargs, daemon=True
+    )
+    server.start()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server, f"http://127.0.0.1:{port}"
+        except OSError:
+            if time.monotonic() > deadline or not server.is_alive():
+                server.kill()
+                raise RuntimeError("the fake rollout server did not start listening") from None
+            time.sleep(0.05)
 
 
 def fake_client_factory(**kwargs):

@@ -1,0 +1,104 @@
+"""The rollout client over real sockets (aiohttp's pool under httpx's API): completions, many at once, and the
+failures the dispatcher and the weight push rely on — httpx transport errors for a server that is gone or drops
+the connection, and a cancelled request closing its connection (vLLM aborts a generation on that)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+import pytest
+from aiohttp.test_utils import TestServer
+from rlrun.api.spec import SamplingSpec
+from rlrun.rollout.client import RolloutClient
+from rlrun.rollout.fake import fake_vllm_app
+
+PROMPT = [5, 6, 7, 1]  # a reverse-text prompt: text, then the separator token
+
+
+async def test_completions_over_http_many_at_once_share_the_pool():
+    async with TestServer(fake_vllm_app(error_rate=0.0)) as server:
+        client = RolloutClient(str(server.make_url("")))
+        try:
+            groups = await asyncio.gather(*(client.complete(PROMPT, SamplingSpec(), n=4) for _ in range(64)))
+            assert await client.healthy()
+        finally:
+            await client.aclose()
+    assert len(groups) == 64 and all(len(g) == 4 for g in groups)
+    # the fake answers the text reversed, then EOS (0), with a logprob per token
+    assert {tuple(c.token_ids) for g in groups for c in g} == {(7, 6, 5, 0)}
+    assert all(len(c.logprobs) == 4 and c.finish_reason == "stop" for g in groups for c in g)
+    assert client.closed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_a_server_that_is_gone_raises_an_httpx_transport_error():
+    client = RolloutClient(f"http://127.0.0.1:{free_port()}")
+    try:
+        # the dispatcher retries elsewhere and the weight push benches the server on this type
+        with pytest.raises(httpx.TransportError, match="Cannot connect"):
+            await client.complete(PROMPT, SamplingSpec())
+        assert not await client.healthy()
+    finally:
+        await client.aclose()
+
+
+class RawServer:
+    """A TCP server that reads one request's headers and then either closes the connection at once
+    (``drop``) or waits for the client to close it, noting when it did (``closed_by_client``)."""
+
+    def __init__(self, drop: bool) -> None:
+        self.drop = drop
+        self.got_request = asyncio.Event()
+        self.closed_by_client = asyncio.Event()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        self.got_request.set()
+        if not self.drop:
+            while await reader.read(1024):  # b"": the client closed its end
+                pass
+            self.closed_by_client.set()
+        writer.close()
+
+
+async def test_a_dropped_connection_raises_an_httpx_transport_error():
+    raw = RawServer(drop=True)
+    server = await asyncio.start_server(raw.handle, "127.0.0.1", 0)
+    client = RolloutClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    try:
+        with pytest.raises(httpx.TransportError):
+            await client.complete(PROMPT, SamplingSpec())
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_a_cancelled_request_closes_its_connection():
+    raw = RawServer(drop=False)
+    server = await asyncio.start_server(raw.handle, "127.0.0.1", 0)
+    client = RolloutClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    try:
+        request = asyncio.create_task(client.complete(PROMPT, SamplingSpec()))
+        await asyncio.wait_for(raw.got_request.wait(), 5)
+        request.cancel()  # what the dispatcher does to a request that can no longer train
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        await asyncio.wait_for(raw.closed_by_client.wait(), 5)  # the server sees it: vLLM aborts the request
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_a_closed_client_sends_nothing():
+    client = RolloutClient("http://127.0.0.1:9")
+    await client.aclose()
+    assert client.closed
+    with pytest.raises(RuntimeError):
+        await client.complete(PROMPT, SamplingSpec())
