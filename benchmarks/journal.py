@@ -15,7 +15,10 @@
   each step of work (appends, admissions, scoring, shipping) holds it for, with the orchestrator's
   default polling period (``poll_s``, as in a run; the capacity runs poll every 5 ms); goal p99 ≤ 3 ms
   with the journal. The fake rollout server is in-process (an ``httpx.MockTransport``): its own work
-  (answers, JSON) runs on this loop too, which a real vLLM's does not. (In the capacity runs the
+  (answers, JSON) runs on this loop too, which a real vLLM's does not. ``loop_stall_ms.served``: the
+  same runs with the fake server in a process of its own behind real HTTP, as vLLM is (the client's
+  own connection handling is then on the loop, as in a run; the server's process shares the cores,
+  which in a run it does not). (In the capacity runs the
   loop is saturated by design; their ticker lateness is reported as
   ``capacity.saturated_loop_lateness_ms``, for information.)
 - ``bytes_per_episode`` and ``fsyncs_per_s``: what the journal wrote during the runs with it.
@@ -72,24 +75,39 @@ async def tick(lateness: list[float], counting=lambda: True) -> None:
 
 
 def one_run(
-    spec, model_dir: Path, steps: int, journal: bool, parent: Path, samples_per_s: float | None = None, poll_s=0.005
+    spec,
+    model_dir: Path,
+    steps: int,
+    journal: bool,
+    parent: Path,
+    samples_per_s: float | None = None,
+    poll_s=0.005,
+    served: bool = False,
 ) -> dict:
     """One orchestrator run to ``steps``; its episodes/s, ticker lateness and journal counters. ``poll_s``: the
-    orchestrator's polling period (0.005 s, so that the instant fake trainer's output is seen at once)."""
+    orchestrator's polling period (0.005 s, so that the instant fake trainer's output is seen at once).
+    ``served``: the fake rollout server runs in a process of its own behind real HTTP (``fake_vllm_process``),
+    not in-process as an ``httpx.MockTransport`` whose answers run on the orchestrator's loop."""
     from rlrun.ledger import read_ledger
     from rlrun.orchestrator.loop import Orchestrator
-    from rlrun.rollout.fake import fake_client_factory
+    from rlrun.rollout.client import RolloutClient
+    from rlrun.rollout.fake import fake_client_factory, fake_vllm_process
     from rlrun.rundir import RunDir
     from rlrun.training.fake import fake_trainer
 
+    fork = multiprocessing.get_context("fork")  # no pickling, no re-import: it starts at once
     with tempfile.TemporaryDirectory(prefix="rlrun-bench-journal-", dir=parent) as tmp:
         run_dir = RunDir(tmp)
+        if served:
+            server, url = fake_vllm_process(samples_per_s=samples_per_s, error_rate=0.15)
+            factory = RolloutClient
+        else:
+            server, url = None, "http://fake-rollout:8000"
+            factory = fake_client_factory(samples_per_s=samples_per_s, error_rate=0.15)
         orch = Orchestrator(
-            spec, run_dir, ["http://fake-rollout:8000"], str(model_dir), max_steps=steps,
-            client_factory=fake_client_factory(samples_per_s=samples_per_s, error_rate=0.15), poll_s=poll_s,
+            spec, run_dir, [url], str(model_dir), max_steps=steps, client_factory=factory, poll_s=poll_s,
             journal=journal,
         )  # fmt: skip
-        fork = multiprocessing.get_context("fork")  # no pickling, no re-import: it starts at once
         stop = fork.Event()
         trainer = fork.Process(
             target=fake_trainer, args=(run_dir, model_dir, steps, spec.checkpoint.interval, stop), daemon=True
@@ -117,6 +135,9 @@ def one_run(
         finally:
             stop.set()
             trainer.join(10)
+            if server is not None:
+                server.kill()
+                server.join(10)
         seconds = marks["end"] - marks["running"]
         events = [e for evs in read_ledger(run_dir.root / "ledger").values() for e in evs]
         finished = sum(1 for e in events if e["e"] == "finished")
@@ -176,12 +197,17 @@ def measure_stall(steps: int, parent: Path, cache_dir: Path | None, samples_per_
     model_dir = Path(resolve_model(spec.model, cache_dir))
     poll_s = inspect.signature(Orchestrator).parameters["poll_s"].default  # as it runs: its default polling
     runs = {j: one_run(spec, model_dir, steps, j, parent, samples_per_s, poll_s) for j in (False, True)}
+    served = {j: one_run(spec, model_dir, steps, j, parent, samples_per_s, poll_s, served=True) for j in (False, True)}
     return {
         "rollout_samples_per_s": samples_per_s,
         "steps": steps,
         "poll_s": poll_s,
         "journal": percentiles(runs[True]["lateness"]),
         "baseline": percentiles(runs[False]["lateness"]),
+        "served": {
+            "journal": percentiles(served[True]["lateness"]),
+            "baseline": percentiles(served[False]["lateness"]),
+        },
     }
 
 
