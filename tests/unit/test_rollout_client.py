@@ -5,6 +5,7 @@ the connection, and a cancelled request closing its connection (vLLM aborts a ge
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import httpx
@@ -68,32 +69,33 @@ class RawServer:
         writer.close()
 
 
-async def test_a_dropped_connection_raises_an_httpx_transport_error():
-    raw = RawServer(drop=True)
+@contextlib.asynccontextmanager
+async def client_of(raw: RawServer):
+    """A :class:`RolloutClient` of ``raw`` served on a free localhost port; both closed on the way out."""
     server = await asyncio.start_server(raw.handle, "127.0.0.1", 0)
     client = RolloutClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
     try:
-        with pytest.raises(httpx.TransportError):
-            await client.complete(PROMPT, SamplingSpec())
+        yield client
     finally:
         await client.aclose()
         server.close()
 
 
+async def test_a_dropped_connection_raises_an_httpx_transport_error():
+    async with client_of(RawServer(drop=True)) as client:
+        with pytest.raises(httpx.TransportError):
+            await client.complete(PROMPT, SamplingSpec())
+
+
 async def test_a_cancelled_request_closes_its_connection():
     raw = RawServer(drop=False)
-    server = await asyncio.start_server(raw.handle, "127.0.0.1", 0)
-    client = RolloutClient(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
-    try:
+    async with client_of(raw) as client:
         request = asyncio.create_task(client.complete(PROMPT, SamplingSpec()))
         await asyncio.wait_for(raw.got_request.wait(), 5)
         request.cancel()  # what the dispatcher does to a request that can no longer train
         with pytest.raises(asyncio.CancelledError):
             await request
         await asyncio.wait_for(raw.closed_by_client.wait(), 5)  # the server sees it: vLLM aborts the request
-    finally:
-        await client.aclose()
-        server.close()
 
 
 async def test_a_closed_client_sends_nothing():
