@@ -50,3 +50,14 @@ def test_dispatch_needs_budget_and_room_for_a_whole_group_in_flight():
     assert f.may_dispatch(committed=15, inflight=6, policy_version=0, shipped=0)
     assert not f.may_dispatch(committed=16, inflight=0, policy_version=0, shipped=0)  # budget of 16 used
     assert not f.may_dispatch(committed=0, inflight=7, policy_version=0, shipped=0)  # 7 + 4 > 10
+
+
+def test_the_rest_of_a_counted_group_needs_only_a_batch_left_and_room_in_flight():
+    # the last step: one batch (18) left; the queue holds 16 and an open group keeps 2 finished members, so the
+    # committed budget is used up, yet the batch needs that group whole: its other 2 members must be requested
+    f = FlowControl(batch_size=18, group_size=4, max_off_policy_steps=2, max_inflight=64, max_steps=6)
+    assert not f.may_dispatch(committed=16 + 2, inflight=0, policy_version=5, shipped=5)  # no new group
+    assert f.may_complete(members=2, inflight=0, policy_version=5, shipped=5)
+    assert not f.may_complete(members=2, inflight=63, policy_version=5, shipped=5)  # 63 + 2 > 64 in flight
+    assert not f.may_complete(members=2, inflight=0, policy_version=5, shipped=6)  # no batch left: stale
+    assert not f.may_complete(members=2, inflight=0, policy_version=0, shipped=3)  # needs version ≥ 1 (k = 2)

@@ -6,7 +6,9 @@ and no batch past ``max_steps`` is ever cut. So at version ``v`` with ``shipped`
 out, rollouts can still fill ``min(v + 1 + max_off_policy_steps, max_steps) − shipped``
 batches. New groups are dispatched only while the samples committed — queued, waiting in
 open groups, and dispatched but not yet consumed — stay below that many batches' worth,
-and while the completions in flight stay within ``rollout.max_inflight``.
+and while the completions in flight stay within ``rollout.max_inflight``. The rest of a
+group already counted (a resume request) needs only a batch left to fill and room in flight
+(:meth:`FlowControl.may_complete`).
 
 Guarantee: the orchestrator never dispatches work that is stale on arrival, and
 ``max_off_policy_steps = 0`` is synchronous on-policy RL (each batch is generated
@@ -58,3 +60,15 @@ class FlowControl:
             shipped: batches shipped.
         """
         return committed < self.budget(policy_version, shipped) and inflight + self.group_size <= self.max_inflight
+
+    def may_complete(self, members: int, inflight: int, policy_version: int, shipped: int) -> bool:
+        """Whether a request for ``members`` more members of a group already counted may be dispatched (a
+        resume request: the rest of an open group, or a failed request's members asked again).
+
+        The group's finished members are already in ``committed``, and the group trains only whole, so
+        judging this request against the committed budget could wedge the run: at the last step a queue one
+        group short of the batch plus that group's kept members fill the budget, and the request that
+        would complete the group was never sent (seen in ``test_preempt_at_step_only_trainer…``). Only the
+        staleness bound (a batch left to fill: budget > 0) and the in-flight limit apply.
+        """
+        return self.budget(policy_version, shipped) > 0 and inflight + members <= self.max_inflight

@@ -272,7 +272,15 @@ class Orchestrator:
         committed = len(self.sink.queue) + self.sink.finished_episodes_kept + d.outstanding_samples
         rows = []
         try:
-            while self.flow.may_dispatch(committed, d.inflight_samples, self.policy_version, self.shipped):
+            while True:
+                pending = self.source.resume_requests[0] if self.source.resume_requests else None
+                if pending is not None:  # completes a group already counted in `committed`
+                    if not self.flow.may_complete(
+                        pending.members, d.inflight_samples, self.policy_version, self.shipped
+                    ):
+                        break
+                elif not self.flow.may_dispatch(committed, d.inflight_samples, self.policy_version, self.shipped):
+                    break
                 r, v = self.source.next_group(self.spec.group_size), self.policy_version
                 rows.append(
                     {"group": r.group_id, "task": r.task.index, "env": r.task.env, "first_member": r.first_member,
