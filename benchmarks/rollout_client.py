@@ -26,19 +26,10 @@ import os
 import time
 
 import httpx
+from journal import percentiles  # benchmarks/journal.py: the same p50 / p99 / max
 
 N = 8
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 1]
-
-
-def percentiles(xs: list[float]) -> dict:
-    xs = sorted(xs)
-    return {
-        "p50": round(xs[len(xs) // 2], 3),
-        "p99": round(xs[min(len(xs) - 1, int(len(xs) * 0.99))], 3),
-        "max": round(xs[-1], 3),
-        "n": len(xs),
-    }
 
 
 def client(url: str, transport: str):
