@@ -274,12 +274,12 @@ class Orchestrator:
         try:
             while True:
                 pending = self.source.resume_requests[0] if self.source.resume_requests else None
-                if pending is not None:  # completes a group already counted in `committed`
-                    if not self.flow.may_complete(
-                        pending.members, d.inflight_samples, self.policy_version, self.shipped
-                    ):
-                        break
-                elif not self.flow.may_dispatch(committed, d.inflight_samples, self.policy_version, self.shipped):
+                allowed = (  # a resume request completes a group already counted in `committed`
+                    self.flow.may_complete(pending.members, d.inflight_samples, self.policy_version, self.shipped)
+                    if pending is not None
+                    else self.flow.may_dispatch(committed, d.inflight_samples, self.policy_version, self.shipped)
+                )
+                if not allowed:
                     break
                 r, v = self.source.next_group(self.spec.group_size), self.policy_version
                 rows.append(
