@@ -1,126 +1,140 @@
-"""Fixtures for the emulator's tests: a small CRD of our own, a running emulator, clients of it."""
+"""A cluster for operator tests: the API emulator serving the real CRD, fake orchestrators, real kopf.
+
+``cluster`` starts all three per test (≈0.3 s). The operator's handlers are the real
+module (``rlrun_operator.handlers``, kopf's default registry); its status timer ticks
+every 0.2 s here (``RLRUN_OPERATOR_STATUS_INTERVAL_SECONDS``, read when the module is
+first imported — set before that by this conftest). Every (group, resource, verb) the
+operator used is collected into :data:`RBAC_USAGE` for the RBAC proof.
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+os.environ["RLRUN_OPERATOR_STATUS_INTERVAL_SECONDS"] = "0.2"
+
+import kopf
+import kubernetes_validate
 import pytest
-import yaml
+from rlrun.api.control import ExitReport
+from rlrun_operator import handlers
 
-from tests.support.binaries import kubectl
-from tests.support.kube import KubeServer
+from tests.reconcile.fake_orchestrator import FakeOrchestrators
+from tests.support.kube import KopfThread, KubeServer
+from tests.support.polling import wait_for
 
-#: A namespaced CRD with a status subresource, a short name, a schema with defaults and bounds.
-WIDGET_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "widgets.example.com"},
-    "spec": {
-        "group": "example.com",
-        "scope": "Namespaced",
-        "names": {
-            "kind": "Widget",
-            "listKind": "WidgetList",
-            "plural": "widgets",
-            "singular": "widget",
-            "shortNames": ["wd"],
-        },
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "required": ["size"],
-                                "properties": {
-                                    "size": {"type": "integer", "minimum": 0, "exclusiveMinimum": True},
-                                    "color": {"type": "string", "enum": ["red", "blue"], "default": "red"},
-                                    "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                                },
-                            },
-                            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                        },
-                    }
-                },
-            }
-        ],
-    },
-}
-
-#: A cluster-scoped CRD without a status subresource or schema.
-GADGET_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "gadgets.example.com"},
-    "spec": {
-        "group": "example.com",
-        "scope": "Cluster",
-        "names": {"kind": "Gadget", "plural": "gadgets"},
-        "versions": [{"name": "v1", "served": True, "storage": True}],
-    },
-}
+ROOT = Path(__file__).resolve().parents[2]
+K8S_VERSION = kubernetes_validate.utils.latest_version()
+NAMESPACE = "team-a"
+#: (apiGroup, resource[/subresource], verb) the operator used in this test session.
+RBAC_USAGE: set[tuple[str, str, str]] = set()
 
 
-@pytest.fixture
-def crd_dir(tmp_path: Path) -> Path:
-    """A directory with the two CRDs above (one per file) and a non-CRD document that is skipped."""
-    directory = tmp_path / "crds"
-    directory.mkdir()
-    (directory / "example.com_widgets.yaml").write_text(yaml.safe_dump(WIDGET_CRD))
-    (directory / "example.com_gadgets.yaml").write_text(yaml.safe_dump(GADGET_CRD))
-    (directory / "README.yaml").write_text(yaml.safe_dump({"kind": "ConfigMap", "metadata": {"name": "x"}}))
-    return directory
+def manifest(name: str = "demo", **spec) -> dict:
+    base = {"model": {"builtin": "tiny-reverse"}, "envs": [{"name": "reverse-text"}], **spec}
+    return {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": name}, "spec": base}
 
 
-@pytest.fixture
-def kube(crd_dir: Path) -> Iterator[KubeServer]:
-    with KubeServer(crds=crd_dir) as server:
-        yield server
+@dataclass
+class Cluster:
+    """What an operator test works with."""
 
+    kube: KubeServer
+    orchestrators: FakeOrchestrators
+    operator: KopfThread
+    kubeconfig: Path
+    #: whether this test's API calls count as the operator's in ``RBAC_USAGE`` (not when kubectl calls too)
+    operator_only: bool = True
 
-@pytest.fixture
-def http(kube: KubeServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=kube.url, timeout=5) as client:
-        yield client
+    def rlrun(self, name: str = "demo", namespace: str = NAMESPACE) -> dict | None:
+        return self.kube.get("rlruns", name, namespace)
 
+    def pods(self, name: str = "demo", namespace: str = NAMESPACE) -> list[dict]:
+        return self.kube.list("pods", namespace, label_selector=f"app.kubernetes.io/instance={name}")
 
-@pytest.fixture
-def api(kube: KubeServer):
-    """A sync ``kubernetes`` ApiClient of the emulator."""
-    with kube.api_client() as client:
-        yield client
+    def pod(self, component: str, name: str = "demo", namespace: str = NAMESPACE, index: int = 0) -> dict:
+        pods = [
+            p for p in self.pods(name, namespace) if p["metadata"]["labels"]["app.kubernetes.io/component"] == component
+        ]
+        return sorted(pods, key=lambda p: p["metadata"]["name"])[index]
+
+    def set_pod_status(self, pod: dict, phase: str = "Running", ready: bool = True, ip: str | None = None, **extra):
+        """Do the kubelet's part: write a pod's phase, readiness and IP."""
+        status = {
+            "phase": phase,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            **({"podIP": ip} if ip else {}),
+            **extra,
+        }
+        meta = pod["metadata"]
+        self.kube.patch("pods", meta["name"], {"status": status}, meta["namespace"], subresource="status")
+
+    def run_orchestrator(self, name: str = "demo", namespace: str = NAMESPACE) -> dict:
+        """Do the kubelet's part for the orchestrator pod: Running and Ready (the operator calls a run
+        Running only with a live orchestrator pod); returns the pod."""
+        pod = self.pod("orchestrator", name, namespace)
+        self.set_pod_status(pod, ip="10.0.0.2")
+        return pod
+
+    def exit_pod(self, pod: dict, outcome: str = "complete", code: int = 0, step: int = 100, **report) -> None:
+        """The pod's container exits with ``code`` and an exit report (``ExitReport``) as its termination message."""
+        component = pod["metadata"]["labels"]["app.kubernetes.io/component"]
+        message = ExitReport(role=component, outcome=outcome, step=step, max_steps=100, **report).model_dump_json()
+        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message}
+        statuses = [{"name": component, "state": {"terminated": terminated}}]
+        phase = "Succeeded" if code == 0 else "Failed"
+        self.set_pod_status(pod, phase=phase, ready=False, containerStatuses=statuses)
+
+    def status(self, name: str = "demo", namespace: str = NAMESPACE) -> dict:
+        return (self.rlrun(name, namespace) or {}).get("status") or {}
+
+    def condition(self, type_: str, name: str = "demo", namespace: str = NAMESPACE) -> dict | None:
+        return next((c for c in self.status(name, namespace).get("conditions", []) if c["type"] == type_), None)
+
+    def wait_for_events(self, *reasons: str, namespace: str = NAMESPACE) -> list[dict]:
+        """The namespace's Events once one of each ``reason`` is there (kopf posts them asynchronously)."""
+
+        def events():
+            found = self.kube.list("events", namespace)
+            return found if set(reasons) <= {e.get("reason") for e in found} else None
+
+        return wait_for(events, what=f"events {reasons}")
+
+    def restart_operator(self) -> None:
+        self.operator.stop()
+        self.operator = KopfThread(kopf.get_default_registry(), self.kube).start()
 
 
 @pytest.fixture
-def run_kubectl(kube: KubeServer, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Run the real kubectl against the emulator (own kubeconfig, cache and HOME; ``$KUBECONFIG`` ignored)."""
-    config = kube.write_kubeconfig(tmp_path / "kubeconfig")
-    env = dict(os.environ, HOME=str(tmp_path), KUBECONFIG=str(config))
+def cluster(tmp_path, monkeypatch):
+    with KubeServer(crds=ROOT / "crds") as kube, FakeOrchestrators() as orchestrators:
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig", namespace=NAMESPACE)
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        url = orchestrators.url_template
+        monkeypatch.setattr(handlers, "SETTINGS", handlers.SETTINGS.model_copy(update={"orchestrator_url": url}))
+        handlers.STATE.__init__()
+        kube.create("namespaces", {"metadata": {"name": NAMESPACE}})
+        operator = KopfThread(kopf.get_default_registry(), kube).start()
+        c = Cluster(kube, orchestrators, operator, kubeconfig)
+        try:
+            yield c
+            validate_created_objects(kube)
+        finally:
+            c.operator.stop()
+            if c.operator_only:
+                RBAC_USAGE.update(kube.rbac_usage())
 
-    def run(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        argv = [str(kubectl()), "--kubeconfig", str(config), "--cache-dir", str(tmp_path / "cache"), *args]
-        result = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env, timeout=30, check=False)
-        if check:
-            assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
-        return result
 
-    run.argv = lambda *args: [
-        str(kubectl()),
-        "--kubeconfig",
-        str(config),
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        *args,
-    ]  # type: ignore[attr-defined]
-    run.env = env  # type: ignore[attr-defined]
-    return run
+def validate_object(obj: dict) -> None:
+    """Kubernetes' own schema, strictly, on an object the operator created (its status is the kubelet's,
+    written by the tests here, so it is left out)."""
+    kubernetes_validate.validate({k: v for k, v in obj.items() if k != "status"}, K8S_VERSION, strict=True)
+
+
+def validate_created_objects(kube: KubeServer) -> None:
+    """Every object the operator created in a test passes Kubernetes' own schema, strictly."""
+    for resource in ("persistentvolumeclaims", "secrets", "configmaps", "services", "pods"):
+        for obj in kube.list(resource, label_selector="app.kubernetes.io/managed-by=rlrun-operator"):
+            validate_object(obj)

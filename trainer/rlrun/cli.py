@@ -130,14 +130,46 @@ def rollout(
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(8000, help="Port to listen on."),
     cache_dir: Path = CacheOpt,
+    fake: bool = typer.Option(
+        False,
+        "--fake",
+        envvar="RLRUN_FAKE_ROLLOUT",
+        help="Serve rlrun's stand-in for vLLM (rlrun.rollout.fake) instead: the same HTTP API, answers that do "
+        "not come from the model (the reverse-text answer with random errors). For tests and dry runs of "
+        "everything but inference.",
+    ),
+    fake_samples_per_s: float = typer.Option(
+        None,
+        "--fake-samples-per-s",
+        envvar="RLRUN_FAKE_ROLLOUT_SAMPLES_PER_S",
+        min=0.1,
+        help="With --fake: completions per second over all requests (default: instant).",
+    ),
 ) -> None:
     """Start a vLLM rollout server for the manifest's model (replaces this process)."""
     from rlrun.model.resolve import resolve_model
-    from rlrun.rollout.server import serve
 
     _setup_logging("rollout")
     run = _load(manifest)
-    serve(run.spec, resolve_model(run.spec.model, cache_dir), host, port)
+    model = resolve_model(run.spec.model, cache_dir)
+    if fake:
+        from rlrun.rollout.fake import serve_fake_vllm
+
+        rate = f"{fake_samples_per_s:g} samples/s" if fake_samples_per_s else "instant"
+        log.info("rollout server: the fake (%s) for %s on %s:%d", rate, model, host, port)
+        serve_fake_vllm(host, port, samples_per_s=fake_samples_per_s, eos_id=_eos_id(model), seed=run.spec.seed)
+        return
+    from rlrun.rollout.server import serve
+
+    log.info("rollout server: vLLM for %s on %s:%d", model, host, port)
+    serve(run.spec, model, host, port)
+
+
+def _eos_id(model: str) -> int:
+    """The model's EOS token id from its ``config.json`` (the first one when it lists several; 0 without one)."""
+    config = Path(model) / "config.json"
+    eos = json.loads(config.read_text()).get("eos_token_id") if config.is_file() else None
+    return (eos[0] if isinstance(eos, list) else eos) or 0
 
 
 class _Terminated(BaseException):

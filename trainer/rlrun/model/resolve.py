@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from rlrun.api.spec import ModelSpec
-from rlrun.model.tiny import TinyModelRecipe, init_tiny_model
+from rlrun.model.recipe import TinyModelRecipe
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,8 @@ def ensure_builtin_model(name: str, cache_dir: Path | None = None) -> Path:
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "config.json").is_file():
+            from rlrun.model.tiny import init_tiny_model  # torch and transformers: only to build it
+
             log.info("building builtin model %s into %s", name, out)
             init_tiny_model(out, evaluate=False)
     return out

@@ -21,7 +21,6 @@ import shutil
 import string
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from rlrun.envs.reverse_text import ReverseTextEnv, lcs_ratio
+from rlrun.model.recipe import TinyModelRecipe
 
 log = logging.getLogger(__name__)
 
@@ -36,40 +36,6 @@ EOS_TOKEN = "<|endoftext|>"
 UNK_TOKEN = "<|unk|>"
 #: Printable ASCII without tabs/newlines: every character a prompt may hold.
 CHARACTERS = "".join(c for c in string.printable if c not in "\t\n\r\x0b\x0c")
-
-
-@dataclass(frozen=True)
-class TinyModelRecipe:
-    """Everything that determines the builtin model's bytes (its cache key).
-
-    Attributes:
-        hidden_size / intermediate_size / num_hidden_layers / num_attention_heads /
-        num_key_value_heads / head_dim: Qwen3 shape.
-        max_position_embeddings: context length in tokens.
-        sft_steps: supervised warm-start steps (batches of ``sft_batch_size`` tasks).
-        sft_lr: AdamW learning rate of the warm start.
-        seed: seeds weight init and the warm-start task stream.
-    """
-
-    hidden_size: int = 128
-    intermediate_size: int = 256
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 32
-    max_position_embeddings: int = 64
-    sft_steps: int = 60
-    sft_batch_size: int = 64
-    sft_lr: float = 3e-3
-    seed: int = 1234
-    format_version: int = 1
-
-    def cache_key(self) -> str:
-        """Short stable name for this recipe, used as the cache directory name."""
-        fields = json.dumps(self.__dict__, sort_keys=True)
-        import hashlib
-
-        return hashlib.sha256(fields.encode()).hexdigest()[:12]
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:

@@ -1,13 +1,20 @@
-"""An in-process stand-in for vLLM's HTTP API, for tests and benchmarks of the orchestrator.
+"""A stand-in for vLLM's HTTP API, for tests and benchmarks of everything but inference.
 
 :func:`fake_vllm_transport` returns an ``httpx.MockTransport`` that answers the routes the
 orchestrator uses. Completions of a reverse-text prompt (text + one separator token) are
 the text reversed with each token replaced at random with probability ``error_rate``,
-then EOS, so rewards and group rejections resemble a real run's. With ``samples_per_s``
-set, completions are served at that aggregate rate (a model of a real server's
-throughput); without it they are instant. :func:`serve_fake_vllm` serves the same answers
-over real HTTP, for a benchmark that keeps the server's work off the orchestrator's
-process, as a real vLLM does.
+then EOS, cut at the request's ``max_tokens`` (``finish_reason: "length"``), so rewards and
+group rejections resemble a real run's. With ``samples_per_s`` set, completions are served
+at that aggregate rate (a model of a real server's throughput); without it they are
+instant. A weight reload (``POST /collective_rpc`` with ``rlrun_reload_weights``) answers
+as the worker extension does: ``ok`` when the directory holds ``*.safetensors`` files, an
+error naming the directory otherwise (nothing is loaded: the answers do not depend on the
+weights).
+
+:func:`serve_fake_vllm` serves the same answers over real HTTP, in a process of its own as a
+real vLLM is; ``rlrun rollout --fake`` runs it in place of vLLM (what a rollout pod or
+``rlrun local`` then starts), so the orchestrator, trainer, operator and launcher can be
+tested end to end without vLLM's start-up (≈30–60 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import multiprocessing
 import random
 import socket
 import time
+from pathlib import Path
 
 import httpx
 
@@ -31,7 +39,16 @@ def fake_vllm_transport(
     vocab: range = range(2, 97),
     seed: int = 0,
 ) -> httpx.MockTransport:
-    """A transport answering ``/v1/completions``, ``/collective_rpc`` and the admin routes."""
+    """A transport answering ``/v1/completions``, ``/collective_rpc`` and the admin routes (see the module
+    docstring).
+
+    Args:
+        samples_per_s: aggregate completion rate (completions per second over all requests); None: instant.
+        error_rate: probability that a completion token is replaced by a random one of ``vocab``.
+        eos_id: the token that ends a completion.
+        vocab: the token ids an error is drawn from.
+        seed: seed of the errors (the same requests in the same order get the same answers).
+    """
     rng = random.Random(seed)
     clock = {"free_at": 0.0}
 
@@ -44,23 +61,37 @@ def fake_vllm_transport(
                 clock["free_at"] = max(clock["free_at"], loop.time()) + n / samples_per_s
                 await asyncio.sleep(clock["free_at"] - loop.time())
             answer = body["prompt"][-2::-1]
+            max_tokens = body.get("max_tokens") or len(answer) + 1
             choices = []
             for i in range(n):
                 ids = [rng.choice(vocab) if rng.random() < error_rate else t for t in answer] + [eos_id]
+                finish = "stop" if len(ids) <= max_tokens else "length"
+                ids = ids[:max_tokens]
                 choices.append(
                     {
                         "index": i,
                         "token_ids": ids,
                         "logprobs": {"token_logprobs": [-0.1] * len(ids)},
-                        "finish_reason": "stop",
+                        "finish_reason": finish,
                     }
                 )
             return httpx.Response(200, json={"choices": choices})
         if request.url.path == "/collective_rpc":
-            return httpx.Response(200, json={"results": [{"ok": True}]})
+            return httpx.Response(200, json={"results": [_rpc_result(json.loads(request.content or b"{}"))]})
         return httpx.Response(200, json={})
 
     return httpx.MockTransport(handler)
+
+
+def _rpc_result(body: dict) -> dict:
+    """What the worker extension would answer to ``body`` (``{"method", "args"}``), without loading anything."""
+    if body.get("method") != "rlrun_reload_weights":
+        return {"ok": True}
+    [path] = body.get("args") or [""]
+    count = len(list(Path(path).glob("*.safetensors")))
+    if not count:
+        return {"ok": False, "error": f"no *.safetensors files in {path}"}
+    return {"ok": True, "files": count, "seconds": 0.0}
 
 
 def fake_vllm_app(**kwargs):
