@@ -10,7 +10,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.rlrun-installed
 MANIFEST ?= examples/reverse-text.yaml
 
-.PHONY: setup run test lint format bench clean
+.PHONY: setup run check test lint format bench clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,14 @@ $(STAMP): pyproject.toml Makefile
 run: setup
 	$(VENV)/bin/rlrun local $(MANIFEST)
 
+# The inner loop (tests/README.md): ruff and the tiers that start no rlrun role process, no vLLM and no
+# LocalCluster (unit, processes, kube); under 5 minutes on 2 cores. Run it before each commit.
+check: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest -ra -m "unit or processes or kube"
+
+# Everything: what .ci/run calls.
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

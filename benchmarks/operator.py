@@ -69,8 +69,9 @@ def percentiles(values: list[float]) -> dict:
 
 
 def manifest(name: str) -> dict:
-    spec = {"model": {"builtin": "tiny-reverse"}, "envs": [{"name": "reverse-text"}], "rollout": {"replicas": 1}}
-    return {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": name}, "spec": spec}
+    from tests.support.manifests import manifest as small_manifest
+
+    return small_manifest(name, rollout={"replicas": 1})
 
 
 def wait(predicate, timeout: float, poll: float = 0.01):
@@ -104,7 +105,7 @@ def measure(n_runs: int, interval: float, namespace: str = "bench") -> dict:
     from rlrun_operator.builders import build_pods, build_run_objects
     from rlrun_operator.kube import Kube
 
-    from tests.reconcile.fake_orchestrator import FakeOrchestrators
+    from tests.support.fake_orchestrator import FakeOrchestrators
     from tests.support.kube import KopfThread
 
     pods_per_run = 3
@@ -271,7 +272,7 @@ def measure_recovery(trials: int, signal: str, interval: float, namespace: str =
     """One run preempted (``DisruptionTarget`` on its trainer) and recovered ``trials`` times; see the module docs."""
     import kopf
 
-    from tests.reconcile.fake_orchestrator import FakeOrchestrators, resume_report
+    from tests.support.fake_orchestrator import FakeOrchestrators, resume_report
     from tests.support.kube import KopfThread
 
     class TimedOrchestrators(FakeOrchestrators):

@@ -2,7 +2,7 @@
 
 Both runs are end-to-end tests' scenario 1 on a ``LocalCluster`` (``tests/support/kubelet``:
 the API emulator, three fake nodes whose pods are real ``rlrun`` processes with real vLLM, the
-real ``rlrun operator`` process), the manifest of ``tests/e2e/runs.py`` (``--max-steps``,
+real ``rlrun operator`` process), the manifest of ``tests/support/scenarios.py`` (``--max-steps``,
 default 20). ``preempted`` loses the node of ``--role`` (``trainer``, default: the operator
 replaces only the trainer; ``orchestrator``: the whole attempt restarts) with a spot notice
 (``--notice`` s, default 10) once the trainer has published ``--at`` policy versions (default 5)
@@ -12,9 +12,9 @@ and the orchestrator is mid-batch; ``baseline`` is not touched. Reported per run
   noisy, so compare it with ``reward_last10`` of the baseline, measured in the same invocation);
 - ``wall_s``: ``kubectl apply`` → ``Succeeded``; ``wall_ratio``: preempted / baseline;
 - for the preempted run, ``cost_s``: for a trainer loss, notice → old trainer signalled → gone →
-  replacement started → next optimizer step (``tests/e2e/runs.trainer_loss_cost``); for an
+  replacement started → next optimizer step (``tests/support/scenarios.trainer_loss_cost``); for an
   orchestrator loss, notice → pause answered → old pods gone → new pods ready → first batch of
-  the new attempt (``tests/e2e/runs.preemption_cost``); ``steps_recomputed`` (trainer steps
+  the new attempt (``tests/support/scenarios.preemption_cost``); ``steps_recomputed`` (trainer steps
   trained twice), ``vllm_starts`` (rollout server processes started), ``resumed`` (the status's
   ``lastResume``: what a new attempt kept) and ``preempted_at`` (the orchestrator's step, policy
   version, queue, open groups and samples in flight at the notice).
@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlrun.launcher.preemption import steps_recomputed
 
-from tests.e2e.runs import (
+from tests.support.kubelet import LocalCluster
+from tests.support.scenarios import (
     NAME,
     OPERATOR_ENV,
     apply,
@@ -51,7 +52,6 @@ from tests.e2e.runs import (
     wait_for_generation,
     wait_for_training,
 )
-from tests.support.kubelet import LocalCluster
 
 
 def one_run(root: Path, cache: Path, max_steps: int, preempt_at: int | None, notice_s: float, role: str) -> dict:

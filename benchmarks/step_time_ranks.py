@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,6 +52,7 @@ import torch
 import torch.multiprocessing as mp
 from rlrun.api.spec import LossSpec, OptimizerSpec
 from rlrun.batch import TrainBatch, collate
+from rlrun.launcher.processes import free_port
 from rlrun.model.tiny import TinyModelRecipe, build_config, build_tokenizer
 from rlrun.samples import QueuedTrace, TrainingSample
 from rlrun.training.distributed import (
@@ -221,12 +221,6 @@ def two_node_launchers(bindir: Path) -> list[list[str]]:
          "--max-restarts", "0", "--no-python", str(bindir / "rlrun")]
         for node in (0, 1)
     ]  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:

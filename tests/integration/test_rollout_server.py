@@ -13,7 +13,7 @@ from rlrun.rollout.client import RolloutClient
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.vllm
 
 PROMPTS = ["flat is=", "never=", "beautiful=", "now is better="]
 GREEDY = SamplingSpec.model_construct(temperature=0.0, top_p=1.0, max_tokens=20)

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import sys
-import time
 
 from rlrun.checkpoint import latest_complete_checkpoint, load_orchestrator_progress
 from rlrun.launcher.preemption import steps_recomputed
@@ -22,7 +21,9 @@ from rlrun.rollout.fake import fake_client_factory
 from rlrun.rundir import RunDir, step_dirs
 from rlrun.training.trainer import Trainer
 
-from tests.integration.helpers import metrics, write_manifest
+from tests.support.manifests import SHORT_RUN, write_manifest
+from tests.support.polling import wait_for_async
+from tests.support.runs import metrics
 
 MAX_STEPS = 6
 
@@ -30,7 +31,11 @@ MAX_STEPS = 6
 def run_spec(tmp_path):
     """6 steps of 8 samples; periodic trainer parts only at steps 0 and 6, so a notice's part is its own."""
     path = write_manifest(
-        tmp_path / "m.yaml", batch_size=8, max_steps=MAX_STEPS, checkpoint={"interval": 10, "keep_last": 2}
+        tmp_path / "m.yaml",
+        base=SHORT_RUN,
+        batch_size=8,
+        max_steps=MAX_STEPS,
+        checkpoint={"interval": 10, "keep_last": 2},
     )
     return path, load_manifest(path).spec
 
@@ -42,17 +47,10 @@ def orchestrator(spec, run_dir, model, attempt=1, resume=False) -> Orchestrator:
     )  # fmt: skip
 
 
-async def until(check, timeout_s=60.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 async def train_until_notice(trainer: Trainer, at_step: int) -> int:
     """Run ``trainer`` in a thread, give it the notice once it has trained ``at_step``; the step it stopped at."""
     task = asyncio.create_task(asyncio.to_thread(trainer.run))
-    await until(lambda: trainer.step >= at_step or task.done(), what=f"trainer step {at_step}")
+    await wait_for_async(lambda: trainer.step >= at_step or task.done(), 60, what=f"trainer step {at_step}")
     trainer.notice()
     return await asyncio.wait_for(task, 60)
 
@@ -101,13 +99,13 @@ async def test_paused_orchestrator_pairs_its_pause_snapshot_with_the_part_the_tr
     orch = orchestrator(spec, run_dir, tiny_model)
     orch_task = asyncio.create_task(orch.run())
     train = asyncio.create_task(asyncio.to_thread(trainer.run))
-    await until(lambda: trainer.step >= 2 or train.done(), what="trainer step 2")
+    await wait_for_async(lambda: trainer.step >= 2 or train.done(), 60, what="trainer step 2")
     pause = await orch.pause()
     trainer.notice()
     saved = await asyncio.wait_for(train, 60)
     assert pause.step is not None and pause.step <= saved <= orch.shipped
     done = run_dir.orchestrator_checkpoint(saved) / "progress.pt"
-    await until(done.is_file, timeout_s=10, what=f"the paused orchestrator to pair step {saved}")
+    await wait_for_async(done.is_file, 10, what=f"the paused orchestrator to pair step {saved}")
     paired = load_orchestrator_progress(run_dir, saved)
     at_pause = load_orchestrator_progress(run_dir, pause.step)
     # the same cut: the pause snapshot, only the step differs
@@ -136,7 +134,7 @@ async def start_real_trainer(manifest, run_dir: RunDir, cache_dir, **env: str) -
         sys.executable, *argv, "--cache-dir", str(cache_dir), env={**os.environ, "OMP_NUM_THREADS": "1", **env},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
-    await until(lambda: (run_dir.trainer_checkpoint(0) / "progress.json").is_file(), what="trainer start")
+    await wait_for_async(lambda: (run_dir.trainer_checkpoint(0) / "progress.json").is_file(), 60, what="trainer start")
     return proc
 
 
@@ -147,7 +145,7 @@ async def test_a_repeated_sigterm_does_not_skip_the_save_on_notice(tmp_path, tin
     orch = orchestrator(spec, run_dir, tiny_model)
     proc = await start_real_trainer(manifest, run_dir, cache_dir)
     orch_task = asyncio.create_task(orch.run())
-    await until(lambda: len(metrics(run_dir.trainer_metrics)) >= 2, what="trainer step 2")
+    await wait_for_async(lambda: len(metrics(run_dir.trainer_metrics)) >= 2, 60, what="trainer step 2")
     proc.send_signal(signal.SIGTERM)
     await asyncio.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
@@ -157,7 +155,9 @@ async def test_a_repeated_sigterm_does_not_skip_the_save_on_notice(tmp_path, tin
     reached = metrics(run_dir.trainer_metrics)[-1]["step"]
     assert f"notice: saved trainer checkpoint step {reached}" in out and reached < MAX_STEPS
     # the running orchestrator pairs that part: a trainer of the same attempt resumes at it, nothing retrained
-    await until(lambda: latest_complete_checkpoint(run_dir).step == reached, what=f"checkpoint step {reached}")
+    await wait_for_async(
+        lambda: latest_complete_checkpoint(run_dir).step == reached, 60, what=f"checkpoint step {reached}"
+    )
     second = await asyncio.to_thread(Trainer, spec, run_dir, str(tiny_model), resume=True, attempt=1)
     assert second.step == reached
     assert await asyncio.wait_for(asyncio.to_thread(second.run), 60) == MAX_STEPS
@@ -175,7 +175,7 @@ async def test_trainer_killed_while_saving_on_notice_leaves_the_previous_checkpo
     orch = orchestrator(spec, run_dir, tiny_model)
     proc = await start_real_trainer(manifest, run_dir, cache_dir, RLRUN_CRASH_AT="trainer_notice_save")
     orch_task = asyncio.create_task(orch.run())
-    await until(lambda: len(metrics(run_dir.trainer_metrics)) >= 2, what="trainer step 2")
+    await wait_for_async(lambda: len(metrics(run_dir.trainer_metrics)) >= 2, 60, what="trainer step 2")
     proc.send_signal(signal.SIGTERM)
     out = (await asyncio.wait_for(proc.communicate(), 60))[0].decode()
     assert proc.returncode == -signal.SIGKILL, out[-3000:]

@@ -27,7 +27,7 @@ from rlrun.training.sharded_checkpoint import SHARDED_DIR, verify_sharded
 from rlrun.training.trainer import Trainer
 from safetensors.torch import load_file
 
-from tests.integration.helpers import write_manifest
+from tests.support.manifests import SHORT_RUN, write_manifest
 
 STEPS = 3
 #: Rows per batch: 5 (ranks get 3 and 2), 4, and 1 (rank 1 trains a weightless placeholder row).
@@ -87,7 +87,9 @@ def runs(tmp_path_factory, cache_dir, tiny_model) -> dict:
     """Run every scenario once: ``two`` (2 ranks, steps 1–2, then 1 rank resumes to 3), ``one`` (1 process,
     steps 1–2, then to 3), ``one_to_two`` (``one``'s step-2 part resumed by 2 ranks to step 3)."""
     tmp = tmp_path_factory.mktemp("ranks")
-    manifest = write_manifest(tmp / "m.yaml", batch_size=4, max_steps=STEPS, checkpoint={"interval": 2, "keep_last": 2})
+    manifest = write_manifest(
+        tmp / "m.yaml", base=SHORT_RUN, batch_size=4, max_steps=STEPS, checkpoint={"interval": 2, "keep_last": 2}
+    )
     spec = load_manifest(manifest).spec
     two, one, one_to_two = RunDir(tmp / "two"), RunDir(tmp / "one"), RunDir(tmp / "one_to_two")
     for run_dir in (two, one):
@@ -168,7 +170,7 @@ def test_a_notice_to_one_rank_makes_both_save_the_same_sharded_part(tmp_path, ca
     import psutil
 
     manifest = write_manifest(
-        tmp_path / "m.yaml", batch_size=4, max_steps=4, checkpoint={"interval": 10, "keep_last": 2}
+        tmp_path / "m.yaml", base=SHORT_RUN, batch_size=4, max_steps=4, checkpoint={"interval": 10, "keep_last": 2}
     )
     run_dir = RunDir(tmp_path / "run").ensure()
     for step in (1, 2):

@@ -26,6 +26,7 @@ import yaml
 
 from tests.kube.conftest import WIDGET_CRD
 from tests.support.kube import ApiError, KopfThread, KubeEmulator, KubeServer, label_matcher
+from tests.support.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 WIDGETS = "/apis/example.com/v1/namespaces/ns/widgets"
@@ -706,12 +707,6 @@ def test_kopf_handles_a_created_object_once_and_not_again_after_a_restart(kube):
     def on_delete(name, **_):
         deleted.append(name)
 
-    def wait_for(condition, timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            assert time.monotonic() < deadline, "timed out"
-            time.sleep(0.01)
-
     kube.create("widgets", widget("before"), "ns")  # exists before the operator starts
     with KopfThread(registry, kube):
         wait_for(lambda: kube.get("widgets", "before", "ns")["metadata"].get("finalizers"))
@@ -957,13 +952,6 @@ def test_kopf_sees_a_pod_terminate_then_go(kube):
 
 def node(name: str, **spec) -> dict:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"pool": "gpu"}}, "spec": spec}
-
-
-def wait_for(condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def test_nodes_are_cluster_scoped_with_taints_and_status_conditions(kube, api):

@@ -11,8 +11,10 @@ import sys
 import httpx
 from rlrun.launcher.processes import free_port
 
-from tests.reconcile.conftest import NAMESPACE, ROOT, manifest, wait_for
+from tests.kube.conftest import NAMESPACE, ROOT
 from tests.support.kube import KubeServer
+from tests.support.manifests import manifest
+from tests.support.polling import wait_for
 
 
 def get(url: str) -> httpx.Response | None:

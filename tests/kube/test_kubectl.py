@@ -6,9 +6,10 @@ import json
 import subprocess
 import time
 
-from tests.reconcile.conftest import NAMESPACE, ROOT, wait_for
-from tests.reconcile.fake_orchestrator import resume_report
+from tests.kube.conftest import NAMESPACE, ROOT
 from tests.support.binaries import kubectl
+from tests.support.fake_orchestrator import resume_report
+from tests.support.polling import wait_for
 
 
 def test_kubectl_apply_get_watch_suspend_and_delete(cluster):

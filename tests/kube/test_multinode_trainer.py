@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tests.reconcile.conftest import NAMESPACE, manifest, wait_for
-from tests.reconcile.test_preemption import (
+from tests.kube.conftest import NAMESPACE
+from tests.kube.test_preemption import (
     LATER,
     _after,
     add_node,
@@ -27,6 +27,8 @@ from tests.reconcile.test_preemption import (
     spot_notice,
     uids,
 )
+from tests.support.manifests import manifest
+from tests.support.polling import wait_for
 
 OLD = ["demo-trainer-0-a0", "demo-trainer-1-a0"]
 NEW = ["demo-trainer-0-a0-r1", "demo-trainer-1-a0-r1"]

@@ -12,9 +12,11 @@ import yaml
 from prometheus_client import REGISTRY
 from rlrun.api.crd import build_crd
 
-from tests.reconcile.conftest import NAMESPACE, manifest, validate_object, wait_for
-from tests.reconcile.fake_orchestrator import resume_report
+from tests.kube.conftest import NAMESPACE, validate_object
 from tests.support.crd_validation import to_json_schema
+from tests.support.fake_orchestrator import resume_report
+from tests.support.manifests import manifest
+from tests.support.polling import wait_for
 
 RLRUN_SCHEMA = to_json_schema(build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 

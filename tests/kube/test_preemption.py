@@ -18,8 +18,10 @@ import time
 import pytest
 from rlrun_operator import handlers
 
-from tests.reconcile.conftest import NAMESPACE, manifest, wait_for
-from tests.reconcile.fake_orchestrator import resume_report
+from tests.kube.conftest import NAMESPACE
+from tests.support.fake_orchestrator import resume_report
+from tests.support.manifests import manifest
+from tests.support.polling import wait_for
 
 LATER = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)
 

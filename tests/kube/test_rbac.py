@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import kopf
 
-from tests.chart.test_chart import ADMISSION_REQUIRED, WATCHED, of_kind, only, permissions, render
-from tests.reconcile.conftest import NAMESPACE, RBAC_USAGE, manifest, wait_for
+from tests.kube.conftest import NAMESPACE, RBAC_USAGE
+from tests.support.chart import ADMISSION_REQUIRED, WATCHED, of_kind, only, permissions, render
 from tests.support.kube import KopfThread
+from tests.support.manifests import manifest
+from tests.support.polling import wait_for
 
 
 def lifecycle(cluster) -> None:

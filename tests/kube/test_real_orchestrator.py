@@ -23,7 +23,9 @@ from rlrun.rollout.fake import fake_client_factory
 from rlrun.rundir import RunDir, publish_dir
 from rlrun_operator import handlers
 
-from tests.reconcile.conftest import NAMESPACE, manifest, wait_for
+from tests.kube.conftest import NAMESPACE
+from tests.support.manifests import manifest
+from tests.support.polling import wait_for
 
 
 class OrchestratorThread:

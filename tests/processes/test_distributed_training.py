@@ -35,7 +35,6 @@ import math
 import os
 import pickle
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -46,6 +45,7 @@ import torch.multiprocessing as mp
 from rlrun.api.spec import LossSpec, OptimizerSpec
 from rlrun.batch import TrainBatch, collate
 from rlrun.checkpoint import CheckpointError
+from rlrun.launcher.processes import free_port
 from rlrun.model.tiny import TinyModelRecipe, build_config, build_tokenizer
 from rlrun.samples import QueuedTrace, TrainingSample
 from rlrun.training.distributed import (
@@ -208,12 +208,6 @@ def _rank_main(rank: int, port: int, work: str) -> None:
     teardown(dp)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(work: Path) -> None:
     """Run :func:`_rank_main` on 2 ranks; fail (and end the ranks) after :data:`SPAWN_TIMEOUT_S`.
 
@@ -221,7 +215,7 @@ def _spawn(work: Path) -> None:
     ~35 of 45 s importing them on 2 busy cores). Safe here: this process runs torch with 1 thread
     and has no process group, and each rank builds its own group and models after the fork.
     """
-    ctx = mp.start_processes(_rank_main, args=(_free_port(), str(work)), nprocs=WORLD, join=False, start_method="fork")
+    ctx = mp.start_processes(_rank_main, args=(free_port(), str(work)), nprocs=WORLD, join=False, start_method="fork")
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
     try:
         while not ctx.join(timeout=2):

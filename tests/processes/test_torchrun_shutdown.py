@@ -10,10 +10,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from rlrun.launcher.local import TORCHRUN_SHUTDOWN_TIMEOUT_ENV
 from rlrun_operator.builders import SHUTDOWN_TIMEOUT_ENV
+
+from tests.support.polling import wait_for
 
 #: A rank that takes SIGTERM as a notice and never finishes its "save".
 SLOW_SAVER = """
@@ -22,13 +23,6 @@ signal.signal(signal.SIGTERM, lambda *_: pathlib.Path(sys.argv[1], "noticed").to
 pathlib.Path(sys.argv[1], "ready").touch()
 time.sleep(120)
 """
-
-
-def _wait_for(path: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout_s} s"
-        time.sleep(0.05)
 
 
 def test_torchrun_kills_a_rank_still_saving_on_notice_after_the_shutdown_timeout_it_is_given(tmp_path):
@@ -44,7 +38,7 @@ def test_torchrun_kills_a_rank_still_saving_on_notice_after_the_shutdown_timeout
         stderr=subprocess.DEVNULL,
     )
     try:
-        _wait_for(tmp_path / "ready", 120)
+        wait_for((tmp_path / "ready").exists, 120, "the rank to start")
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=25)  # torchrun's default would keep it 30 s

@@ -1,7 +1,7 @@
 """What the end-to-end scenarios share: the manifest, applying it with kubectl, waiting for the
 run, the checks on the volume, and the split of a preemption's wall time.
 
-Used by ``tests/e2e`` and ``benchmarks/preemption.py`` (the same scenario with and without a
+Used by ``tests/cluster`` and ``benchmarks/preemption.py`` (the same scenario with and without a
 preemption, side by side).
 """
 
@@ -21,6 +21,7 @@ from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.model.resolve import ensure_builtin_model
 from rlrun.rundir import RunDir
 
+from tests.support import manifests
 from tests.support.kubelet import LocalCluster
 from tests.support.polling import wait_for
 
@@ -41,19 +42,17 @@ def manifest(max_steps: int = 20, replicas: int = 1, seed: int = 3) -> dict[str,
     bottleneck it would wait at the staleness bound between batches with nothing in flight,
     and its leftovers would be stale by the next cut: a pause there has nothing to keep.
     """
-    spec = {
-        "model": {"builtin": "tiny-reverse"},
-        "envs": [{"name": "reverse-text"}],
-        "group_size": 4,
-        "batch_size": 18,
-        "max_off_policy_steps": 2,
-        "max_steps": max_steps,
-        "seed": seed,
-        "checkpoint": {"interval": 4, "keep_last": 2},
-        "rollout": {"replicas": replicas, "max_inflight": 4, "members_per_request": 2},
-        "preemption": {"snapshot_timeout_seconds": 20, "termination_grace_period_seconds": 30},
-    }
-    return {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": NAME}, "spec": spec}
+    return manifests.manifest(
+        NAME,
+        group_size=4,
+        batch_size=18,
+        max_off_policy_steps=2,
+        max_steps=max_steps,
+        seed=seed,
+        checkpoint={"interval": 4, "keep_last": 2},
+        rollout={"replicas": replicas, "max_inflight": 4, "members_per_request": 2},
+        preemption={"snapshot_timeout_seconds": 20, "termination_grace_period_seconds": 30},
+    )
 
 
 def seed_model(cluster: LocalCluster, cache_dir: Path) -> None:

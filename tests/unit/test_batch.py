@@ -1,7 +1,7 @@
 import torch
 from rlrun.batch import collate, read_batch, write_batch
 
-from .helpers import sample
+from tests.support.samples import sample
 
 
 def test_collate_aligns_logprobs_with_next_token_targets():

@@ -14,13 +14,14 @@ from rlrun_operator.builders import build_pods, build_run_objects, build_trainer
 from rlrun_operator.settings import OperatorSettings
 from typer.main import get_command
 
+from tests.support.manifests import manifest
+
 K8S_VERSION = kubernetes_validate.utils.latest_version()
 SETTINGS = OperatorSettings(trainer_image="registry.example/trainer:1", rollout_image="registry.example/rollout:1")
 
 
 def make(**spec_changes):
-    spec = {"model": {"builtin": "tiny-reverse"}, "envs": [{"name": "reverse-text"}], **spec_changes}
-    doc = {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "demo"}, "spec": spec}
+    doc = manifest("demo", **spec_changes)
     body = {**doc, "metadata": {"name": "demo", "namespace": "team-a", "uid": "1234-uid", "generation": 1}}
     return body, parse_manifest(doc)
 

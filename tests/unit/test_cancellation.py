@@ -12,7 +12,7 @@ from rlrun.orchestrator.groups import GroupRequest
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.source import TrainSource
 
-from .helpers import episode, task
+from tests.support.samples import episode, task
 
 
 class Dispatcher:

@@ -14,16 +14,14 @@ from rlrun.checkpoint import (
     run_identity,
     save_orchestrator_progress,
 )
-from rlrun.manifest import parse_manifest
 from rlrun.rundir import RunDir
 from safetensors.torch import save_file
 
+from tests.support.manifests import parse
+
 
 def spec(**kw):
-    base = {"model": {"builtin": "tiny-reverse"}, "envs": [{"name": "reverse-text"}], **kw}
-    return parse_manifest(
-        {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "t"}, "spec": base}
-    ).spec
+    return parse("t", **kw).spec
 
 
 def write_trainer_part(rd: RunDir, step: int) -> None:

@@ -9,7 +9,7 @@ import pytest
 from rlrun.api.control import PauseResult, StatusReport
 from rlrun_operator.control import ControlClient, ControlError
 
-from tests.reconcile.fake_orchestrator import default_pause_answer, default_status, resume_report
+from tests.support.fake_orchestrator import default_pause_answer, default_status, resume_report
 
 URL = "http://orchestrator:8080"
 

@@ -10,30 +10,19 @@ import httpx
 import pytest
 from rlrun.api.control import PauseResult, StatusReport
 from rlrun.checkpoint import latest_complete_checkpoint
-from rlrun.manifest import parse_manifest
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rollout.fake import fake_client_factory
 from rlrun.rundir import RunDir, publish_dir
+
+from tests.support.manifests import parse
 
 TOKEN = "s3cret-token"
 
 
 @pytest.fixture
 def orchestrator(tmp_path, tiny_model):
-    spec = parse_manifest(
-        {
-            "apiVersion": "rlrun.dev/v1alpha1",
-            "kind": "RLRun",
-            "metadata": {"name": "ctl"},
-            "spec": {
-                "model": {"builtin": "tiny-reverse"},
-                "envs": [{"name": "reverse-text"}],
-                "group_size": 4,
-                "batch_size": 10,
-                "max_steps": 50,
-                "rollout": {"max_inflight": 16, "members_per_request": 2},
-            },
-        }
+    spec = parse(
+        "ctl", group_size=4, batch_size=10, max_steps=50, rollout={"max_inflight": 16, "members_per_request": 2}
     ).spec
     run_dir = RunDir(tmp_path / "run")
 

@@ -17,6 +17,7 @@ from rlrun.api.crd import CHART_CRD_FILE, CRD_FILE, PRINTER_COLUMNS, build_crd, 
 from rlrun.manifest import ManifestError, parse_manifest
 
 from tests.support.crd_validation import apply_defaults, cel_violations, to_json_schema
+from tests.support.manifests import manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -39,12 +40,6 @@ def crd_errors(manifest: dict, old: dict | None = None) -> list[str]:
         old_spec = old["spec"] if old else None
         errors += [f"spec{e}" for e in cel_violations(SPEC_SCHEMA, manifest["spec"], old_spec)]
     return errors
-
-
-def manifest(**spec) -> dict:
-    base = {"model": {"builtin": "tiny-reverse"}, "envs": [{"name": "reverse-text"}]}
-    base.update(spec)
-    return {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "demo"}, "spec": base}
 
 
 def test_crd_files_match_the_generator():

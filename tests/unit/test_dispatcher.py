@@ -14,7 +14,7 @@ from rlrun.orchestrator.groups import GroupRequest
 from rlrun.rollout.client import RolloutClient
 from rlrun.rollout.fake import fake_vllm_transport
 
-from .helpers import task
+from tests.support.samples import task
 
 ENV = ReverseTextEnv()
 CHARS = {c: i + 2 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz= ")}

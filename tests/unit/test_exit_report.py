@@ -24,13 +24,13 @@ from rlrun.rundir import RunDir, publish_dir, run_dir_attempt
 from rlrun.training.fake import start_fake_trainer
 from typer.testing import CliRunner
 
-from tests.integration.helpers import write_manifest as integration_manifest
+from tests.support import manifests
 
 
 def write_manifest(path, **spec):
-    """The integration tests' small manifest, 2 steps of 8 samples, a checkpoint every step."""
+    """A short run of 2 steps of 8 samples, a checkpoint every step."""
     settings = {"batch_size": 8, "max_steps": 2, "checkpoint": {"interval": 1, "keep_last": 2}}
-    return integration_manifest(path, **(settings | spec))
+    return manifests.write_manifest(path, base=manifests.SHORT_RUN, **(settings | spec))
 
 
 @pytest.fixture

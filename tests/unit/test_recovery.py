@@ -9,7 +9,7 @@ from rlrun_operator import recovery
 from rlrun_operator.builders import avoid_nodes
 from rlrun_operator.disruption import Disruption
 
-from tests.reconcile.fake_orchestrator import resume_report
+from tests.support.fake_orchestrator import resume_report
 
 NOW = "2026-12-01T00:00:00Z"
 

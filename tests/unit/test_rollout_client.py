@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 
 import httpx
 import pytest
 from aiohttp.test_utils import TestServer
 from rlrun.api.spec import SamplingSpec
+from rlrun.launcher.processes import free_port
 from rlrun.rollout.client import RolloutClient
 from rlrun.rollout.fake import fake_vllm_app
 
@@ -31,12 +31,6 @@ async def test_completions_over_http_many_at_once_share_the_pool():
     assert {tuple(c.token_ids) for g in groups for c in g} == {(7, 6, 5, 0)}
     assert all(len(c.logprobs) == 4 and c.finish_reason == "stop" for g in groups for c in g)
     assert client.closed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_a_server_that_is_gone_raises_an_httpx_transport_error():

@@ -10,7 +10,6 @@ import json
 import httpx
 import pytest
 from rlrun.ledger import check_ledger, read_ledger
-from rlrun.manifest import parse_manifest
 from rlrun.orchestrator import loop
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rollout.client import RolloutClient, RolloutError
@@ -18,24 +17,18 @@ from rlrun.rollout.fake import fake_vllm_transport
 from rlrun.rundir import RunDir
 from rlrun.training.fake import start_fake_trainer
 
+from tests.support.manifests import parse
+
 
 def spec(**rollout):
-    return parse_manifest(
-        {
-            "apiVersion": "rlrun.dev/v1alpha1",
-            "kind": "RLRun",
-            "metadata": {"name": "faults"},
-            "spec": {
-                "model": {"builtin": "tiny-reverse"},
-                "envs": [{"name": "reverse-text"}],
-                "group_size": 4,
-                "batch_size": 8,
-                "max_off_policy_steps": 1,
-                "max_steps": 2,
-                "checkpoint": {"interval": 1, "keep_last": 2},
-                "rollout": {"request_timeout_seconds": 1, "retry_window_seconds": 1, **rollout},
-            },
-        }
+    return parse(
+        "faults",
+        group_size=4,
+        batch_size=8,
+        max_off_policy_steps=1,
+        max_steps=2,
+        checkpoint={"interval": 1, "keep_last": 2},
+        rollout={"request_timeout_seconds": 1, "retry_window_seconds": 1, **rollout},
     ).spec
 
 

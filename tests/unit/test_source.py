@@ -9,7 +9,7 @@ from rlrun.envs.base import Task
 from rlrun.orchestrator.groups import GroupRequest
 from rlrun.orchestrator.source import TrainSource
 
-from .helpers import task
+from tests.support.samples import task
 
 
 def source(cursor: int = 0, seed: int = 3) -> TrainSource:

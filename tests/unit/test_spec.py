@@ -1,18 +1,12 @@
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from rlrun.envs import ENVS
 from rlrun.manifest import ManifestError, load_manifest, parse_manifest
 
+from tests.support.manifests import manifest
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def manifest(**spec):
-    base = {"model": {"builtin": "tiny-reverse"}, "envs": [{"name": "reverse-text"}]}
-    base.update(spec)
-    return {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "demo"}, "spec": base}
 
 
 def errors_of(data) -> list[str]:
@@ -96,18 +90,6 @@ def test_examples_are_valid(path):
 def test_hf_example_names_a_hub_model():
     run = load_manifest(ROOT / "examples" / "qwen3-0.6b.yaml")
     assert run.spec.model.name == "Qwen/Qwen3-0.6B" and run.spec.model.builtin is None
-
-
-def test_stdlib_operator_module_is_not_shadowed():
-    out = subprocess.run(
-        [sys.executable, "-c", "import operator, rlrun_operator; print(operator.add(2, 3), operator.__file__)"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    value, path = out.stdout.split()
-    assert value == "5"
-    assert "site-packages" not in path and str(ROOT) not in path
 
 
 def test_env_name_and_args_are_checked_by_building_the_env():

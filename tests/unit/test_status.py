@@ -18,7 +18,7 @@ from rlrun_operator.recovery import (
 from rlrun_operator.recovery import failed_patch as failed
 from rlrun_operator.status import PodView, observe, pod_view, rollout_endpoints, set_condition
 
-from tests.reconcile.fake_orchestrator import resume_report
+from tests.support.fake_orchestrator import resume_report
 
 T0, T1 = "2026-11-29T12:00:00Z", "2026-11-29T12:05:00Z"
 

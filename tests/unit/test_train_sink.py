@@ -2,7 +2,7 @@ import pytest
 from rlrun.orchestrator.sink import TrainSink, grpo_advantages
 from rlrun.orchestrator.staleness import min_fresh_version
 
-from .helpers import episode, sample, task
+from tests.support.samples import episode, sample, task
 
 
 def test_grpo_advantages_of_a_known_group():

