@@ -18,6 +18,7 @@ from rlrun.rundir import RunDir
 from rlrun.training.fake import start_fake_trainer
 
 from tests.support.manifests import parse
+from tests.support.polling import wait_for_async
 
 
 def spec(**rollout):
@@ -248,7 +249,9 @@ async def test_a_benched_server_that_answers_again_gets_the_current_weights_befo
     back = Vanishing()
     transports = {"http://back:1": back, "http://up:1": Faults()}
     orch = two_servers(run_dir, tiny_model, transports, max_steps=4)
-    stop = start_fake_trainer(run_dir, tiny_model, orch.max_steps, 1, attempt=1)
+    # The trainer stops at step 2 until the server has rejoined: with instant rollouts and trainer, steps 2-4
+    # could otherwise all be done before the first rejoin try after it answers again (seen once in CI).
+    stop = start_fake_trainer(run_dir, tiny_model, 2, 1, attempt=1)
     run = asyncio.create_task(orch.run())
     try:
         while orch.dispatcher is None or "http://back:1" not in orch.dispatcher.benched:
@@ -256,6 +259,10 @@ async def test_a_benched_server_that_answers_again_gets_the_current_weights_befo
             await asyncio.sleep(0.01)
         benched_at = orch.policy_version
         back.gone = False  # the server answers again
+        await wait_for_async(lambda: "http://back:1" in orch.dispatcher.clients, 10, "the rejoin")
+        await wait_for_async((run_dir.trainer_checkpoint(2) / "progress.json").is_file, 10, "trainer step 2")
+        stop.set()
+        stop = start_fake_trainer(run_dir, tiny_model, orch.max_steps, 1, attempt=1, first_step=2)
         assert await asyncio.wait_for(run, 30) == 4
     finally:
         stop.set()
