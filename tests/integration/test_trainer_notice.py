@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 
+import psutil
 from rlrun.checkpoint import latest_complete_checkpoint, load_orchestrator_progress
 from rlrun.launcher.preemption import steps_recomputed
 from rlrun.ledger import check_ledger, read_ledger
@@ -140,15 +141,21 @@ async def start_real_trainer(manifest, run_dir: RunDir, cache_dir, **env: str) -
 
 async def test_a_repeated_sigterm_does_not_skip_the_save_on_notice(tmp_path, tiny_model, cache_dir):
     # A runtime (or torchrun) sending the stop signal again: the trainer still finishes its step and saves it.
+    # The second SIGTERM must land while the trainer saves, not after (then it only meets an exiting process):
+    # the trainer stops itself inside the fill of its notice part (SIGSTOP at the crash-injection point), the
+    # signal is sent then, and delivered there once it goes on (SIGCONT).
     manifest, spec = run_spec(tmp_path)
     run_dir = RunDir(tmp_path / "run")
     orch = orchestrator(spec, run_dir, tiny_model)
-    proc = await start_real_trainer(manifest, run_dir, cache_dir)
+    stall = {"RLRUN_CRASH_AT": "trainer_notice_save", "RLRUN_CRASH_SIGNAL": "STOP"}
+    proc = await start_real_trainer(manifest, run_dir, cache_dir, **stall)
     orch_task = asyncio.create_task(orch.run())
     await wait_for_async(lambda: len(metrics(run_dir.trainer_metrics)) >= 2, 60, what="trainer step 2")
     proc.send_signal(signal.SIGTERM)
-    await asyncio.sleep(0.05)
+    stopped = lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED  # noqa: E731
+    await wait_for_async(stopped, 60, what="the trainer inside its save on notice")
     proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGCONT)
     out = (await asyncio.wait_for(proc.communicate(), 60))[0].decode()
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert "SIGTERM again: still finishing the current step and saving" in out

@@ -174,8 +174,8 @@ def test_signal_group_sends_sigterm_once_to_a_process_of_the_group(tmp_path):
 #: ``saved`` — torchrun after it forwarded SIGTERM to ranks that saved on notice: rank 0's exit report says
 #: ``interrupted`` (what ``rlrun trainer`` writes before exiting 143), and torchrun itself exits 1 (its
 #: ``SignalException``), as the real one does; ``died`` — exits 1 with no report; ``finished`` — a trainer that
-#: trained its last step and wrote ``complete``, then met the notice while its interpreter shut down (where
-#: Python restores the default SIGTERM action): killed by SIGTERM.
+#: trained its last step and wrote ``complete``, then met the notice before it could ignore SIGTERM to exit
+#: (``rlrun.cli._exiting``): killed by SIGTERM.
 TRAINER_AT_A_NOTICE = """
 import os, pathlib, signal, sys, time
 from rlrun.api.control import ExitReport, write_exit_report

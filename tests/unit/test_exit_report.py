@@ -95,6 +95,8 @@ def test_orchestrator_that_ships_every_step_reports_complete(tmp_path, tiny_mode
     assert read_report(term_log) == ExitReport(
         role="orchestrator", outcome="complete", step=2, max_steps=2, message="shipped and checkpointed steps up to 2"
     )
+    # reported: it only exits now, and a stop signal arriving meanwhile must not turn exit 0 into "killed"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
 
 
 def test_orchestrator_paused_by_sigterm_reports_paused(tmp_path, tiny_model, cache_dir, term_log, fake_rollouts):

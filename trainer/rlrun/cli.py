@@ -209,13 +209,24 @@ class RoleExit:
         write_exit_report(report)
 
     def finish(self, outcome: ExitOutcome, code: int = 0, message: str = "") -> None:
-        """Report ``outcome`` and exit with ``code``.
+        """Report ``outcome`` and exit with ``code`` (:func:`_exiting`).
 
         Raises:
             typer.Exit: always.
         """
         self.report(outcome, message)
+        _exiting()
         raise typer.Exit(code)
+
+
+def _exiting() -> None:
+    """Ignore SIGTERM from here on: the process has written its exit report and only exits now.
+
+    Python restores a signal's default action while it shuts down, so a stop signal arriving then (a
+    runtime or torchrun sending it again, a notice that meets a trainer that has just finished) would
+    kill the process, and its status (−15) would contradict the report. SIGKILL still ends it.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def classify_error(exc: BaseException) -> tuple[bool, str]:
@@ -254,6 +265,7 @@ def _reporting(role: Literal["orchestrator", "trainer"]) -> Iterator[RoleExit]:
         else:
             log.exception("%s failed%s", role, " (permanent: retrying cannot heal it)" if permanent else "")
         exit_.report("error", f"{type(exc).__name__}: {exc}", permanent, reason)
+        _exiting()
         raise typer.Exit(EXIT_PERMANENT if permanent else 1) from None
 
 

@@ -72,12 +72,15 @@ _phase_hits: dict[str, int] = {}
 
 def _fault_point(phase: str) -> None:
     """Test-only crash injection: SIGKILL this process at ``phase`` when ``$RLRUN_CRASH_AT`` names it
-    (on its ``$RLRUN_CRASH_AT_HIT``-th occurrence, default 1). Costs one dict lookup otherwise."""
+    (on its ``$RLRUN_CRASH_AT_HIT``-th occurrence, default 1). Costs one dict lookup otherwise.
+
+    ``$RLRUN_CRASH_SIGNAL=STOP`` sends SIGSTOP instead: the process halts there until the test sends
+    SIGCONT (and whatever it wants delivered at that exact point first), then goes on."""
     if os.environ.get("RLRUN_CRASH_AT") != phase:
         return
     _phase_hits[phase] = _phase_hits.get(phase, 0) + 1
     if _phase_hits[phase] >= int(os.environ.get("RLRUN_CRASH_AT_HIT", "1")):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, "SIG" + os.environ.get("RLRUN_CRASH_SIGNAL", "KILL")))
 
 
 def fault_point(phase: str) -> None:

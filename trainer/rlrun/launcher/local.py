@@ -285,9 +285,9 @@ class LocalLauncher:
         outcome rank 0 wrote to its exit report (:data:`TRAINER_EXIT_REPORT`, ``$RLRUN_TERMINATION_LOG``,
         as the operator reads a pod's termination message) decides: ``interrupted`` is 143 (saved on
         notice), ``complete`` 0. One process: a trainer that wrote ``complete`` and was then killed by
-        the notice while its interpreter shut down (Python restores the default SIGTERM action there:
-        status −15) finished the run, so that is 0 too. None (killed) and a status without a report
-        stay as they are.
+        the notice (status −15: the signal landed before it could ignore SIGTERM to exit, see
+        ``rlrun.cli._exiting``) finished the run, so that is 0 too. None (killed) and a status without
+        a report stay as they are.
         """
         if code in (None, 0):
             return code
