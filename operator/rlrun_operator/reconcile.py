@@ -7,7 +7,8 @@ reconcile reads the RLRun fresh from the API, decides, and writes status through
 :meth:`Reconciler._write` before acting, so a timer tick can never undo a decision or erase
 a count made by another handler (they are the same code, one at a time).
 
-What a reconcile does, first match wins:
+What a reconcile does, first match wins (a run without a phase is left alone: its create handler has
+not written the first status yet, and nothing may act on it before that):
 
 1. a recovery in progress (``status.recovery``): advance it (``recovery.py`` has the stages and
    the scopes: the next attempt, or a lost rollout pod or trainer replaced within the attempt);
@@ -238,10 +239,12 @@ class Reconciler:
     async def _step(self, ctx: _Run) -> bool:
         """Do the next thing the run needs; True when something changed and another step may follow."""
         spec = ctx.run.spec
+        phase = ctx.status.get("phase")
+        if phase is None:  # its create handler has not written the first status yet: the run is still its
+            return False
         rec = recovery.recovery_of(ctx.status)
         if rec is not None:
             return await self._advance(ctx, rec)
-        phase = ctx.status.get("phase")
         if spec.suspend and phase != Phase.SUSPENDED:
             alive = ctx.live_orchestrator() is not None and phase != Phase.FAILED
             patch, rec = recovery.begin_suspension(ctx.status, ctx.generation, orchestrator_alive=alive)

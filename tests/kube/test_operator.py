@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import time
@@ -11,6 +12,7 @@ import pytest
 import yaml
 from prometheus_client import REGISTRY
 from rlrun.api.crd import build_crd
+from rlrun_operator import handlers
 
 from tests.kube.conftest import NAMESPACE, validate_object
 from tests.support.crd_validation import to_json_schema
@@ -146,6 +148,19 @@ def test_created_suspended_starts_no_pods_until_unsuspended(cluster):
     cluster.kube.patch("rlruns", "demo", {"spec": {"suspend": False}}, NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="attempt 0 pods")
     assert {p["metadata"]["labels"]["rlrun.dev/attempt"] for p in cluster.pods()} == {"0"}
+
+
+def test_a_run_whose_create_handler_has_not_finished_is_left_alone_by_the_reconciler(cluster):
+    """The status timer can reach a run before its create handler has written the first status. The reconciler
+    once started a suspension of a run created suspended then (counted as one, Suspended before its ConfigMap
+    existed); it leaves such a run to the create handler."""
+    cluster.operator.stop()
+    cluster.kube.create("rlruns", manifest(suspend=True), NAMESPACE)
+    asyncio.run(handlers.STATE.reconciler.reconcile(NAMESPACE, "demo", list, dict))  # what a timer tick does
+    assert cluster.status() == {}
+    cluster.restart_operator()
+    wait_for(lambda: cluster.status().get("phase") == "Suspended", what="Suspended")
+    assert "suspensions" not in cluster.status() and len(cluster.kube.list("configmaps", NAMESPACE)) == 1
 
 
 def test_success_frees_the_rollout_pods(cluster):
