@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import yaml
+from rlrun import roles
 from rlrun.api.control import TERMINATION_LOG_ENV
 from rlrun.api.spec import API_GROUP, API_VERSION, KIND, RLRun, RoleSpec, TrainerSpec
 
@@ -65,9 +66,6 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 #: Seconds a multi-node trainer's node waits for the others at its start (torchrun's static rendezvous
 #: ``timeout``): trainer pods may be scheduled minutes apart (new GPU nodes, image pulls).
 RENDEZVOUS_TIMEOUT_SECONDS = 1800
-#: torchrun's wait between forwarding SIGTERM to its ranks and killing them (seconds; its default is 30;
-#: read by torch >= 2.12, see the comment in :func:`_pod`).
-SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 #: Default requests of roles that give none: enough to schedule the tiny example.
 DEFAULT_REQUESTS = {
     naming.ORCHESTRATOR: {"cpu": "1", "memory": "2Gi"},
@@ -207,14 +205,11 @@ def trainer_command(
     trainer: TrainerSpec, run: str, namespace: str, attempt: int, run_uid: str = "", node: int = 0,
     nodes: int | None = None,
 ) -> list[str]:  # fmt: skip
-    """The command of trainer node ``node``'s container.
-
-    ``1 × 1``: :func:`command`'s ``rlrun trainer …`` as it is. One node of several processes:
-    ``torchrun --standalone --nnodes 1 --nproc-per-node P --max-restarts 0 --no-python rlrun trainer …``.
-    Several nodes: ``torchrun --nnodes N --nproc-per-node P --node-rank <node> --master-addr
-    trainer-0.<run>-trainer.<namespace>.svc --master-port 29500 --rdzv-conf timeout=1800 --max-restarts 0
-    --no-python rlrun trainer …`` (static rendezvous; see the module docstring). torchrun hands each rank
-    ``RANK``, ``WORLD_SIZE`` (``N × P``), ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``.
+    """The command of trainer node ``node``'s container: :func:`command`'s ``rlrun trainer …`` as it is
+    (``1 × 1``), else under torchrun (:func:`rlrun.roles.torchrun_command`): one node of several
+    processes standalone; several nodes with a static rendezvous at trainer node 0's address
+    (``trainer-0.<run>-trainer.<namespace>.svc``, port :data:`naming.RENDEZVOUS_PORT`,
+    :data:`RENDEZVOUS_TIMEOUT_SECONDS`; see the module docstring).
 
     Args:
         trainer: the spec's trainer (``nodes``, ``processes_per_node``).
@@ -224,16 +219,12 @@ def trainer_command(
     rlrun = command(naming.TRAINER, attempt, run_uid)
     if nodes == 1 and trainer.processes_per_node == 1:
         return rlrun
-    ranks = ["--nnodes", str(nodes), "--nproc-per-node", str(trainer.processes_per_node)]
     if nodes == 1:
-        launch = ["torchrun", "--standalone", *ranks]
-    else:
-        launch = [
-            "torchrun", *ranks, "--node-rank", str(node),
-            "--master-addr", naming.trainer_node_address(run, namespace, 0), "--master-port", str(naming.RENDEZVOUS_PORT),
-            "--rdzv-conf", f"timeout={RENDEZVOUS_TIMEOUT_SECONDS}",
-        ]  # fmt: skip
-    return [*launch, "--max-restarts", "0", "--no-python", *rlrun]
+        return roles.torchrun_command(rlrun, trainer.processes_per_node)
+    return roles.torchrun_command(
+        rlrun, trainer.processes_per_node, nodes, node, naming.trainer_node_address(run, namespace, 0),
+        naming.RENDEZVOUS_PORT, RENDEZVOUS_TIMEOUT_SECONDS,
+    )  # fmt: skip
 
 
 def _resources(role: RoleSpec, component: str) -> dict[str, Any]:
@@ -251,7 +242,9 @@ def _resources(role: RoleSpec, component: str) -> dict[str, Any]:
 
 
 def command(component: str, attempt: int, run_uid: str = "") -> list[str]:
-    """The ``rlrun`` command a role's container runs (tests parse it with the real CLI).
+    """The ``rlrun`` command a role's container runs (:mod:`rlrun.roles`, with the pod's paths and ports;
+    tests parse it with the real CLI). Every attempt's orchestrator and trainer pass ``--resume``: a fresh
+    run directory resumes nothing.
 
     Args:
         run_uid: the RLRun's uid (``--run-uid``: attempts are numbered per run directory); "" leaves it out.
@@ -259,23 +252,16 @@ def command(component: str, attempt: int, run_uid: str = "") -> list[str]:
     Raises:
         ValueError: ``component`` is not one of :data:`rlrun_operator.naming.COMPONENTS`.
     """
-    uid = ["--run-uid", run_uid] if run_uid else []
+    manifest, run_dir, cache = naming.MANIFEST_PATH, naming.RUN_DIR, naming.CACHE_DIR
     if component == naming.ORCHESTRATOR:
-        return [
-            "rlrun", "orchestrator", naming.MANIFEST_PATH, "--run-dir", naming.RUN_DIR, "--cache-dir", naming.CACHE_DIR,
-            "--attempt", str(attempt), *uid, "--resume",
-            "--control-host", "0.0.0.0", "--control-port", str(naming.CONTROL_PORT),
-        ]  # fmt: skip
+        return roles.orchestrator_command(
+            manifest, run_dir, cache, attempt, resume=True, run_uid=run_uid,
+            control_host="0.0.0.0", control_port=naming.CONTROL_PORT,
+        )  # fmt: skip
     if component == naming.TRAINER:
-        return [
-            "rlrun", "trainer", naming.MANIFEST_PATH, "--run-dir", naming.RUN_DIR, "--cache-dir", naming.CACHE_DIR,
-            "--attempt", str(attempt), *uid, "--resume",
-        ]  # fmt: skip
+        return roles.trainer_command(manifest, run_dir, cache, attempt, resume=True, run_uid=run_uid)
     if component == naming.ROLLOUT:
-        return [
-            "rlrun", "rollout", naming.MANIFEST_PATH, "--cache-dir", naming.CACHE_DIR,
-            "--host", "0.0.0.0", "--port", str(naming.ROLLOUT_PORT),
-        ]  # fmt: skip
+        return roles.rollout_command(manifest, cache, "0.0.0.0", naming.ROLLOUT_PORT)
     raise ValueError(f"unknown component {component!r}")
 
 
@@ -345,7 +331,7 @@ def _pod(
     if component == naming.ORCHESTRATOR:
         env.append(
             {
-                "name": "RLRUN_CONTROL_TOKEN",
+                "name": roles.CONTROL_TOKEN_ENV,
                 "valueFrom": {"secretKeyRef": {"name": naming.secret_name(run.metadata.name), "key": naming.TOKEN_KEY}},
             }
         )
@@ -359,13 +345,11 @@ def _pod(
         container["ports"] = [{"name": "rendezvous", "containerPort": naming.RENDEZVOUS_PORT, "protocol": "TCP"}]
     if component == naming.TRAINER and ranks > 1:
         # torchrun forwards SIGTERM to its ranks and SIGKILLs them 30 s later by default: give them the pod's
-        # grace period instead, so only the kubelet's SIGKILL bounds the save on notice. torch >= 2.12 reads it
-        # (pytorch/pytorch#172596; checked with 2.13); older torch ignores it and always waits 30 s, so with the
-        # trainer image's torch 2.8 a save on notice under torchrun must fit in 30 s (a cut save only costs the
-        # steps since the previous checkpoint). An env var, not --shutdown-timeout: older torchrun would refuse
-        # the unknown argument and the pod would never start.
-        grace = str(spec.preemption.termination_grace_period_seconds)
-        env.append({"name": SHUTDOWN_TIMEOUT_ENV, "value": grace})
+        # grace period instead, so only the kubelet's SIGKILL bounds the save on notice (rlrun.roles). With the
+        # trainer image's torch 2.8, which ignores it, a save on notice under torchrun must fit in 30 s (a cut
+        # save only costs the steps since the previous checkpoint).
+        grace = spec.preemption.termination_grace_period_seconds
+        env += [{"name": k, "value": v} for k, v in roles.trainer_env(ranks, grace).items()]
         # ranks on one node exchange through /dev/shm (NCCL's SHM transport, gloo); 64 MiB is too small
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})

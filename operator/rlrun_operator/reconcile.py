@@ -35,13 +35,13 @@ from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
-from rlrun.api.control import PauseResult, StatusReport
+from rlrun.api.control import StatusReport
+from rlrun.api.control_client import ControlClient, ControlError
 from rlrun.api.spec import RLRun
 from rlrun.api.status import ConditionType, EventReason, Phase, Reason, Recovery, RecoveryKind, Stage, Trigger
 
 from rlrun_operator import naming, recovery
 from rlrun_operator.builders import build_pods, build_rollout_replacement, build_run_objects, build_trainer_replacement
-from rlrun_operator.control import ControlClient, ControlError
 from rlrun_operator.disruption import Disruption, NodeView, disruption, node_trouble
 from rlrun_operator.kube import Kube
 from rlrun_operator.metrics import OperatorMetrics
@@ -386,7 +386,7 @@ class Reconciler:
             try:
                 client = await self._control(ctx)
                 paused = await client.pause(timeout_s=ctx.run.spec.preemption.snapshot_timeout_seconds)
-                note, ok = _pause_message(paused), True
+                note, ok = paused.describe(), True
             except (ControlError, ApiException) as exc:  # the pods go regardless; SIGTERM pauses it once more
                 note, ok = f"pause failed ({exc}); the run resumes from its newest complete checkpoint", False
             self.metrics.pause_seconds.labels("paused" if ok else "failed").observe(time.perf_counter() - started)
@@ -719,14 +719,4 @@ def was_refused(status: dict[str, Any]) -> bool:
     return any(
         c.get("type") == ConditionType.FAILED and c.get("reason") == Reason.INVALID_SPEC
         for c in status.get("conditions") or []
-    )
-
-
-def _pause_message(paused: PauseResult) -> str:
-    """The Paused Event's sentence: what the snapshot saved, in the contract's words."""
-    if paused.step is None:  # paused before it started, or after it was done
-        return f"{paused.note or 'nothing to save'}; it resumes from its newest checkpoint"
-    return (
-        f"snapshot at step {paused.step}: {paused.queued_traces} queued traces, {paused.open_groups} open groups, "
-        f"{paused.requested_groups} requested groups, {paused.finished_episodes_kept} finished episodes kept"
     )

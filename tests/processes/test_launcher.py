@@ -11,8 +11,9 @@ import sys
 import time
 
 import pytest
-from rlrun.launcher.local import LaunchError, LocalLauncher
-from rlrun.launcher.processes import Child, ChildDied, wait_http_ok
+from rlrun.launcher.local import LocalLauncher
+from rlrun.launcher.preemption import LaunchError
+from rlrun.launcher.processes import Child, ChildDied, role_exit_code, wait_http_ok
 from rlrun.rundir import RunDir
 
 from tests.support.launcher import make_launcher, metrics_row, resume_report, write_ledger
@@ -24,7 +25,7 @@ def child(tmp_path, name: str, code: str) -> Child:
 
 
 def test_resume_report_wait_reads_the_ledger_when_the_orchestrator_exits_0_at_once(tmp_path):
-    launcher, _ = make_launcher(tmp_path)
+    launcher, _ = make_launcher(tmp_path, preempt_at_step=3)
     launcher.health_timeout_s = 5  # the deadline a wait that ignored the exit would run into
     launcher.attempt = 2
     expected = resume_report(from_step=4, shipped=6)
@@ -33,19 +34,19 @@ def test_resume_report_wait_reads_the_ledger_when_the_orchestrator_exits_0_at_on
     orch = child(tmp_path, "orchestrator", "pass")
     orch.proc.wait(timeout=30)
     t0 = time.monotonic()
-    assert launcher._await_resume_report(trainer, orch) == (expected, True)
+    assert launcher.drill.await_resume_report(trainer, orch) == (expected, True)
     assert time.monotonic() - t0 < 2
     trainer.stop()
     orch.stop()
 
 
 def test_resume_report_wait_fails_when_the_orchestrator_dies(tmp_path):
-    launcher, _ = make_launcher(tmp_path)
+    launcher, _ = make_launcher(tmp_path, preempt_at_step=3)
     trainer = child(tmp_path, "trainer", "import time; time.sleep(30)")
     orch = child(tmp_path, "orchestrator", "raise SystemExit(3)")
     orch.proc.wait(timeout=30)
     with pytest.raises(ChildDied, match=r"orchestrator .* exited with code 3"):
-        launcher._await_resume_report(trainer, orch)
+        launcher.drill.await_resume_report(trainer, orch)
     trainer.stop()
     orch.stop()
 
@@ -53,18 +54,18 @@ def test_resume_report_wait_fails_when_the_orchestrator_dies(tmp_path):
 def test_pause_of_an_orchestrator_that_exited_0_means_the_run_finished(tmp_path):
     launcher, _ = make_launcher(tmp_path, preempt_at_step=5)
     orch = child(tmp_path, "orchestrator", "import time; time.sleep(0.5)")  # exits 0 while the pause fails
-    assert launcher._pause(orch) is None
+    assert launcher.drill.pause(orch) is None
     orch.stop()
 
 
 def test_failed_pause_of_a_running_orchestrator_is_an_error_naming_its_log(tmp_path):
     launcher, _ = make_launcher(tmp_path, preempt_at_step=5)
-    launcher.exit_grace_s = 0.3
+    launcher.drill.exit_grace_s = 0.3
     orch = child(tmp_path, "orchestrator", "import time; time.sleep(30)")
     with pytest.raises(
         LaunchError, match=r"pause after trainer step 5 failed .* orchestrator runs on; see .*orchestrator\.log"
     ):
-        launcher._pause(orch)
+        launcher.drill.pause(orch)
     orch.stop()
 
 
@@ -79,7 +80,7 @@ def test_run_that_finishes_before_the_pause_lands_is_told_and_summarized(tmp_pat
     launcher.stop_all()
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert "the run finished before the preemption after trainer step 5 landed: no preemption" in out.getvalue()
-    assert launcher.preemptions == []
+    assert launcher.drill.pauses == []
 
 
 #: A stand-in orchestrator control server: GET /status says ``phase``; POST /pause answers a snapshot
@@ -121,11 +122,11 @@ def test_a_pause_that_meets_the_end_of_the_run_restarts_nothing(tmp_path, phase,
     orch = launcher._start("orchestrator", [sys.executable, "-c", FAKE_CONTROL, port, phase, str(pause_step)])
     try:
         wait_http_ok(f"{launcher.control_url}/healthz", orch, timeout_s=30)
-        assert launcher._preempt("unused", trainer, orch) is None
-        assert launcher._preempt_skipped == f"the run finished before the preemption after trainer step 5 {told}"
-        assert launcher.children == [trainer, orch] and launcher.preemptions == []
+        assert launcher.drill.preempt("unused", trainer, orch) is None
+        assert launcher.drill.skipped == f"the run finished before the preemption after trainer step 5 {told}"
+        assert launcher.children == [trainer, orch] and launcher.drill.pauses == []
         assert trainer.poll() is None  # no notice: nothing is left to preempt
-        assert launcher.preemption_records == []
+        assert launcher.drill.records == []
         assert not (tmp_path / "run" / "attempts.jsonl").exists()
     finally:
         launcher.stop_all()
@@ -175,7 +176,7 @@ def test_signal_group_sends_sigterm_once_to_a_process_of_the_group(tmp_path):
 #: ``interrupted`` (what ``rlrun trainer`` writes before exiting 143), and torchrun itself exits 1 (its
 #: ``SignalException``), as the real one does; ``died`` — exits 1 with no report; ``finished`` — a trainer that
 #: trained its last step and wrote ``complete``, then met the notice before it could ignore SIGTERM to exit
-#: (``rlrun.cli._exiting``): killed by SIGTERM.
+#: (``rlrun.role_exit.exiting``): killed by SIGTERM.
 TRAINER_AT_A_NOTICE = """
 import os, pathlib, signal, sys, time
 from rlrun.api.control import ExitReport, write_exit_report
@@ -201,7 +202,7 @@ def _trainer_stand_in(launcher: LocalLauncher, tmp_path, how: str) -> Child:
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER_AT_A_NOTICE)
     launcher._trainer_command = lambda resume: [sys.executable, str(script), str(ready), how]
-    child = launcher._start_trainer(resume=False)
+    child = launcher.start_trainer(resume=False)
     wait_for(lambda: ready.exists() or child.poll() is not None, 30, "the stand-in trainer")
     assert child.poll() is None, child.log_path.read_text()
     return child
@@ -209,7 +210,7 @@ def _trainer_stand_in(launcher: LocalLauncher, tmp_path, how: str) -> Child:
 
 def test_a_trainer_under_torchrun_that_saved_on_notice_counts_as_exit_143_not_torchruns_1(tmp_path):
     launcher, _ = make_launcher(tmp_path, trainer={"processes_per_node": 2})
-    code, _ = launcher._notice_trainer(_trainer_stand_in(launcher, tmp_path, "saved"))
+    code, _ = launcher.notice_trainer(_trainer_stand_in(launcher, tmp_path, "saved"))
     assert code == 143  # the trainer-only restart goes on instead of calling the trainer dead
 
 
@@ -218,14 +219,13 @@ def test_a_trainer_under_torchrun_without_this_exits_report_keeps_torchruns_stat
     stale = launcher._trainer_exit_report_path()
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_text('{"role": "trainer", "outcome": "interrupted", "step": 2, "max_steps": 6}')  # an earlier exit's
-    code, _ = launcher._notice_trainer(_trainer_stand_in(launcher, tmp_path, "died"))
+    code, _ = launcher.notice_trainer(_trainer_stand_in(launcher, tmp_path, "died"))
     assert code == 1  # a failure stays a failure: the earlier trainer's report is not read as this one's
-    assert launcher._trainer_exit_code(None) is None  # killed
-    one, _ = make_launcher(tmp_path / "one")
-    assert one._trainer_exit_code(1) == 1  # one process: its own status is the trainer's
+    assert role_exit_code(None, stale, under_torchrun=True) is None  # killed
+    assert role_exit_code(1, tmp_path / "none.json", under_torchrun=False) == 1  # no report: its own status
 
 
 def test_a_trainer_that_finished_and_met_the_notice_while_exiting_finished_the_run(tmp_path):
     launcher, _ = make_launcher(tmp_path)
-    code, _ = launcher._notice_trainer(_trainer_stand_in(launcher, tmp_path, "finished"))
+    code, _ = launcher.notice_trainer(_trainer_stand_in(launcher, tmp_path, "finished"))
     assert code == 0  # not a dead trainer: its exit report says it trained the last step

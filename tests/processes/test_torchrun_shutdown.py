@@ -11,8 +11,7 @@ import subprocess
 import sys
 import time
 
-from rlrun.launcher.local import TORCHRUN_SHUTDOWN_TIMEOUT_ENV
-from rlrun_operator.builders import SHUTDOWN_TIMEOUT_ENV
+from rlrun.roles import TORCHRUN_SHUTDOWN_TIMEOUT_ENV
 
 from tests.support.polling import wait_for
 
@@ -26,10 +25,10 @@ time.sleep(120)
 
 
 def test_torchrun_kills_a_rank_still_saving_on_notice_after_the_shutdown_timeout_it_is_given(tmp_path):
-    assert SHUTDOWN_TIMEOUT_ENV == TORCHRUN_SHUTDOWN_TIMEOUT_ENV == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+    assert TORCHRUN_SHUTDOWN_TIMEOUT_ENV == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
     script = tmp_path / "rank.py"
     script.write_text(SLOW_SAVER)
-    env = {**os.environ, SHUTDOWN_TIMEOUT_ENV: "2", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, TORCHRUN_SHUTDOWN_TIMEOUT_ENV: "2", "OMP_NUM_THREADS": "1"}
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
     proc = subprocess.Popen(
         [*argv, "--max-restarts", "0", str(script), str(tmp_path)],

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 from rlrun.api.control import PauseResult, StatusReport
-from rlrun_operator.control import ControlClient, ControlError
+from rlrun.api.control_client import ControlClient, ControlError
 
 from tests.support.fake_orchestrator import default_pause_answer, default_status, resume_report
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 import typer
-from rlrun import cli
+from rlrun import cli, role_exit
 from rlrun.api.control import EXIT_PERMANENT, TERMINATION_LOG_ENV, ExitReport, write_exit_report
 from rlrun.checkpoint import run_identity, save_orchestrator_progress
 from rlrun.manifest import load_manifest
@@ -161,16 +161,16 @@ def test_an_invalid_manifest_is_permanent(tmp_path, term_log):
 
 
 def test_a_trainer_stopped_by_sigterm_reports_interrupted_at_its_step(term_log):
-    with pytest.raises(typer.Exit) as exited, cli._reporting("trainer") as exit_:
+    with pytest.raises(typer.Exit) as exited, role_exit.reporting("trainer") as exit_:
         exit_.step, exit_.max_steps = 3, 10
-        raise cli._Terminated(signal.SIGTERM)
+        raise role_exit.Terminated(signal.SIGTERM)
     assert exited.value.exit_code == 143
     report = read_report(term_log)
     assert (report.outcome, report.step, report.max_steps, report.permanent) == ("interrupted", 3, 10, False)
 
 
 def test_a_transient_error_is_not_permanent_and_exits_1(term_log):
-    with pytest.raises(typer.Exit) as exited, cli._reporting("orchestrator"):
+    with pytest.raises(typer.Exit) as exited, role_exit.reporting("orchestrator"):
         raise OSError("No space left on device")
     assert exited.value.exit_code == 1
     report = read_report(term_log)

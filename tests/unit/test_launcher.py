@@ -40,7 +40,7 @@ def test_preemption_at_or_before_the_resumed_checkpoint_is_skipped():
 def test_last_step_is_max_steps_override(tmp_path):
     launcher, _ = make_launcher(tmp_path, max_steps=4, preempt_at_step=4)
     assert launcher.max_steps == 4
-    assert "last step 4" in preemption_skip_reason(launcher.preempt_at_step, launcher.max_steps, None)
+    assert "last step 4" in preemption_skip_reason(launcher.drill.at_step, launcher.max_steps, None)
 
 
 # -- restored batches in the progress line and the table ------------------------------------------

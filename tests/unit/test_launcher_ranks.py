@@ -13,19 +13,21 @@ from tests.support.launcher import make_launcher
 
 def test_one_process_per_node_starts_the_trainer_as_today(tmp_path):
     launcher, _ = make_launcher(tmp_path)
-    assert launcher._trainer_argv("--run-dir", "r") == launcher._rlrun("trainer", "--run-dir", "r")
+    argv = launcher._trainer_command(resume=False)
+    assert argv[:4] == [sys.executable, "-m", "rlrun", "trainer"] and "--resume" not in argv
 
 
 def test_processes_per_node_start_the_trainer_under_torchrun(tmp_path, monkeypatch):
     monkeypatch.setenv("RLRUN_TRAINER_THREADS", "4")
     launcher, _ = make_launcher(tmp_path, trainer={"processes_per_node": 2})
-    argv = launcher._trainer_argv("--run-dir", "r", "--resume")
+    argv = launcher._trainer_command(resume=True)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
     assert argv[:6] == torchrun
     assert argv[6:11] == ["--nproc-per-node", "2", "--max-restarts", "0", "--no-python"]
     command = argv[11:]
-    assert command[command.index("trainer") :][:4] == ["trainer", "--run-dir", "r", "--resume"]
-    assert str(launcher.manifest_path) in command
+    trainer = command[command.index("trainer") :]
+    assert trainer[:4] == ["trainer", str(launcher.manifest_path), "--run-dir", str(launcher.run_dir.root)]
+    assert trainer[-1] == "--resume"
     assert launcher._trainer_env()["OMP_NUM_THREADS"] == "2"  # 4 trainer threads shared by 2 ranks
 
 

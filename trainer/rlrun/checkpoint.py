@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from rlrun.checkpoint_error import CheckpointError, read_json_part
-from rlrun.rundir import META_FILE, RunDir, step_dirs, write_file_atomic
+from rlrun.errors import CheckpointError, CheckpointMismatch
+from rlrun.rundir import META_FILE, RunDir, read_json_part, step_dirs, write_file_atomic
 
 log = logging.getLogger(__name__)
 
@@ -271,17 +271,6 @@ def prune_checkpoints(run_dir: RunDir, keep_last: int) -> list[int]:
             continue
         removed.append(n)
     return sorted(removed)
-
-
-class CheckpointMismatch(CheckpointError):
-    """The checkpoint was written by a run with different settings; resuming would be wrong.
-
-    Retrying cannot heal it (``permanent``; the processes exit with status 78 and ``reason`` in
-    their exit report, :class:`rlrun.api.control.ExitReport`).
-    """
-
-    permanent = True
-    reason = "CheckpointMismatch"
 
 
 def run_identity(spec: Any) -> dict[str, Any]:

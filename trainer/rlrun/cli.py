@@ -1,41 +1,26 @@
-"""``rlrun`` command line: the local launcher and the per-role commands that pods run.
+"""``rlrun`` command line: the typer commands, the local launcher's and the ones pods run.
 
-Exit of ``rlrun orchestrator`` and ``rlrun trainer`` (the operator reads both the status and,
-from ``$RLRUN_TERMINATION_LOG`` — the container's termination message — an
-:class:`~rlrun.api.control.ExitReport` JSON written on every exit, see
-:func:`~rlrun.api.control.write_exit_report`):
-
-| status | outcome | when |
-|---|---|---|
-| 0 | ``complete`` | every step done (``step == max_steps``) |
-| 0 | ``paused`` | the orchestrator paused (``POST /pause`` or SIGTERM), wrote its snapshot, and stopped |
-| 1 | ``interrupted`` | SIGTERM came and the orchestrator's snapshot could not be written |
-| 143 | ``interrupted`` | the trainer got SIGTERM (or SIGINT: 130): it finished the step it was computing and saved a checkpoint of the step it has (a second signal exits at once); the next start trains on from the newest complete checkpoint |
-| 1 | ``error`` | it raised; retrying may heal it (a lost server, a full disk, …) |
-| 78 | ``error``, ``permanent`` | retrying cannot heal it (``sysexits.h`` ``EX_CONFIG``): reason ``InvalidManifest``, ``CheckpointMismatch`` (the manifest's settings differ from the checkpoint's) or ``WeightsMismatch`` (weights that do not fit the model) |
-
-``--run-uid`` (``$RLRUN_RUN_UID``, the operator passes the RLRun's uid) numbers attempts per
-run directory: see :func:`rlrun.rundir.run_dir_attempt`.
+Each role command (``rlrun orchestrator``, ``rlrun trainer``) reports how it exits through
+:mod:`rlrun.role_exit` (exit statuses, the exit report); ``--run-uid`` (``$RLRUN_RUN_UID``, the
+operator passes the RLRun's uid) numbers attempts per run directory: see
+:func:`rlrun.rundir.run_dir_attempt`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import signal
 import sys
-from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Literal
 
 import typer
 
-from rlrun.api.control import EXIT_PERMANENT, ExitOutcome, ExitReport, write_exit_report
 from rlrun.api.spec import RLRun
 from rlrun.manifest import ManifestError, load_manifest
+from rlrun.role_exit import reporting
 
 log = logging.getLogger("rlrun.cli")
 
@@ -172,103 +157,6 @@ def _eos_id(model: str) -> int:
     return (eos[0] if isinstance(eos, list) else eos) or 0
 
 
-class _Terminated(BaseException):
-    """SIGTERM or SIGINT reached a role process that has no pause of its own (the trainer)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise _Terminated(signum)
-
-
-class RoleExit:
-    """What a role process reports when it exits (:class:`~rlrun.api.control.ExitReport`).
-
-    The command sets :attr:`step` and :attr:`max_steps` as it learns them and ends with
-    :meth:`finish`; :func:`_reporting` turns an exception into an ``error`` report instead.
-    """
-
-    def __init__(self, role: Literal["orchestrator", "trainer"]) -> None:
-        self.role = role
-        self.step: int | None = None
-        self.max_steps: int | None = None
-        #: False on trainer ranks other than 0: rank 0 alone writes the exit report.
-        self.writes_report = True
-
-    def report(self, outcome: ExitOutcome, message: str = "", permanent: bool = False, reason: str | None = None):
-        """Write the exit report (a no-op without ``$RLRUN_TERMINATION_LOG``, or when not :attr:`writes_report`)."""
-        if not self.writes_report:
-            return
-        report = ExitReport(
-            role=self.role, outcome=outcome, step=self.step, max_steps=self.max_steps,
-            permanent=permanent, reason=reason, message=message,
-        )  # fmt: skip
-        write_exit_report(report)
-
-    def finish(self, outcome: ExitOutcome, code: int = 0, message: str = "") -> None:
-        """Report ``outcome`` and exit with ``code`` (:func:`_exiting`).
-
-        Raises:
-            typer.Exit: always.
-        """
-        self.report(outcome, message)
-        _exiting()
-        raise typer.Exit(code)
-
-
-def _exiting() -> None:
-    """Ignore SIGTERM from here on: the process has written its exit report and only exits now.
-
-    Python restores a signal's default action while it shuts down, so a stop signal arriving then (a
-    runtime or torchrun sending it again, a notice that meets a trainer that has just finished) would
-    kill the process, and its status (−15) would contradict the report. SIGKILL still ends it.
-    """
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-def classify_error(exc: BaseException) -> tuple[bool, str]:
-    """``(permanent, reason)`` of an exception that ended a role process.
-
-    Permanent: an invalid manifest (``InvalidManifest``), and every exception whose class says
-    ``permanent = True`` with its ``reason`` (:class:`~rlrun.checkpoint.CheckpointMismatch`,
-    :class:`~rlrun.orchestrator.weights.WeightsMismatch`); anything else is ``(False, "Error")``.
-    """
-    if isinstance(exc, ManifestError):
-        return True, "InvalidManifest"
-    if getattr(exc, "permanent", False) is True:
-        return True, str(getattr(exc, "reason", None) or type(exc).__name__)
-    return False, "Error"
-
-
-@contextlib.contextmanager
-def _reporting(role: Literal["orchestrator", "trainer"]) -> Iterator[RoleExit]:
-    """Run a role command's body: on an exception write an ``error`` exit report and exit 1, or
-    :data:`~rlrun.api.control.EXIT_PERMANENT` (78) when :func:`classify_error` says permanent; on
-    SIGTERM/SIGINT (:class:`_Terminated`) report ``interrupted`` and exit 128 + the signal."""
-    exit_ = RoleExit(role)
-    try:
-        yield exit_
-    except (typer.Exit, SystemExit):
-        raise
-    except _Terminated as sig:
-        log.warning("%s: stopping without finishing (%s)", role, sig)
-        exit_.finish("interrupted", 128 + sig.signum, f"stopped by {sig} at step {exit_.step}")
-    except KeyboardInterrupt:
-        exit_.finish("interrupted", 128 + signal.SIGINT, f"stopped by SIGINT at step {exit_.step}")
-    except Exception as exc:
-        permanent, reason = classify_error(exc)
-        if isinstance(exc, ManifestError):
-            typer.echo(str(exc), err=True)
-        else:
-            log.exception("%s failed%s", role, " (permanent: retrying cannot heal it)" if permanent else "")
-        exit_.report("error", f"{type(exc).__name__}: {exc}", permanent, reason)
-        _exiting()
-        raise typer.Exit(EXIT_PERMANENT if permanent else 1) from None
-
-
 @app.command()
 def trainer(
     manifest: Path = ManifestArg,
@@ -301,12 +189,12 @@ def trainer(
     from rlrun.model.resolve import resolve_model
     from rlrun.rundir import RunDir
     from rlrun.training.distributed import init_from_env, teardown
+    from rlrun.training.signals import Notice, stop_at_once
     from rlrun.training.trainer import Trainer
 
     _setup_logging("trainer")
-    with _reporting("trainer") as exit_:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, _raise_terminated)
+    with reporting("trainer") as exit_:
+        stop_at_once()
         dp = init_from_env()
         exit_.writes_report = dp.is_main
         run = load_manifest(manifest)
@@ -316,38 +204,22 @@ def trainer(
             run_uid=run_uid, dp=dp if dp.distributed else None,
         )  # fmt: skip
         exit_.step = t.step
-        noticed: list[int] = []
-
-        def on_notice(signum: int, frame: object) -> None:
-            # Decided: a second SIGINT (Ctrl-C twice) exits now, what is on disk staying consistent; a second
-            # SIGTERM does not. It comes from a runtime or torchrun sending the stop signal again, and
-            # exiting would skip the save, which for a multi-rank trainer also breaks the other ranks'
-            # joint save. The grace period's SIGKILL bounds the wait either way.
-            if noticed and signum == signal.SIGINT:
-                raise _Terminated(signum)
-            if noticed:
-                log.info("SIGTERM again: still finishing the current step and saving")
-                return
-            noticed.append(signum)
-            log.info("%s: finishing the current step, then saving a checkpoint", signal.Signals(signum).name)
-            t.notice()
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, on_notice)
+        notice = Notice(t)
+        notice.install()
         try:
             exit_.step = t.run()
         finally:
             exit_.step = t.step
         teardown(dp)  # every rank got here together (a no-op in one process)
-        noticed = noticed or ([signal.SIGTERM] if t.saved_on_notice is not None or t.noticed.is_set() else [])
-        if noticed and t.step < exit_.max_steps:
-            name = signal.Signals(noticed[0]).name
+        stopped_by = notice.stopped_by()
+        if stopped_by is not None and t.step < exit_.max_steps:
+            name = signal.Signals(stopped_by).name
             saved = (
                 f"saved trainer checkpoint step {t.saved_on_notice}"
                 if t.saved_on_notice is not None
                 else f"the trainer part of step {t.step} was already written"
             )
-            exit_.finish("interrupted", 128 + noticed[0], f"stopped by {name} at step {t.step}: {saved}")
+            exit_.finish("interrupted", 128 + stopped_by, f"stopped by {name} at step {t.step}: {saved}")
         exit_.finish("complete", 0, f"trained steps up to {t.step}")
 
 
@@ -390,7 +262,7 @@ def orchestrator(
     if not rollout_url and control_port is None:
         typer.echo("error: give --rollout-url, or --control-port so the operator can send the endpoints", err=True)
         raise typer.Exit(2)
-    with _reporting("orchestrator") as exit_:
+    with reporting("orchestrator") as exit_:
         run = load_manifest(manifest)
         exit_.max_steps = max_steps or run.spec.max_steps
         orch = Orchestrator(

@@ -20,7 +20,13 @@ from rlrun.envs import EnvArgsError, UnknownEnvError, make_env
 
 
 class ManifestError(ValueError):
-    """A manifest that cannot be used; ``errors`` holds one ``"path: reason"`` line per problem."""
+    """A manifest that cannot be used; ``errors`` holds one ``"path: reason"`` line per problem.
+
+    Retrying cannot heal it (``permanent``, exit reason ``reason``: :func:`rlrun.errors.classify_error`).
+    """
+
+    permanent = True
+    reason = "InvalidManifest"
 
     def __init__(self, source: str, errors: list[str]) -> None:
         self.source = source

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from rlrun.errors import CheckpointError
 from rlrun.ledger import ledger_attempts
 
 log = logging.getLogger(__name__)
@@ -299,3 +300,17 @@ class RunDir:
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(n)
         return sorted(removed)
+
+
+def read_json_part(path: Path) -> Any:
+    """The parsed JSON file ``path`` of a checkpoint part (``progress.json``, ``meta.json``).
+
+    Raises:
+        CheckpointError: the file is missing, unreadable or not JSON (message names it).
+    """
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable ({exc})") from None

@@ -2,7 +2,7 @@
 
 Both sides import these models: the orchestrator builds its answers with them
 (:mod:`rlrun.orchestrator.control`), the operator's client parses the answers into
-them (``rlrun_operator.control``). Field names are the JSON keys.
+them (:mod:`rlrun.api.control_client`). Field names are the JSON keys.
 
 | route | answer |
 |---|---|
@@ -108,6 +108,17 @@ class PauseResult(SnapshotCounts):
     time: float
     note: str = ""
     run_complete: bool = False
+
+    def describe(self) -> str:
+        """What the pause saved, one sentence (the operator's ``Paused`` Event, ``rlrun local``'s preemption
+        line): ``snapshot at step S: Q queued traces, G open groups, R requested groups, E finished episodes
+        kept``, or the note when nothing was written."""
+        if self.step is None:  # paused before it started, or after it was done
+            return f"{self.note or 'nothing to save'}; it resumes from its newest checkpoint"
+        return (
+            f"snapshot at step {self.step}: {self.queued_traces} queued traces, {self.open_groups} open groups, "
+            f"{self.requested_groups} requested groups, {self.finished_episodes_kept} finished episodes kept"
+        )
 
     @classmethod
     def of_checkpoint(cls, written: CheckpointWritten) -> PauseResult:

@@ -1,9 +1,13 @@
-"""Child processes of the local launcher: start in their own session, log to a file, stop whole trees.
+"""Child processes of the local launcher: start in their own session, log to a file, stop whole trees,
+and read how they exited.
 
 Each child leads its own process group (``start_new_session``), so stopping it
 signals everything it spawned too (vLLM's engine core, for one). On Linux the
 child also gets ``PR_SET_PDEATHSIG``: if the launcher is killed outright, the
 kernel sends the child SIGTERM, so no orphan keeps a port or a CPU.
+
+A role's exit status is read as ``rlrun`` gives it (:func:`role_exit_code`: torchrun's own status
+replaced by what rank 0 reported, :mod:`rlrun.role_exit`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from collections import deque
 from pathlib import Path
 
 import psutil
+
+from rlrun.api.control import ExitReport
 
 _PR_SET_PDEATHSIG = 1
 
@@ -168,3 +174,46 @@ class ChildDied(RuntimeError):
         self.code = code
         how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
         super().__init__(f"{child.name} (pid {child.pid}) {how}")
+
+
+def role_exit_code(code: int | None, report_path: Path, under_torchrun: bool) -> int | None:
+    """A role process's exit status as ``rlrun trainer`` gives it (:mod:`rlrun.role_exit`), given the status
+    the launcher saw (None: killed) and the exit report the role wrote at ``report_path``.
+
+    Under torchrun the status is torchrun's own, and torchrun exits 1 whenever it got SIGTERM (its
+    ``SignalException``), after its ranks saved on notice and exited 143 as well; so there the outcome
+    rank 0 reported decides: ``interrupted`` is 143 (saved on notice), ``complete`` 0. One process: a
+    role that reported ``complete`` and was then killed by a stop signal (status −15: it landed before
+    the role could ignore SIGTERM to exit, :func:`rlrun.role_exit.exiting`) finished, so that is 0 too.
+    None (killed) and a status without a report stay as they are. The report must be this process's:
+    the caller clears ``report_path`` before starting it.
+    """
+    if code in (None, 0):
+        return code
+    try:
+        report = ExitReport.model_validate_json(report_path.read_text())
+    except (OSError, ValueError):
+        return code
+    if report.outcome == "complete":
+        return 0
+    if report.outcome == "interrupted" and under_torchrun:
+        return 128 + signal.SIGTERM
+    return code
+
+
+def exits_cleanly(child: Child, within_s: float) -> bool:
+    """True once ``child`` has exited 0, waiting up to ``within_s`` seconds; False while it runs on.
+
+    Raises:
+        ChildDied: it exited with another code.
+    """
+    deadline = time.monotonic() + within_s
+    while True:
+        code = child.poll()
+        if code == 0:
+            return True
+        if code is not None:
+            raise ChildDied(child, code)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)

@@ -65,9 +65,9 @@ from rlrun.checkpoint import (
     save_orchestrator_progress,
     usable_steps,
 )
+from rlrun.errors import OrchestratorError
 from rlrun.ledger import Ledger, LedgerEvent
 from rlrun.orchestrator import snapshot as sink_snapshot
-from rlrun.orchestrator.errors import OrchestratorError
 from rlrun.orchestrator.journal import Journal
 from rlrun.rundir import RunDir, step_dirs, written_by
 

@@ -41,8 +41,8 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from rlrun.api.spec import RLRunSpec, SamplingSpec
 from rlrun.envs.base import Env
+from rlrun.errors import OrchestratorError
 from rlrun.orchestrator.cancellation import GroupCancellation
-from rlrun.orchestrator.errors import OrchestratorError
 from rlrun.orchestrator.groups import GroupRequest
 from rlrun.rollout.client import RolloutClient, RolloutError
 from rlrun.samples import Episode

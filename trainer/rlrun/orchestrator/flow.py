@@ -1,7 +1,7 @@
 """Flow control: how much rollout work may be out at once, so that none is generated stale.
 
 A rollout dispatched at policy version ``v`` can train at most in batch
-``v + 1 + max_off_policy_steps`` (:func:`~rlrun.orchestrator.staleness.min_fresh_version`),
+``v + 1 + max_off_policy_steps`` (:func:`~rlrun.orchestrator.staleness.last_useful_step`),
 and no batch past ``max_steps`` is ever cut. So at version ``v`` with ``shipped`` batches
 out, rollouts can still fill ``min(v + 1 + max_off_policy_steps, max_steps) − shipped``
 batches. New groups are dispatched only while the samples committed — queued, waiting in
@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlrun.api.spec import RLRunSpec
+from rlrun.orchestrator.staleness import last_useful_step
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,8 @@ class FlowControl:
 
     def budget(self, policy_version: int, shipped: int) -> int:
         """Samples that may be committed at ``policy_version`` with ``shipped`` batches out (may be ≤ 0)."""
-        last_useful_step = min(policy_version + 1 + self.max_off_policy_steps, self.max_steps)
-        return self.batch_size * (last_useful_step - shipped)
+        last = min(last_useful_step(policy_version, self.max_off_policy_steps), self.max_steps)
+        return self.batch_size * (last - shipped)
 
     def may_dispatch(self, committed: int, inflight: int, policy_version: int, shipped: int) -> bool:
         """Whether one more group may be dispatched.

@@ -39,7 +39,6 @@ from rlrun.orchestrator.resume import begin_attempt
 from rlrun.orchestrator.signals import TerminationHandler
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.source import TrainSource
-from rlrun.orchestrator.staleness import min_fresh_version
 from rlrun.orchestrator.weights import weights_signature
 from rlrun.rollout.client import RolloutClient, RolloutError
 from rlrun.rundir import RunDir, run_dir_attempt
@@ -368,7 +367,7 @@ class Orchestrator:
                 self.shipped = step
                 self.ledger.write(LedgerEvent.SHIPPED, step=step, ids=[s.trace.episode_id for s in batch])
             self.metrics.shipped(step, batch, self.policy_version, self.sink, self.dispatcher)
-            cancellations = self.dispatcher.cancel_stale(min_fresh_version(step + 1, self.spec.max_off_policy_steps))
+            cancellations = self.dispatcher.cancel_stale(self.sink.min_fresh(step + 1))
             self._settle(cancellations)
             if cancellations:
                 log.info("cancelled %d in-flight requests that can no longer train", len(cancellations))

@@ -28,13 +28,14 @@ from dataclasses import dataclass
 from rlrun.api.control import ResumeReport
 from rlrun.api.spec import RLRunSpec
 from rlrun.checkpoint import check_compatible, latest_complete_checkpoint
+from rlrun.errors import OrchestratorError
 from rlrun.ledger import Ledger, LedgerEvent, ledger_attempts
-from rlrun.orchestrator.errors import OrchestratorError
 from rlrun.orchestrator.journal import FRESH_BASE, JournalRecord, journal_root, replay
 from rlrun.orchestrator.sink import TrainSink
-from rlrun.orchestrator.snapshot import SinkSnapshot, restore_plan, unpack, with_journal
+from rlrun.orchestrator.snapshot import RestorePlan, SinkSnapshot, restore_plan, unpack, with_journal
 from rlrun.orchestrator.source import TrainSource
 from rlrun.rundir import RunDir, step_dirs
+from rlrun.samples import Episode
 
 log = logging.getLogger(__name__)
 
@@ -77,32 +78,49 @@ def start_over(run_dir: RunDir, ledger: Ledger, attempt: int) -> list[int]:
     return removed
 
 
-def put_back(
-    snap: SinkSnapshot,
-    records: list[JournalRecord],
-    spec: RLRunSpec,
-    source: TrainSource,
-    sink: TrainSink,
-    ledger: Ledger,
-    shipped: int,
-):
-    """Restore ``snap`` plus the journal ``records`` into ``source`` (state already loaded) and ``sink``.
+@dataclass(frozen=True)
+class ResumePlan:
+    """What a resume puts back, worked out once (for its report, then to apply it).
 
-    Adds the records' episodes to the snapshot (:func:`~rlrun.orchestrator.snapshot.with_journal`),
-    writes the ``replayed`` ledger event, moves the task cursor past every group the records name
-    (a group a dead attempt opened after the snapshot must not be drawn again as a new task), then
-    applies the staleness rule of step ``shipped + 1`` and completes every group
-    (:func:`~rlrun.orchestrator.snapshot.restore_plan`). Returns ``(plan, snap with the records)``.
+    Attributes:
+        snapshot: the checkpoint's sink snapshot with the journal's records added.
+        replayed: the journaled episodes the snapshot did not have (:func:`~rlrun.orchestrator.snapshot.with_journal`).
+        records: the journal records read after the cut.
+        plan: the staleness rule of the next step applied, every group's missing members
+            (:func:`~rlrun.orchestrator.snapshot.restore_plan`).
     """
+
+    snapshot: SinkSnapshot
+    replayed: list[Episode]
+    records: list[JournalRecord]
+    plan: RestorePlan
+
+
+def plan_resume(
+    snap: SinkSnapshot, records: list[JournalRecord], spec: RLRunSpec, source: TrainSource, shipped: int
+) -> ResumePlan:
+    """``snap`` plus the journal ``records``, with the staleness rule of step ``shipped + 1`` applied and every
+    group completed against ``source``'s pending requests (its state already loaded). Changes nothing."""
     merged, added = with_journal(snap, records)
-    if added:
-        attempts = sorted({r.attempt for r in records})
-        ledger.write(LedgerEvent.REPLAYED, ids=[e.episode_id for e in added], attempts=attempts, records=len(records))
-        source.cursor = max(source.cursor, max(r.group_id for r in records) + 1)
     plan = restore_plan(merged, list(source.resume_requests), shipped + 1, spec.max_off_policy_steps, spec.group_size)
-    sink.restore(plan, merged.counters, shipped + 1)
-    source.restore(list(merged.taken_members()), plan.to_complete)
-    return plan, merged
+    return ResumePlan(merged, added, records, plan)
+
+
+def put_back(resume: ResumePlan, source: TrainSource, sink: TrainSink, ledger: Ledger, shipped: int) -> None:
+    """Apply ``resume`` to ``source`` and ``sink``.
+
+    Writes the ``replayed`` ledger event, moves the task cursor past every group the records name
+    (a group a dead attempt opened after the snapshot must not be drawn again as a new task), then
+    restores the sink and the source's member numbering.
+    """
+    if resume.replayed:
+        records = resume.records
+        attempts = sorted({r.attempt for r in records})
+        ids = [e.episode_id for e in resume.replayed]
+        ledger.write(LedgerEvent.REPLAYED, ids=ids, attempts=attempts, records=len(records))
+        source.cursor = max(source.cursor, max(r.group_id for r in records) + 1)
+    sink.restore(resume.plan, resume.snapshot.counters, shipped + 1)
+    source.restore(list(resume.snapshot.taken_members()), resume.plan.to_complete)
 
 
 async def begin_attempt(
@@ -123,9 +141,10 @@ async def begin_attempt(
         start_over(run_dir, ledger, ledger.attempt)
         records = await asyncio.to_thread(replay, journal_root(run_dir), FRESH_BASE, ledger.attempt)
         if records:
-            plan, _ = put_back(SinkSnapshot([], [], []), records, spec, source, sink, ledger, 0)
+            resume_plan = plan_resume(SinkSnapshot([], [], []), records, spec, source, 0)
+            put_back(resume_plan, source, sink, ledger, 0)
             log.info("resume: starting over with %d journaled episodes replayed (%d open groups, %d queued traces)",
-                     sum(len(r.episodes) for r in records), len(plan.open_groups), len(sink.queue))  # fmt: skip
+                     sum(len(r.episodes) for r in records), len(resume_plan.plan.open_groups), len(sink.queue))  # fmt: skip
     return restored
 
 
@@ -171,8 +190,8 @@ async def restore(
     base = {"step": ckpt.step, "attempt": cut.get("attempt", state.get("attempt")), "seq": cut.get("seq")}
     records = await asyncio.to_thread(replay, journal_root(run_dir), base, ledger.attempt)
     replayed = sum(len(r.episodes) for r in records)
-    merged, _ = with_journal(snap, records)
-    plan = restore_plan(merged, list(source.resume_requests), shipped + 1, spec.max_off_policy_steps, spec.group_size)
+    resume_plan = plan_resume(snap, records, spec, source, shipped)
+    plan = resume_plan.plan
     report = ResumeReport(
         from_step=ckpt.step,
         from_attempt=state.get("attempt"),
@@ -200,7 +219,7 @@ async def restore(
     for between in ledger_attempts(ledger.path.parent, "orchestrator"):
         if report.from_attempt is not None and report.from_attempt < between < ledger.attempt:
             ledger.write(LedgerEvent.RESUMED, from_attempt=between, snapshot_line=-1, step=ckpt.step)
-    put_back(snap, records, spec, source, sink, ledger, shipped)
+    put_back(resume_plan, source, sink, ledger, shipped)
     for r in source.resume_requests:
         ledger.write(LedgerEvent.REDISPATCH_REQUESTED, group=r.group_id, members=r.members, first_member=r.first_member)
     log.info(

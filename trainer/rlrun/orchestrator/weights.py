@@ -21,21 +21,10 @@ from pathlib import Path
 import httpx
 from safetensors import safe_open
 
+from rlrun.errors import WeightsError, WeightsMismatch
 from rlrun.rollout.client import RolloutClient
 
 Signature = dict[str, tuple[str, tuple[int, ...]]]
-
-
-class WeightsError(RuntimeError):
-    """Weights that must not be sent to a rollout server (message names the file and tensor)."""
-
-
-class WeightsMismatch(WeightsError):
-    """Weights whose tensors do not fit the model (names, dtypes or shapes differ): a run with
-    another model wrote them, and retrying cannot heal that (``permanent``; exit reason ``reason``)."""
-
-    permanent = True
-    reason = "WeightsMismatch"
 
 
 def weights_signature(path: str | Path) -> Signature:

@@ -51,8 +51,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from rlrun.checkpoint_error import CheckpointError, read_json_part
-from rlrun.rundir import META_FILE, publish_dir, write_meta
+from rlrun.errors import CheckpointError
+from rlrun.rundir import META_FILE, publish_dir, read_json_part, write_meta
 from rlrun.training.distributed import DataParallel
 
 log = logging.getLogger(__name__)

@@ -80,8 +80,8 @@ from rlrun.checkpoint import (
     part_format,
     run_identity,
 )
+from rlrun.errors import WeightsMismatch
 from rlrun.ledger import Ledger, LedgerEvent
-from rlrun.orchestrator.weights import WeightsMismatch
 from rlrun.rundir import (
     RunDir,
     fault_point,

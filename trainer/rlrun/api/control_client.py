@@ -1,22 +1,29 @@
-"""Client of the orchestrator's control server (``rlrun.orchestrator.control``), used by the operator.
+"""The one client of the orchestrator's control server (``rlrun.orchestrator.control``): the operator's,
+``rlrun local``'s and the tests'.
 
 Each call is one HTTP request with the run's bearer token and a short timeout; the answer
 is parsed into the contract's model (:mod:`rlrun.api.control`), so the operator reads the
 same typed fields the orchestrator wrote. Every failure (no answer, an HTTP error, an
 answer that is not the contract's) surfaces as :class:`ControlError`, so handlers can report
 "orchestrator unreachable" without a traceback. Retrying is the caller's business (the
-status timer simply tries again at its next tick).
+status timer simply tries again at its next tick). Asynchronous: the operator keeps one per run
+in its event loop; a synchronous caller (``rlrun local``) runs one call at a time with
+:func:`call_control`.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
+
 from rlrun.api.control import EndpointsUpdate, PauseResult, StatusReport
 
 _Answer = TypeVar("_Answer", bound=BaseModel)
+_T = TypeVar("_T")
 
 
 class ControlError(RuntimeError):
@@ -94,3 +101,22 @@ class ControlClient:
     async def aclose(self) -> None:
         """Close the HTTP connections (the client cannot be used afterwards)."""
         await self._http.aclose()
+
+
+def call_control(
+    base_url: str, token: str, call: Callable[[ControlClient], Awaitable[_T]], timeout_s: float = 5.0
+) -> _T:
+    """Run one ``call`` (e.g. ``lambda c: c.status()``) with a client of its own, from synchronous code.
+
+    Raises:
+        ControlError: as the call does.
+    """
+
+    async def once() -> _T:
+        client = ControlClient(base_url, token, timeout_s=timeout_s)
+        try:
+            return await call(client)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(once())

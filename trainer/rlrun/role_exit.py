@@ -1,0 +1,116 @@
+"""What a role process reports when it exits: the exit report protocol of ``rlrun orchestrator`` and ``rlrun trainer``.
+
+The operator reads both the container's status and, from ``$RLRUN_TERMINATION_LOG`` (the
+container's termination message), an :class:`~rlrun.api.control.ExitReport` JSON written on every
+exit (:func:`~rlrun.api.control.write_exit_report`):
+
+| status | outcome | when |
+|---|---|---|
+| 0 | ``complete`` | every step done (``step == max_steps``) |
+| 0 | ``paused`` | the orchestrator paused (``POST /pause`` or SIGTERM), wrote its snapshot, and stopped |
+| 1 | ``interrupted`` | SIGTERM came and the orchestrator's snapshot could not be written |
+| 143 | ``interrupted`` | the trainer got SIGTERM (or SIGINT: 130): it finished the step it was computing and saved a checkpoint of the step it has (a second signal exits at once); the next start trains on from the newest complete checkpoint |
+| 1 | ``error`` | it raised; retrying may heal it (a lost server, a full disk, …) |
+| 78 | ``error``, ``permanent`` | retrying cannot heal it (``sysexits.h`` ``EX_CONFIG``): reason ``InvalidManifest``, ``CheckpointMismatch`` (the manifest's settings differ from the checkpoint's) or ``WeightsMismatch`` (weights that do not fit the model); :func:`rlrun.errors.classify_error` |
+
+A role command runs its body inside :func:`reporting` and ends with :meth:`RoleExit.finish`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
+from typing import Literal
+
+import typer
+
+from rlrun.api.control import EXIT_PERMANENT, ExitOutcome, ExitReport, write_exit_report
+from rlrun.errors import classify_error
+from rlrun.manifest import ManifestError
+
+log = logging.getLogger(__name__)
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGINT reached a role process that has no pause of its own (the trainer)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated(signum)
+
+
+class RoleExit:
+    """What a role process reports when it exits (:class:`~rlrun.api.control.ExitReport`).
+
+    The command sets :attr:`step` and :attr:`max_steps` as it learns them and ends with
+    :meth:`finish`; :func:`reporting` turns an exception into an ``error`` report instead.
+    """
+
+    def __init__(self, role: Literal["orchestrator", "trainer"]) -> None:
+        self.role = role
+        self.step: int | None = None
+        self.max_steps: int | None = None
+        #: False on trainer ranks other than 0: rank 0 alone writes the exit report.
+        self.writes_report = True
+
+    def report(self, outcome: ExitOutcome, message: str = "", permanent: bool = False, reason: str | None = None):
+        """Write the exit report (a no-op without ``$RLRUN_TERMINATION_LOG``, or when not :attr:`writes_report`)."""
+        if not self.writes_report:
+            return
+        report = ExitReport(
+            role=self.role, outcome=outcome, step=self.step, max_steps=self.max_steps,
+            permanent=permanent, reason=reason, message=message,
+        )  # fmt: skip
+        write_exit_report(report)
+
+    def finish(self, outcome: ExitOutcome, code: int = 0, message: str = "") -> None:
+        """Report ``outcome`` and exit with ``code`` (:func:`exiting`).
+
+        Raises:
+            typer.Exit: always.
+        """
+        self.report(outcome, message)
+        exiting()
+        raise typer.Exit(code)
+
+
+def exiting() -> None:
+    """Ignore SIGTERM from here on: the process has written its exit report and only exits now.
+
+    Python restores a signal's default action while it shuts down, so a stop signal arriving then (a
+    runtime or torchrun sending it again, a notice that meets a trainer that has just finished) would
+    kill the process, and its status (−15) would contradict the report. SIGKILL still ends it.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def reporting(role: Literal["orchestrator", "trainer"]) -> Iterator[RoleExit]:
+    """Run a role command's body: on an exception write an ``error`` exit report and exit 1, or
+    :data:`~rlrun.api.control.EXIT_PERMANENT` (78) when :func:`classify_error` says permanent; on
+    SIGTERM/SIGINT (:class:`Terminated`) report ``interrupted`` and exit 128 + the signal."""
+    exit_ = RoleExit(role)
+    try:
+        yield exit_
+    except (typer.Exit, SystemExit):
+        raise
+    except Terminated as sig:
+        log.warning("%s: stopping without finishing (%s)", role, sig)
+        exit_.finish("interrupted", 128 + sig.signum, f"stopped by {sig} at step {exit_.step}")
+    except KeyboardInterrupt:
+        exit_.finish("interrupted", 128 + signal.SIGINT, f"stopped by SIGINT at step {exit_.step}")
+    except Exception as exc:
+        permanent, reason = classify_error(exc)
+        if isinstance(exc, ManifestError):
+            typer.echo(str(exc), err=True)
+        else:
+            log.exception("%s failed%s", role, " (permanent: retrying cannot heal it)" if permanent else "")
+        exit_.report("error", f"{type(exc).__name__}: {exc}", permanent, reason)
+        exiting()
+        raise typer.Exit(EXIT_PERMANENT if permanent else 1) from None
