@@ -19,11 +19,11 @@ import pytest
 import torch
 from rlrun.batch import write_batch
 from rlrun.checkpoint import WEIGHTS_FILE, latest_complete_checkpoint, save_orchestrator_progress
+from rlrun.dcp_format import SHARDED_DIR, verify_sharded
 from rlrun.ledger import read_ledger
 from rlrun.manifest import load_manifest
 from rlrun.rundir import META_FILE, RunDir
 from rlrun.samples import QueuedTrace, TrainingSample
-from rlrun.training.sharded_checkpoint import SHARDED_DIR, verify_sharded
 from rlrun.training.trainer import Trainer
 from safetensors.torch import load_file
 

@@ -45,6 +45,7 @@ import torch.multiprocessing as mp
 from rlrun.api.spec import LossSpec, OptimizerSpec
 from rlrun.batch import TrainBatch, collate
 from rlrun.checkpoint import CheckpointError
+from rlrun.dcp_format import METADATA_FILE, SHARDED_DIR, read_metadata, verify_sharded
 from rlrun.launcher.processes import free_port
 from rlrun.model.tiny import TinyModelRecipe, build_config, build_tokenizer
 from rlrun.samples import QueuedTrace, TrainingSample
@@ -62,14 +63,7 @@ from rlrun.training.distributed import (
     transformer_blocks,
 )
 from rlrun.training.loss import clipped_policy_loss, token_logprobs
-from rlrun.training.sharded_checkpoint import (
-    METADATA_FILE,
-    SHARDED_DIR,
-    load_sharded,
-    read_metadata,
-    save_sharded,
-    verify_sharded,
-)
+from rlrun.training.sharded_checkpoint import load_sharded, save_sharded
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from transformers import Qwen3ForCausalLM

@@ -10,7 +10,8 @@ from rlrun.ledger import Ledger
 from rlrun.orchestrator.control import status_report
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rundir import ATTEMPT_OFFSETS_FILE, RunDir, publish_dir, run_dir_attempt, write_meta
-from rlrun.training.trainer import Trainer, batch_accepted
+from rlrun.training.batches import batch_accepted
+from rlrun.training.trainer import Trainer
 
 from tests.support.manifests import parse
 
@@ -58,7 +59,7 @@ def test_the_trainer_and_orchestrator_stamp_the_run_dir_attempt_and_status_echoe
     trainer = Trainer(SPEC, run_dir, str(tiny_model), resume=True, attempt=0, run_uid="uid-b")
     trainer.ledger.close()
     assert trainer.attempt == 2 and trainer.ledger.path.name == "attempt-2.trainer.jsonl"
-    assert not trainer._batch_ready(stale, 1)
+    assert not batch_accepted(stale, 1, trainer.attempt, trainer.shipped_at_restore)
     orch = Orchestrator(SPEC, run_dir, ["http://fake:1"], str(tiny_model), attempt=0, run_uid="uid-b")
     orch.ledger.close()
     assert orch.attempt == 2 and orch.ledger.path.name == "attempt-2.orchestrator.jsonl"

@@ -4,7 +4,7 @@ A step ``N`` is **complete** when both parts exist and verify:
 ``checkpoints/step_N/trainer/`` (published atomically by the trainer; its
 ``progress.json`` and ``model.safetensors`` parse; a part whose ``meta.json`` says
 ``format: "dcp"``, written by several trainer ranks, must also pass
-:func:`rlrun.training.sharded_checkpoint.verify_sharded`: every DCP shard present and whole) and
+:func:`rlrun.dcp_format.verify_sharded`: every DCP shard present and whole) and
 ``checkpoints/step_N/orchestrator/progress.pt`` (written atomically by the
 orchestrator; schema version known, checksum matches). Resume always starts from
 the newest complete step; a step that fails verification is skipped with a log
@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from rlrun.dcp_format import SHARDED_FORMAT, verify_sharded
 from rlrun.errors import CheckpointError, CheckpointMismatch
 from rlrun.rundir import META_FILE, RunDir, read_json_part, step_dirs, write_file_atomic
 
@@ -38,9 +39,6 @@ PROGRESS_SCHEMA_VERSION = 1
 PROGRESS_FILE = "progress.pt"
 TRAINER_PROGRESS_FILE = "progress.json"
 WEIGHTS_FILE = "model.safetensors"
-#: ``meta.json`` ``format`` of a trainer part written by several ranks
-#: (:data:`rlrun.training.sharded_checkpoint.SHARDED_FORMAT`): verified with ``verify_sharded``.
-SHARDED_TRAINER_FORMAT = "dcp"
 
 
 def _digest(payload: str, tensors: dict[str, torch.Tensor]) -> str:
@@ -147,11 +145,9 @@ def load_trainer_progress(run_dir: RunDir, step: int) -> dict[str, Any]:
     data = read_json_part(progress)
     if data.get("step") != step:
         raise CheckpointError(f"{progress}: says step {data.get('step')}, expected {step}")
-    if part_format(root) == SHARDED_TRAINER_FORMAT:
+    if part_format(root) == SHARDED_FORMAT:
         # A part written by several ranks: its DCP shards must be whole too (the full weights file
         # beside them, checked below, is what the orchestrator loads into vLLM).
-        from rlrun.training.sharded_checkpoint import verify_sharded
-
         verify_sharded(root)
     try:
         with safe_open(str(root / WEIGHTS_FILE), framework="pt") as fh:

@@ -1,0 +1,254 @@
+"""The trainer's checkpoint parts: which one a start resumes from, clearing what dead attempts left,
+restoring one (three formats), writing one.
+
+A trainer part (``checkpoints/step_N/trainer/``) is published by an atomic directory rename
+(:func:`rlrun.rundir.publish_dir`), so a kill at any instant leaves the previous one whole. Written
+by one process it holds ``model.safetensors``, ``optimizer.pt``, ``progress.json`` and ``meta.json``;
+by several ranks, their DCP shards (:mod:`rlrun.training.sharded_checkpoint`) plus rank 0's full
+``model.safetensors`` and ``progress.json``. Either loads into any number of ranks
+(:func:`restore_part`), so a run can change its rank count.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from rlrun.api.spec import RLRunSpec
+from rlrun.checkpoint import (
+    TRAINER_PROGRESS_FILE,
+    WEIGHTS_FILE,
+    CompleteCheckpoint,
+    latest_complete_checkpoint,
+    part_format,
+    run_identity,
+)
+from rlrun.dcp_format import SHARDED_FORMAT
+from rlrun.errors import CheckpointError, WeightsMismatch
+from rlrun.rundir import RunDir, fault_point, publish_dir, read_attempt, step_dirs, write_meta
+from rlrun.training.distributed import DataParallel, full_state_dict
+
+log = logging.getLogger(__name__)
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+#: Seconds a resuming trainer waits for the live orchestrator to complete a trainer part its
+#: predecessor of the same attempt published (a notice save; see :func:`wait_for_pairing`).
+#: The orchestrator pairs within its poll interval (50 ms); the margin covers a busy machine.
+PAIR_WAIT_S = 30.0
+
+
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    """Write the model's state dict (Hugging Face names) as one safetensors file."""
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(path), metadata={"format": "pt"})
+
+
+def clear_after(run_dir: RunDir, step: int, attempt: int) -> None:
+    """Remove the broadcasts and trainer parts past ``step`` that a start must not keep.
+
+    They were written by a dead attempt, or by this attempt's previous trainer (a trainer-only
+    restart). This attempt's broadcasts stay: the live orchestrator may serve them (the follower's
+    version) and catches up a rejoining rollout server from them; the trainer re-publishes them as it
+    retrains those steps. Trainer parts past ``step`` were never completed by an orchestrator: they go.
+    """
+    removed = [
+        n for n, p in step_dirs(run_dir.broadcasts).items() if n > step and (attempt == 0 or read_attempt(p) != attempt)
+    ]
+    for n in removed:
+        shutil.rmtree(run_dir.broadcast(n), ignore_errors=True)
+    if removed:
+        log.info("removed broadcasts %s left by an earlier attempt (past step %d)", sorted(removed), step)
+    removed = run_dir.remove_steps_after(run_dir.checkpoints, step)
+    if removed:
+        log.info("removed trainer parts %s not completed by an orchestrator (past step %d)", removed, step)
+
+
+def wait_for_pairing(run_dir: RunDir, attempt: int, pair_wait_s: float = PAIR_WAIT_S) -> None:
+    """Trainer-only restart: wait (up to ``pair_wait_s`` seconds) until the newest trainer part written by
+    ``attempt`` is complete, when it is newer than the newest complete checkpoint.
+
+    Only a part of this very attempt can still be completed: its orchestrator is alive (a new
+    attempt's orchestrator completes only its own parts). Resuming from an older step instead would
+    throw the part away (it is removed as a dead attempt's) and recompute the steps after it.
+    """
+    if attempt == 0:  # unnumbered: whose part it is cannot be told
+        return
+    ours = [
+        n
+        for n, p in step_dirs(run_dir.checkpoints).items()
+        if (p / "trainer" / TRAINER_PROGRESS_FILE).is_file() and read_attempt(p / "trainer") == attempt
+    ]
+    if not ours:
+        return
+    newest = max(ours)
+    deadline = time.monotonic() + pair_wait_s
+    logged = False
+    while True:
+        ckpt = latest_complete_checkpoint(run_dir)
+        if ckpt is not None and ckpt.step >= newest:
+            return
+        if time.monotonic() >= deadline:
+            log.warning(
+                "resume: trainer part %d of this attempt was not completed by the orchestrator within %.0f s; "
+                "resuming from the newest complete checkpoint instead", newest, pair_wait_s,
+            )  # fmt: skip
+            return
+        if not logged:
+            log.info("resume: waiting for the orchestrator to complete trainer part %d of this attempt", newest)
+            logged = True
+        time.sleep(0.05)
+
+
+def choose_checkpoint(run_dir: RunDir, attempt: int, pair_wait_s: float = PAIR_WAIT_S) -> CompleteCheckpoint | None:
+    """The complete checkpoint a resuming trainer starts from (after :func:`wait_for_pairing`), or None."""
+    wait_for_pairing(run_dir, attempt, pair_wait_s)
+    return latest_complete_checkpoint(run_dir)
+
+
+def _adamw(params, spec: RLRunSpec) -> torch.optim.AdamW:
+    opt = spec.optimizer
+    return torch.optim.AdamW(params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
+
+
+def new_optimizer(model: torch.nn.Module, spec: RLRunSpec) -> torch.optim.AdamW:
+    """The trainer's optimizer: AdamW with the spec's settings."""
+    return _adamw(model.parameters(), spec)
+
+
+def restore_part(
+    root: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    spec: RLRunSpec,
+    dp: DataParallel,
+) -> None:
+    """Load trainer part ``root`` (of ``step``) into ``model`` and ``optimizer``, whatever wrote it.
+
+    A sharded part (``meta.json`` ``format: "dcp"``) with :func:`~rlrun.training.sharded_checkpoint.load_sharded`
+    on any number of ranks; an unsharded one into one process directly, or into the shards of several
+    ranks (:func:`_load_unsharded_into_shards`). A part of step 0 holds no optimizer state worth loading:
+    the optimizer stays fresh.
+
+    Raises:
+        WeightsMismatch: the weights do not fit the model.
+        CheckpointError: a torn or foreign sharded part.
+    """
+    if part_format(root) == SHARDED_FORMAT:
+        from rlrun.training.sharded_checkpoint import load_sharded
+
+        try:
+            load_sharded(root, model, optimizer if step > 0 else None, dp)
+        except (RuntimeError, ValueError, KeyError) as exc:
+            if isinstance(exc, CheckpointError):
+                raise
+            raise WeightsMismatch(f"{root}: sharded state does not fit the model: {exc}") from None
+    elif dp.distributed:
+        _load_unsharded_into_shards(root, model, optimizer, spec, dp)
+    else:
+        try:
+            model.load_state_dict(load_file(str(root / WEIGHTS_FILE)))
+        except RuntimeError as exc:  # torch names every missing, unexpected and reshaped tensor
+            raise WeightsMismatch(f"{root / WEIGHTS_FILE}: weights do not fit the model: {exc}") from None
+        optimizer.load_state_dict(torch.load(root / OPTIMIZER_FILE, weights_only=True))
+
+
+def _load_unsharded_into_shards(
+    root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, spec: RLRunSpec, dp: DataParallel
+) -> None:
+    """Load a part written by one process (``model.safetensors``, ``optimizer.pt``) into the sharded
+    model and its optimizer: each rank loads the full state into a plain CPU copy of the model (to
+    name the optimizer state by parameter), then keeps its shards of it (``set_state_dict`` with
+    ``full_state_dict=True``). Peak memory: one extra full model and optimizer state per rank, for
+    the duration of the load.
+
+    Raises:
+        WeightsMismatch: the weights do not fit the model.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
+
+    plain = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+    try:
+        plain.load_state_dict(load_file(str(root / WEIGHTS_FILE)))
+    except RuntimeError as exc:
+        raise WeightsMismatch(f"{root / WEIGHTS_FILE}: weights do not fit the model: {exc}") from None
+    plain_opt = _adamw(plain.parameters(), spec)
+    plain_opt.load_state_dict(torch.load(root / OPTIMIZER_FILE, weights_only=True))
+    if not plain_opt.state:  # never stepped (step 0): keep the fresh optimizer, as one process does
+        set_model_state_dict(model, plain.state_dict(), options=StateDictOptions(full_state_dict=True))
+        log.info("resume: loaded the unsharded part %s (weights only: no optimizer state yet)", root)
+        return
+    model_state, optim_state = get_state_dict(plain, plain_opt)
+    set_state_dict(
+        model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
+        options=StateDictOptions(full_state_dict=True),
+    )  # fmt: skip
+    log.info("resume: loaded the unsharded part %s into %d ranks", root, dp.world_size)
+
+
+def write_part(
+    run_dir: RunDir,
+    step: int,
+    reason: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    spec: RLRunSpec,
+    attempt: int,
+    dp: DataParallel,
+) -> Path:
+    """Publish ``checkpoints/step_N/trainer/`` (``reason``: ``periodic`` or ``notice``, recorded in
+    ``progress.json``); returns its path. With several ranks a collective: every rank writes its DCP
+    shard of the model and optimizer (:func:`~rlrun.training.sharded_checkpoint.save_sharded`, ``meta.json``
+    ``format: "dcp"``), rank 0 adds the full ``model.safetensors`` (what the orchestrator loads into
+    vLLM) and ``progress.json``, and renames the part into place once every shard is written."""
+    progress = {
+        "step": step, "policy_version": step, "identity": run_identity(spec), "time": time.time(), "reason": reason,
+        **({"world_size": dp.world_size} if dp.distributed else {}),
+    }  # fmt: skip
+
+    def write_progress(tmp: Path) -> None:
+        (tmp / TRAINER_PROGRESS_FILE).write_text(json.dumps(progress))
+
+    if dp.distributed:
+        from rlrun.training.sharded_checkpoint import save_sharded
+
+        state = full_state_dict(model, dp)
+
+        def extra(tmp: Path) -> None:
+            save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            write_progress(tmp)
+            fault_point(f"trainer_{reason}_save")  # test-only: a kill mid-save (grace period too short)
+
+        if dp.is_main:
+            run_dir.checkpoint(step).mkdir(parents=True, exist_ok=True)
+        fresh = not optimizer.state
+        path = save_sharded(run_dir.trainer_checkpoint(step), model, optimizer, dp, step, attempt, extra=extra)
+        if fresh:
+            # get_state_dict initialises an empty optimizer's state with a zero-lr step (step count 1,
+            # zero moments). Left in place, Adam's bias correction of the first real step would see
+            # step 2 and take a ~0.74·lr step where one process takes lr: drop it (a fresh optimizer).
+            optimizer.state.clear()
+        return path
+
+    def fill(tmp: Path) -> None:
+        save_weights(model, tmp / WEIGHTS_FILE)
+        torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        write_progress(tmp)
+        write_meta(tmp, step, attempt)
+        fault_point(f"trainer_{reason}_save")  # test-only: a kill mid-save (grace period too short)
+
+    run_dir.checkpoint(step).mkdir(parents=True, exist_ok=True)
+    return publish_dir(run_dir.trainer_checkpoint(step), fill)
