@@ -7,8 +7,8 @@ import json
 import pytest
 from rlrun.envs import ReverseTextEnv
 from rlrun.ledger import Ledger
-from rlrun.orchestrator.cancellation import GroupCancellation, settle
-from rlrun.orchestrator.groups import GroupRequest
+from rlrun.orchestrator.cancellation import settle
+from rlrun.orchestrator.groups import GroupCancellation, GroupRequest
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.source import TrainSource
 

@@ -287,5 +287,6 @@ def test_a_run_encodes_prompts_through_the_fast_backend_like_the_tokenizer_and_o
     spec = load_manifest("examples/reverse-text.yaml").spec
     d = Dispatcher.for_tokenizer(tokenizer, [], {}, spec, asyncio.Queue())
     prompts = ["beautiful is better=", "flat=", " two  spaces=", "ünïcode ß=", ""]
-    assert [list(d.encode(p)) for p in prompts] == [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-    assert d.encode(prompts[0]) is d.encode(prompts[0])  # cached: the same ids object
+    encode = d.episodes.encode
+    assert [list(encode(p)) for p in prompts] == [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    assert encode(prompts[0]) is encode(prompts[0])  # cached: the same ids object

@@ -13,9 +13,9 @@ from array import array
 
 import pytest
 from rlrun.envs.base import Task
-from rlrun.orchestrator.journal import (
+from rlrun.orchestrator.journal import Journal
+from rlrun.orchestrator.journal_files import (
     FRESH_BASE,
-    Journal,
     JournalCorrupt,
     encode_record,
     read_records,
@@ -243,7 +243,7 @@ async def test_a_start_over_replays_the_journals_of_attempts_that_began_from_not
 def test_replayed_members_complete_their_groups_and_a_completed_group_is_scored_on_restore():
     # the snapshot holds members 0–1 of group 5; the journal after its cut members 2–3 of group 5 and
     # members 0–1 of a group 8 opened after the snapshot
-    from rlrun.orchestrator.journal import JournalRecord
+    from rlrun.orchestrator.journal_files import JournalRecord
 
     snap = SinkSnapshot([], [(5, TASK, episodes(5, 0))], [])
     records = [JournalRecord(1, 7, 5, TASK, episodes(5, 2)), JournalRecord(1, 8, 8, TASK, episodes(8, 0))]

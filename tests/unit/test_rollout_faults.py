@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 from rlrun.ledger import check_ledger, read_ledger
-from rlrun.orchestrator import loop
+from rlrun.orchestrator import endpoints
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rollout.client import RolloutClient, RolloutError
 from rlrun.rollout.fake import fake_vllm_transport
@@ -244,7 +244,7 @@ async def test_a_server_lost_during_a_weight_update_is_benched_and_the_run_goes_
 async def test_a_benched_server_that_answers_again_gets_the_current_weights_before_any_request(
     tmp_path, tiny_model, monkeypatch
 ):
-    monkeypatch.setattr(loop, "REJOIN_EVERY_S", 0.05)  # the run is over in about a second
+    monkeypatch.setattr(endpoints, "REJOIN_EVERY_S", 0.05)  # the run is over in about a second
     run_dir = RunDir(tmp_path)
     back = Vanishing()
     transports = {"http://back:1": back, "http://up:1": Faults()}

@@ -7,7 +7,6 @@ import json
 
 from rlrun.api.control import StatusReport
 from rlrun.ledger import Ledger
-from rlrun.orchestrator.control import status_report
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rundir import ATTEMPT_OFFSETS_FILE, RunDir, publish_dir, run_dir_attempt, write_meta
 from rlrun.training.batches import batch_accepted
@@ -63,5 +62,5 @@ def test_the_trainer_and_orchestrator_stamp_the_run_dir_attempt_and_status_echoe
     orch = Orchestrator(SPEC, run_dir, ["http://fake:1"], str(tiny_model), attempt=0, run_uid="uid-b")
     orch.ledger.close()
     assert orch.attempt == 2 and orch.ledger.path.name == "attempt-2.orchestrator.jsonl"
-    report = StatusReport.model_validate_json(status_report(orch).model_dump_json())
+    report = StatusReport.model_validate_json(orch.status().model_dump_json())
     assert report.attempt == 0 and report.run_dir_attempt == 2  # the operator compares `attempt` with its count

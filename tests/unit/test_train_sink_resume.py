@@ -8,7 +8,7 @@ import pytest
 from rlrun.envs import ReverseTextEnv
 from rlrun.orchestrator.groups import GroupRequest
 from rlrun.orchestrator.sink import TrainSink
-from rlrun.orchestrator.snapshot import SinkSnapshot, capture, pack, restore_plan, unpack
+from rlrun.orchestrator.snapshot import SinkSnapshot, pack, restore_plan, unpack
 from rlrun.orchestrator.source import TrainSource
 
 from tests.support.samples import episode, sample, task
@@ -154,7 +154,7 @@ async def test_snapshot_taken_while_the_loop_mutates_state_is_a_state_that_exist
     try:
         for _ in range(20):
             await asyncio.sleep(rng.random() * 0.002)
-            snap = capture(sink, dispatcher)  # on the loop
+            snap = sink.snapshot(dispatcher.emitted_requests())  # on the loop
             expected = copy.deepcopy(snap)  # the state at that instant
             state, tensors = await asyncio.to_thread(pack, snap)  # the loop keeps mutating meanwhile
             assert unpack(state, tensors) == expected

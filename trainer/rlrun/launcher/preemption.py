@@ -26,17 +26,17 @@ import json
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
+
+from rich.console import Console
 
 from rlrun.api.control import PauseResult, ResumeReport, StatusReport
 from rlrun.api.control_client import ControlError, call_control
+from rlrun.api.spec import RLRunSpec
 from rlrun.launcher.processes import Child, ChildDied, exits_cleanly
 from rlrun.launcher.progress import read_metrics
 from rlrun.ledger import LedgerEvent, read_ledger
-from rlrun.rundir import read_attempt, step_dirs
-
-if TYPE_CHECKING:
-    from rlrun.launcher.local import LocalLauncher
+from rlrun.rundir import RunDir, read_attempt, step_dirs
 
 #: Seconds between the trainer finishing step K and a simulated preemption (see :meth:`PreemptionDrill.due`).
 PREEMPT_DELAY_S = 0.3
@@ -116,6 +116,34 @@ def resume_line(report: ResumeReport) -> str:
     )
 
 
+class Launcher(Protocol):
+    """What a drill needs of the launcher whose processes it stops and starts again
+    (:class:`rlrun.launcher.local.LocalLauncher`)."""
+
+    spec: RLRunSpec
+    run_dir: RunDir
+    console: Console
+    max_steps: int
+    attempt: int
+    children: list[Child]
+    control_url: str
+    control_token: str
+    health_timeout_s: float
+    trainer_metrics_start: int
+
+    def start_all(self, model_path: str, resume: bool) -> tuple[Child, Child]:
+        """Start every process of the next attempt; its trainer and orchestrator."""
+        ...
+
+    def start_trainer(self, resume: bool) -> Child:
+        """Start this attempt's trainer."""
+        ...
+
+    def notice_trainer(self, trainer: Child) -> tuple[int | None, float]:
+        """SIGTERM the trainer and wait for it; its exit status and the seconds it took."""
+        ...
+
+
 class PreemptionDrill:
     """``--preempt-at-step K`` of one launcher (see the module docstring).
 
@@ -134,7 +162,7 @@ class PreemptionDrill:
     #: Seconds an orchestrator whose control server stopped answering gets to exit (:data:`EXIT_GRACE_S`).
     exit_grace_s = EXIT_GRACE_S
 
-    def __init__(self, launcher: LocalLauncher, at_step: int, only: Literal["all", "trainer"] = "all") -> None:
+    def __init__(self, launcher: Launcher, at_step: int, only: Literal["all", "trainer"] = "all") -> None:
         self.launcher = launcher
         self.at_step = at_step
         self.only = only

@@ -28,43 +28,14 @@ ledger, so the run reaches ``max_steps`` whatever a rollout server does.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
 
 from rlrun.ledger import Ledger, LedgerEvent
-from rlrun.orchestrator.groups import GroupRequest
-
-if TYPE_CHECKING:
-    from rlrun.orchestrator.dispatcher import Dispatcher
-    from rlrun.orchestrator.sink import TrainSink
-    from rlrun.orchestrator.source import TrainSource
+from rlrun.orchestrator.dispatcher import Dispatcher
+from rlrun.orchestrator.groups import GroupCancellation
+from rlrun.orchestrator.sink import TrainSink
+from rlrun.orchestrator.source import TrainSource
 
 log = logging.getLogger(__name__)
-
-#: Why a request ended without members (see the module docstring).
-CancelReason = Literal["stale", "failed", "lost"]
-
-
-@dataclass(frozen=True)
-class GroupCancellation:
-    """One request of a group ended before its members returned.
-
-    Attributes:
-        request: the request; none of its members reached the sink.
-        min_fresh_version: for ``stale``, the staleness floor of the next batch: the group's
-            finished members older than this can no longer train either (None otherwise).
-        others_out: other requests of the same group are still in flight or waiting to be
-            consumed (their members may still complete the group).
-        reason: ``stale`` (cancelled: it could no longer train), ``failed`` (no server answered)
-            or ``lost`` (cancelled: its endpoint was removed).
-        error: for ``failed``, what went wrong; for ``lost``, which endpoint went.
-    """
-
-    request: GroupRequest
-    min_fresh_version: int | None
-    others_out: bool
-    reason: CancelReason = "stale"
-    error: str | None = None
 
 
 def settle(

@@ -17,40 +17,30 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aiohttp import web
 from pydantic import ValidationError
 
-from rlrun.api.control import EndpointsUpdate, StatusReport
-
-if TYPE_CHECKING:
-    from rlrun.orchestrator.loop import Orchestrator
+from rlrun.api.control import EndpointsUpdate, PauseResult, StatusReport
 
 log = logging.getLogger(__name__)
 
 
-def status_report(orchestrator: Orchestrator) -> StatusReport:
-    """What ``GET /status`` answers, read off the orchestrator's stages."""
-    o, dispatcher, checkpoints = orchestrator, orchestrator.dispatcher, orchestrator.checkpoints
-    return StatusReport(
-        phase=o.phase,
-        attempt=o.attempt_number,
-        run_dir_attempt=o.attempt,
-        step=o.shipped,
-        policy_version=o.policy_version,
-        max_steps=o.max_steps,
-        last_checkpoint_step=checkpoints.last_step if checkpoints.last_step >= 0 else None,
-        queued_traces=len(o.sink.queue),
-        open_groups=len(o.sink.open_groups),
-        finished_episodes_kept=o.sink.finished_episodes_kept,
-        inflight_samples=dispatcher.inflight_samples if dispatcher else 0,
-        resume_requests=len(o.source.resume_requests),
-        last_checkpoint=checkpoints.last_written,
-        last_pause=o.last_pause,
-        resume=o.resume_report,
-        rollout_endpoints=sorted(dispatcher.clients) if dispatcher else sorted(o.rollout_urls),
-    )
+class Controlled(Protocol):
+    """What the control server serves (the orchestrator: :class:`rlrun.orchestrator.loop.Orchestrator`)."""
+
+    def status(self) -> StatusReport:
+        """``GET /status``."""
+        ...
+
+    async def pause(self) -> PauseResult:
+        """``POST /pause``."""
+        ...
+
+    async def set_endpoints(self, endpoints: list[str]) -> None:
+        """``PUT /rollout-endpoints``."""
+        ...
 
 
 class ControlServer:
@@ -60,7 +50,7 @@ class ControlServer:
         ValueError: an empty ``token``.
     """
 
-    def __init__(self, orchestrator: Orchestrator, host: str, port: int, token: str) -> None:
+    def __init__(self, orchestrator: Controlled, host: str, port: int, token: str) -> None:
         if not token:
             raise ValueError("the control server needs a non-empty bearer token")
         self.orchestrator = orchestrator
@@ -83,7 +73,7 @@ class ControlServer:
         return web.json_response({"ok": True})
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(status_report(self.orchestrator).model_dump(mode="json"))
+        return web.json_response(self.orchestrator.status().model_dump(mode="json"))
 
     async def _pause(self, request: web.Request) -> web.Response:
         try:

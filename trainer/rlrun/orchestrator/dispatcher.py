@@ -28,10 +28,8 @@ given the current weights (:meth:`Dispatcher.rejoin`), or the endpoint set drops
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,15 +40,12 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from rlrun.api.spec import RLRunSpec, SamplingSpec
 from rlrun.envs.base import Env
 from rlrun.errors import OrchestratorError
-from rlrun.orchestrator.cancellation import GroupCancellation
-from rlrun.orchestrator.groups import GroupRequest
+from rlrun.orchestrator.episodes import EpisodeBuilder, tokenizer_codec
+from rlrun.orchestrator.groups import GroupCancellation, GroupRequest
 from rlrun.rollout.client import RolloutClient, RolloutError
 from rlrun.samples import Episode
 
 log = logging.getLogger(__name__)
-
-#: Distinct prompt texts whose token ids :meth:`Dispatcher.for_tokenizer` keeps (about 1 KiB each).
-PROMPT_CACHE_SIZE = 4096
 
 
 @dataclass
@@ -149,10 +144,7 @@ class Dispatcher:
         self.inflight: dict[tuple[int, int], _Inflight] = {}
         self.cancelled_groups = 0
         self.set_endpoints(endpoints)
-        self.encode = encode
-        self.decode = decode
-        self.eos_id = eos_id
-        self.envs = envs
+        self.episodes = EpisodeBuilder(encode, decode, eos_id, envs)
         self.sampling = sampling
         self.results = results
         self.retry_window_s = retry_window_s
@@ -173,25 +165,15 @@ class Dispatcher:
         results: asyncio.Queue[GroupResult],
         client_factory: Callable[[str], RolloutClient] = RolloutClient,
     ) -> Dispatcher:
-        """The dispatcher of a run: encode/decode and EOS from a Hugging Face ``tokenizer``; sampling,
-        ``members_per_request``, the request timeout and the retry window from ``spec``."""
-
-        # Tokenizing is the dearest thing a request does on the event loop: a fast tokenizer's Rust
-        # backend directly (≈ 13 µs for a short prompt against ≈ 90 µs through ``tokenizer.encode``, the
-        # same ids), and each prompt text once (a group's requests share it; an env's prompts repeat).
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-
-        @functools.lru_cache(maxsize=PROMPT_CACHE_SIZE)
-        def encode(text: str) -> tuple[int, ...]:
-            if backend is not None:
-                return tuple(backend.encode(text, add_special_tokens=False).ids)
-            return tuple(tokenizer.encode(text, add_special_tokens=False))
-
+        """The dispatcher of a run: encode/decode and EOS from a Hugging Face ``tokenizer``
+        (:func:`~rlrun.orchestrator.episodes.tokenizer_codec`); sampling, ``members_per_request``, the
+        request timeout and the retry window from ``spec``."""
+        encode, decode, eos_id = tokenizer_codec(tokenizer)
         return cls(
             endpoints,
             encode=encode,
-            decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-            eos_id=tokenizer.eos_token_id,
+            decode=decode,
+            eos_id=eos_id,
             envs=envs,
             sampling=spec.sampling,
             results=results,
@@ -352,7 +334,7 @@ class Dispatcher:
         return min(candidates, key=self.load.__getitem__)
 
     async def _run(self, request: GroupRequest, policy_version: int) -> None:
-        prompt_ids = self.encode(request.task.prompt)
+        prompt_ids = self.episodes.prompt_ids(request.task)
         entry = self.inflight.get(_key(request))  # registered by dispatch before this task runs
         failed: set[str] = set()  # endpoints that failed this request: a healthy one is tried first
         members = f"group {request.group_id} members {request.first_member}–{request.next_member - 1}"
@@ -388,24 +370,7 @@ class Dispatcher:
             log.warning("%s %s", members, error)
             self._deliver(GroupResult(request, [], 0, error=error))
             return
-        env = self.envs[request.task.env]
-        prompt = array("q", prompt_ids)
-        episodes = []
-        for k, c in enumerate(completions):
-            ids = c.token_ids[: c.token_ids.index(self.eos_id)] if self.eos_id in c.token_ids else c.token_ids
-            episodes.append(
-                Episode(
-                    group_id=request.group_id,
-                    member=request.first_member + k,
-                    task=request.task,
-                    prompt_ids=prompt,
-                    completion_ids=array("q", c.token_ids),
-                    logprobs=array("d", c.logprobs),
-                    policy_version=policy_version,
-                    reward=env.reward(request.task, self.decode(ids)),
-                    finish_reason=c.finish_reason,
-                )
-            )
+        episodes = self.episodes.episodes(request, policy_version, prompt_ids, completions)
         self._deliver(GroupResult(request, episodes, sum(len(c.token_ids) for c in completions)))
 
     def _deliver(self, result: GroupResult) -> None:

@@ -1,4 +1,4 @@
-"""Requests for the members of a group.
+"""Requests for the members of a group, and how one ends without its members (the types the stages pass).
 
 A group's members can be requested in several :class:`GroupRequest` objects — split by
 ``rollout.members_per_request``, or asked again after a cancellation or a resume — all
@@ -10,7 +10,7 @@ requested before, so episode ids stay unique across requests and attempts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from rlrun.envs.base import Task
 
@@ -47,3 +47,29 @@ class GroupRequest:
         """Inverse of :meth:`to_dict`; checkpoints before the field was named ``members`` wrote ``n``."""
         members = d["members"] if "members" in d else d["n"]
         return cls(int(d["group_id"]), Task.from_dict(d["task"]), int(members), int(d.get("first_member", 0)))
+
+
+#: Why a request ended without members (see :mod:`rlrun.orchestrator.cancellation`).
+CancelReason = Literal["stale", "failed", "lost"]
+
+
+@dataclass(frozen=True)
+class GroupCancellation:
+    """One request of a group ended before its members returned.
+
+    Attributes:
+        request: the request; none of its members reached the sink.
+        min_fresh_version: for ``stale``, the staleness floor of the next batch: the group's
+            finished members older than this can no longer train either (None otherwise).
+        others_out: other requests of the same group are still in flight or waiting to be
+            consumed (their members may still complete the group).
+        reason: ``stale`` (cancelled: it could no longer train), ``failed`` (no server answered)
+            or ``lost`` (cancelled: its endpoint was removed).
+        error: for ``failed``, what went wrong; for ``lost``, which endpoint went.
+    """
+
+    request: GroupRequest
+    min_fresh_version: int | None
+    others_out: bool
+    reason: CancelReason = "stale"
+    error: str | None = None

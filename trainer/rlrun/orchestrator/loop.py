@@ -13,34 +13,37 @@ import contextlib
 import logging
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer
 
-from rlrun.api.control import OrchestratorPhase, PauseResult, ResumeReport, SnapshotCounts
+from rlrun.api.control import OrchestratorPhase, PauseResult, ResumeReport, SnapshotCounts, StatusReport
 from rlrun.api.spec import RLRunSpec
 from rlrun.batch import write_batch
 from rlrun.checkpoint import run_identity
 from rlrun.envs import make_env
 from rlrun.ledger import Ledger, LedgerEvent
 from rlrun.orchestrator import snapshot as sink_snapshot
-from rlrun.orchestrator.cancellation import GroupCancellation, settle
+from rlrun.orchestrator.admission import Admission
+from rlrun.orchestrator.cancellation import settle
 from rlrun.orchestrator.checkpointing import CheckpointManager
 from rlrun.orchestrator.control import ControlServer
 from rlrun.orchestrator.dispatcher import Dispatcher, GroupResult
+from rlrun.orchestrator.endpoints import EndpointMembership
 from rlrun.orchestrator.flow import FlowControl
 from rlrun.orchestrator.follower import WeightFollower
-from rlrun.orchestrator.journal import FRESH_BASE, Journal, journal_root
+from rlrun.orchestrator.groups import GroupCancellation
+from rlrun.orchestrator.journal import Journal
+from rlrun.orchestrator.journal_files import FRESH_BASE, journal_root
 from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.orchestrator.resume import begin_attempt
 from rlrun.orchestrator.signals import TerminationHandler
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.source import TrainSource
 from rlrun.orchestrator.weights import weights_signature
-from rlrun.rollout.client import RolloutClient, RolloutError
+from rlrun.rollout.client import RolloutClient
 from rlrun.rundir import RunDir, run_dir_attempt
 
 log = logging.getLogger(__name__)
@@ -49,11 +52,6 @@ log = logging.getLogger(__name__)
 #: thread; with Python's default 5 ms the event loop can wait that long for the GIL at each
 #: switch (measured p99 7.2 ms at 10k queued traces), with 1 ms it waited 3.4 ms at p99.
 LOOP_SWITCH_INTERVAL_S = 0.001
-#: Journaled requests admitted per event-loop callback once durable (:meth:`Orchestrator._on_durable`).
-ADMIT_CHUNK = 16
-
-#: How often a benched rollout server is asked whether it is back, seconds.
-REJOIN_EVERY_S = 2.0
 
 
 class Orchestrator:
@@ -126,10 +124,9 @@ class Orchestrator:
         self.results: asyncio.Queue[GroupResult | None] = asyncio.Queue()  # None: wake up, episodes admitted
         self.use_journal = journal
         self.journal: Journal | None = None  # opened once the attempt has begun (its base is known)
-        self._unadmitted: deque[tuple[int, GroupResult]] = deque()  # journaled, not yet durable, by seq
-        self._admitting = True
+        self.admission = Admission()
+        self.endpoints = EndpointMembership()
         self.dispatcher: Dispatcher | None = None
-        self._rejoin_tried: dict[str, float] = {}  # benched endpoint → when it was last asked (monotonic)
         self.shipped = 0
         self.phase: OrchestratorPhase = "starting"
         self.paused = False
@@ -150,60 +147,38 @@ class Orchestrator:
     # -- control surface ----------------------------------------------------------------------
 
     async def set_endpoints(self, endpoints: list[str]) -> None:
-        """Replace the rollout endpoints; new ones get the current weights first.
-
-        Requests in flight on a removed endpoint are cancelled at once and their members
-        requested again (served before new tasks, not counted against
-        ``rollout.max_group_retries``): a lost node's requests do not wait for a timeout.
+        """Replace the rollout endpoints (``PUT /rollout-endpoints``; :meth:`.endpoints.EndpointMembership.set`:
+        new ones get the current weights first, requests on removed ones are requested again at once).
 
         Raises:
             WeightsError, RolloutError: a new server could not be given the current weights.
         """
         self.rollout_urls = [e.rstrip("/") for e in endpoints]
         if self.dispatcher is not None:
-            change = self.dispatcher.set_endpoints(self.rollout_urls)
-            self._settle(change.lost)  # before any await: no snapshot sees them neither in flight nor requested
-            if change.lost:
-                log.info(
-                    "cancelled %d requests in flight on removed endpoints %s; their members are requested again",
-                    len(change.lost), change.removed,
-                )  # fmt: skip
-            self._bench(await self.weights.catch_up(change.added))
+            await self.endpoints.set(self.rollout_urls)
         log.info("rollout endpoints now %s", sorted(self.rollout_urls))
 
-    def _bench(self, unreachable: dict[str, str]) -> None:
-        """Take rollout servers that missed a weight update out of use; their requests are asked again."""
-        for url, error in unreachable.items():
-            lost = self.dispatcher.bench(url, error)
-            self._settle(lost)  # before any await, as for a removed endpoint
-            log.warning(
-                "rollout server %s benched until it answers and has policy %d; %d requests on it asked again",
-                url, self.policy_version, len(lost),
-            )  # fmt: skip
-
-    async def _rejoin_benched(self) -> None:
-        """Give each benched rollout server that answers ``/health`` the current weights, then use it again
-        (tried at most every :data:`REJOIN_EVERY_S` per server)."""
-        now = time.monotonic()
-        for url in list(self.dispatcher.benched):
-            if now - self._rejoin_tried.get(url, -1e18) < REJOIN_EVERY_S:
-                continue
-            self._rejoin_tried[url] = now
-            client = self.client_factory(url)
-            try:
-                rejoined = (
-                    await client.healthy()
-                    and not await self.weights.catch_up([client])
-                    and self.dispatcher.rejoin(client)
-                )
-            except RolloutError as exc:  # it answers but cannot reload yet: it stays benched, asked again later
-                log.warning("benched rollout server %s could not catch up: %s", url, exc)
-                rejoined = False
-            if rejoined:
-                log.info("rollout server %s rejoined with policy %d", url, self.policy_version)
-                self._dispatch_within_budget()
-            else:
-                await client.aclose()
+    def status(self) -> StatusReport:
+        """What ``GET /status`` answers, read off the stages."""
+        dispatcher, checkpoints = self.dispatcher, self.checkpoints
+        return StatusReport(
+            phase=self.phase,
+            attempt=self.attempt_number,
+            run_dir_attempt=self.attempt,
+            step=self.shipped,
+            policy_version=self.policy_version,
+            max_steps=self.max_steps,
+            last_checkpoint_step=checkpoints.last_step if checkpoints.last_step >= 0 else None,
+            queued_traces=len(self.sink.queue),
+            open_groups=len(self.sink.open_groups),
+            finished_episodes_kept=self.sink.finished_episodes_kept,
+            inflight_samples=dispatcher.inflight_samples if dispatcher else 0,
+            resume_requests=len(self.source.resume_requests),
+            last_checkpoint=checkpoints.last_written,
+            last_pause=self.last_pause,
+            resume=self.resume_report,
+            rollout_endpoints=sorted(dispatcher.clients) if dispatcher else sorted(self.rollout_urls),
+        )
 
     async def pause(self) -> PauseResult:
         """Stop dispatching and shipping, write the snapshot, and return its counts (idempotent).
@@ -256,7 +231,7 @@ class Orchestrator:
             "identity": run_identity(self.spec),
             "time": time.time(),
         }
-        snap = sink_snapshot.capture(self.sink, self.dispatcher)
+        snap = self.sink.snapshot(self.dispatcher.emitted_requests() if self.dispatcher is not None else [])
         if self.journal is not None:  # the same step as the snapshot: records after this cut are replayed
             progress["journal"] = self.journal.cut()
         return progress, snap, snap.counts(list(self.source.resume_requests))
@@ -291,61 +266,6 @@ class Orchestrator:
             if rows:  # one write for the round (each system call on the loop lets another thread take the GIL)
                 self.ledger.write_each(LedgerEvent.DISPATCHED, rows)
 
-    def _consume(self, result: GroupResult) -> None:
-        """Journal a request's episodes (admitted by :meth:`_on_durable` once durable); a failed request goes
-        to :func:`settle`, and without a journal (or for an abandoned group) the episodes are admitted at once.
-
-        Until it is admitted, the request stays *delivered, not taken* in the dispatcher, so a snapshot taken
-        meanwhile lists it as emitted (its members are requested again unless the journal replay brings
-        them back) and the group counts as having work out.
-        """
-        if result.error is not None:
-            g = self.dispatcher.take(result).request.group_id
-            out = self.dispatcher.has_work_out(g)
-            return self._settle([GroupCancellation(result.request, None, out, "failed", result.error)])
-        self.metrics.add_tokens(result.tokens)
-        g = result.request.group_id
-        if self.journal is None or not result.episodes or g in self.sink.abandoned:
-            return self._admit([(result, None)])  # nothing that can train: recorded abandoned at once
-        self._unadmitted.append((self.journal.append(g, result.request.task, result.episodes), result))
-
-    def _admit(self, results: list[tuple[GroupResult, int | None]]) -> None:
-        """Count requests' episodes finished: ledger ``finished`` (with ``j = seq`` when journaled; one
-        write for all), the sink, and forget a group that is scored. ``results``: ``(result, seq)``."""
-        rows = [
-            {"id": e.episode_id, "reward": round(e.reward, 6), "v": e.policy_version} | ({} if s is None else {"j": s})
-            for result, s in results
-            for e in result.episodes
-        ]
-        self.ledger.write_each(LedgerEvent.FINISHED, rows)
-        for result, _ in results:
-            g = self.dispatcher.take(result).request.group_id
-            self.sink.add_episodes(g, result.request.task, result.episodes, self.shipped + 1)
-            if g not in self.sink.open_groups and not self.dispatcher.has_work_out(g):
-                self.source.forget(g)
-
-    def _on_durable(self, seq: int) -> None:
-        """The journal's group commit made records ``≤ seq`` durable (on the loop): admit them, in order,
-        at most :data:`ADMIT_CHUNK` per callback (the rest in the next loop iteration, so that a large
-        commit does not hold the loop in one piece).
-
-        Not once paused (the pause snapshot lists their requests as emitted and the journal keeps them:
-        the next attempt replays them, so admitting now would record finishes a resume rolls back), nor
-        once the run is done or stopping."""
-        if not self._admitting or self.paused or self.phase == "done":
-            return
-        chunk: list[tuple[GroupResult, int | None]] = []
-        while self._unadmitted and self._unadmitted[0][0] <= seq and len(chunk) < ADMIT_CHUNK:
-            s, result = self._unadmitted.popleft()
-            chunk.append((result, s))
-        if not chunk:
-            return
-        self._admit(chunk)
-        self.journal.admitted(chunk[-1][1])
-        self.results.put_nowait(None)  # wake the main loop: a batch may be ready to ship
-        if self._unadmitted and self._unadmitted[0][0] <= seq:
-            asyncio.get_running_loop().call_soon(self._on_durable, seq)
-
     def _settle(self, cancellations: list[GroupCancellation]) -> None:
         settle(cancellations, self.sink, self.source, self.dispatcher, self.ledger, self.spec.rollout.max_group_retries)
 
@@ -378,9 +298,9 @@ class Orchestrator:
             if not self.paused:
                 push = await self.weights.follow(list(self.dispatcher.clients.values()))
                 if push is not None:
-                    self._bench(push.unreachable)
+                    self.endpoints.bench(push.unreachable)
                     self._dispatch_within_budget()
-                await self._rejoin_benched()
+                await self.endpoints.rejoin_benched()
             # Paused: the trainer's save on notice is completed with the pause snapshot (checkpointing.py).
             if not self.paused or self.checkpoints.paused_capture is not None:
                 await self.checkpoints.complete_new_trainer_parts()
@@ -395,16 +315,22 @@ class Orchestrator:
         restored = await begin_attempt(self.resume, self.run_dir, self.spec, self.source, self.sink, self.ledger)
         if self.use_journal:
             base = restored.journal_base if restored is not None else FRESH_BASE
-            args = (journal_root(self.run_dir), self.attempt, base, self._on_durable, asyncio.get_running_loop())
+            args = (
+                journal_root(self.run_dir),
+                self.attempt,
+                base,
+                self.admission.on_durable,
+                asyncio.get_running_loop(),
+            )
             self.journal = await asyncio.to_thread(Journal, *args)
-            self.checkpoints.journal = self.journal
+            self.checkpoints.journal = self.admission.journal = self.journal
         if restored is not None:
             self.shipped, self.resume_report = restored.shipped, restored.report
             self.checkpoints.resumed_from(restored.step)
             push = await self.weights.load(clients, self.run_dir.trainer_checkpoint(restored.step), restored.step)
-            self._bench(push.unreachable)
+            self.endpoints.bench(push.unreachable)
         elif self.weights.reference is not None:  # servers may hold another run's weights: start from ours
-            self._bench((await self.weights.load(clients, self.model_path, 0)).unreachable)
+            self.endpoints.bench((await self.weights.load(clients, self.model_path, 0)).unreachable)
 
     async def run(self) -> int:
         """Run until batch ``max_steps`` is shipped and checkpointed, or a pause then stop; returns the step.
@@ -425,6 +351,13 @@ class Orchestrator:
         self.dispatcher = Dispatcher.for_tokenizer(
             tokenizer, self.rollout_urls, self.envs, self.spec, self.results, self.client_factory
         )
+        self.endpoints.bind(
+            self.dispatcher, self.weights, self.client_factory, self._settle, self._dispatch_within_budget
+        )
+        self.admission.bind(
+            self.sink, self.source, self.dispatcher, self.ledger, self.metrics, self.results, self._settle,
+            next_step=lambda: self.shipped + 1, holding=lambda: self.paused or self.phase == "done",
+        )  # fmt: skip
         follower = None
         try:
             await self.dispatcher.wait_until_healthy(self.health_timeout_s, self._stop)
@@ -460,7 +393,7 @@ class Orchestrator:
                     results.append(self.results.get_nowait())
                 for result in results:
                     if result is not None:  # None only wakes the loop (episodes admitted)
-                        self._consume(result)
+                        self.admission.consume(result)
                 await self._ship_ready_batches()
                 self._dispatch_within_budget()
             if self._done():
@@ -485,7 +418,7 @@ class Orchestrator:
             await self.dispatcher.aclose()
             if self.control is not None:
                 await self.control.stop()
-            self._admitting = False  # no ledger line after this attempt's last
+            self.admission.stopped = True  # no ledger line after this attempt's last
             if self.journal is not None:  # what is pending becomes durable: the next attempt replays it
                 await asyncio.to_thread(self.journal.close)
                 j = self.journal

@@ -11,7 +11,7 @@
   operator can pass ``--resume`` to every attempt.
 
 Both put back the episode journal's records after the cut of what they start from
-(:func:`rlrun.orchestrator.journal.replay`) before the staleness sweep and group completion, so
+(:func:`rlrun.orchestrator.journal_files.replay`) before the staleness sweep and group completion, so
 no episode a dead attempt acknowledged is lost; the ledger gets a ``replayed`` event with their
 ids, and every attempt between the checkpoint's and this one is rolled back whole (its work is
 either replayed from its journal or regenerated).
@@ -30,7 +30,7 @@ from rlrun.api.spec import RLRunSpec
 from rlrun.checkpoint import check_compatible, latest_complete_checkpoint
 from rlrun.errors import OrchestratorError
 from rlrun.ledger import Ledger, LedgerEvent, ledger_attempts
-from rlrun.orchestrator.journal import FRESH_BASE, JournalRecord, journal_root, replay
+from rlrun.orchestrator.journal_files import FRESH_BASE, JournalRecord, journal_root, replay
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.snapshot import RestorePlan, SinkSnapshot, restore_plan, unpack, with_journal
 from rlrun.orchestrator.source import TrainSource
@@ -156,7 +156,7 @@ class Restored:
         step: the complete checkpoint resumed from (the policy version the servers must load).
         shipped: batches shipped when its snapshot was taken (the next batch is ``shipped + 1``).
         report: the resume report (``GET /status``'s ``resume``).
-        journal_base: where this attempt's journal begins (``base.json``, :func:`~rlrun.orchestrator.journal.replay`).
+        journal_base: where this attempt's journal begins (``base.json``, :func:`~rlrun.orchestrator.journal_files.replay`).
         replayed: journaled episodes put back.
     """
 

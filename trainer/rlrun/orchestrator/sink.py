@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
+from rlrun.api.spec import RLRunSpec
 from rlrun.envs.base import Task
 from rlrun.ledger import LedgerEvent
-from rlrun.orchestrator.cancellation import GroupCancellation
+from rlrun.orchestrator.groups import GroupCancellation, GroupRequest
+from rlrun.orchestrator.snapshot import RestorePlan, SinkSnapshot
 from rlrun.orchestrator.staleness import min_fresh_version, split_fresh
 from rlrun.samples import Episode, TrainingSample
-
-if TYPE_CHECKING:
-    from rlrun.api.spec import RLRunSpec
-    from rlrun.orchestrator.snapshot import RestorePlan
 
 #: ``record(event, episode_ids, **fields)``: where the sink reports episode fates (the ledger).
 Record = Callable[..., None]
@@ -224,6 +222,16 @@ class TrainSink:
         self.counters.groups_abandoned += 1
         ids = [e.episode_id for e in group.episodes] if group is not None else []
         self._record(LedgerEvent.ABANDONED, ids, group=group_id, reason=reason)
+
+    def snapshot(self, emitted: list[GroupRequest]) -> SinkSnapshot:
+        """Copy the queue and the open groups, with the dispatcher's ``emitted`` requests (call on the loop:
+        reference copies only, no ``await``; :mod:`.snapshot` packs it in a thread)."""
+        return SinkSnapshot(
+            pending_batch=list(self.queue),
+            open_groups=[(g.group_id, g.task, list(g.episodes)) for g in self.open_groups.values()],
+            emitted_train_groups=emitted,
+            counters=asdict(self.counters),
+        )
 
     def restore(self, plan: RestorePlan, counters: dict[str, int], next_step: int) -> None:
         """Put back what a resume keeps of a sink snapshot (an empty sink only).

@@ -13,7 +13,8 @@ their group, unless the episode journal holds them (:func:`with_journal` adds th
 records after the snapshot's cut before :func:`restore_plan` runs). Token ids and logprobs go into flat tensors, everything else into JSON;
 no object is pickled.
 
-Guarantee: :func:`capture` runs on the event loop with no ``await`` inside, so the
+Guarantee: the capture (:meth:`rlrun.orchestrator.sink.TrainSink.snapshot`, which the sink hands
+itself: this module knows no stage) runs on the event loop with no ``await`` inside, so the
 snapshot is a state that existed; it only copies references to immutable records
 (``O(queue)`` pointer copies), and :func:`pack` — the costly part — runs in a thread.
 :func:`restore_plan` applies the staleness rule of the resumed step to everything
@@ -26,21 +27,17 @@ from __future__ import annotations
 import logging
 from array import array
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from rlrun.api.control import SnapshotCounts
 from rlrun.envs.base import Task
 from rlrun.orchestrator.groups import GroupRequest
+from rlrun.orchestrator.journal_files import JournalRecord
 from rlrun.orchestrator.staleness import min_fresh_version, split_fresh
 from rlrun.samples import Episode, QueuedTrace, TrainingSample
-
-if TYPE_CHECKING:
-    from rlrun.orchestrator.dispatcher import Dispatcher
-    from rlrun.orchestrator.journal import JournalRecord
-    from rlrun.orchestrator.sink import TrainSink
 
 log = logging.getLogger(__name__)
 
@@ -75,21 +72,6 @@ class SinkSnapshot:
             requested_groups=len(requested),
             finished_episodes_kept=sum(len(eps) for _, _, eps in self.open_groups),
         )
-
-
-def capture(sink: TrainSink, dispatcher: Dispatcher | None) -> SinkSnapshot:
-    """Copy the sink's queue and open groups and the dispatcher's emitted requests (call on the loop).
-
-    Args:
-        sink: the :class:`~rlrun.orchestrator.sink.TrainSink`.
-        dispatcher: the :class:`~rlrun.orchestrator.dispatcher.Dispatcher`, or None before it exists.
-    """
-    return SinkSnapshot(
-        pending_batch=list(sink.queue),
-        open_groups=[(g.group_id, g.task, list(g.episodes)) for g in sink.open_groups.values()],
-        emitted_train_groups=dispatcher.emitted_requests() if dispatcher is not None else [],
-        counters=asdict(sink.counters),
-    )
 
 
 def _view(a: array, dtype: torch.dtype) -> torch.Tensor:
