@@ -2,7 +2,7 @@
 
 | handler | on | does |
 |---|---|---|
-| :func:`create_run` | RLRun created | claim, Secret, ConfigMap, Service, then attempt 0's pods (none if suspended) |
+| :func:`create_run` | RLRun created | the reconciler's first start: claim, Secret, ConfigMap, Service, then attempt 0's pods (none if suspended) |
 | :func:`spec_changed` | ``spec`` updated | ConfigMap (next attempt); invalid changes refused; then a reconcile (``suspend``) |
 | :func:`poll_status` | timer, every ``status_interval_seconds`` | a reconcile |
 | :func:`pod_changed` | one of the operator's pods changes | a reconcile of its run (disruptions are seen at once) |
@@ -14,8 +14,8 @@ and is garbage-collected. kopf keeps its progress in ``rlrun.dev/*`` annotations
 because of the timer, a finalizer it removes once the timer has stopped (at once: the timer
 races its reconcile against kopf's stop flag, so a hanging connection never delays deletion).
 
-Status has one writer, the reconciler; handlers here never patch status except to refuse an
-invalid spec at creation (nothing else exists then). Errors: a spec the pydantic model
+Status has one writer, the reconciler (a run's first status too: :meth:`Reconciler.start`); handlers
+here never patch status except to refuse an invalid spec at creation (nothing else exists then). Errors: a spec the pydantic model
 refuses at creation → ``Failed`` (``InvalidSpec``) and ``kopf.PermanentError``; an invalid
 change later → ignored with a Warning Event (``specs.py``); API errors → retried in
 :mod:`.kube`, then by kopf; anything else a reconcile raises → a ``Degraded`` condition
@@ -28,17 +28,15 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
-from typing import Any
 
 import kopf
 from rlrun.api.crd import PLURAL
-from rlrun.api.spec import API_GROUP, API_VERSION, RLRun
+from rlrun.api.spec import API_GROUP, API_VERSION
 from rlrun.api.status import EventReason, Phase, Reason
 from rlrun.manifest import ManifestError
 
 from rlrun_operator import naming, recovery
-from rlrun_operator.builders import build_configmap, build_pods, build_run_objects
+from rlrun_operator.builders import build_configmap
 from rlrun_operator.disruption import NodeView, node_view
 from rlrun_operator.kube import Kube, load_api_client
 from rlrun_operator.metrics import OperatorMetrics
@@ -142,37 +140,7 @@ async def create_run(body, name, namespace, status, patch, logger, **_) -> None:
             run = STATE.specs.parse(body)
         except ManifestError as exc:
             raise _refuse_invalid_spec(body, patch, status, exc) from None
-        await _create(body, run, dict(status), logger)
-
-
-async def _create(body, run: RLRun, status: dict[str, Any], logger) -> None:
-    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    generation = body["metadata"].get("generation")
-    kube = _kube()
-    objects = build_run_objects(body, run, SETTINGS, secrets.token_urlsafe(32))
-    created = await asyncio.gather(*(asyncio.to_thread(kube.create, obj) for obj in objects))
-    if objects[0]["kind"] == "PersistentVolumeClaim" and not created[0]:
-        # Retained from an earlier RLRun of this name (retention Retain): resuming it is the point of
-        # retaining, but the user should know; its size and retention are the old claim's.
-        message = (
-            f"claim {objects[0]['metadata']['name']} already existed (kept from an earlier run of this name?): "
-            "its run directory is resumed; storage.size and retention_policy do not apply to it"
-        )
-        kopf.event(body, type="Warning", reason=EventReason.EXISTING_CLAIM, message=message)
-    if run.spec.suspend:
-        await asyncio.to_thread(kube.patch_run_status, namespace, name, recovery.created_suspended(status, generation))
-        METRICS.set_phase(namespace, name, Phase.SUSPENDED)
-        message = "created with spec.suspend: no pods until it is false"
-        kopf.event(body, type="Normal", reason=EventReason.SUSPENDED, message=message)
-        return
-    pods = build_pods(body, run, SETTINGS, 0)
-    count = sum(await asyncio.gather(*(asyncio.to_thread(kube.create, pod) for pod in pods)))
-    await asyncio.to_thread(
-        kube.patch_run_status, namespace, name, recovery.started(status, generation, None, 0, run.spec.rollout.replicas)
-    )
-    METRICS.set_phase(namespace, name, Phase.PENDING)
-    logger.info("attempt 0: %d pods created", count)
-    kopf.event(body, type="Normal", reason=EventReason.CREATED, message=f"attempt 0: {count} pods created")
+        await STATE.reconciler.start(body, run, dict(status))
 
 
 def _refuse_invalid_spec(body, patch, status, exc: ManifestError) -> kopf.PermanentError:
@@ -212,7 +180,7 @@ async def spec_changed(
         if was_refused(status):  # the spec is valid now: do what creation could not
             message = "the spec is valid now; creating the run"
             kopf.event(body, type="Normal", reason=EventReason.SPEC_FIXED, message=message)
-            await _create(body, run, {**dict(status), "conditions": [], "phase": None}, logger)
+            await STATE.reconciler.start(body, run, {**dict(status), "conditions": [], "phase": None})
             return
         try:
             previous = STATE.specs.parse(body, dict(old or {}))

@@ -129,14 +129,16 @@ class Kube:
         return json.loads(resp.data)["items"]  # as the server wrote them: no model round trip
 
     @_retry
-    def delete_pod(self, namespace: str, name: str, grace_period_s: int) -> None:
-        """Delete a pod (SIGTERM, then SIGKILL after ``grace_period_s``); a missing pod is fine.
+    def delete_pod(self, namespace: str, name: str, grace_period_s: int | None = None) -> None:
+        """Delete a pod (SIGTERM, then SIGKILL after its grace period: the one it was created with, or
+        ``grace_period_s``); a missing pod is fine.
 
         Raises:
             ApiException: a refusal other than 404, or a transient error that outlasted the retries.
         """
+        grace = {} if grace_period_s is None else {"grace_period_seconds": grace_period_s}
         try:
-            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace_period_s)
+            self.core.delete_namespaced_pod(name, namespace, **grace)
         except ApiException as exc:
             if exc.status != 404:
                 raise

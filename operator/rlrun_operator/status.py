@@ -97,6 +97,7 @@ class PodView:
         rollout_index: ``rlrun.dev/rollout-index`` of a rollout pod.
         trainer_node: ``rlrun.dev/trainer-node`` of a multi-node trainer's pod (None: a single-node trainer).
         trainer_nodes: ``rlrun.dev/trainer-nodes``, the size of that pod's trainer group (1 without the label).
+        grace_period_s: ``spec.terminationGracePeriodSeconds``, the grace period it was created with (None: unset).
     """
 
     name: str
@@ -117,6 +118,7 @@ class PodView:
     rollout_index: int | None = None
     trainer_node: int | None = None
     trainer_nodes: int = 1
+    grace_period_s: int | None = None
 
     @property
     def ended(self) -> bool:
@@ -173,6 +175,7 @@ def pod_view(body: dict[str, Any]) -> PodView:
         exit_code=exit_code,
         exit_report=report,
         deletion_deadline=meta.get("deletionTimestamp"),
+        grace_period_s=(body.get("spec") or {}).get("terminationGracePeriodSeconds"),
         status_reason=status.get("reason"),
         rollout_index=int(index) if index is not None and index.isdigit() else None,
         trainer_node=int(node) if node.isdigit() else None,

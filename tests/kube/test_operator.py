@@ -352,6 +352,21 @@ def test_after_an_ignored_invalid_change_the_previous_spec_stands_for_the_operat
     assert pod_deletions(cluster) == {"demo-rollout-0-a0": "90"}
 
 
+def test_a_pod_is_deleted_with_the_grace_period_it_was_created_with_not_the_spec_in_force(cluster):
+    grace = {"snapshot_timeout_seconds": 30, "termination_grace_period_seconds": 90}
+    cluster.kube.create("rlruns", manifest(preemption=grace), NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    cluster.run_orchestrator()
+    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")
+    # a valid change: the next attempt's pods get 200 s; the running ones were created with 90
+    cluster.kube.patch("rlruns", "demo", {"spec": {"preemption": {"termination_grace_period_seconds": 200}}}, NAMESPACE)
+    cluster.wait_for_events("SpecUpdated")
+    cluster.orchestrators.run(NAMESPACE, "demo").status.update(phase="done", step=100)
+    cluster.exit_pod(cluster.pod("orchestrator"))
+    wait_for(lambda: pod_deletions(cluster), what="the rollout pod deleted")
+    assert pod_deletions(cluster) == {"demo-rollout-0-a0": "90"}
+
+
 def test_an_invalid_spec_a_restarted_operator_never_saw_valid_waits_for_a_fix(cluster):
     cluster.kube.create("rlruns", manifest(), NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="pods")

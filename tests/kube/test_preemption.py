@@ -519,7 +519,7 @@ def test_a_reconcile_error_shows_in_a_condition(cluster, monkeypatch):
     async def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(handlers.STATE.reconciler, "_observe", broken)
+    monkeypatch.setattr(handlers.STATE.reconciler, "observe", broken)
     degraded = wait_for(
         lambda: (c := cluster.condition("Degraded")) and c["reason"] == "ReconcileError" and c, what="error"
     )

@@ -84,7 +84,7 @@ def real_orchestrator(cluster, tmp_path, tiny_model, monkeypatch):
     settings = handlers.SETTINGS.model_copy(update={"orchestrator_url": url})
     monkeypatch.setattr(handlers, "SETTINGS", settings)
     monkeypatch.setattr(handlers.STATE.reconciler, "settings", settings)
-    handlers.STATE.reconciler.clients.clear()
+    handlers.STATE.reconciler.controls.clients.clear()
     yield orchestrator
     thread.stop()
     assert thread.error is None, thread.error
