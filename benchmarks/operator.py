@@ -102,8 +102,9 @@ def emulated_cluster(fakes, namespace: str):
 def measure(n_runs: int, interval: float, namespace: str = "bench") -> dict:
     import kopf
     from rlrun_operator import handlers
-    from rlrun_operator.builders import build_pods, build_run_objects
+    from rlrun_operator.builders import build_run_objects
     from rlrun_operator.kube import Kube
+    from rlrun_operator.pods import build_pods
 
     from tests.support.fake_orchestrator import FakeOrchestrators
     from tests.support.kube import KopfThread

@@ -213,7 +213,7 @@ def wait_all(procs: list[subprocess.Popen]) -> list[int]:
 def two_node_launchers(bindir: Path) -> list[list[str]]:
     """Two ``torchrun`` commands, one per trainer "node", both on localhost: ``--nnodes 2 --node-rank I
     --nproc-per-node 1`` with static rendezvous on ``127.0.0.1:<free port>``, as the operator's trainer pods
-    run it (:func:`rlrun_operator.builders.trainer_command`), node 0 hosting the store."""
+    run it (:func:`rlrun_operator.pods.trainer_command`), node 0 hosting the store."""
     port = str(free_port())
     return [
         [str(bindir / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),

@@ -37,13 +37,9 @@ from rlrun.api.control_client import ControlError
 from rlrun.api.status import ConditionType, EventReason, Phase, Reason, Recovery, RecoveryKind, Stage, Trigger
 
 from rlrun_operator import naming, recovery
-from rlrun_operator.builders import (
-    build_pods,
-    build_rollout_replacement,
-    build_run_objects,
-    build_trainer_replacement,
-)
+from rlrun_operator.builders import build_run_objects
 from rlrun_operator.disruption import Disruption, node_trouble
+from rlrun_operator.pods import build_pods, build_rollout_replacement, build_trainer_replacement
 from rlrun_operator.run_context import RunContext
 from rlrun_operator.status import set_condition
 

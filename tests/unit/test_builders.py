@@ -10,7 +10,8 @@ import yaml
 from rlrun.cli import app
 from rlrun.manifest import parse_manifest
 from rlrun_operator import naming
-from rlrun_operator.builders import build_pods, build_run_objects, build_trainer_replacement, command
+from rlrun_operator.builders import build_run_objects
+from rlrun_operator.pods import build_pods, build_trainer_replacement, command
 from rlrun_operator.settings import OperatorSettings
 from typer.main import get_command
 

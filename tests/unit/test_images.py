@@ -115,7 +115,7 @@ def test_final_user_is_not_root(role):
 
 
 def test_image_users_are_the_users_their_pods_run_as():
-    from rlrun_operator.builders import RUN_AS_USER
+    from rlrun_operator.pods import RUN_AS_USER
 
     def user(role: str) -> int:
         return int([i.args for i in dockerfile(role) if i.keyword == "USER"][-1].split(":")[0])

@@ -3,7 +3,19 @@
 Checked statically (``ast``) over every module of ``rlrun`` and ``rlrun_operator``, so
 nothing is imported and the function-level imports count as much as the module-level
 ones (a lazy import is still a dependency; a cycle through one only fails later, at the
-first call). Imports under ``if TYPE_CHECKING:`` never run and are left out of both checks.
+first call). Imports under ``if TYPE_CHECKING:`` never run, but a cycle through them is still two
+modules that each need the other to be understood: the cycle check counts them, the dev-only check
+does not.
+
+The layers (``docs/design.md``, "Layers"): the *foundation* (``rlrun.api``, ``rlrun.envs``,
+``rlrun.model`` and the modules at ``rlrun``'s top level) imports no *process package* (``rlrun.training``,
+``rlrun.orchestrator``, ``rlrun.launcher``, ``rlrun.rollout``, ``rlrun_operator``): the processes meet
+through the foundation (the run directory's formats, the API), never through each other. Process packages
+import none of each other, with two exceptions that are the contract itself: the orchestrator calls the
+rollout servers through :mod:`rlrun.rollout.client`, and the operator, of the foundation, imports only
+:mod:`rlrun.api`, :mod:`rlrun.roles` (what each role's pod runs) and :mod:`rlrun.manifest` (it accepts
+exactly the manifests the roles accept, envs built once). The entry point (``rlrun.cli``,
+``rlrun.__main__``) starts every role and may import anything.
 
 Dev-only packages are derived, not listed: the import names whose distributions are
 direct requirements of ``pyproject.toml``'s ``dev`` extra and of no other requirement
@@ -84,6 +96,49 @@ def product_modules(packages: dict[str, Path] = PACKAGES) -> dict[str, Path]:
     return out
 
 
+#: The process packages: each runs as its own process (or set of ranks) and meets the others through the foundation.
+PROCESS_PACKAGES = ("rlrun.training", "rlrun.orchestrator", "rlrun.launcher", "rlrun.rollout", "rlrun_operator")
+#: The composition root: the ``rlrun`` command line, which starts each role.
+ENTRY_POINTS = ("rlrun.cli", "rlrun.__main__")
+#: ``{process package: what it may import of other process packages}`` (see the module docstring).
+ALLOWED_BETWEEN_PROCESSES = {"rlrun.orchestrator": ("rlrun.rollout", "rlrun.rollout.client")}
+#: What the operator may import of the foundation (a module or package and what is under it).
+OPERATOR_FOUNDATION = ("rlrun.api", "rlrun.roles", "rlrun.manifest")
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def process_package(module: str) -> str | None:
+    """The process package ``module`` belongs to (``rlrun.orchestrator.loop`` → ``rlrun.orchestrator``), or None."""
+    return next((p for p in PROCESS_PACKAGES if _within(module, (p,))), None)
+
+
+def layer_violations(graph: dict[str, dict[str, int]]) -> list[str]:
+    """``["a (line N) imports b: <rule>", …]`` for every import edge of ``graph`` that breaks a layer rule."""
+    out = []
+    for module, targets in sorted(graph.items()):
+        if module in ENTRY_POINTS:
+            continue
+        own = process_package(module)
+        for target, line in sorted(targets.items()):
+            theirs = process_package(target)
+            where = f"{module} (line {line}) imports {target}"
+            if theirs is None:
+                if target in ENTRY_POINTS:
+                    out.append(f"{where}: only the entry point imports the entry point")
+                elif (
+                    own == "rlrun_operator" and target.startswith("rlrun.") and not _within(target, OPERATOR_FOUNDATION)
+                ):
+                    out.append(f"{where}: the operator imports only {', '.join(OPERATOR_FOUNDATION)} of rlrun")
+            elif own is None:
+                out.append(f"{where}: the foundation imports no process package")
+            elif own != theirs and target not in ALLOWED_BETWEEN_PROCESSES.get(own, ()):
+                out.append(f"{where}: process packages import none of each other")
+    return out
+
+
 def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
     """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` (never executed)."""
     for node in ast.iter_child_nodes(tree):
@@ -96,14 +151,15 @@ def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
         yield from _runtime_nodes(node)
 
 
-def imports_of(module: str, path: Path) -> list[Import]:
-    """The imports a module executes (at module level or inside functions), relative ones made absolute."""
+def imports_of(module: str, path: Path, type_checking: bool = False) -> list[Import]:
+    """The imports a module executes (at module level or inside functions), relative ones made absolute;
+    with ``type_checking``, also those under ``if TYPE_CHECKING:``."""
     is_package = path.name == "__init__.py"
     out = []
     with warnings.catch_warnings():  # a bad escape in a docstring is not this test's business
         warnings.simplefilter("ignore")
         tree = ast.parse(path.read_text(), str(path))
-    for node in _runtime_nodes(tree):
+    for node in ast.walk(tree) if type_checking else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 out.append(Import(module, node.lineno, (alias.name,)))
@@ -124,8 +180,9 @@ def _ancestors(module: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def import_graph(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
-    """``{module: {product module it makes Python import: line}}``.
+def import_graph(modules: dict[str, Path], type_checking: bool = False) -> dict[str, dict[str, int]]:
+    """``{module: {product module it makes Python import: line}}`` (with ``type_checking``, also the imports
+    under ``if TYPE_CHECKING:``).
 
     Importing ``a.b.c`` imports the packages ``a`` and ``a.b`` first, so they are edges too,
     except the importer's own packages (already being imported when it runs).
@@ -133,7 +190,7 @@ def import_graph(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
     graph: dict[str, dict[str, int]] = {m: {} for m in modules}
     for module, path in modules.items():
         own = set(_ancestors(module))
-        for imp in imports_of(module, path):
+        for imp in imports_of(module, path, type_checking):
             for name in imp.names:
                 if name not in modules:
                     continue
@@ -224,6 +281,39 @@ def test_product_modules_have_no_import_cycle():
     assert cycles == [], "import cycles (module-level and function-level imports):\n" + "\n".join(cycles)
 
 
+def test_product_modules_have_no_import_cycle_even_through_type_checking():
+    graph = import_graph(product_modules(), type_checking=True)
+    cycles = [describe(graph, c) for c in import_cycles(graph)]
+    assert cycles == [], "import cycles through `if TYPE_CHECKING:` imports:\n" + "\n".join(cycles)
+
+
+def test_product_modules_keep_to_their_layers():
+    graph = import_graph(product_modules(), type_checking=True)
+    assert {"rlrun.training", "rlrun.orchestrator.loop", "rlrun_operator.reconcile", "rlrun.api.spec"} <= set(graph)
+    violations = layer_violations(graph)
+    assert violations == [], "imports across the layers (docs/design.md, Layers):\n" + "\n".join(violations)
+
+
+def test_the_layer_rules_name_each_kind_of_wrong_way_import():
+    graph = {
+        "rlrun.checkpoint": {"rlrun.training.parts": 3, "rlrun.errors": 4},
+        "rlrun.training.trainer": {"rlrun.orchestrator.weights": 7, "rlrun.checkpoint": 8},
+        "rlrun.orchestrator.loop": {"rlrun.rollout.client": 9, "rlrun.launcher.local": 10},
+        "rlrun_operator.specs": {"rlrun.manifest": 1, "rlrun.api.spec": 2, "rlrun.ledger": 5, "rlrun": 6},
+        "rlrun.cli": {"rlrun.training.trainer": 1, "rlrun_operator.main": 2},
+        "rlrun.roles": {"rlrun.cli": 11},
+    }
+    assert layer_violations(graph) == [
+        "rlrun.checkpoint (line 3) imports rlrun.training.parts: the foundation imports no process package",
+        "rlrun.orchestrator.loop (line 10) imports rlrun.launcher.local: process packages import none of each other",
+        "rlrun.roles (line 11) imports rlrun.cli: only the entry point imports the entry point",
+        "rlrun.training.trainer (line 7) imports rlrun.orchestrator.weights: process packages import none of each "
+        "other",
+        "rlrun_operator.specs (line 5) imports rlrun.ledger: the operator imports only rlrun.api, rlrun.roles, "
+        "rlrun.manifest of rlrun",
+    ]
+
+
 def test_the_cycle_finder_sees_function_level_imports_and_parent_packages(tmp_path):
     files = {
         "__init__.py": "",
@@ -241,3 +331,6 @@ def test_the_cycle_finder_sees_function_level_imports_and_parent_packages(tmp_pa
     (cycle,) = import_cycles(graph)
     assert cycle == ["p.a", "p.b", "p.c", "p.a"]
     assert describe(graph, cycle) == "p.a (line 2) → p.b (line 1) → p.c (line 1) → p.a"
+    # counted with the TYPE_CHECKING imports: p.c.e → p.b → p.c (the package being imported) → p.a → p.b
+    graph = import_graph(product_modules({"p": tmp_path / "p"}), type_checking=True)
+    assert graph["p.c.e"] == {"p.b": 3}

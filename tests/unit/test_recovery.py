@@ -6,8 +6,8 @@ import pytest
 from rlrun.api.control import ResumeReport
 from rlrun.api.status import RLRunStatus
 from rlrun_operator import recovery
-from rlrun_operator.builders import avoid_nodes
 from rlrun_operator.disruption import Disruption
+from rlrun_operator.pods import avoid_nodes
 
 from tests.support.fake_orchestrator import resume_report
 

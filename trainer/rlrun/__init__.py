@@ -1,0 +1,1 @@
+"""rlrun: preemption-safe asynchronous RL training for LLMs (``docs/design.md`` maps every module)."""
