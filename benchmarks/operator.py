@@ -18,7 +18,11 @@ Under ``"recovery"`` (``--trials``, default 50, per resume signal): one RLRun pr
 recovered ``--trials`` times in a row (attempts 0 → 1 → … → trials), the benchmark playing the
 kubelet (binding pods to nodes, finishing graceful deletions) and a fake orchestrator whose
 ``POST /pause`` answers at once (``pause_delay`` 0). Per trial, from a ``DisruptionTarget=True``
-condition written onto the trainer pod (the time the benchmark sends that request):
+condition (``TerminationByKubelet``: its node is going away) written onto the trainer pod, whose node
+the orchestrator shares (the time the benchmark sends that request). The node's notice reaching the
+trainer first is the case the pause exists for: the orchestrator is on a node going away but still
+running, so the whole attempt restarts and is paused first (a trainer lost on a node of its own is
+replaced in place, with no pause; an orchestrator hit itself writes its snapshot on SIGTERM):
 
 - ``pause_s``: the operator's share of the pause: trigger → the fake receiving ``POST /pause``,
   plus the fake's answer → ``status.recovery.stage: Stopping`` (the answer recorded);
@@ -270,7 +274,8 @@ def _resumed(attempt: int):
 
 
 def measure_recovery(trials: int, signal: str, interval: float, namespace: str = "bench-recovery") -> dict:
-    """One run preempted (``DisruptionTarget`` on its trainer) and recovered ``trials`` times; see the module docs."""
+    """One run preempted (``DisruptionTarget`` on its trainer, on the orchestrator's node) and recovered ``trials``
+    times; see the module docs."""
     import kopf
 
     from tests.support.fake_orchestrator import FakeOrchestrators, resume_report
@@ -316,10 +321,10 @@ def measure_recovery(trials: int, signal: str, interval: float, namespace: str =
             return any(c["type"] == "Ready" and c["status"] == "True" for c in status().get("conditions") or [])
 
         def kubelet(attempt: int, orchestrator_ready: bool = True) -> None:
-            """Bind attempt ``attempt``'s pods (the trainer to its own node) and report them Running."""
+            """Bind attempt ``attempt``'s pods (trainer and orchestrator to a node of their own) and report them Running."""
             for i, pod in enumerate(sorted(pods(attempt), key=lambda p: p["metadata"]["name"])):
                 component = _component(pod)
-                node = f"node-t{attempt}" if component == "trainer" else "node-b"
+                node = f"node-t{attempt}" if component in ("trainer", "orchestrator") else "node-b"
                 meta = pod["metadata"]
                 kube.patch("pods", meta["name"], {"spec": {"nodeName": node}}, namespace)
                 up = orchestrator_ready or component != "orchestrator"
@@ -339,16 +344,16 @@ def measure_recovery(trials: int, signal: str, interval: float, namespace: str =
             kubelet(0)
             wait(ready, timeout=30)
             for n in range(trials):
-                add_node(f"node-t{n + 1}")  # where the next trainer goes (its old node is avoided)
+                add_node(f"node-t{n + 1}")  # where the next trainer and orchestrator go (their old node is avoided)
                 old = {p["metadata"]["name"] for p in pods(n)}
-                trainer = next(p for p in pods(n) if _component(p) == "trainer")["metadata"]["name"]
+                hit = next(p for p in pods(n) if _component(p) == "trainer")["metadata"]["name"]
                 mark, paused_before = recorder.mark(), len(orchestrators.pauses)
                 conditions = [
                     {"type": "Ready", "status": "True"},
                     {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"},
                 ]
                 triggered = time.perf_counter()
-                kube.patch("pods", trainer, {"status": {"conditions": conditions}}, namespace, subresource="status")
+                kube.patch("pods", hit, {"status": {"conditions": conditions}}, namespace, subresource="status")
 
                 def all_deleting(mark=mark, old=old) -> float | None:
                     pending = set(old)

@@ -54,7 +54,7 @@ def preempt_alone(cluster, pod: str) -> tuple[str, dict[str, int | None], float]
     keep = {role: cluster.nodes.pid(f"{NAME}-{role}-a0") for role in ("orchestrator", "rollout-0")}
     before = wait_for_generation(cluster)
     cluster.nodes.preempt_node(lost, notice_seconds=10)
-    print(f"notice at step {before['step']} (policy {before['policy_version']})")
+    print(f"notice at step {before.step} (policy {before.policy_version})")
     return lost, keep, cluster.first(f"notice node {lost}")
 
 

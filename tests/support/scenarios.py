@@ -15,11 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
+from rlrun.api.control import StatusReport
+from rlrun.api.control_client import ControlError, call_control
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.model.resolve import ensure_builtin_model
 from rlrun.rundir import RunDir
+from rlrun_operator.naming import CONTROL_PORT
 
 from tests.support import manifests
 from tests.support.kubelet import LocalCluster
@@ -88,21 +90,21 @@ def wait_for_training(cluster: LocalCluster, trained_steps: int, timeout: float 
     )
 
 
-def orchestrator_status(cluster: LocalCluster) -> dict[str, Any] | None:
-    """The live orchestrator's own ``GET /status`` (queue, open groups, in-flight samples), or None."""
+def orchestrator_status(cluster: LocalCluster) -> StatusReport | None:
+    """The live orchestrator's own ``GET /status`` (queue, open groups, in-flight samples), or None
+    (no orchestrator pod with an IP yet, or no answer)."""
     pod, secret = cluster.pod(NAME, "orchestrator"), cluster.kube.get("secrets", f"{NAME}-control", cluster.namespace)
     ip = ((pod or {}).get("status") or {}).get("podIP")
     if not ip or secret is None:
         return None
     token = base64.b64decode(secret["data"]["token"]).decode()
     try:
-        answer = httpx.get(f"http://{ip}:8080/status", headers={"Authorization": f"Bearer {token}"}, timeout=2)
-    except httpx.HTTPError:
+        return call_control(f"http://{ip}:{CONTROL_PORT}", token, lambda c: c.status(), timeout_s=2)
+    except ControlError:
         return None
-    return answer.json() if answer.status_code == 200 else None
 
 
-def wait_for_generation(cluster: LocalCluster, timeout: float = 60.0) -> dict[str, Any]:
+def wait_for_generation(cluster: LocalCluster, timeout: float = 60.0) -> StatusReport:
     """Wait for the orchestrator to be early in generating a batch (samples in flight, fewer than half
     a batch queued); its status.
 
@@ -114,7 +116,7 @@ def wait_for_generation(cluster: LocalCluster, timeout: float = 60.0) -> dict[st
     """
     half = manifest()["spec"]["batch_size"] // 2
     return wait_for(
-        lambda: (s := orchestrator_status(cluster)) and s["inflight_samples"] > 0 and s["queued_traces"] < half and s,
+        lambda: (s := orchestrator_status(cluster)) and s.inflight_samples > 0 and s.queued_traces < half and s,
         timeout,
         "a batch being generated",
         every=0.05,
