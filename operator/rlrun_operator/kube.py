@@ -78,8 +78,11 @@ class Kube:
             ApiException: a non-transient refusal (403, 422, …) or one that outlasted the retries.
         """
         try:
-            # the generated client sets no Content-Type for bodies it did not build itself
-            self._create[obj["kind"]](obj["metadata"]["namespace"], obj, _content_type="application/json")
+            # the generated client sets no Content-Type for bodies it did not build itself; the answer is not
+            # read, so it is not deserialized into the client's models either (see delete_pod)
+            self._create[obj["kind"]](
+                obj["metadata"]["namespace"], obj, _content_type="application/json", _preload_content=False
+            )
             return True
         except ApiException as exc:
             if exc.status == 409:
@@ -138,7 +141,9 @@ class Kube:
         """
         grace = {} if grace_period_s is None else {"grace_period_seconds": grace_period_s}
         try:
-            self.core.delete_namespaced_pod(name, namespace, **grace)
+            # The answer (the pod, being deleted) is not read: with the client's model round trip, a
+            # container status the model finds incomplete would fail a delete the server had done.
+            self.core.delete_namespaced_pod(name, namespace, _preload_content=False, **grace)
         except ApiException as exc:
             if exc.status != 404:
                 raise

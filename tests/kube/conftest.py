@@ -87,7 +87,12 @@ class Cluster:
         component = pod["metadata"]["labels"]["app.kubernetes.io/component"]
         message = ExitReport(role=component, outcome=outcome, step=step, max_steps=100, **report).model_dump_json()
         terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message}
-        statuses = [{"name": component, "state": {"terminated": terminated}}]
+        statuses = [
+            {
+                "name": component, "state": {"terminated": terminated}, "ready": False, "restartCount": 0,
+                "image": pod["spec"]["containers"][0]["image"], "imageID": "",
+            }
+        ]  # fmt: skip
         phase = "Succeeded" if code == 0 else "Failed"
         self.set_pod_status(pod, phase=phase, ready=False, containerStatuses=statuses)
 
