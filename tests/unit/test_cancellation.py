@@ -130,3 +130,22 @@ def test_retry_counts_survive_a_checkpoint_of_the_source(stages):
     restored = TrainSource([(ReverseTextEnv(), 1.0)], seed=0)
     restored.load_state(source.state())
     assert restored.retries(6) == 1
+
+
+@pytest.mark.parametrize("second", ["stale", "lost", "failed"])
+def test_a_group_whose_two_requests_are_cancelled_together_is_abandoned_once(stages, second):
+    sink, source, ledger = stages
+    source.note_members(7, 4)  # two requests of 2 members each, both out
+    sink.add_episodes(7, task(7), [episode(7, 0, 0.5, 1)], next_step=2)
+    first = GroupCancellation(GroupRequest(7, task(7), 2, first_member=0), min_fresh_version=2, others_out=False)
+    other = GroupCancellation(
+        GroupRequest(7, task(7), 2, first_member=2), min_fresh_version=2, others_out=False, reason=second
+    )
+    dispatcher = Dispatcher()
+    assert settle_all([first, other], sink, source, ledger, dispatcher=dispatcher) == 0
+    assert sink.counters.groups_abandoned == 1 and dispatcher.cancelled_groups == [7]
+    assert [e["e"] for e in events(ledger)].count("abandoned") == 1
+    assert [e["first_member"] for e in events(ledger) if e["e"] == "cancelled"] == [0, 2]  # each request recorded
+    assert list(source.resume_requests) == []  # an abandoned group is not brought back by its other request
+    sink.abandon(7, reason="stale")  # and abandoning it again changes nothing
+    assert sink.counters.groups_abandoned == 1

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from rlrun.api.control import PauseResult, StatusReport
 from rlrun.checkpoint import latest_complete_checkpoint
+from rlrun.orchestrator.control import ControlServer
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rollout.fake import fake_client_factory
 from rlrun.rundir import RunDir, publish_dir
@@ -114,3 +115,35 @@ async def test_pause_before_starting_writes_nothing_and_stop_ends_the_wait(orche
     orchestrator.request_stop()
     assert await asyncio.wait_for(run, 5) == 0
     assert not orchestrator.run_dir.orchestrator_checkpoint(0).exists()  # nothing was written
+
+
+class _Stub:
+    """A :class:`~rlrun.orchestrator.control.Controlled` that is never reached: only the auth is under test."""
+
+    def status(self) -> StatusReport:
+        raise AssertionError("an unauthorized request reached the route")
+
+    async def pause(self) -> PauseResult:
+        raise AssertionError("an unauthorized request reached the route")
+
+    async def set_endpoints(self, endpoints: list[str]) -> None:
+        raise AssertionError("an unauthorized request reached the route")
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Bearer s3cret-tokén".encode(),  # UTF-8
+        "Bearer s3cret-tokén".encode("latin-1"),  # not even UTF-8
+        b"Bearer \xff\xfe",
+    ],
+)
+async def test_a_non_ascii_token_is_refused_with_401_not_a_500(header):
+    server = ControlServer(_Stub(), "127.0.0.1", 0, TOKEN)
+    port = await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            answer = await http.get("/status", headers={"Authorization": header})
+        assert answer.status_code == 401 and answer.json() == {"error": "missing or wrong bearer token"}
+    finally:
+        await server.stop()

@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from rlrun.api.spec import SamplingSpec
 from rlrun.launcher.processes import free_port
-from rlrun.rollout.client import RolloutClient
+from rlrun.rollout.client import RolloutClient, UnusableCompletion
 from rlrun.rollout.fake import fake_vllm_app
 
 PROMPT = [5, 6, 7, 1]  # a reverse-text prompt: text, then the separator token
@@ -98,3 +98,47 @@ async def test_a_closed_client_sends_nothing():
     assert client.closed
     with pytest.raises(RuntimeError):
         await client.complete(PROMPT, SamplingSpec())
+
+
+def answering(choices: list[dict]) -> httpx.MockTransport:
+    """A server answering every completion request with ``choices``."""
+    return httpx.MockTransport(lambda request: httpx.Response(200, json={"choices": choices}))
+
+
+def choice(index: int, token_ids: list[int], finish_reason: str | None) -> dict:
+    return {
+        "index": index,
+        "token_ids": token_ids,
+        "logprobs": {"token_logprobs": [-0.5] * len(token_ids)},
+        **({"finish_reason": finish_reason} if finish_reason is not None else {}),
+    }
+
+
+@pytest.mark.parametrize(
+    ("tokens", "finish", "reason"),
+    [
+        ([7, 6], "abort", "finish_reason 'abort'"),
+        ([7, 6], "error", "finish_reason 'error'"),
+        ([7, 6], "repetition", "finish_reason 'repetition'"),
+        ([7, 6], None, "finish_reason None"),
+        ([], "stop", "no tokens, finish_reason 'stop'"),  # 0 ids and 0 logprobs "match"
+        ([], "length", "no tokens, finish_reason 'length'"),
+    ],
+)
+async def test_a_completion_that_cannot_be_trained_refuses_the_answer(tokens, finish, reason):
+    client = RolloutClient(
+        "http://rollout:8000", transport=answering([choice(0, [7, 6, 5, 0], "stop"), choice(1, tokens, finish)])
+    )
+    with pytest.raises(UnusableCompletion, match=r"http://rollout:8000: unusable completion") as err:
+        await client.complete(PROMPT, SamplingSpec(), n=2)
+    assert err.value.reason == reason
+    await client.aclose()
+
+
+async def test_completions_that_stopped_or_hit_max_tokens_are_accepted():
+    client = RolloutClient(
+        "http://rollout:8000", transport=answering([choice(1, [7, 6], "length"), choice(0, [7, 6, 5, 0], "stop")])
+    )
+    got = await client.complete(PROMPT, SamplingSpec(), n=2)
+    assert [(c.token_ids, c.finish_reason) for c in got] == [([7, 6, 5, 0], "stop"), ([7, 6], "length")]
+    await client.aclose()

@@ -37,12 +37,14 @@ class Faults(httpx.AsyncBaseTransport):
     """The fake vLLM server, except that the first ``hang`` completion requests never return and every
     request for the prompt of the first ``fail_first_prompt`` one answers 500."""
 
-    def __init__(self, hang: int = 0, fail_first_prompt: bool = False) -> None:
+    def __init__(self, hang: int = 0, fail_first_prompt: bool = False, unusable: dict[int, dict] | None = None) -> None:
         self.inner = fake_vllm_transport(error_rate=0.3)
         self.hang = hang
         self.fail_first_prompt = fail_first_prompt
         self.failing_prompt = None
         self.completions = 0
+        #: completion request number (1, 2, …) → what its last choice becomes (e.g. ``{"finish_reason": "abort"}``)
+        self.unusable = unusable or {}
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/completions":
@@ -54,6 +56,11 @@ class Faults(httpx.AsyncBaseTransport):
                 return httpx.Response(500, text="CUDA error: an illegal memory access was encountered")
             if self.completions <= self.hang:
                 await asyncio.sleep(3600)
+            if self.completions in self.unusable:
+                answer = await self.inner.handle_async_request(request)
+                body = json.loads(answer.content)
+                body["choices"][-1].update(self.unusable[self.completions])
+                return httpx.Response(200, json=body)
         return await self.inner.handle_async_request(request)
 
 
@@ -107,6 +114,24 @@ async def test_a_request_failing_every_retry_has_its_group_abandoned_and_counted
     assert orch.sink.counters.groups_abandoned == 1
     report = check_ledger(run_dir.root / "ledger")
     assert report.ok and report.steps == 2, report.problems
+
+
+async def test_aborted_and_empty_completions_are_requested_again_and_never_scored(tmp_path, tiny_model):
+    run_dir = RunDir(tmp_path)
+    empty = {"token_ids": [], "logprobs": {"token_logprobs": []}, "finish_reason": "stop"}
+    transport = Faults(unusable={1: {"finish_reason": "abort"}, 2: empty, 3: {"finish_reason": "repetition"}})
+    orch = orchestrator(spec(members_per_request=2, max_group_retries=2), run_dir, tiny_model, transport)
+    assert await run_to_the_end(orch, run_dir, tiny_model) == 2
+    failed = [e for e in events(run_dir, "cancelled") if e["reason"] == "failed"]
+    assert [e["error"].split("unusable completion ")[1] for e in failed] == [
+        "(finish_reason 'abort')", "(no tokens, finish_reason 'stop')", "(finish_reason 'repetition')",
+    ]  # fmt: skip
+    # none of the refused requests' members was scored, and each was requested again with new member numbers
+    refused = {f"{e['group']}/{m}" for e in failed for m in range(e["first_member"], e["first_member"] + 2)}
+    assert not refused & {e["id"] for e in events(run_dir, "finished")}
+    assert events(run_dir, "abandoned") == [] and orch.sink.counters.groups_abandoned == 0
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok and report.steps == 2 and report.trained == 16, report.problems
 
 
 async def test_a_member_hanging_again_after_a_pause_and_resume_is_bounded_too(tmp_path, tiny_model):

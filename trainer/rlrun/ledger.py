@@ -47,7 +47,8 @@ class LedgerEvent(str, Enum):
     #: ids, and step (queue sweep), group (left out of scoring) or at (``cancel``, ``resume``)
     DROPPED_STALE = "dropped_stale"
     #: group, first_member, members, reason (``stale``: could no longer train; ``failed``: no server
-    #: answered it, with the error; ``lost``: its rollout endpoint was removed, with the endpoint in
+    #: answered it, or the answer held a completion that cannot be trained (``abort``, no tokens…), with
+    #: the error; ``lost``: its rollout endpoint was removed, with the endpoint in
     #: ``error``) — a request that ended without members
     CANCELLED = "cancelled"
     #: ids (its finished episodes, possibly none), group, reason — a group given up (counted)

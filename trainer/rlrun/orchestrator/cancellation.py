@@ -6,7 +6,8 @@ Three kinds of request end without members:
   the staleness floor of the next batch (:meth:`Dispatcher.cancel_stale`);
 - **failed**: a request that found no server to answer it within
   ``rollout.retry_window_seconds`` (a dead or hung server, a straggler past
-  ``rollout.request_timeout_seconds``) arrives as a result with an error;
+  ``rollout.request_timeout_seconds``), or whose answer held a completion that cannot be
+  trained (``abort``, no tokens: at once), arrives as a result with an error;
 - **lost**: a request in flight on an endpoint that ``PUT /rollout-endpoints`` removed (its
   node is gone) is cancelled at once (:meth:`Dispatcher.set_endpoints`) instead of waiting
   for its timeout.
@@ -19,6 +20,8 @@ while it keeps fresh members or other requests (:meth:`TrainSink.cancel`); a fai
 group goes on while it has been requested again fewer than ``rollout.max_group_retries``
 times (counted by the train source, kept in checkpoints). A lost request's group always goes
 on, and the request does not count as a retry: losing a node is not the group's fault.
+A group is settled once: when two of its requests are cancelled together and the first
+abandons it, the second is only recorded (it neither abandons the group again nor brings it back).
 
 Guarantee: no group is orphaned (left open waiting for members nobody will produce, holding
 flow-control budget), no request is retried without bound, and every outcome is in the
@@ -61,6 +64,8 @@ def settle(
         r = c.request
         fields = {"reason": c.reason} | ({"error": c.error} if c.error else {})
         ledger.write(LedgerEvent.CANCELLED, group=r.group_id, first_member=r.first_member, members=r.members, **fields)
+        if r.group_id in sink.abandoned:
+            continue  # given up already (its other request's cancellation, settled first): once per group
         if c.reason == "stale":
             goes_on, retry = sink.cancel(c), False
         elif c.reason == "lost":

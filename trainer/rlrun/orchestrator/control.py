@@ -9,7 +9,7 @@
 
 The answers are the models of :mod:`rlrun.api.control`, the contract the operator parses.
 Every route but ``/healthz`` needs ``Authorization: Bearer <token>`` and answers 401
-without it; a failed pause answers 500 and a malformed body 400, each ``{"error": "…"}``.
+without it (or with any other token, non-ASCII bytes included); a failed pause answers 500 and a malformed body 400, each ``{"error": "…"}``.
 The token comes from ``$RLRUN_CONTROL_TOKEN``.
 """
 
@@ -61,7 +61,12 @@ class ControlServer:
 
     def _authorized(self, request: web.Request) -> bool:
         header = request.headers.get("Authorization", "")
-        return header.startswith("Bearer ") and hmac.compare_digest(header[7:].strip(), self.token)
+        if not header.startswith("Bearer "):
+            return False
+        # compared as bytes: compare_digest refuses str with non-ASCII characters (a TypeError, then a 500);
+        # aiohttp hands undecodable header bytes over as surrogates, which this encoding gives back
+        given = header[7:].strip().encode("utf-8", "surrogateescape")
+        return hmac.compare_digest(given, self.token.encode("utf-8"))
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):

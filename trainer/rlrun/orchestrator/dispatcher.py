@@ -13,7 +13,11 @@ server — a transport error, an error answer, or no answer within
 on a server that has not failed recently when there is one, for up to
 ``rollout.retry_window_seconds``; then the request fails and its result carries the error,
 so the orchestrator can request the members again or abandon the group
-(:mod:`~rlrun.orchestrator.cancellation`). Losing one rollout server only delays its groups.
+(:mod:`~rlrun.orchestrator.cancellation`). An answer holding a completion that cannot be trained
+(:class:`~rlrun.rollout.client.UnusableCompletion`: no tokens, or ``abort``/``error``/``repetition``)
+fails the request at once, without retries in place: its members are requested again within
+``rollout.max_group_retries``, each failure in the ledger, and nothing of it is scored (a reward 0
+for an aborted answer would bias its siblings' advantages). Losing one rollout server only delays its groups.
 The endpoint set can be replaced at run time (:meth:`set_endpoints`): a request in flight on
 a removed endpoint is cancelled at once (its server is gone; no answer will come before the
 timeout) and returned for settling with reason ``lost``. A cancelled request reaches the
@@ -35,14 +39,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from rlrun.api.spec import RLRunSpec, SamplingSpec
 from rlrun.envs.base import Env
 from rlrun.errors import OrchestratorError
 from rlrun.orchestrator.episodes import EpisodeBuilder, tokenizer_codec
 from rlrun.orchestrator.groups import GroupCancellation, GroupRequest
-from rlrun.rollout.client import RolloutClient, RolloutError
+from rlrun.rollout.client import RolloutClient, RolloutError, UnusableCompletion
 from rlrun.samples import Episode
 
 log = logging.getLogger(__name__)
@@ -67,6 +71,11 @@ class GroupResult:
 
 #: What a failed try of a request raises: the server is gone, answered an error, or took too long.
 _REQUEST_ERRORS = (httpx.TransportError, RolloutError, asyncio.TimeoutError)
+
+
+def _retried_in_place(exc: BaseException) -> bool:
+    """A failed try worth another (the server may answer next time); an unusable completion is not."""
+    return isinstance(exc, _REQUEST_ERRORS) and not isinstance(exc, UnusableCompletion)
 
 
 def _key(request: GroupRequest) -> tuple[int, int]:
@@ -340,7 +349,7 @@ class Dispatcher:
         members = f"group {request.group_id} members {request.first_member}–{request.next_member - 1}"
         try:
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(_REQUEST_ERRORS),
+                retry=retry_if_exception(_retried_in_place),
                 stop=stop_after_delay(self.retry_window_s),
                 wait=wait_exponential(multiplier=0.5, max=5),
                 reraise=True,
@@ -355,6 +364,8 @@ class Dispatcher:
                             self.clients[url].complete(prompt_ids, self.sampling, n=request.members),
                             self.request_timeout_s,
                         )
+                    except UnusableCompletion:
+                        raise  # the server works; the answer is what cannot be used
                     except _REQUEST_ERRORS as exc:
                         failed.add(url)
                         self.last_failure[url] = time.monotonic()
@@ -365,6 +376,10 @@ class Dispatcher:
                             entry.url = None
                         if url in self.load:
                             self.load[url] -= request.members
+        except UnusableCompletion as exc:
+            log.warning("%s: %s", members, exc)
+            self._deliver(GroupResult(request, [], 0, error=str(exc)))
+            return
         except _REQUEST_ERRORS as exc:
             error = f"failed on every try for {self.retry_window_s:.0f} s ({_describe(exc, self.request_timeout_s)})"
             log.warning("%s %s", members, error)

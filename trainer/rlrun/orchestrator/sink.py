@@ -215,8 +215,10 @@ class TrainSink:
         counted, and episodes of it that still arrive (results already queued) are recorded the same way.
 
         Without this, a half-finished group would wait forever for members nobody will produce,
-        and hold flow-control budget.
+        and hold flow-control budget. A group is abandoned once: a second call does nothing.
         """
+        if group_id in self.abandoned:
+            return
         group = self.open_groups.pop(group_id, None)
         self.abandoned[group_id] = reason
         self.counters.groups_abandoned += 1

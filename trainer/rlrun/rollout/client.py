@@ -41,8 +41,25 @@ _retry_admin = retry(
 )
 
 
+#: The finish reasons a completion is trained with: ``stop`` (EOS or a stop string) and ``length``
+#: (``max_tokens``). vLLM 0.32 also answers ``abort`` (the request was aborted), ``error`` and
+#: ``repetition``: none of them is a sample of the policy's answer to the task.
+TRAINED_FINISH_REASONS = frozenset({"stop", "length"})
+
+
 class RolloutError(RuntimeError):
     """A rollout server answered with an error or an unusable body (message names the server)."""
+
+
+class UnusableCompletion(RolloutError):
+    """The server answered, but a completion cannot be trained: no tokens, or a finish reason not in
+    :data:`TRAINED_FINISH_REASONS` (``reason`` says which). The dispatcher does not retry it in place: the
+    request fails and its members are requested again within ``rollout.max_group_retries``, so each one
+    is in the ledger (``cancelled``, reason ``failed``, with this message) and never scored."""
+
+    def __init__(self, base_url: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"{base_url}: unusable completion ({reason})")
 
 
 @dataclass(frozen=True)
@@ -52,7 +69,7 @@ class Completion:
     Attributes:
         token_ids: generated token ids, EOS included when the model stopped.
         logprobs: log-probability (nats) of each generated token under the sampling policy, same length.
-        finish_reason: ``"stop"`` (EOS) or ``"length"`` (hit ``max_tokens``).
+        finish_reason: ``"stop"`` (EOS) or ``"length"`` (hit ``max_tokens``): :data:`TRAINED_FINISH_REASONS`.
     """
 
     token_ids: list[int]
@@ -99,6 +116,8 @@ class RolloutClient:
 
         Raises:
             RolloutError: non-2xx answer or a body without token ids / logprobs.
+            UnusableCompletion: a completion with no tokens, or that ended for a reason the run does not
+                train on (``abort``, ``error``, ``repetition``, none given); the whole answer is refused.
             httpx.HTTPError: transport failure (server gone).
         """
         body = {
@@ -123,9 +142,12 @@ class RolloutClient:
             logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
             if token_ids is None or logprobs is None or len(token_ids) != len(logprobs):
                 raise RolloutError(f"{self.base_url}: completion lacks matching token_ids/logprobs: {choice}")
-            out.append(
-                Completion(list(token_ids), [float(x) for x in logprobs], choice.get("finish_reason") or "length")
-            )
+            finish = choice.get("finish_reason")
+            if finish not in TRAINED_FINISH_REASONS:
+                raise UnusableCompletion(self.base_url, f"finish_reason {finish!r}")
+            if not token_ids:
+                raise UnusableCompletion(self.base_url, f"no tokens, finish_reason {finish!r}")
+            out.append(Completion(list(token_ids), [float(x) for x in logprobs], finish))
         return out
 
     @_retry_admin
