@@ -78,3 +78,14 @@ def test_every_product_module_opens_with_a_docstring_naming_its_job():
         if not (ast.get_docstring(ast.parse(path.read_text())) or "").strip()
     ]
     assert missing == []
+
+
+def test_no_product_module_is_over_450_lines():
+    """One job per module keeps each one short (issue 21); a module growing past this is carved, not waived."""
+    long = {
+        path.relative_to(ROOT).as_posix(): n
+        for root in ROOTS
+        for path in sorted((ROOT / root).rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > 450
+    }
+    assert long == {}

@@ -57,6 +57,7 @@ async def drain(results: asyncio.Queue, count: int, timeout: float = 5.0) -> lis
 
 async def test_a_group_split_into_requests_arrives_once_per_request_with_its_dispatch_version():
     dispatcher, results = make_dispatcher({"http://a": fake_vllm_transport(error_rate=0.0)}, members_per_request=3)
+    dispatcher.clients["http://a"].loaded_version = 5  # the server holds policy 5
     dispatcher.dispatch(GroupRequest(7, task(7), members=8, first_member=4), policy_version=5)
     assert dispatcher.inflight_samples == 8 and len(dispatcher.inflight) == 3  # 3 + 3 + 2 members
     got = await drain(results, 3)
@@ -71,6 +72,31 @@ async def test_a_group_split_into_requests_arrives_once_per_request_with_its_dis
     for r in got:
         dispatcher.take(r)
     assert dispatcher.outstanding_samples == 0 and dispatcher.emitted_requests() == []
+    await dispatcher.aclose()
+
+
+async def test_a_request_goes_only_to_a_server_holding_its_policy_version():
+    served = {"http://caught-up": 0, "http://joining": 0}
+
+    def server(url: str) -> httpx.MockTransport:
+        inner = fake_vllm_transport(error_rate=0.0)
+
+        async def handle(request: httpx.Request) -> httpx.Response:
+            served[url] += request.url.path == "/v1/completions"
+            return await inner.handle_async_request(request)
+
+        return httpx.MockTransport(handle)
+
+    dispatcher, results = make_dispatcher({u: server(u) for u in served}, members_per_request=1)
+    dispatcher.clients["http://caught-up"].loaded_version = 2  # "joining" still holds 0: its catch-up runs
+    dispatcher.load["http://caught-up"] = 100  # even much busier, the server holding policy 2 takes them all
+    dispatcher.dispatch(GroupRequest(3, task(3), members=4), policy_version=2)
+    got = await drain(results, 4)
+    assert served == {"http://caught-up": 4, "http://joining": 0} and all(r.error is None for r in got)
+    dispatcher.clients["http://joining"].loaded_version = 2  # caught up: it gets its share again
+    dispatcher.dispatch(GroupRequest(4, task(4), members=4), policy_version=2)
+    await drain(results, 4)
+    assert served["http://joining"] == 4
     await dispatcher.aclose()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import httpx
 import pytest
@@ -313,3 +314,111 @@ async def test_a_server_answering_an_error_to_a_weight_update_still_fails_the_at
     orch = two_servers(run_dir, tiny_model, {"http://bad:1": RefusesReload(), "http://up:1": Faults()})
     with pytest.raises(RolloutError, match=r"reload of .* failed"):
         await run_to_the_end(orch, run_dir, tiny_model)
+
+
+class Versioned(httpx.AsyncBaseTransport):
+    """The fake vLLM server with vLLM's weight-update semantics: ``/pause`` holds new completions until
+    ``/resume``; a reload takes ``reload_s`` and then the server holds the step in the reloaded path. Each
+    completion's logprobs say which version generated it (``-(version + 1) / 100`` per token), and
+    overlapping updates (a ``/pause`` while paused) are counted."""
+
+    def __init__(self, reload_s: float) -> None:
+        self.inner = fake_vllm_transport(error_rate=0.3)
+        self.reload_s = reload_s
+        self.held = 0
+        self.paused = False
+        self.resumed = asyncio.Event()
+        self.resumed.set()
+        self.overlaps = 0
+        self.reloading: list[asyncio.Event] = []  # set when a reload of step_N starts, N = index
+        self.served = 0
+
+    def reload_started(self, step: int) -> asyncio.Event:
+        while len(self.reloading) <= step:
+            self.reloading.append(asyncio.Event())
+        return self.reloading[step]
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/pause":
+            self.overlaps += self.paused
+            self.paused = True
+            self.resumed.clear()
+        elif path == "/resume":
+            self.paused = False
+            self.resumed.set()
+        elif path == "/collective_rpc":
+            [weights] = json.loads(request.content)["args"]
+            step = int(re.search(r"step_(\d+)", weights).group(1)) if "step_" in weights else 0
+            self.reload_started(step).set()
+            await asyncio.sleep(self.reload_s)
+            self.held = step
+        elif path == "/v1/completions":
+            await self.resumed.wait()  # vLLM holds requests that arrive while paused
+            answer = json.loads((await self.inner.handle_async_request(request)).content)
+            for c in answer["choices"]:
+                c["logprobs"]["token_logprobs"] = [-(self.held + 1) / 100] * len(c["token_ids"])
+            self.served += 1
+            return httpx.Response(200, json=answer)
+        return await self.inner.handle_async_request(request)
+
+
+async def test_a_server_added_during_a_weight_update_never_serves_a_version_it_does_not_hold(tmp_path, tiny_model):
+    run_dir = RunDir(tmp_path)
+    old, new = Versioned(reload_s=0.5), Versioned(reload_s=0.2)
+    transports = {"http://old:1": old, "http://new:1": new}
+    orch = Orchestrator(
+        spec(members_per_request=2),
+        run_dir,
+        ["http://old:1"],
+        str(tiny_model),
+        max_steps=4,
+        attempt=1,
+        poll_s=0.01,
+        client_factory=lambda url: RolloutClient(url, transport=transports[url]),
+    )
+    labelled: list[tuple[int, int, str]] = []  # (label, version that generated it, episode id) of every episode
+    add = orch.sink.add_episodes
+
+    def add_episodes(group_id, task, episodes, next_step):
+        labelled.extend((e.policy_version, round(-e.logprobs[0] * 100) - 1, e.episode_id) for e in episodes)
+        return add(group_id, task, episodes, next_step)
+
+    orch.sink.add_episodes = add_episodes
+    stop = start_fake_trainer(run_dir, tiny_model, 1, 1, attempt=1)  # step 1 only, for now
+    run = asyncio.create_task(orch.run())
+    try:
+        await asyncio.wait_for(old.reload_started(1).wait(), 30)  # the update to policy 1 is under way…
+        await orch.set_endpoints(["http://old:1", "http://new:1"])  # …when a server joins (caught up to 0)
+        await wait_for_async(lambda: orch.policy_version == 1, 10, "policy 1")
+        # at policy 1 it ships what it may (v + 1 + max_off_policy_steps = 3 batches), old and new serving
+        await wait_for_async(lambda: orch.shipped == 3, 10, "step 3 shipped")
+        await wait_for_async((run_dir.trainer_checkpoint(1) / "progress.json").is_file, 10, "trainer step 1")
+        stop.set()
+        stop = start_fake_trainer(run_dir, tiny_model, orch.max_steps, 1, attempt=1, first_step=1)
+        assert await asyncio.wait_for(run, 60) == 4
+    finally:
+        stop.set()
+    newer = [(label, made, ep) for label, made, ep in labelled if label > made]
+    assert newer == [], "episodes labelled with a newer policy than the weights that generated them"
+    assert new.served > 0 and old.overlaps == 0 and new.overlaps == 0
+    assert orch.dispatcher.clients["http://new:1"].loaded_version == new.held == orch.policy_version
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok and report.steps == 4, report.problems
+
+
+async def test_weight_updates_of_one_server_never_overlap_nor_go_back(tmp_path):
+    for n in (1, 2, 3):
+        (tmp_path / f"step_{n}").mkdir()
+        (tmp_path / f"step_{n}" / "model.safetensors").write_bytes(b"")  # the fake only looks for the file
+    server = Versioned(reload_s=0.2)
+    client = RolloutClient("http://slow:1", transport=server)
+    step = lambda n: str(tmp_path / f"step_{n}")  # noqa: E731
+    # a catch-up to policy 1 and the update to policy 2 reach the same server at once
+    ran = await asyncio.gather(client.update_weights(step(1), 1), client.update_weights(step(2), 2))
+    assert ran == [True, True] and server.overlaps == 0 and not server.paused
+    assert client.loaded_version == server.held == 2
+    late = await asyncio.gather(client.update_weights(step(3), 3), client.update_weights(step(1), 1))
+    assert late == [True, False] and server.overlaps == 0  # the late catch-up to 1 does not take it back
+    assert client.loaded_version == server.held == 3
+    await client.aclose()

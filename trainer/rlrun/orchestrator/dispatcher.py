@@ -7,26 +7,22 @@ policy version that was current when its group was dispatched. No request waits 
 
 One request with ``n = members`` samples a whole group (they share the prompt) unless
 ``rollout.members_per_request`` splits it, so that members finish at different times.
-Requests go to the endpoint with the fewest samples in flight. A request that fails on a
-server — a transport error, an error answer, or no answer within
-``rollout.request_timeout_seconds`` (a hung server, a straggler) — is retried (tenacity),
-on a server that has not failed recently when there is one, for up to
-``rollout.retry_window_seconds``; then the request fails and its result carries the error,
-so the orchestrator can request the members again or abandon the group
-(:mod:`~rlrun.orchestrator.cancellation`). An answer holding a completion that cannot be trained
-(:class:`~rlrun.rollout.client.UnusableCompletion`: no tokens, or ``abort``/``error``/``repetition``)
-fails the request at once, without retries in place: its members are requested again within
-``rollout.max_group_retries``, each failure in the ledger, and nothing of it is scored (a reward 0
-for an aborted answer would bias its siblings' advantages). Losing one rollout server only delays its groups.
-The endpoint set can be replaced at run time (:meth:`set_endpoints`): a request in flight on
-a removed endpoint is cancelled at once (its server is gone; no answer will come before the
-timeout) and returned for settling with reason ``lost``. A cancelled request reaches the
-sink as a :class:`~rlrun.orchestrator.cancellation.GroupCancellation`
-(:meth:`Dispatcher.cancel_stale`, :meth:`Dispatcher.set_endpoints`).
-An endpoint that could not be reached during a weight update is **benched**
-(:meth:`Dispatcher.bench`): it may hold older weights, so it gets no requests, and its
-in-flight requests are lost like a removed endpoint's, until it answers again and has been
-given the current weights (:meth:`Dispatcher.rejoin`), or the endpoint set drops it.
+Requests go to the least-loaded endpoint among those holding at least the version the request
+is labelled with (``RolloutClient.loaded_version``, set when a reload is confirmed): the label
+is never newer than the weights that produce the tokens, whatever the order of weight updates
+and endpoint changes. A request that fails on a server — a transport error, an error answer,
+or no answer within ``rollout.request_timeout_seconds`` — is retried (tenacity), on a server
+that has not failed recently when there is one, for up to ``rollout.retry_window_seconds``;
+then its result carries the error, so the orchestrator can request the members again or
+abandon the group (:mod:`~rlrun.orchestrator.cancellation`). An answer with a completion that
+cannot be trained (``UnusableCompletion``: no tokens, ``abort``, ``error``…) fails the request
+at once, to be requested again within ``rollout.max_group_retries``: never scored (a reward 0
+would bias its siblings' advantages). The endpoint set can be replaced at run time
+(:meth:`set_endpoints`): a request in flight on a removed endpoint is cancelled at once and
+returned for settling as ``lost`` (a :class:`~rlrun.orchestrator.cancellation.GroupCancellation`,
+as :meth:`cancel_stale` returns). An endpoint unreachable during a weight update is
+**benched** (:meth:`bench`): no requests, its in-flight ones lost like a removed endpoint's,
+until it answers again and has the current weights (:meth:`rejoin`) or is dropped.
 """
 
 from __future__ import annotations
@@ -332,14 +328,23 @@ class Dispatcher:
         if not task.cancelled() and task.exception() is not None:
             self.failures.append(task.exception())
 
-    def _pick(self, failed: set[str]) -> str:
-        """The least-loaded endpoint, avoiding those that failed this request or failed recently
-        (within the retry window) while others remain."""
+    def _pick(self, failed: set[str], policy_version: int) -> str:
+        """The least-loaded endpoint holding at least ``policy_version`` (the version the request is labelled
+        with: a label never newer than the weights that produce the tokens), avoiding those that failed this
+        request or failed recently (within the retry window) while others remain.
+
+        Raises:
+            RolloutError: no endpoints, or none holds ``policy_version`` yet (one joining is being caught up):
+                the request's next try asks again.
+        """
         if not self.clients:
             raise RolloutError("no rollout endpoints")
+        holding = [u for u in self.load if self.clients[u].loaded_version >= policy_version]
+        if not holding:
+            raise RolloutError(f"no rollout server holds policy {policy_version} yet")
         recent = time.monotonic() - self.retry_window_s
-        healthy = [u for u in self.load if u not in failed and self.last_failure.get(u, -1e18) < recent]
-        candidates = healthy or [u for u in self.load if u not in failed] or list(self.load)
+        healthy = [u for u in holding if u not in failed and self.last_failure.get(u, -1e18) < recent]
+        candidates = healthy or [u for u in holding if u not in failed] or holding
         return min(candidates, key=self.load.__getitem__)
 
     async def _run(self, request: GroupRequest, policy_version: int) -> None:
@@ -355,7 +360,7 @@ class Dispatcher:
                 reraise=True,
             ):
                 with attempt:
-                    url = self._pick(failed)
+                    url = self._pick(failed, policy_version)
                     self.load[url] += request.members
                     if entry is not None:
                         entry.url = url

@@ -1,7 +1,10 @@
 """Endpoint membership: which rollout servers get requests, as servers come, go, miss and regain weights.
 
-Guarantee: a rollout server gets a request only while it holds the current weights. A server added
-(``PUT /rollout-endpoints``) is caught up before it joins; one that cannot be reached during a weight
+Guarantee: a rollout server gets a request only while it holds the current weights (the dispatcher
+checks each server's confirmed version, :attr:`~rlrun.rollout.client.RolloutClient.loaded_version`). A
+server added (``PUT /rollout-endpoints``) gets no request until it is caught up; one that missed an
+update while it was being caught up (the update's server list was made before it joined) is caught up
+again at the next look (:meth:`EndpointMembership.catch_up_lagging`); one that cannot be reached during a weight
 update is **benched** — its requests are requested again elsewhere at once — and rejoins only after
 it answers ``/health`` and is given the current weights (tried every :data:`REJOIN_EVERY_S` per
 server); a removed server's requests are requested again at once too, not counted as retries.
@@ -70,6 +73,16 @@ class EndpointMembership:
                 len(change.lost), change.removed,
             )  # fmt: skip
         self.bench(await self.weights.catch_up(change.added))
+
+    async def catch_up_lagging(self) -> None:
+        """Give the servers in use that hold an older policy than the current one the current weights: one
+        caught up to ``v`` while the update to ``v + 1`` went to the servers listed when it began holds ``v``
+        and gets no request until then."""
+        lagging = [c for c in self.dispatcher.clients.values() if c.loaded_version < self.weights.version]
+        if lagging:
+            log.info("catching up rollout servers %s to policy %d", [c.base_url for c in lagging], self.weights.version)
+            self.bench(await self.weights.catch_up(lagging))
+            self.capacity()
 
     def bench(self, unreachable: dict[str, str]) -> None:
         """Take rollout servers that missed a weight update (``{url: error}``) out of use; their requests

@@ -300,6 +300,7 @@ class Orchestrator:
                 if push is not None:
                     self.endpoints.bench(push.unreachable)
                     self._dispatch_within_budget()
+                await self.endpoints.catch_up_lagging()
                 await self.endpoints.rejoin_benched()
             # Paused: the trainer's save on notice is completed with the pause snapshot (checkpointing.py).
             if not self.paused or self.checkpoints.paused_capture is not None:

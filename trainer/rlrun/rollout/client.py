@@ -19,6 +19,7 @@ variables (``HTTP_PROXY``…) are not used: the rollout servers are in the clust
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import aiohttp
@@ -89,6 +90,12 @@ class RolloutClient:
     """Talks to one vLLM server at ``base_url`` (e.g. ``http://127.0.0.1:8000``).
 
     ``transport``: an httpx transport to use instead of aiohttp's (tests pass an ``httpx.MockTransport``).
+
+    Attributes:
+        loaded_version: the policy version (trainer steps) the server holds: 0 at start (a rollout server
+            starts on the run's model), then the version of each weight update it confirmed
+            (:meth:`update_weights`); it never goes down. The dispatcher sends a request only to a server
+            holding at least the version the request is labelled with.
     """
 
     def __init__(
@@ -100,6 +107,8 @@ class RolloutClient:
             transport=transport if transport is not None else AiohttpTransport(client=_aiohttp_session),
             timeout=httpx.Timeout(timeout_s, connect=10.0),
         )  # no httpx Limits: the transport's own pool (:func:`_aiohttp_session`) applies
+        self.loaded_version = 0
+        self._updating = asyncio.Lock()  # one weight update at a time on this server
 
     @property
     def closed(self) -> bool:
@@ -197,15 +206,28 @@ class RolloutClient:
         """Tell the server which policy version it serves (shown in its metrics and responses)."""
         await self._post("/update_weight_version", json={"new_version": str(version)})
 
-    async def update_weights(self, path: str, version: int) -> None:
-        """The whole weight update: pause(wait) → reload → reset prefix cache → set version → resume.
+    async def update_weights(self, path: str, version: int) -> bool:
+        """The whole weight update: pause(wait) → reload → reset prefix cache → set version → resume;
+        :attr:`loaded_version` becomes ``version`` once the reload is confirmed. Returns whether it ran.
 
-        The server is resumed even when the reload fails, so it never stays paused.
+        The server is resumed even when the reload fails, so it never stays paused. Updates of one server
+        never overlap: a second waits for the first (else one's ``/resume`` would un-pause the server during
+        the other's reload), and an update to a version older than the server then holds does nothing (a
+        catch-up to ``v`` that waited behind the update to ``v + 1`` must not take the server back).
+
+        Raises:
+            RolloutError: the server refused a step or a worker failed to reload.
+            httpx.HTTPError: the server could not be reached.
         """
-        await self.pause()
-        try:
-            await self.reload_weights(path)
-            await self.reset_prefix_cache()
-            await self.set_weight_version(version)
-        finally:
-            await self.resume()
+        async with self._updating:
+            if version < self.loaded_version:
+                return False
+            await self.pause()
+            try:
+                await self.reload_weights(path)
+                await self.reset_prefix_cache()
+                await self.set_weight_version(version)
+                self.loaded_version = version
+            finally:
+                await self.resume()
+            return True
