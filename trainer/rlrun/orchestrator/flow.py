@@ -3,7 +3,9 @@
 A rollout dispatched at policy version ``v`` can train at most in batch
 ``v + 1 + max_off_policy_steps`` (:func:`~rlrun.orchestrator.staleness.last_useful_step`),
 and no batch past ``max_steps`` is ever cut. So at version ``v`` with ``shipped`` batches
-out, rollouts can still fill ``min(v + 1 + max_off_policy_steps, max_steps) − shipped``
+out (a batch cut from the queue and still being written counts: its samples are committed
+nowhere else, and a weight update landing during the write would otherwise buy a batch that
+can never train), rollouts can still fill ``min(v + 1 + max_off_policy_steps, max_steps) − shipped``
 batches. New groups are dispatched only while the samples committed — queued, waiting in
 open groups, and dispatched but not yet consumed — stay below that many batches' worth,
 and while the completions in flight stay within ``rollout.max_inflight``. The rest of a
@@ -58,7 +60,7 @@ class FlowControl:
             committed: samples queued, in open groups, or dispatched and not yet consumed.
             inflight: completions requested from rollout servers and not yet returned.
             policy_version: the policy version the rollout servers hold.
-            shipped: batches shipped.
+            shipped: batches shipped or cut (being written).
         """
         return committed < self.budget(policy_version, shipped) and inflight + self.group_size <= self.max_inflight
 

@@ -128,6 +128,9 @@ class Orchestrator:
         self.endpoints = EndpointMembership()
         self.dispatcher: Dispatcher | None = None
         self.shipped = 0
+        #: the last batch cut from the queue: shipped, or being written (flow control counts it as shipped:
+        #: its samples are neither queued nor committed any more, and it trains in its own step)
+        self.cut = 0
         self.phase: OrchestratorPhase = "starting"
         self.paused = False
         self.last_pause: PauseResult | None = None
@@ -249,9 +252,9 @@ class Orchestrator:
             while True:
                 pending = self.source.resume_requests[0] if self.source.resume_requests else None
                 allowed = (  # a resume request completes a group already counted in `committed`
-                    self.flow.may_complete(pending.members, d.inflight_samples, self.policy_version, self.shipped)
+                    self.flow.may_complete(pending.members, d.inflight_samples, self.policy_version, self.cut)
                     if pending is not None
-                    else self.flow.may_dispatch(committed, d.inflight_samples, self.policy_version, self.shipped)
+                    else self.flow.may_dispatch(committed, d.inflight_samples, self.policy_version, self.cut)
                 )
                 if not allowed:
                     break
@@ -282,6 +285,7 @@ class Orchestrator:
                 batch = self.sink.take_batch(step)
                 if batch is None:
                     return
+                self.cut = step  # from here the batch is neither queued nor shipped: counted as shipped
                 path = self.run_dir.rollout_batch(step)
                 await asyncio.to_thread(write_batch, path, step, batch, self.pad_id, self.attempt)
                 self.shipped = step
@@ -327,6 +331,7 @@ class Orchestrator:
             self.checkpoints.journal = self.admission.journal = self.journal
         if restored is not None:
             self.shipped, self.resume_report = restored.shipped, restored.report
+            self.cut = self.shipped
             self.checkpoints.resumed_from(restored.step)
             push = await self.weights.load(clients, self.run_dir.trainer_checkpoint(restored.step), restored.step)
             self.endpoints.bench(push.unreachable)
@@ -357,7 +362,7 @@ class Orchestrator:
         )
         self.admission.bind(
             self.sink, self.source, self.dispatcher, self.ledger, self.metrics, self.results, self._settle,
-            next_step=lambda: self.shipped + 1, holding=lambda: self.paused or self.phase == "done",
+            next_step=lambda: self.cut + 1, holding=lambda: self.paused or self.phase == "done",
         )  # fmt: skip
         follower = None
         try:

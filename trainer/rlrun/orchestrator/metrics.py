@@ -6,7 +6,10 @@ rather than the batch selection; null when none was scored), ``episodes_scored``
 ``batch_reward_mean``, ``completion_len_mean`` (tokens), ``staleness_mean`` /
 ``staleness_max`` (steps off-policy in this batch: ``(step − 1) − policy version``),
 ``queue`` (queued samples left), ``open_groups``, ``inflight`` (completions),
-``groups_rejected``, ``samples_dropped_stale``, ``groups_cancelled`` (requests),
+``groups_rejected``, ``samples_dropped_stale``, ``episodes_wasted_stale`` (cumulative: finished
+episodes that never trained because they grew too old — queued samples swept and members left out
+of scoring or dropped at a cancel), ``stale_wasted_fraction`` (that ÷ the finished episodes, both
+cumulative; null before any), ``groups_cancelled`` (requests),
 ``groups_abandoned`` (cumulative: nothing of the group could still train, or its requests kept failing), ``rollout_tokens_per_s`` and ``step_time_s`` (since the
 previous step), ``time`` (Unix s), ``restored`` (the batch was cut from the queue a resume put
 back, before this attempt consumed any rollout: its ``reward_mean`` is null and its tokens/s
@@ -77,6 +80,8 @@ class StepMetrics:
             "inflight": dispatcher.inflight_samples,
             "groups_rejected": counters.groups_rejected,
             "samples_dropped_stale": counters.samples_dropped_stale,
+            "episodes_wasted_stale": (wasted := counters.samples_dropped_stale + counters.members_left_out_stale),
+            "stale_wasted_fraction": wasted / counters.episodes_finished if counters.episodes_finished else None,
             "groups_cancelled": dispatcher.cancelled_groups,
             "groups_abandoned": counters.groups_abandoned,
             "rollout_tokens_per_s": self._tokens / elapsed,

@@ -64,6 +64,7 @@ class OpenGroup:
 class SinkCounters:
     """Cumulative counts (samples unless named otherwise)."""
 
+    episodes_finished: int = 0  # every finished episode that reached the sink (an abandoned group's too)
     groups_scored: int = 0
     groups_rejected: int = 0
     samples_queued: int = 0
@@ -128,6 +129,7 @@ class TrainSink:
         Returns:
             The samples this call queued (empty while the group is open or when it was rejected).
         """
+        self.counters.episodes_finished += len(episodes)
         if group_id in self.abandoned:  # results that were on their way when the group was given up
             self._record(
                 LedgerEvent.ABANDONED, [e.episode_id for e in episodes], group=group_id, reason=self.abandoned[group_id]
