@@ -41,7 +41,7 @@ from rlrun_operator.builders import build_run_objects
 from rlrun_operator.disruption import Disruption, node_trouble
 from rlrun_operator.pods import build_pods, build_rollout_replacement, build_trainer_replacement
 from rlrun_operator.run_context import RunContext
-from rlrun_operator.status import set_condition
+from rlrun_operator.status import PodView, set_condition
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +189,33 @@ async def pause(ctx: RunContext, rec: Recovery) -> bool:
     return True
 
 
+async def held_by_finalizers(ctx: RunContext, held: list[PodView]) -> None:
+    """Say once that the recovery waits for pods that finalizers hold terminating (``Degraded`` True,
+    ``PodStuckTerminating``, and one Warning Event), and take it back once none is left.
+
+    Nothing the operator can do frees such a pod (a force delete does not remove finalizers, and removing
+    another controller's finalizer is that controller's business), and the recovery never starts the next
+    pods while the old ones exist: it keeps waiting, and the condition says what for.
+    """
+    conditions = list(ctx.status.get("conditions") or [])
+    degraded = next((c for c in conditions if c.get("type") == ConditionType.DEGRADED), {})
+    if held:
+        message = (
+            "; ".join(f"pod {p.name} is held terminating by finalizers {', '.join(p.finalizers)}" for p in held)
+            + ": the recovery goes on once it is gone (whatever owns a finalizer must remove it)"
+        )
+        if degraded.get("status") == "True" and degraded.get("message") == message:
+            return
+        conditions = set_condition(
+            conditions, ConditionType.DEGRADED, True, Reason.POD_STUCK_TERMINATING, message, ctx.generation
+        )
+        await ctx.write({"conditions": conditions})
+        ctx.event(EventReason.POD_STUCK_TERMINATING, message, warning=True)
+    elif degraded.get("reason") == Reason.POD_STUCK_TERMINATING:
+        conditions = set_condition(conditions, ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "", ctx.generation)
+        await ctx.write({"conditions": conditions})
+
+
 async def stop(r: Reconciling, ctx: RunContext, rec: Recovery) -> bool:
     """Delete the pods that must restart and wait until they are gone (force-deleting stuck ones on lost nodes)."""
     stopping = targets(ctx, rec)
@@ -202,16 +229,19 @@ async def stop(r: Reconciling, ctx: RunContext, rec: Recovery) -> bool:
         patch["failedNodes"] = recovery.remember(ctx.status.get("failedNodes") or [], lost, recovery.MAX_FAILED_NODES)
     await ctx.write(patch)
     await ctx.delete([p for p in stopping if not p.deleting])
-    stuck = [
+    overdue = [
         p for p in stopping
-        if p.deleting
-        and _seconds_since(p.deletion_deadline) > ctx.settings.force_delete_after_seconds
-        and (p.node is None or node_trouble(ctx.nodes.get(p.node), True, taints))
+        if p.deleting and _seconds_since(p.deletion_deadline) > ctx.settings.force_delete_after_seconds
+    ]  # fmt: skip
+    stuck = [  # once: a force delete (grace 0) changes nothing the second time
+        p for p in overdue
+        if p.deletion_grace_s != 0 and (p.node is None or node_trouble(ctx.nodes.get(p.node), True, taints))
     ]  # fmt: skip
     if stuck:
         await ctx.delete(stuck, grace_s=0)
         names = ", ".join(p.name for p in stuck)
         ctx.event(EventReason.PREEMPTED, f"force-deleted {names}: stuck terminating on a lost node", True)
+    await held_by_finalizers(ctx, [p for p in overdue if p.finalizers])
     if rec.scope != "attempt":
         if rec.scope == "trainer":
             current = {p.name for p in ctx.current()}

@@ -98,6 +98,8 @@ class PodView:
         trainer_node: ``rlrun.dev/trainer-node`` of a multi-node trainer's pod (None: a single-node trainer).
         trainer_nodes: ``rlrun.dev/trainer-nodes``, the size of that pod's trainer group (1 without the label).
         grace_period_s: ``spec.terminationGracePeriodSeconds``, the grace period it was created with (None: unset).
+        deletion_grace_s: ``metadata.deletionGracePeriodSeconds`` of a pod being deleted (0: force-deleted).
+        finalizers: ``metadata.finalizers``: while any is left, the pod stays in the API after it stopped.
     """
 
     name: str
@@ -119,6 +121,8 @@ class PodView:
     trainer_node: int | None = None
     trainer_nodes: int = 1
     grace_period_s: int | None = None
+    deletion_grace_s: int | None = None
+    finalizers: tuple[str, ...] = ()
 
     @property
     def ended(self) -> bool:
@@ -176,6 +180,8 @@ def pod_view(body: dict[str, Any]) -> PodView:
         exit_report=report,
         deletion_deadline=meta.get("deletionTimestamp"),
         grace_period_s=(body.get("spec") or {}).get("terminationGracePeriodSeconds"),
+        deletion_grace_s=meta.get("deletionGracePeriodSeconds"),
+        finalizers=tuple(meta.get("finalizers") or ()),
         status_reason=status.get("reason"),
         rollout_index=int(index) if index is not None and index.isdigit() else None,
         trainer_node=int(node) if node.isdigit() else None,

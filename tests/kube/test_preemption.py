@@ -544,3 +544,29 @@ def test_deleting_a_run_whose_orchestrator_never_answers_is_quick(cluster, monke
         assert time.monotonic() - started < 5
     finally:
         silent.close()
+
+
+def test_a_pod_held_terminating_by_a_foreign_finalizer_is_named_once_and_waited_for(cluster, monkeypatch):
+    monkeypatch.setattr(
+        handlers.STATE.reconciler, "settings", handlers.SETTINGS.model_copy(update={"force_delete_after_seconds": 0})
+    )
+    running_run(cluster, preemption={"snapshot_timeout_seconds": 1, "termination_grace_period_seconds": 2})
+    # another controller's hold on the trainer pod (a backup agent, a policy engine…)
+    cluster.kube.patch("pods", "demo-trainer-a0", {"metadata": {"finalizers": ["example.com/hold"]}}, NAMESPACE)
+    lose_node_a(cluster, "unreachable")
+    degraded = wait_for(
+        lambda: (c := cluster.condition("Degraded")) and c["reason"] == "PodStuckTerminating" and c, what="Degraded"
+    )
+    assert degraded["status"] == "True"
+    assert "pod demo-trainer-a0 is held terminating by finalizers example.com/hold" in degraded["message"]
+    time.sleep(2)  # status timer ticks and pod events: each reconcile finds the pod still there
+    assert cluster.status()["recovery"]["stage"] == "Stopping"  # waiting, never a second trainer
+    assert cluster.kube.get("pods", "demo-trainer-a0-r1", NAMESPACE) is None
+    assert force_deleted(cluster) == ["demo-trainer-a0"]  # once, not at every reconcile
+    stuck = [e for e in cluster.kube.list("events", NAMESPACE) if e.get("reason") == "PodStuckTerminating"]
+    forced = [e for e in cluster.kube.list("events", NAMESPACE) if "force-deleted" in (e.get("message") or "")]
+    assert (len(stuck), len(forced)) == (1, 1) and stuck[0]["type"] == "Warning"
+    # its owner lets go: the pod goes, the replacement starts, and the condition is taken back
+    cluster.kube.patch("pods", "demo-trainer-a0", {"metadata": {"finalizers": None}}, NAMESPACE)
+    wait_for(lambda: cluster.kube.get("pods", "demo-trainer-a0-r1", NAMESPACE), what="the replacement")
+    wait_for(lambda: cluster.condition("Degraded")["status"] == "False", what="Degraded False")

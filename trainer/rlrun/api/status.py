@@ -77,6 +77,8 @@ class Reason:
     STARTED_OVER = "StartedOver"  # Resumed False: the attempt found no complete checkpoint and started from step 0
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"  # more failures than spec.failure_policy.backoff_limit
     RECONCILE_ERROR = "ReconcileError"  # the operator's reconcile raised (the message has the error)
+    #: Degraded True: a pod a recovery waits for is held terminating by finalizers (the message names them)
+    POD_STUCK_TERMINATING = "PodStuckTerminating"
 
 
 class Trigger:
@@ -128,6 +130,7 @@ class EventReason:
     FAILED = Phase.FAILED
     INVALID_SPEC = Reason.INVALID_SPEC  # a refused spec, or an invalid change that was ignored
     EXISTING_CLAIM = "ExistingClaim"  # the run's claim already existed and is used as it is
+    POD_STUCK_TERMINATING = Reason.POD_STUCK_TERMINATING  # once per pod held terminating by finalizers
 
 
 def _one_of(words: tuple[str, ...]) -> str:
