@@ -30,12 +30,13 @@ import logging
 import os
 
 import kopf
-from rlrun.api.crd import PLURAL
+from kubernetes.client.exceptions import ApiException
+from rlrun.api.crd import CRD_NAME, PLURAL
 from rlrun.api.spec import API_GROUP, API_VERSION
 from rlrun.api.status import EventReason, Phase, Reason
 from rlrun.manifest import ManifestError
 
-from rlrun_operator import naming, recovery
+from rlrun_operator import crd_drift, naming, recovery
 from rlrun_operator.builders import build_configmap
 from rlrun_operator.disruption import NodeView, node_view
 from rlrun_operator.kube import Kube, load_api_client
@@ -91,6 +92,14 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.execution.max_workers = 32
     STATE.__init__()  # locks and control clients belong to an event loop: a restarted operator makes new ones
     STATE.kube = Kube(load_api_client())
+    try:
+        found = crd_drift.drift(STATE.kube.crd_schema_hash())
+    except ApiException as exc:
+        log.warning("reading CustomResourceDefinition %s: %s", CRD_NAME, exc.reason)
+        found = crd_drift.drift(None, readable=False)
+    if found:
+        log.error("%s", found)  # and one Warning Event on each run (the reconciler posts it)
+    STATE.reconciler.crd_drift = found
 
 
 @kopf.on.login()

@@ -16,9 +16,9 @@ from typing import Any
 
 import kubernetes
 import urllib3
-from kubernetes.client import ApiClient, CoreV1Api, CustomObjectsApi
+from kubernetes.client import ApiClient, ApiextensionsV1Api, CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
-from rlrun.api.crd import PLURAL
+from rlrun.api.crd import CRD_NAME, PLURAL, SCHEMA_HASH_ANNOTATION
 from rlrun.api.spec import API_GROUP, API_VERSION
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -62,6 +62,7 @@ class Kube:
     def __init__(self, api: ApiClient) -> None:
         self.core = CoreV1Api(api)
         self.custom = CustomObjectsApi(api)
+        self.extensions = ApiextensionsV1Api(api)
         self._create = {
             "Pod": self.core.create_namespaced_pod,
             "Service": self.core.create_namespaced_service,
@@ -147,6 +148,16 @@ class Kube:
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+    @_retry
+    def crd_schema_hash(self) -> str | None:
+        """The installed ``RLRun`` CRD's schema-hash annotation (None: it has none).
+
+        Raises:
+            ApiException: the CRD cannot be read (403: no grant; 404: not installed).
+        """
+        resp = self.extensions.read_custom_resource_definition(CRD_NAME, _preload_content=False)
+        return ((json.loads(resp.data).get("metadata") or {}).get("annotations") or {}).get(SCHEMA_HASH_ANNOTATION)
 
     @_retry
     def read_token(self, namespace: str, run: str) -> str:

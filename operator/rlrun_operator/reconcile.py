@@ -94,13 +94,21 @@ class Reconciler:
             tuple[str, str], tuple[Callable[[], list[PodView]], Callable[[], Mapping[str, NodeView]]]
         ] = {}
         self._soon: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        #: how the installed CRD differs from this operator's (:mod:`.crd_drift`; None: it does not), and the
+        #: runs already told so by an Event
+        self.crd_drift: str | None = None
+        self._told_drift: set[tuple[str, str]] = set()
 
     def _context(
         self, body: dict[str, Any], run: RLRun, status: dict[str, Any], pods: list[PodView], nodes
     ) -> RunContext:
         uid = body["metadata"].get("uid")
         mine = [p for p in pods if p.owner_uid == uid]
-        return RunContext(body, run, status, mine, nodes, self.kube(), self.settings, self.metrics, self.controls)
+        ctx = RunContext(body, run, status, mine, nodes, self.kube(), self.settings, self.metrics, self.controls)
+        if self.crd_drift and ctx.key not in self._told_drift:  # once per run and operator process
+            self._told_drift.add(ctx.key)
+            ctx.event(EventReason.CRD_OUTDATED, self.crd_drift, warning=True)
+        return ctx
 
     # -- entry ------------------------------------------------------------------------------------
 
@@ -163,6 +171,7 @@ class Reconciler:
         self._gates.pop(key, None)
         self._seen.pop(key, None)
         self._readers.pop(key, None)
+        self._told_drift.discard(key)
         soon = self._soon.pop(key, None)
         if soon is not None:
             soon.cancel()

@@ -401,3 +401,23 @@ def test_an_answer_outside_the_contract_counts_as_no_answer(cluster):
     ready = wait_for(refused, what="the answer refused")
     assert "/status: the answer is not a StatusReport: policy_version:" in ready["message"]
     assert cluster.status()["phase"] == "Running" and cluster.status()["step"] == 0  # nothing taken from it
+
+
+def test_an_outdated_crd_is_reported_on_each_run_once(cluster):
+    from rlrun_operator import crd_drift
+
+    crd = cluster.kube.get("customresourcedefinitions", "rlruns.rlrun.dev")
+    assert crd["metadata"]["annotations"]["rlrun.dev/schema-hash"] == crd_drift.expected_hash()  # crds/ is current
+    # what `helm upgrade` leaves: the previous chart's CRD (another schema, another hash)
+    patch = {"metadata": {"annotations": {"rlrun.dev/schema-hash": "0123456789abcdef"}}}
+    cluster.kube.patch("customresourcedefinitions", "rlruns.rlrun.dev", patch)
+    cluster.restart_operator()
+    cluster.kube.create("rlruns", manifest(), NAMESPACE)
+    [event] = [e for e in cluster.wait_for_events("CRDOutdated") if e["reason"] == "CRDOutdated"]
+    assert event["type"] == "Warning" and "schema hash 0123456789abcdef, expected" in event["message"]
+    assert "kubectl apply --server-side -f crds/" in event["message"]
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")
+    cluster.set_pod_status(cluster.pod("rollout"), ip="10.0.0.9")
+    cluster.run_orchestrator()
+    wait_for(lambda: cluster.status().get("phase") == "Running", what="Running")  # reported, not refused
+    assert [e["reason"] for e in cluster.kube.list("events", NAMESPACE)].count("CRDOutdated") == 1

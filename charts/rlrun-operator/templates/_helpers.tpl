@@ -133,6 +133,11 @@ clusterScoped:
   - apiGroups: ["apiextensions.k8s.io"]
     resources: ["customresourcedefinitions"]
     verbs: ["list", "watch"]
+  # at start, the RLRun CRD's schema hash: is the installed CRD this operator's (Helm never upgrades crds/)?
+  - apiGroups: ["apiextensions.k8s.io"]
+    resources: ["customresourcedefinitions"]
+    resourceNames: ["rlruns.rlrun.dev"]
+    verbs: ["get"]
   # the nodes index: taints and readiness of the nodes a run's pods are on (preemption). Nodes are
   # cluster-scoped: kopf watches them cluster-wide even when it watches listed namespaces
   - apiGroups: [""]

@@ -28,6 +28,8 @@ is the tests' business: ``tests/support/crd_validation.py``.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,9 @@ CRD_NAME = f"{PLURAL}.{API_GROUP}"
 #: Where ``rlrun crd`` writes, relative to the repository root.
 CRD_FILE = Path("crds") / f"{API_GROUP}_{PLURAL}.yaml"
 CHART_CRD_FILE = Path("charts") / "rlrun-operator" / "crds" / f"{API_GROUP}_{PLURAL}.yaml"
+#: The annotation holding the hash of the CRD's ``spec`` (:func:`schema_hash`). Helm installs ``crds/`` once and
+#: never upgrades it: the operator compares the installed CRD's hash with its own to tell an outdated one.
+SCHEMA_HASH_ANNOTATION = f"{API_GROUP}/schema-hash"
 
 #: CEL rules by the path of the spec object they sit on (``()`` = ``spec``). Defaults are applied
 #: before validation, so defaulted fields exist; ``has()`` guards the optional ones anyway.
@@ -293,9 +298,15 @@ def status_schema() -> dict[str, Any]:
     return schema
 
 
+def schema_hash(crd_spec: dict[str, Any]) -> str:
+    """The first 16 hex digits of the SHA-256 of a CRD's ``spec`` as canonical JSON (sorted keys): what
+    :data:`SCHEMA_HASH_ANNOTATION` holds. Any change to a field, default, rule or printer column changes it."""
+    return hashlib.sha256(json.dumps(crd_spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
 def build_crd() -> dict[str, Any]:
-    """The whole ``CustomResourceDefinition`` object (a dict ready for YAML)."""
-    return {
+    """The whole ``CustomResourceDefinition`` object (a dict ready for YAML), its schema hash annotated."""
+    crd = {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
@@ -349,6 +360,8 @@ def build_crd() -> dict[str, Any]:
             ],
         },
     }
+    crd["metadata"]["annotations"] = {SCHEMA_HASH_ANNOTATION: schema_hash(crd["spec"])}
+    return crd
 
 
 def render_crd() -> str:

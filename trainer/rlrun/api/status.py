@@ -131,6 +131,7 @@ class EventReason:
     INVALID_SPEC = Reason.INVALID_SPEC  # a refused spec, or an invalid change that was ignored
     EXISTING_CLAIM = "ExistingClaim"  # the run's claim already existed and is used as it is
     POD_STUCK_TERMINATING = Reason.POD_STUCK_TERMINATING  # once per pod held terminating by finalizers
+    CRD_OUTDATED = "CRDOutdated"  # the installed CRD is not the operator's (once per run and operator start)
 
 
 def _one_of(words: tuple[str, ...]) -> str:
