@@ -267,6 +267,7 @@ def test_watched_namespaces_get_a_role_each_and_the_cluster_role_keeps_only_clus
     assert cluster_perms == {
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+        ("apiextensions.k8s.io", "customresourcedefinitions", "get"),  # the CRD drift check, its own CRD only
         ("", "namespaces", "list"),  # kopf follows the listed namespaces
         ("", "namespaces", "watch"),
         ("", "nodes", "list"),  # the nodes index: kopf watches cluster-scoped resources cluster-wide
@@ -343,3 +344,11 @@ def test_notes_tell_how_to_apply_the_example():
     assert "kubectl apply -f examples/reverse-text.yaml" in notes
     assert "kubectl get rlrun" in notes
     assert (ROOT / "examples" / "reverse-text.yaml").is_file()
+
+
+def test_the_cluster_role_reads_only_the_rlrun_crd_by_name():
+    [rule] = [
+        r for r in only(render(), "ClusterRole")["rules"]
+        if "customresourcedefinitions" in r["resources"] and "get" in r["verbs"]
+    ]  # fmt: skip
+    assert rule["resourceNames"] == ["rlruns.rlrun.dev"] and rule["verbs"] == ["get"]
