@@ -87,3 +87,44 @@ def test_stale_members_are_left_out_of_scoring():
     assert [s.trace.episode_id for s in queued] == ["3/0", "3/1"]
     assert [s.advantage for s in queued] == pytest.approx([0.5, -0.5])
     assert sink.counters.members_left_out_stale == 2
+
+
+def test_waste_is_counted_per_env_and_a_starved_env_is_warned_about_once(tmp_path, caplog):
+    import dataclasses
+    import json
+    import logging
+    from types import SimpleNamespace
+
+    from rlrun.orchestrator.metrics import StepMetrics, starved_envs
+
+    sink = TrainSink(group_size=4, batch_size=8, max_off_policy_steps=1)
+
+    def group(gid: int, env: str, version: int) -> None:
+        eps = [dataclasses.replace(episode(gid, m, 0.25 * m, version), task=task(gid)) for m in range(4)]
+        eps = [dataclasses.replace(e, task=dataclasses.replace(e.task, env=env)) for e in eps]
+        sink.add_episodes(gid, eps[0].task, eps, next_step=5)
+
+    # at step 5 with k = 1 members must be of version ≥ 3: the long tasks' groups finish too late
+    for gid in range(20):
+        group(gid, "short", version=4)
+    for gid in range(20, 40):
+        group(gid, "long", version=2 if gid % 4 else 4)  # 3 of 4 long groups aged out before they finished
+    per_env = sink.counters.per_env
+    assert per_env["short"] == {"finished": 80, "wasted_stale": 0, "abandoned": 0}
+    assert per_env["long"] == {"finished": 80, "wasted_stale": 60, "abandoned": 0}
+    assert starved_envs(per_env) == {"long": (0.75, 0.0)}
+    assert starved_envs({"long": per_env["long"]}) == {}  # an env alone is never starved: nothing to compare
+    sink.abandon(99, reason="stale", env="long")  # a group given up with none of its members open
+    assert per_env["long"]["abandoned"] == 1
+
+    metrics = StepMetrics(tmp_path / "metrics.jsonl", attempt=1)
+    metrics.start()
+    dispatcher = SimpleNamespace(inflight_samples=0, cancelled_groups=0)
+    with caplog.at_level(logging.WARNING, logger="rlrun.orchestrator.metrics"):
+        for step in (1, 2):
+            metrics.shipped(step, sink.take_batch(step) or [], 4, sink, dispatcher)
+    metrics.close()
+    [warning] = [r.getMessage() for r in caplog.records if "starved" in r.getMessage()]
+    assert warning.startswith("env long is starved: 75% of its finished episodes were wasted as stale (other envs: 0%)")
+    line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert line["per_env"]["long"]["stale_wasted_fraction"] == 0.75 and line["per_env"]["short"]["wasted_stale"] == 0

@@ -83,5 +83,5 @@ def settle(
             )  # fmt: skip
         source.forget(r.group_id)
         dispatcher.cancel_group(r.group_id)
-        sink.abandon(r.group_id, reason="requests_failed" if c.reason == "failed" else "stale")
+        sink.abandon(r.group_id, reason="requests_failed" if c.reason == "failed" else "stale", env=r.task.env)
     return going_on

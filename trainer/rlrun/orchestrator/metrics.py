@@ -9,7 +9,8 @@ rather than the batch selection; null when none was scored), ``episodes_scored``
 ``groups_rejected``, ``samples_dropped_stale``, ``episodes_wasted_stale`` (cumulative: finished
 episodes that never trained because they grew too old — queued samples swept and members left out
 of scoring or dropped at a cancel), ``stale_wasted_fraction`` (that ÷ the finished episodes, both
-cumulative; null before any), ``groups_cancelled`` (requests),
+cumulative; null before any), ``per_env`` (``{env: {finished, wasted_stale, abandoned,
+stale_wasted_fraction}}``, cumulative: where the waste falls), ``groups_cancelled`` (requests),
 ``groups_abandoned`` (cumulative: nothing of the group could still train, or its requests kept failing), ``rollout_tokens_per_s`` and ``step_time_s`` (since the
 previous step), ``time`` (Unix s), ``restored`` (the batch was cut from the queue a resume put
 back, before this attempt consumed any rollout: its ``reward_mean`` is null and its tokens/s
@@ -29,6 +30,33 @@ from rlrun.samples import TrainingSample
 
 log = logging.getLogger(__name__)
 
+#: An env is starved when this share of its finished episodes were wasted as stale…
+STARVED_FRACTION = 0.1
+#: …and that share is this many times the other envs' (together), …
+STARVED_RATIO = 3.0
+#: …over at least this many of its finished episodes (fewer say nothing yet).
+STARVED_MIN_EPISODES = 64
+
+
+def starved_envs(per_env: dict[str, dict[str, int]]) -> dict[str, tuple[float, float]]:
+    """``{env: (its stale-wasted fraction, the other envs' together)}`` for each env whose finished episodes
+    are wasted as stale far more than the others' (the thresholds above; an env alone is never starved).
+
+    Why it happens: a task class that is always slow (long prompts or answers) finishes its groups last, so
+    under ``max_off_policy_steps`` its members are the ones that age out, and the run learns less of it
+    without saying so (``docs/design.md``, "Orchestrator").
+    """
+    out = {}
+    for env, c in per_env.items():
+        others = [o for name, o in per_env.items() if name != env]
+        finished = sum(o["finished"] for o in others)
+        if not others or c["finished"] < STARVED_MIN_EPISODES or not finished:
+            continue
+        mine, theirs = c["wasted_stale"] / c["finished"], sum(o["wasted_stale"] for o in others) / finished
+        if mine >= STARVED_FRACTION and mine >= STARVED_RATIO * theirs:
+            out[env] = (mine, theirs)
+    return out
+
 
 class StepMetrics:
     """Appends the metrics line of each shipped step (keys in the module docstring).
@@ -45,6 +73,7 @@ class StepMetrics:
         self._tokens = 0
         self._since = time.monotonic()
         self._consumed_any = False
+        self._warned_starved: set[str] = set()
 
     def start(self) -> None:
         """Open the file and start the clock of the first step."""
@@ -82,6 +111,10 @@ class StepMetrics:
             "samples_dropped_stale": counters.samples_dropped_stale,
             "episodes_wasted_stale": (wasted := counters.samples_dropped_stale + counters.members_left_out_stale),
             "stale_wasted_fraction": wasted / counters.episodes_finished if counters.episodes_finished else None,
+            "per_env": {
+                env: {**c, "stale_wasted_fraction": c["wasted_stale"] / c["finished"] if c["finished"] else None}
+                for env, c in sorted(counters.per_env.items())
+            },
             "groups_cancelled": dispatcher.cancelled_groups,
             "groups_abandoned": counters.groups_abandoned,
             "rollout_tokens_per_s": self._tokens / elapsed,
@@ -91,6 +124,15 @@ class StepMetrics:
         }
         self._tokens = 0
         self._since = now
+        for env, (mine, theirs) in starved_envs(counters.per_env).items():
+            if env not in self._warned_starved:  # once per env and attempt
+                self._warned_starved.add(env)
+                log.warning(
+                    "env %s is starved: %.0f%% of its finished episodes were wasted as stale (other envs: %.0f%%); "
+                    "its tasks finish too late for max_off_policy_steps. Raise max_off_policy_steps, or split its "
+                    "groups (rollout.members_per_request) so members finish sooner; per_env in metrics.jsonl",
+                    env, 100 * mine, 100 * theirs,
+                )  # fmt: skip
         if self._fh is not None:
             self._fh.write(json.dumps(line) + "\n")
             self._fh.flush()

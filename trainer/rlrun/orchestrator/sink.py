@@ -72,6 +72,14 @@ class SinkCounters:
     samples_dropped_stale: int = 0
     members_left_out_stale: int = 0
     groups_abandoned: int = 0
+    #: ``{env: {"finished": episodes, "wasted_stale": episodes, "abandoned": groups}}``: where the waste falls
+    #: (a task class that is always slow is starved first: :func:`rlrun.orchestrator.metrics.starved_envs`)
+    per_env: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def count_env(self, env: str, key: str, n: int = 1) -> None:
+        """Add ``n`` to env ``env``'s ``key`` (``finished``, ``wasted_stale`` or ``abandoned``)."""
+        counts = self.per_env.setdefault(env, {"finished": 0, "wasted_stale": 0, "abandoned": 0})
+        counts[key] += n
 
 
 class TrainSink:
@@ -130,6 +138,7 @@ class TrainSink:
             The samples this call queued (empty while the group is open or when it was rejected).
         """
         self.counters.episodes_finished += len(episodes)
+        self.counters.count_env(task.env, "finished", len(episodes))
         if group_id in self.abandoned:  # results that were on their way when the group was given up
             self._record(
                 LedgerEvent.ABANDONED, [e.episode_id for e in episodes], group=group_id, reason=self.abandoned[group_id]
@@ -163,6 +172,8 @@ class TrainSink:
         self.queue, stale = split_fresh(self.queue, self.min_fresh(step))
         if stale:
             self.counters.samples_dropped_stale += len(stale)
+            for s in stale:
+                self.counters.count_env(s.trace.env, "wasted_stale")
             self._record(LedgerEvent.DROPPED_STALE, [s.trace.episode_id for s in stale], step=step)
         return stale
 
@@ -196,6 +207,7 @@ class TrainSink:
         fresh, stale = split_fresh(group.episodes, floor)
         if stale:
             self.counters.members_left_out_stale += len(stale)
+            self.counters.count_env(group.task.env, "wasted_stale", len(stale))
             self._record(LedgerEvent.DROPPED_STALE, [e.episode_id for e in stale], group=group.group_id, **fields)
         group.episodes = fresh
         return fresh
@@ -212,7 +224,7 @@ class TrainSink:
         fresh = self._keep_fresh(group, cancellation.min_fresh_version, at="cancel") if group is not None else []
         return bool(fresh) or cancellation.others_out
 
-    def abandon(self, group_id: int, reason: str) -> None:
+    def abandon(self, group_id: int, reason: str, env: str | None = None) -> None:
         """Give up group ``group_id``: its finished episodes are recorded as abandoned (with ``reason``) and
         counted, and episodes of it that still arrive (results already queued) are recorded the same way.
 
@@ -224,6 +236,9 @@ class TrainSink:
         group = self.open_groups.pop(group_id, None)
         self.abandoned[group_id] = reason
         self.counters.groups_abandoned += 1
+        env = group.task.env if group is not None else env
+        if env is not None:
+            self.counters.count_env(env, "abandoned")
         ids = [e.episode_id for e in group.episodes] if group is not None else []
         self._record(LedgerEvent.ABANDONED, ids, group=group_id, reason=reason)
 
@@ -256,6 +271,8 @@ class TrainSink:
         self.open_groups = {g: OpenGroup(g, task, list(eps)) for g, task, eps in plan.open_groups}
         self.counters.samples_dropped_stale += len(plan.dropped_samples)
         self.counters.members_left_out_stale += len(plan.dropped_episodes)
+        for env in [s.trace.env for s in plan.dropped_samples] + [e.task.env for e in plan.dropped_episodes]:
+            self.counters.count_env(env, "wasted_stale")
         dropped = [s.trace.episode_id for s in plan.dropped_samples] + [e.episode_id for e in plan.dropped_episodes]
         if dropped:
             self._record(LedgerEvent.DROPPED_STALE, dropped, step=next_step, at="resume")
