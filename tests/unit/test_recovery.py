@@ -246,3 +246,36 @@ def test_a_hit_trainer_rank_makes_the_whole_trainer_group_the_recovery():
         orchestrator_node="node-a", trainer_group=group, now=NOW,
     )  # fmt: skip
     assert (rec.scope, rec.pods) == ("attempt", ["demo-trainer-1-a0"])  # every pod restarts anyway
+
+
+def conditions(status) -> dict[str, str]:
+    return {c["type"]: c["status"] for c in status.get("conditions") or []}
+
+
+@pytest.mark.parametrize(
+    ("lost", "orchestrator_node", "ready", "phase"),
+    [
+        ([hit("rollout", node="node-b")], "node-a", "True", "Running"),  # training goes on: still Ready
+        ([hit("trainer")], "node-b", "False", "Recovering"),  # no training until the replacement trainer runs
+        ([hit("trainer")], "node-a", "False", "Recovering"),  # the orchestrator's node too: the attempt restarts
+    ],
+)
+def test_which_conditions_are_true_together_during_a_preemption(lost, orchestrator_node, ready, phase):
+    """The rule of docs/operator.md ("Conditions true together"): Preempted says a preemption is being
+    recovered from; Ready says training goes on. A lost rollout pod leaves both True (the run trains with the
+    servers left); a lost trainer or orchestrator makes Ready False until the recovery ends."""
+    running = merged({"attempt": 0, "phase": "Running"}, {"conditions": recovery._conditions(
+        {}, 1, NOW, ("Ready", True, "Running", ""), ("Preempted", False, "Recovered", ""),
+        ("Succeeded", False, "Running", ""), ("Failed", False, "Running", ""),
+    )})  # fmt: skip
+    patch, rec = recovery.begin(
+        running, 1, lost, orchestrator_alive=True, backoff_limit=3, orchestrator_node=orchestrator_node, now=NOW
+    )
+    during = merged(running, patch)
+    assert conditions(during) == {"Ready": ready, "Preempted": "True", "Succeeded": "False", "Failed": "False"}
+    assert during.get("phase") == phase
+    done = merged(during, recovery.finished(during, 1, rec, None, rec.attempt or 0, now=NOW))
+    assert conditions(done)["Preempted"] == "False" and conditions(done)["Ready"] in ("True", "False")
+    assert not (
+        conditions(done)["Ready"] == "True" and "True" in (conditions(done)["Succeeded"], conditions(done)["Failed"])
+    )
