@@ -49,6 +49,7 @@ bench: setup
 	$(PY) benchmarks/step_time.py
 	$(PY) benchmarks/snapshot.py
 	$(PY) benchmarks/operator.py
+	$(PY) benchmarks/liveness.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -7,38 +7,13 @@ import json
 
 import httpx
 import pytest
-from rlrun.api.spec import SamplingSpec
-from rlrun.envs import ReverseTextEnv
 from rlrun.orchestrator.dispatcher import Dispatcher, DispatchError, GroupResult
 from rlrun.orchestrator.groups import GroupRequest
 from rlrun.rollout.client import RolloutClient
 from rlrun.rollout.fake import fake_vllm_transport
 
+from tests.support.dispatcher import CHARS, ENV, make_dispatcher
 from tests.support.samples import task
-
-ENV = ReverseTextEnv()
-CHARS = {c: i + 2 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz= ")}
-IDS = {i: c for c, i in CHARS.items()}
-
-
-def make_dispatcher(
-    transports: dict[str, httpx.AsyncBaseTransport], members_per_request=None, retry_window_s=5.0, timeout_s=30.0
-):
-    results: asyncio.Queue[GroupResult] = asyncio.Queue()
-    dispatcher = Dispatcher(
-        list(transports),
-        encode=lambda text: [CHARS[c] for c in text],
-        decode=lambda ids: "".join(IDS.get(i, "?") for i in ids),
-        eos_id=0,
-        envs={ENV.name: ENV},
-        sampling=SamplingSpec(max_tokens=8),
-        results=results,
-        retry_window_s=retry_window_s,
-        client_factory=lambda url: RolloutClient(url, transport=transports[url]),
-        members_per_request=members_per_request,
-        request_timeout_s=timeout_s,
-    )
-    return dispatcher, results
 
 
 def never_answers() -> httpx.MockTransport:

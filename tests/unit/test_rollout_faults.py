@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 
 import httpx
 import pytest
 from rlrun.ledger import check_ledger, read_ledger
-from rlrun.orchestrator import endpoints
+from rlrun.orchestrator import endpoints, liveness
+from rlrun.orchestrator.groups import GroupRequest
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rollout.client import RolloutClient, RolloutError
 from rlrun.rollout.fake import fake_vllm_transport
@@ -20,6 +22,7 @@ from rlrun.training.fake import start_fake_trainer
 
 from tests.support.manifests import parse
 from tests.support.polling import wait_for_async
+from tests.support.samples import task
 
 
 def spec(**rollout):
@@ -46,8 +49,16 @@ class Faults(httpx.AsyncBaseTransport):
         self.completions = 0
         #: completion request number (1, 2, …) → what its last choice becomes (e.g. ``{"finish_reason": "abort"}``)
         self.unusable = unusable or {}
+        self.hanging = 0
+
+    async def metrics(self, request: httpx.Request) -> httpx.Response:
+        text = (await self.inner.handle_async_request(request)).text  # the fake's own count, plus the stragglers
+        running = int(text.split("vllm:num_requests_running", 1)[1].split()[1]) + self.hanging
+        return httpx.Response(200, text=f'vllm:num_requests_running{{model_name="policy"}} {running}\n')
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return await self.metrics(request)
         if request.url.path == "/v1/completions":
             self.completions += 1
             prompt = json.loads(request.content)["prompt"]
@@ -56,6 +67,7 @@ class Faults(httpx.AsyncBaseTransport):
             if prompt == self.failing_prompt:
                 return httpx.Response(500, text="CUDA error: an illegal memory access was encountered")
             if self.completions <= self.hang:
+                self.hanging += 1  # a straggler: the server works on it (its /metrics says so), slowly
                 await asyncio.sleep(3600)
             if self.completions in self.unusable:
                 answer = await self.inner.handle_async_request(request)
@@ -422,3 +434,65 @@ async def test_weight_updates_of_one_server_never_overlap_nor_go_back(tmp_path):
     assert late == [True, False] and server.overlaps == 0  # the late catch-up to 1 does not take it back
     assert client.loaded_version == server.held == 3
     await client.aclose()
+
+
+class Mute(httpx.AsyncBaseTransport):
+    """A server that takes completion requests and never answers them while its ``/metrics`` says it runs
+    ``running`` requests (0: it lost them, issue 26; None: it has no ``/metrics``)."""
+
+    def __init__(self, running: int | None = 0) -> None:
+        self.inner = fake_vllm_transport(error_rate=0.3)
+        self.running = running
+        self.taken = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/completions":
+            self.taken += 1
+            await asyncio.sleep(3600)
+        if request.url.path == "/metrics":
+            if self.running is None:
+                return httpx.Response(404, text="Not Found")
+            return httpx.Response(200, text=f'vllm:num_requests_running{{model_name="policy"}} {self.running}\n')
+        return await self.inner.handle_async_request(request)
+
+
+@pytest.fixture
+def quick_guard(monkeypatch):
+    """The liveness guard's looks in tenths of seconds (its defaults: 2 s, 2 s, 3 s)."""
+    monkeypatch.setattr(liveness, "CHECK_EVERY_S", 0.1)
+    monkeypatch.setattr(liveness, "GRACE_S", 0.2)
+    monkeypatch.setattr(liveness, "CONFIRM_S", 0.5)
+
+
+async def test_requests_a_server_lost_are_asked_again_within_seconds_not_at_the_timeout(
+    tmp_path, tiny_model, quick_guard
+):
+    run_dir = RunDir(tmp_path)
+    mute = Mute(running=0)
+    orch = two_servers(run_dir, tiny_model, {"http://mute:1": mute, "http://up:1": Faults()})  # timeout 600 s
+    t0 = time.monotonic()
+    assert await run_to_the_end(orch, run_dir, tiny_model) == 2
+    assert time.monotonic() - t0 < 20  # not the 600 s request timeout
+    lost = [e for e in events(run_dir, "cancelled") if e["reason"] == "lost"]
+    assert mute.taken >= 1 and len(lost) == orch.liveness.lost_requests >= 1
+    assert all(e["error"].startswith("rollout endpoint http://mute:1 reported no request running") for e in lost)
+    assert [e for e in events(run_dir, "cancelled") if e["reason"] != "lost"] == []  # not counted as retries
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok and report.steps == 2 and report.trained == 16, report.problems
+
+
+@pytest.mark.parametrize("running", [3, None])  # slow but working; or cannot say
+async def test_the_guard_never_fires_on_a_server_that_works_or_cannot_say(running, quick_guard):
+
+    from tests.unit.test_dispatcher import make_dispatcher
+
+    dispatcher, _ = make_dispatcher({"http://slow:1": Mute(running=running)})
+    settled: list = []
+    guard = liveness.LivenessGuard()
+    guard.bind(dispatcher, settled.extend)
+    dispatcher.dispatch(GroupRequest(1, task(), 4), policy_version=0)
+    for _ in range(20):  # 2 s of looks: 4 × the time it takes to declare a mute server's requests lost
+        await asyncio.sleep(0.1)
+        await guard.check()
+    assert settled == [] and guard.lost_requests == 0 and dispatcher.inflight_samples == 4
+    await dispatcher.aclose()

@@ -79,11 +79,12 @@ def _key(request: GroupRequest) -> tuple[int, int]:
 
 
 @dataclass
-class _Inflight:
+class _Inflight:  # a request in flight: its task, what it asks, its label, and its current try
     task: asyncio.Task
     request: GroupRequest
     policy_version: int
     url: str | None = None  # the endpoint its current try waits on (None between tries)
+    sent_at: float = 0.0  # when its current try was sent (monotonic seconds)
 
 
 @dataclass(frozen=True)
@@ -234,17 +235,20 @@ class Dispatcher:
 
     def _drop(self, urls: list[str], why: str) -> list[GroupCancellation]:
         """Remove the clients of ``urls``, cancelling their in-flight requests (returned as ``lost``)."""
-        lost = []
-        for entry in list(self.inflight.values()):
-            if entry.url in urls:
-                entry.task.cancel()
-                del self.inflight[_key(entry.request)]
-                lost.append(entry)
-        self.cancelled_groups += len(lost)
+        lost = self.lose([_key(e.request) for e in self.inflight.values() if e.url in urls], why)
         for url in urls:
             client = self.clients.pop(url)
             self.load.pop(url, None)
             asyncio.get_event_loop().create_task(client.aclose())
+        return lost
+
+    def lose(self, keys: list[tuple[int, int]], why: str) -> list[GroupCancellation]:
+        """Cancel in-flight requests ``keys`` (their server is gone, or not working on them: :mod:`.liveness`), returned
+        as ``lost`` cancellations (``rollout endpoint <url> <why>``) to settle before the caller's next ``await``."""
+        lost = [self.inflight.pop(k) for k in keys if k in self.inflight]
+        for entry in lost:
+            entry.task.cancel()
+        self.cancelled_groups += len(lost)
         return [
             GroupCancellation(
                 e.request, None, self.has_work_out(e.request.group_id), "lost", f"rollout endpoint {e.url} {why}"
@@ -253,11 +257,9 @@ class Dispatcher:
         ]
 
     async def wait_until_healthy(self, timeout_s: float, stop: asyncio.Event) -> None:
-        """Wait until every endpoint answers ``/health``; with none yet, wait for endpoints to be set.
-
-        On Kubernetes the operator sends the endpoints once rollout pods are ready, which may take
-        as long as scheduling a GPU node: that wait has no deadline (the operator reports it).
-        Returns early once ``stop`` is set.
+        """Wait until every endpoint answers ``/health``; with none yet, wait for endpoints to be set (no deadline:
+        on Kubernetes the operator sends them once rollout pods are ready, which may take as long as scheduling a
+        GPU node; the operator reports that wait). Returns early once ``stop`` is set.
 
         Raises:
             DispatchError: endpoints still unhealthy ``timeout_s`` seconds after they were set.
@@ -363,7 +365,7 @@ class Dispatcher:
                     url = self._pick(failed, policy_version)
                     self.load[url] += request.members
                     if entry is not None:
-                        entry.url = url
+                        entry.url, entry.sent_at = url, time.monotonic()
                     try:
                         completions = await asyncio.wait_for(
                             self.clients[url].complete(prompt_ids, self.sampling, n=request.members),

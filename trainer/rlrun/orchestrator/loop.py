@@ -37,6 +37,7 @@ from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.groups import GroupCancellation
 from rlrun.orchestrator.journal import Journal
 from rlrun.orchestrator.journal_files import FRESH_BASE, journal_root
+from rlrun.orchestrator.liveness import LivenessGuard
 from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.orchestrator.resume import begin_attempt
 from rlrun.orchestrator.signals import TerminationHandler
@@ -126,6 +127,7 @@ class Orchestrator:
         self.journal: Journal | None = None  # opened once the attempt has begun (its base is known)
         self.admission = Admission()
         self.endpoints = EndpointMembership()
+        self.liveness = LivenessGuard()
         self.dispatcher: Dispatcher | None = None
         self.shipped = 0
         #: the last batch cut from the queue: shipped, or being written (flow control counts it as shipped:
@@ -306,6 +308,7 @@ class Orchestrator:
                     self._dispatch_within_budget()
                 await self.endpoints.catch_up_lagging()
                 await self.endpoints.rejoin_benched()
+                await self.liveness.check()
             # Paused: the trainer's save on notice is completed with the pause snapshot (checkpointing.py).
             if not self.paused or self.checkpoints.paused_capture is not None:
                 await self.checkpoints.complete_new_trainer_parts()
@@ -360,6 +363,7 @@ class Orchestrator:
         self.endpoints.bind(
             self.dispatcher, self.weights, self.client_factory, self._settle, self._dispatch_within_budget
         )
+        self.liveness.bind(self.dispatcher, self._settle)
         self.admission.bind(
             self.sink, self.source, self.dispatcher, self.ledger, self.metrics, self.results, self._settle,
             next_step=lambda: self.cut + 1, holding=lambda: self.paused or self.phase == "done",

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
+from prometheus_client.parser import text_string_to_metric_families
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from rlrun.api.spec import SamplingSpec
@@ -165,6 +166,29 @@ class RolloutClient:
         if resp.status_code >= 400:
             raise RolloutError(f"{self.base_url}{path}: {resp.status_code} {resp.text[:300]}")
         return resp
+
+    @property
+    def updating(self) -> bool:
+        """Whether a weight update of this server is under way (it holds new requests while paused)."""
+        return self._updating.locked()
+
+    async def queue_depth(self) -> int | None:
+        """Requests the server is working on: vLLM's ``vllm:num_requests_running`` + ``vllm:num_requests_waiting``
+        from ``GET /metrics`` (a request with ``n`` > 1 counts ``n``). None when it cannot say (no answer, or
+        no such metrics): unknown, never zero."""
+        try:
+            resp = await self._http.get("/metrics", timeout=5.0)
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        found = [
+            s.value
+            for family in text_string_to_metric_families(resp.text)
+            if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting")
+            for s in family.samples
+        ]
+        return int(sum(found)) if found else None
 
     async def healthy(self) -> bool:
         """True when ``GET /health`` answers 200."""

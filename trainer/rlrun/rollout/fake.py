@@ -6,7 +6,8 @@ the text reversed with each token replaced at random with probability ``error_ra
 then EOS, cut at the request's ``max_tokens`` (``finish_reason: "length"``), so rewards and
 group rejections resemble a real run's. With ``samples_per_s`` set, completions are served
 at that aggregate rate (a model of a real server's throughput); without it they are
-instant. A weight reload (``POST /collective_rpc`` with ``rlrun_reload_weights``) answers
+instant. ``GET /metrics`` reports the completions being generated as vLLM's
+``vllm:num_requests_running`` (and ``vllm:num_requests_waiting`` 0). A weight reload (``POST /collective_rpc`` with ``rlrun_reload_weights``) answers
 as the worker extension does: ``ok`` when the directory holds ``*.safetensors`` files, an
 error naming the directory otherwise (nothing is loaded: the answers do not depend on the
 weights).
@@ -50,16 +51,24 @@ def fake_vllm_transport(
         seed: seed of the errors (the same requests in the same order get the same answers).
     """
     rng = random.Random(seed)
-    clock = {"free_at": 0.0}
+    clock = {"free_at": 0.0, "running": 0}
 
     async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":  # what the orchestrator's liveness guard reads, as vLLM names it
+            text = f'vllm:num_requests_running{{model_name="policy"}} {clock["running"]}\n'
+            text += 'vllm:num_requests_waiting{model_name="policy"} 0\n'
+            return httpx.Response(200, text=text)
         if request.url.path == "/v1/completions":
             body = json.loads(request.content)
             n = body.get("n", 1)
             if samples_per_s:
                 loop = asyncio.get_running_loop()
                 clock["free_at"] = max(clock["free_at"], loop.time()) + n / samples_per_s
-                await asyncio.sleep(clock["free_at"] - loop.time())
+                clock["running"] += n
+                try:
+                    await asyncio.sleep(clock["free_at"] - loop.time())
+                finally:
+                    clock["running"] -= n
             answer = body["prompt"][-2::-1]
             max_tokens = body.get("max_tokens") or len(answer) + 1
             choices = []
@@ -104,7 +113,8 @@ def fake_vllm_app(**kwargs):
     async def answer(request: web.Request) -> web.Response:
         body = await request.read()
         resp = await handler(httpx.Request(request.method, str(request.url), content=body))
-        return web.Response(status=resp.status_code, body=resp.content, content_type="application/json")
+        kind = resp.headers.get("content-type", "application/json").split(";")[0]
+        return web.Response(status=resp.status_code, body=resp.content, content_type=kind)
 
     app = web.Application()
     app.router.add_route("*", "/{path:.*}", answer)
