@@ -26,6 +26,7 @@ A policy object like :mod:`.endpoints`: it owns no task; the orchestrator's foll
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -76,9 +77,14 @@ class LivenessGuard:
         out = self._out(now)
         for url in [u for u in self._idle if u not in out]:
             del self._idle[url]
+        # every server at once: the follower loop that calls this also pushes weights, and one server's slow
+        # /metrics must not hold the others' looks (nor the next update) for its timeout each
+        looked = [u for u in out if (c := self.dispatcher.clients.get(u)) is not None and not c.updating]
+        answers = await asyncio.gather(*(self.dispatcher.clients[u].queue_depth() for u in looked))
+        depths = dict(zip(looked, answers, strict=True))
         for url, keys in out.items():
             client = self.dispatcher.clients.get(url)
-            if client is None or client.updating or await client.queue_depth() != 0 or client.updating:
+            if client is None or client.updating or depths.get(url) != 0:
                 self._idle.pop(url, None)  # gone, being given weights, working, or cannot say: nothing to do
                 continue
             seen = self._idle.get(url)
