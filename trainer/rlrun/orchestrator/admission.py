@@ -63,6 +63,11 @@ class Admission:
         self.sink, self.source, self.dispatcher, self.ledger, self.metrics = sink, source, dispatcher, ledger, metrics
         self.wake, self.settle, self.next_step, self.holding = wake, settle, next_step, holding
 
+    @property
+    def unadmitted(self) -> int:
+        """Requests journaled and not yet admitted (waiting for their group commit)."""
+        return len(self._unadmitted)
+
     def consume(self, result: GroupResult) -> None:
         """Journal a request's episodes (admitted by :meth:`on_durable` once durable); a failed request is
         settled, and without a journal (or for an abandoned group) the episodes are admitted at once."""

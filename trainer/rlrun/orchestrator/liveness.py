@@ -8,7 +8,7 @@ default), and at the last step lost requests stall the run outright.
 
 The guard: every :data:`CHECK_EVERY_S`, for each server that has requests in flight sent at least
 :data:`GRACE_S` ago, it reads what the server says it is working on (vLLM's ``/metrics``: requests
-running + waiting, :meth:`~rlrun.rollout.client.RolloutClient.queue_depth`). A server that reports
+running + waiting, :meth:`~rlrun.rollout.client.RolloutClient.load`). A server that reports
 **0** while such requests are out, at two looks at least :data:`CONFIRM_S` apart, with requests
 that were already out at the first look still out at the second, is not working on them: those
 requests are cancelled and their members asked again at once (``lost``, as for a removed
@@ -20,6 +20,20 @@ given new weights (a paused server holds new requests), or that reports any work
 the side of waiting, because a false alarm wastes the work of a healthy server. Detection time
 after a loss: :data:`GRACE_S` + up to :data:`CHECK_EVERY_S` + :data:`CONFIRM_S` (≈ 7 s).
 
+A server in its first :data:`WARMUP_S` (by the ``process_start_time_seconds`` its ``/metrics`` gives) gets
+:data:`WARMUP_CONFIRM_S` instead of :data:`CONFIRM_S`: vLLM publishes its running and waiting counts with
+the output of each engine step, and its first steps after start (new batch shapes compiled) can take many
+seconds on a loaded machine, its counts reading 0 all along. Seen with two runs sharing 2 cores: the first 64
+requests of a run were answered only after 14 s, and the 3 s window asked them again twice, for nothing
+(``docs/measurements.md``, "Liveness guard").
+
+**Stall report.** What the guard cannot see — work lost inside the orchestrator (nothing in flight, nothing
+requested, a batch never filled) — the stall report names: when the run has neither shipped a batch nor
+finished an episode for :data:`STALL_REPORT_S` while running, it logs once (per stall) the whole accounting
+the loop holds (queue, open groups with their finished members and the requests out for them, what is
+requested, in flight, journaled and not yet admitted, the flow budget). The stall of issue 26 could not be
+reproduced (``docs/design.md``, "Rollout liveness"); the next one says where its work went.
+
 A policy object like :mod:`.endpoints`: it owns no task; the orchestrator's follower loop calls
 :meth:`LivenessGuard.check`, and what it takes out of use comes back for the loop to settle.
 """
@@ -30,6 +44,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.groups import GroupCancellation
@@ -43,6 +58,12 @@ CHECK_EVERY_S = 2.0
 GRACE_S = 2.0
 #: Seconds between the two looks that must both see 0 before requests are declared lost.
 CONFIRM_S = 3.0
+#: Seconds without a shipped batch or a finished episode, while running, before the stall report.
+STALL_REPORT_S = 60.0
+#: A server whose process started less than this long ago (seconds) is warming up…
+WARMUP_S = 120.0
+#: …and its looks must be this far apart (seconds): its first engine steps may be long, its counts reading 0.
+WARMUP_CONFIRM_S = 30.0
 
 
 class LivenessGuard:
@@ -53,11 +74,41 @@ class LivenessGuard:
         #: server → (when it was first seen idle with requests out, the requests out then)
         self._idle: dict[str, tuple[float, set[tuple[int, int]]]] = {}
         self.lost_requests = 0  # requests asked again because their server was not working on them
+        self._progress: tuple[float, object] = (time.monotonic(), None)  # (since when, the progress seen)
+        self.stalls_reported = 0
 
-    def bind(self, dispatcher: Dispatcher, settle: Callable[[list[GroupCancellation]], None]) -> None:
-        """Wire it to the ``dispatcher`` whose requests it watches and ``settle`` for those it cancels."""
+    def bind(
+        self,
+        dispatcher: Dispatcher,
+        settle: Callable[[list[GroupCancellation]], None],
+        progress: Callable[[], object] = lambda: None,
+        accounting: Callable[[], dict] = dict,
+    ) -> None:
+        """Wire it to the ``dispatcher`` whose requests it watches and ``settle`` for those it cancels; for the
+        stall report, ``progress()`` (a value that changes whenever the run moves, None while it is not
+        running: paused, done) and ``accounting()`` (what the report logs)."""
         self.dispatcher = dispatcher
         self.settle = settle
+        self.progress = progress
+        self.accounting = accounting
+
+    def check_stall(self) -> bool:
+        """Log the stall report when the run has not moved for :data:`STALL_REPORT_S` (once per stall);
+        returns whether it did."""
+        now, seen = time.monotonic(), self.progress()
+        since, before = self._progress
+        if seen is None or seen != before:
+            self._progress = (now, seen)
+            return False
+        if now - since < STALL_REPORT_S:
+            return False
+        self._progress = (float("inf"), seen)  # once per stall: reset when the run moves
+        self.stalls_reported += 1
+        log.error(
+            "the run has not moved for %.0f s (no batch shipped, no episode finished); please report this with the "
+            "accounting: %s", now - since, self.accounting(),
+        )  # fmt: skip
+        return True
 
     def _out(self, now: float) -> dict[str, set[tuple[int, int]]]:
         """Each server's requests in flight sent at least :data:`GRACE_S` ago."""
@@ -73,6 +124,7 @@ class LivenessGuard:
         if now - self._last_check < CHECK_EVERY_S:
             return 0
         self._last_check = now
+        self.check_stall()
         asked_again = 0
         out = self._out(now)
         for url in [u for u in self._idle if u not in out]:
@@ -80,11 +132,12 @@ class LivenessGuard:
         # every server at once: the follower loop that calls this also pushes weights, and one server's slow
         # /metrics must not hold the others' looks (nor the next update) for its timeout each
         looked = [u for u in out if (c := self.dispatcher.clients.get(u)) is not None and not c.updating]
-        answers = await asyncio.gather(*(self.dispatcher.clients[u].queue_depth() for u in looked))
-        depths = dict(zip(looked, answers, strict=True))
+        answers = await asyncio.gather(*(self.dispatcher.clients[u].load() for u in looked))
+        loads = dict(zip(looked, answers, strict=True))
         for url, keys in out.items():
             client = self.dispatcher.clients.get(url)
-            if client is None or client.updating or depths.get(url) != 0:
+            load = loads.get(url)
+            if client is None or client.updating or load is None or load.requests != 0:
                 self._idle.pop(url, None)  # gone, being given weights, working, or cannot say: nothing to do
                 continue
             seen = self._idle.get(url)
@@ -94,7 +147,8 @@ class LivenessGuard:
             inflight = self.dispatcher.inflight
             # out at both looks and still out on this server (the look awaited: things may have moved)
             stuck = {k for k in seen[1] & keys if k in inflight and inflight[k].url == url}
-            if time.monotonic() - seen[0] < CONFIRM_S or not stuck:
+            warming = load.started_at is not None and time.time() - load.started_at < WARMUP_S
+            if time.monotonic() - seen[0] < (WARMUP_CONFIRM_S if warming else CONFIRM_S) or not stuck:
                 continue
             del self._idle[url]
             idle_s = time.monotonic() - seen[0]
@@ -109,3 +163,26 @@ class LivenessGuard:
                 url, len(lost), idle_s,
             )  # fmt: skip
         return asked_again
+
+
+def stall_accounting(orch: Any) -> dict:
+    """What the stall report logs of orchestrator ``orch`` (:class:`~rlrun.orchestrator.loop.Orchestrator`): where
+    every sample the next batch needs is (queued, kept in open groups, out, requested, journaled not admitted)
+    and the flow budget that decides whether more is dispatched."""
+    d, sink, source = orch.dispatcher, orch.sink, orch.source
+    out: dict[int, list[tuple[int, int, str | None]]] = {}
+    for (group, first), entry in d.inflight.items():
+        out.setdefault(group, []).append((first, entry.request.members, entry.url))
+    return {
+        "step_shipped": orch.shipped,
+        "cut": orch.cut,
+        "policy_version": orch.policy_version,
+        "queue": len(sink.queue),
+        "open_groups": {g: {"finished": len(o.episodes), "out": out.get(g, [])} for g, o in sink.open_groups.items()},
+        "inflight_samples": d.inflight_samples,
+        "delivered_not_taken": sorted(d.undelivered),
+        "requested": [(r.group_id, r.first_member, r.members) for r in source.resume_requests],
+        "journaled_not_admitted": orch.admission.unadmitted,
+        "budget": orch.flow.budget(orch.policy_version, orch.cut),
+        "committed": len(sink.queue) + sink.finished_episodes_kept + d.outstanding_samples,
+    }

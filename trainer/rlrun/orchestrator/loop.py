@@ -37,7 +37,7 @@ from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.groups import GroupCancellation
 from rlrun.orchestrator.journal import Journal
 from rlrun.orchestrator.journal_files import FRESH_BASE, journal_root
-from rlrun.orchestrator.liveness import LivenessGuard
+from rlrun.orchestrator.liveness import LivenessGuard, stall_accounting
 from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.orchestrator.resume import begin_attempt
 from rlrun.orchestrator.signals import TerminationHandler
@@ -314,6 +314,9 @@ class Orchestrator:
                 await self.checkpoints.complete_new_trainer_parts()
             await asyncio.sleep(self.poll_s)
 
+    def _progress(self) -> tuple[int, int] | None:  # what moves while the run does (None: not running)
+        return None if self.paused or self.phase != "running" else (self.shipped, self.sink.counters.episodes_finished)
+
     def _done(self) -> bool:
         return self.shipped >= self.max_steps and self.checkpoints.last_step >= self.max_steps
 
@@ -363,7 +366,7 @@ class Orchestrator:
         self.endpoints.bind(
             self.dispatcher, self.weights, self.client_factory, self._settle, self._dispatch_within_budget
         )
-        self.liveness.bind(self.dispatcher, self._settle)
+        self.liveness.bind(self.dispatcher, self._settle, self._progress, lambda: stall_accounting(self))
         self.admission.bind(
             self.sink, self.source, self.dispatcher, self.ledger, self.metrics, self.results, self._settle,
             next_step=lambda: self.cut + 1, holding=lambda: self.paused or self.phase == "done",

@@ -87,6 +87,19 @@ def _aiohttp_session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=5.0, use_dns_cache=False))
 
 
+@dataclass(frozen=True)
+class ServerLoad:
+    """What a rollout server reports it is working on (:meth:`RolloutClient.load`).
+
+    Attributes:
+        requests: requests running + waiting (completions: ``n`` > 1 counts ``n``).
+        started_at: when the server's process started (Unix seconds; None: not reported).
+    """
+
+    requests: int
+    started_at: float | None = None
+
+
 class RolloutClient:
     """Talks to one vLLM server at ``base_url`` (e.g. ``http://127.0.0.1:8000``).
 
@@ -172,23 +185,24 @@ class RolloutClient:
         """Whether a weight update of this server is under way (it holds new requests while paused)."""
         return self._updating.locked()
 
-    async def queue_depth(self) -> int | None:
-        """Requests the server is working on: vLLM's ``vllm:num_requests_running`` + ``vllm:num_requests_waiting``
-        from ``GET /metrics`` (a request with ``n`` > 1 counts ``n``). None when it cannot say (no answer, or
-        no such metrics): unknown, never zero."""
+    async def load(self) -> ServerLoad | None:
+        """What the server says it is working on, from ``GET /metrics``: vLLM's ``vllm:num_requests_running`` +
+        ``vllm:num_requests_waiting`` (a request with ``n`` > 1 counts ``n``) and the start time of its process
+        (Prometheus' ``process_start_time_seconds``, when exposed). None when it cannot say (no answer, or no
+        such metrics): unknown, never zero."""
         try:
             resp = await self._http.get("/metrics", timeout=5.0)
         except httpx.HTTPError:
             return None
         if resp.status_code != 200:
             return None
-        found = [
-            s.value
-            for family in text_string_to_metric_families(resp.text)
-            if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting")
-            for s in family.samples
-        ]
-        return int(sum(found)) if found else None
+        found, started = [], None
+        for family in text_string_to_metric_families(resp.text):
+            if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+                found += [s.value for s in family.samples]
+            elif family.name == "process_start_time_seconds" and family.samples:
+                started = family.samples[0].value
+        return ServerLoad(int(sum(found)), started) if found else None
 
     async def healthy(self) -> bool:
         """True when ``GET /health`` answers 200."""
