@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from rlrun.training.loss import clipped_policy_loss, token_logprobs
+from rlrun.training.loss import clipped_policy_loss, token_entropy, token_logprobs
 
 
 def _two_tokens(advantage: float):
@@ -59,3 +59,32 @@ def test_token_logprobs_align_with_next_tokens_and_temperature():
     lp_t = token_logprobs(logits, ids, temperature=2.0)
     p = math.sqrt(3) / (1 + math.sqrt(3))
     assert lp_t[0].tolist() == pytest.approx([math.log(p), math.log(p)])
+
+
+def test_token_entropy_of_uniform_and_peaked_distributions():
+    v = 7
+    uniform = token_entropy(torch.zeros(2, 4, v))
+    assert uniform.shape == (2, 3)  # one per position that predicts a next token
+    assert uniform.flatten().tolist() == pytest.approx([math.log(v)] * 6)
+    peaked = torch.full((1, 3, v), -1e4)
+    peaked[..., 2] = 1e4
+    assert token_entropy(peaked).flatten().tolist() == pytest.approx([0.0, 0.0], abs=1e-6)
+    masked = torch.tensor([[[0.0, 0.0, float("-inf")], [0.0, 0.0, 0.0]]])  # p = 0 adds nothing, not NaN
+    assert token_entropy(masked).item() == pytest.approx(math.log(2))
+
+
+def test_token_entropy_is_of_the_distribution_at_the_sampling_temperature():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11)
+    for temperature in (0.5, 1.0, 2.0):
+        expected = torch.distributions.Categorical(logits=logits[:, :-1] / temperature).entropy()
+        assert torch.allclose(token_entropy(logits, temperature), expected, atol=1e-5)
+    # a higher temperature flattens the distribution: the entropy grows toward log V
+    cold, warm = token_entropy(logits, 0.5), token_entropy(logits, 2.0)
+    assert (cold < token_entropy(logits)).all() and (token_entropy(logits) < warm).all()
+    assert (warm < math.log(11)).all()
+    # two tokens with logits (0, log 3): p = (1/4, 3/4) at T = 1, (1, √3)/(1 + √3) at T = 2
+    two = torch.tensor([[[0.0, math.log(3.0)], [0.0, 0.0]]])
+    h = lambda p: -(p * math.log(p) + (1 - p) * math.log(1 - p))  # noqa: E731
+    assert token_entropy(two).item() == pytest.approx(h(0.25))
+    assert token_entropy(two, 2.0).item() == pytest.approx(h(1 / (1 + math.sqrt(3))))

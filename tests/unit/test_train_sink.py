@@ -31,6 +31,60 @@ def test_group_with_equal_rewards_is_rejected_and_counted():
     assert sink.drain_recent_rewards() == [1.0, 1.0]  # still counted in the reward metric
 
 
+def _group(sink: TrainSink, gid: int, rewards: list[float], completions: list[tuple] | None = None) -> list:
+    completions = completions or [(5, 6, 0)] * len(rewards)
+    eps = [episode(gid, m, r, 0, completion=c) for m, (r, c) in enumerate(zip(rewards, completions, strict=True))]
+    return sink.add_episodes(gid, task(gid), eps, next_step=1)
+
+
+def test_zero_spread_rejections_are_split_into_solved_and_same_wrong():
+    sink = TrainSink(group_size=8, batch_size=8, max_off_policy_steps=1)
+    assert _group(sink, 1, [1.0] * 8, [(m, 0) for m in range(8)]) == []  # solved by all, however it was said
+    assert (sink.counters.groups_rejected, sink.counters.groups_rejected_solved) == (1, 1)
+    assert _group(sink, 2, [0.0] * 8) == []  # the very same wrong answer, 8 times
+    assert (sink.counters.groups_rejected, sink.counters.groups_rejected_same_wrong) == (2, 1)
+    assert _group(sink, 3, [0.5] * 8, [(m, 0) for m in range(8)]) == []  # equal partial credit, different answers
+    counters = sink.counters
+    assert (counters.groups_rejected, counters.groups_rejected_solved, counters.groups_rejected_same_wrong) == (3, 1, 1)
+    assert _group(sink, 4, [0.5] * 7 + [0.25]) != []  # same completions but a spread: trains, counts in neither
+    assert (counters.groups_rejected, counters.groups_rejected_solved, counters.groups_rejected_same_wrong) == (3, 1, 1)
+    assert (counters.groups_scored, sink.drain_recent_groups()) == (4, (4, 3))
+    assert sink.drain_recent_groups() == (0, 0)  # drained
+
+
+def test_a_group_with_a_stale_member_counts_zero_std_by_all_its_rewards():
+    sink = TrainSink(group_size=3, batch_size=8, max_off_policy_steps=0)
+    eps = [episode(5, 0, 1.0, 1), episode(5, 1, 1.0, 1), episode(5, 2, 0.0, 0)]  # version 0 is stale for batch 2
+    assert sink.add_episodes(5, task(5), eps, next_step=2) == []  # the fresh two alone have zero spread: rejected
+    assert (sink.counters.groups_rejected, sink.counters.groups_rejected_solved) == (1, 1)
+    assert sink.drain_recent_groups() == (1, 0)  # the policy's rewards for the task did have a spread
+
+
+def test_frac_reward_zero_std_in_the_metrics_line(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from rlrun.orchestrator.metrics import StepMetrics
+
+    sink = TrainSink(group_size=4, batch_size=4, max_off_policy_steps=1)
+    metrics = StepMetrics(tmp_path / "metrics.jsonl", attempt=1)
+    metrics.start()
+    dispatcher = SimpleNamespace(inflight_samples=0, cancelled_groups=0)
+    _group(sink, 1, [1.0] * 4)  # solved
+    _group(sink, 2, [0.0] * 4)  # same wrong
+    _group(sink, 3, [0.0, 1.0, 0.0, 1.0])  # trains
+    _group(sink, 4, [0.5] * 4, [(m,) for m in range(4)])  # zero std, neither
+    _group(sink, 5, [0.0, 0.0, 0.0, 1.0])  # trains
+    first = metrics.shipped(1, sink.take_batch(1), 0, sink, dispatcher)
+    second = metrics.shipped(2, [sink.queue[0]], 0, sink, dispatcher)  # nothing scored in between
+    metrics.close()
+    assert first["frac_reward_zero_std"] == pytest.approx(3 / 5) and second["frac_reward_zero_std"] is None
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    keys = ("groups_rejected", "groups_rejected_solved", "groups_rejected_same_wrong")
+    assert [[line[k] for k in keys] for line in lines] == [[3, 1, 1]] * 2  # the split counts are cumulative
+    assert [line["frac_reward_zero_std"] for line in lines] == [pytest.approx(0.6), None]
+
+
 @pytest.mark.parametrize(("step", "k", "expected"), [(1, 0, 0), (5, 0, 4), (5, 1, 3), (5, 2, 2), (1, 2, -2)])
 def test_min_fresh_version(step, k, expected):
     assert min_fresh_version(step, k) == expected

@@ -6,7 +6,12 @@ rather than the batch selection; null when none was scored), ``episodes_scored``
 ``batch_reward_mean``, ``completion_len_mean`` (tokens), ``staleness_mean`` /
 ``staleness_max`` (steps off-policy in this batch: ``(step − 1) − policy version``),
 ``queue`` (queued samples left), ``open_groups``, ``inflight`` (completions),
-``groups_rejected``, ``samples_dropped_stale``, ``episodes_wasted_stale`` (cumulative: finished
+``groups_rejected`` (cumulative: too few fresh members, or zero reward spread), of them
+``groups_rejected_solved`` (zero spread, every member at the top reward: solved by all) and
+``groups_rejected_same_wrong`` (zero spread, not solved, every member the same completion tokens:
+the same wrong answer; both cumulative, signs of collapse), ``frac_reward_zero_std`` (share of the
+groups scored since the previous step whose rewards had zero std, all members; null when none),
+``samples_dropped_stale``, ``episodes_wasted_stale`` (cumulative: finished
 episodes that never trained because they grew too old — queued samples swept and members left out
 of scoring or dropped at a cancel), ``stale_wasted_fraction`` (that ÷ the finished episodes, both
 cumulative; null before any), ``per_env`` (``{env: {finished, wasted_stale, abandoned,
@@ -92,6 +97,7 @@ class StepMetrics:
         now = time.monotonic()
         elapsed = max(now - self._since, 1e-9)
         rewards = sink.drain_recent_rewards()
+        groups_scored, groups_zero_std = sink.drain_recent_groups()
         staleness = [(step - 1) - s.policy_version for s in batch]
         counters = sink.counters
         line = {
@@ -108,6 +114,9 @@ class StepMetrics:
             "open_groups": len(sink.open_groups),
             "inflight": dispatcher.inflight_samples,
             "groups_rejected": counters.groups_rejected,
+            "groups_rejected_solved": counters.groups_rejected_solved,
+            "groups_rejected_same_wrong": counters.groups_rejected_same_wrong,
+            "frac_reward_zero_std": groups_zero_std / groups_scored if groups_scored else None,
             "samples_dropped_stale": counters.samples_dropped_stale,
             "episodes_wasted_stale": (wasted := counters.samples_dropped_stale + counters.members_left_out_stale),
             "stale_wasted_fraction": wasted / counters.episodes_finished if counters.episodes_finished else None,

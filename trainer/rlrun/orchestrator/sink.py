@@ -12,7 +12,10 @@ the group's reward std by default (``loss.std_normalize_advantages`` turns it on
 Liu et al. 2025 ("Understanding R1-Zero-Like Training", Dr. GRPO) show the std
 division over-weights groups that are nearly all right or all wrong. A group whose
 advantages are all zero (every member got the same reward) carries no gradient and
-is rejected (counted), so batches hold only samples that teach something.
+is rejected (counted), so batches hold only samples that teach something. Why it had
+zero spread is counted too, since a run collapsing shows there first: solved by every
+member (all at the top reward, prime-rl's ``solved_all``: the task is too easy now), or
+the very same wrong completion from every member (the policy stopped exploring).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from rlrun.samples import Episode, TrainingSample
 Record = Callable[..., None]
 
 ZERO_ADVANTAGE = 1e-9
+#: A reward at least this is the top reward (rewards are in [0, 1]): a member that "solved" the task.
+SOLVED_REWARD = 1.0 - 1e-9
 
 
 def grpo_advantages(rewards: list[float], std_normalize: bool = False, eps: float = 1e-6) -> list[float]:
@@ -66,7 +71,9 @@ class SinkCounters:
 
     episodes_finished: int = 0  # every finished episode that reached the sink (an abandoned group's too)
     groups_scored: int = 0
-    groups_rejected: int = 0
+    groups_rejected: int = 0  # too few fresh members, or zero reward spread
+    groups_rejected_solved: int = 0  # of groups_rejected: zero spread, every member at SOLVED_REWARD
+    groups_rejected_same_wrong: int = 0  # of groups_rejected: zero spread, not solved, identical completions
     samples_queued: int = 0
     samples_shipped: int = 0
     samples_dropped_stale: int = 0
@@ -115,6 +122,7 @@ class TrainSink:
         self.abandoned: dict[int, str] = {}  # groups given up in this attempt → why
         self.counters = SinkCounters()
         self._recent_rewards: list[float] = []
+        self._recent_groups = [0, 0]  # since the last drain: groups scored, those whose rewards had zero std
         self._record = record or (lambda event, ids, **fields: None)
 
     @classmethod
@@ -153,12 +161,18 @@ class TrainSink:
 
     def _score(self, group: OpenGroup, next_step: int) -> list[TrainingSample]:
         self.counters.groups_scored += 1
-        self._recent_rewards.extend(e.reward for e in group.episodes)
+        rewards = [e.reward for e in group.episodes]
+        self._recent_rewards.extend(rewards)
+        # of every member, stale ones included, like the reward metric: it tracks the policy
+        self._recent_groups[0] += 1
+        self._recent_groups[1] += all(abs(a) < ZERO_ADVANTAGE for a in grpo_advantages(rewards))
         fresh = self._keep_fresh(group, self.min_fresh(next_step))
         advantages = grpo_advantages([e.reward for e in fresh], self.std_normalize)
         if len(fresh) < 2 or all(abs(a) < ZERO_ADVANTAGE for a in advantages):
             self.counters.groups_rejected += 1
             reason = "too_few_fresh_members" if len(fresh) < 2 else "zero_advantage"
+            if reason == "zero_advantage":
+                self._count_zero_spread(fresh)
             self._record(LedgerEvent.REJECTED, [e.episode_id for e in fresh], group=group.group_id, reason=reason)
             return []
         samples = [TrainingSample.from_episode(e, a) for e, a in zip(fresh, advantages, strict=True)]
@@ -166,6 +180,13 @@ class TrainSink:
         self.counters.samples_queued += len(samples)
         self._record(LedgerEvent.QUEUED, [s.trace.episode_id for s in samples], group=group.group_id)
         return samples
+
+    def _count_zero_spread(self, members: list[Episode]) -> None:
+        """Count why a group rejected for zero reward spread had it: solved by all, or the same wrong answer."""
+        if all(e.reward >= SOLVED_REWARD for e in members):
+            self.counters.groups_rejected_solved += 1
+        elif len({tuple(e.completion_ids) for e in members}) == 1:
+            self.counters.groups_rejected_same_wrong += 1
 
     def sweep(self, step: int) -> list[TrainingSample]:
         """Drop queued samples too old to train in batch ``step``; returns them."""
@@ -195,6 +216,14 @@ class TrainSink:
     def drain_recent_rewards(self) -> list[float]:
         """Rewards of every episode scored since the last call (rejected groups included)."""
         out, self._recent_rewards = self._recent_rewards, []
+        return out
+
+    def drain_recent_groups(self) -> tuple[int, int]:
+        """``(groups scored, those whose rewards had zero std)`` since the last call (restored groups scored by
+        :meth:`restore` included). A group's rewards are all its members', stale ones included, as in
+        :meth:`drain_recent_rewards`: a group whose fresh members alone have zero spread is rejected without
+        counting here."""
+        out, self._recent_groups = tuple(self._recent_groups), [0, 0]
         return out
 
     @property

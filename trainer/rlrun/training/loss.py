@@ -36,6 +36,24 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of the next-token distributions, nats: ``H = −Σ_v p_v log p_v`` with
+    ``p = softmax(logits[:, t] / temperature)``, the distribution :func:`token_logprobs` reads (the
+    one the tokens were sampled from). A policy collapsing to one answer shows as H falling to 0.
+
+    Args:
+        logits: ``[B, T, V]`` model outputs.
+        temperature: the sampling temperature.
+
+    Returns:
+        ``[B, T-1]``: the entropy at each position that predicts a next token (``log V`` at most).
+    """
+    p = torch.softmax(logits[:, :-1].float() / temperature, dim=-1)
+    # entr(p) = −p log p with entr(0) = 0: a −inf logit (a masked vocabulary entry) adds 0, not NaN; and
+    # one [B, T-1, V] temporary fewer than −(exp(logp) · logp)
+    return torch.special.entr(p).sum(-1)
+
+
 def clipped_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -77,7 +77,7 @@ from rlrun.training.distributed import (
     shard_model,
     single_process,
 )
-from rlrun.training.loss import token_logprobs
+from rlrun.training.loss import token_entropy, token_logprobs
 from rlrun.training.parts import (
     PAIR_WAIT_S,
     choose_checkpoint,
@@ -250,7 +250,10 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         """Train on batch ``step``: this rank's rows of it (all of them in one process), the loss and its
         statistics of the whole batch, one AdamW step after a global gradient clip; returns its metrics
-        (loss, grad norm, ratio stats, |Δlogp| of the whole batch, seconds; ``ranks`` with several).
+        (loss, grad norm, ratio stats, |Δlogp| and ``entropy`` of the whole batch, seconds; ``ranks`` with
+        several). ``entropy``: mean over the trained tokens of the policy's next-token entropy at the sampling
+        temperature (:func:`~rlrun.training.loss.token_entropy`, nats/token, before the step): its fall to 0
+        is the policy collapsing.
 
         Raises:
             Noticed: the notice came while waiting for the batch.
@@ -272,13 +275,18 @@ class Trainer:
         loss.backward()
         grad_norm = clip_grad_norm_(self.model.parameters(), self.spec.optimizer.max_grad_norm)
         self.optimizer.step()
-        with torch.no_grad():  # whole-batch mean |Δlogp| over the masked tokens
-            diff = torch.tensor(
-                [float((logprobs.detach() - old_logprobs)[mask].abs().sum()), float(mask.sum())], dtype=torch.float64
-            )
+        # Whole-batch means over the masked tokens of |Δlogp| and of the entropy: the sums and the token count
+        # are all-reduced together (one collective), in place on the device (nccl reduces device tensors only).
+        # The entropy's [B, T-1, V] temporaries are made after backward has freed the activations, not beside them.
+        with torch.no_grad():
+            entropy = token_entropy(logits.detach(), self.spec.sampling.temperature)
+            diff = torch.stack(
+                [(logprobs.detach() - old_logprobs)[mask].abs().sum(), entropy[mask].sum(), mask.sum()]
+            ).to(torch.float64)
+            del entropy
             if dp.distributed:
-                torch.distributed.all_reduce(diff.to(dev) if dev.type != "cpu" else diff)
-            diff_sum, tokens = diff.tolist()
+                torch.distributed.all_reduce(diff)
+            diff_sum, entropy_sum, tokens = diff.tolist()
         if dp.is_main:
             self.ledger.write(LedgerEvent.TRAINED, step=step, ids=[t["episode_id"] for t in whole.meta["traces"]])
         return {
@@ -288,6 +296,7 @@ class Trainer:
             "samples": whole.num_samples,
             **stats,  # clip_fraction, ratio_mean, ratio_max, tokens: of the whole batch
             "logprob_abs_diff": diff_sum / max(tokens, 1.0),
+            "entropy": entropy_sum / max(tokens, 1.0),  # nats/token
             "wait_s": round(t0 - wait_t0, 4),
             "train_s": round(time.perf_counter() - t0, 4),
             "time": time.time(),
@@ -364,9 +373,9 @@ class Trainer:
             with open(self.run_dir.trainer_metrics, "a") as fh:
                 fh.write(json.dumps(metrics) + "\n")
             log.info(
-                "step %d loss %.4f grad_norm %.3f clip %.3f |Δlogp| %.4f train %.2fs wait %.2fs",
+                "step %d loss %.4f grad_norm %.3f clip %.3f |Δlogp| %.4f entropy %.3f train %.2fs wait %.2fs",
                 step, metrics["loss"], metrics["grad_norm"], metrics["clip_fraction"],
-                metrics["logprob_abs_diff"], metrics["train_s"], metrics["wait_s"],
+                metrics["logprob_abs_diff"], metrics["entropy"], metrics["train_s"], metrics["wait_s"],
             )  # fmt: skip
         if self._stop_requested():
             self.noticed.set()  # a notice seen by another rank: this rank saves with them
