@@ -47,6 +47,8 @@ import time
 from array import array
 from pathlib import Path
 
+from example import example_spec  # benchmarks/example.py (scripts run with benchmarks/ on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "examples" / "reverse-text.yaml"
 
@@ -154,10 +156,9 @@ def one_run(
 
 
 def measure_capacity(steps: int, repeats: int, parent: Path, cache_dir: Path | None) -> dict:
-    from rlrun.manifest import load_manifest
     from rlrun.model.resolve import resolve_model
 
-    spec = load_manifest(MANIFEST).spec
+    spec = example_spec()
     model_dir = Path(resolve_model(spec.model, cache_dir))
     one_run(spec, model_dir, 4, True, parent)  # warm-up: imports, tokenizer cache, page cache
     runs = {True: [], False: []}
@@ -189,11 +190,10 @@ def measure_capacity(steps: int, repeats: int, parent: Path, cache_dir: Path | N
 
 
 def measure_stall(steps: int, parent: Path, cache_dir: Path | None, samples_per_s: float) -> dict:
-    from rlrun.manifest import load_manifest
     from rlrun.model.resolve import resolve_model
     from rlrun.orchestrator.loop import Orchestrator
 
-    spec = load_manifest(MANIFEST).spec
+    spec = example_spec()
     model_dir = Path(resolve_model(spec.model, cache_dir))
     poll_s = inspect.signature(Orchestrator).parameters["poll_s"].default  # as it runs: its default polling
     runs = {j: one_run(spec, model_dir, steps, j, parent, samples_per_s, poll_s) for j in (False, True)}

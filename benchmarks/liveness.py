@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import httpx
+from example import example_spec  # benchmarks/example.py (scripts run with benchmarks/ on sys.path)
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "examples" / "reverse-text.yaml"
@@ -131,10 +132,9 @@ def main() -> None:
     parser.add_argument("--rollout-samples-per-s", type=float, default=50.0)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from rlrun.manifest import load_manifest
     from rlrun.model.resolve import resolve_model
 
-    spec = load_manifest(MANIFEST).spec
+    spec = example_spec()
     model_dir = Path(resolve_model(spec.model))
     out = {"benchmark": "liveness", "lost": measure_lost(spec, model_dir, args.trials, args.steps)}
     if args.healthy_steps > 0:

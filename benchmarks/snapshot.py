@@ -31,6 +31,7 @@ import time
 from array import array
 from pathlib import Path
 
+from example import example_spec  # benchmarks/example.py (scripts run with benchmarks/ on sys.path)
 from rlrun.checkpoint import decode_progress, run_identity, save_orchestrator_progress, write_progress
 from rlrun.orchestrator.snapshot import SinkSnapshot, pack, unpack
 from rlrun.rundir import write_file_atomic
@@ -130,13 +131,12 @@ def measure_size(n: int) -> dict:
 
 def measure_resume(rate: float) -> dict:
     """Cold start → first batch vs resume (a full batch restored) → first batch, real orchestrator."""
-    from rlrun.manifest import load_manifest
     from rlrun.model.resolve import resolve_model
     from rlrun.orchestrator.loop import Orchestrator
     from rlrun.rollout.fake import fake_client_factory
     from rlrun.rundir import RunDir, publish_dir
 
-    spec = load_manifest(ROOT / "examples" / "reverse-text.yaml").spec
+    spec = example_spec()
     model_dir = resolve_model(spec.model)
     factory = fake_client_factory(samples_per_s=rate)
 

@@ -38,6 +38,8 @@ import threading
 import time
 from pathlib import Path
 
+from example import example_spec  # benchmarks/example.py (scripts run with benchmarks/ on sys.path)
+
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "examples" / "reverse-text.yaml"
 
@@ -88,14 +90,13 @@ def wasted_stale(ledger_root: Path) -> dict:
 
 
 def measure_orchestrator(steps: int, cache_dir: Path | None) -> dict:
-    from rlrun.manifest import load_manifest
     from rlrun.model.resolve import resolve_model
     from rlrun.orchestrator.loop import Orchestrator
     from rlrun.rollout.fake import fake_client_factory
     from rlrun.rundir import RunDir
     from rlrun.training.fake import fake_trainer
 
-    spec = load_manifest(MANIFEST).spec
+    spec = example_spec()
     model_dir = Path(resolve_model(spec.model, cache_dir))
     factory = fake_client_factory(error_rate=0.15)
 

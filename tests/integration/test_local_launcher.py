@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -39,7 +40,8 @@ def watch(proc, timeout_s, until=None):
 
 
 def test_local_runs_the_whole_stack(tmp_path, cache_dir, tiny_model):
-    manifest = write_manifest(tmp_path / "m.yaml", base=SHORT_RUN)
+    evaluation = {"enabled": True, "interval": 3, "tasks": 4, "samples_per_task": 2}
+    manifest = write_manifest(tmp_path / "m.yaml", base=SHORT_RUN, evaluation=evaluation)
     run_dir = tmp_path / "run"
     proc = start_local(manifest, run_dir, cache_dir)
     seen = watch(proc, timeout_s=480)
@@ -55,7 +57,11 @@ def test_local_runs_the_whole_stack(tmp_path, cache_dir, tiny_model):
         assert all(r[key] is not None for r in rows), key
     trainer_rows = metrics(run_dir / "trainer_metrics.jsonl")
     assert [r["step"] for r in trainer_rows] == [1, 2, 3, 4, 5, 6]
-    assert all(r["samples"] == 16 for r in trainer_rows)
+    assert all(r["samples"] == 16 and r["entropy"] > 0 for r in trainer_rows)
+    evaluations = metrics(run_dir / "eval.jsonl")  # at the start, (maybe) step 3, and the end
+    assert evaluations[0]["policy_version"] == 0 and evaluations[-1]["policy_version"] == 6
+    assert all(e["tasks"] == 4 and 0 <= e["greedy_solved"] <= 1 for e in evaluations)
+    assert "held-out evaluation, 4 tasks, policy 0 → 6" in out and "greedy solved (exact match)" in out
     ckpt = latest_complete_checkpoint(RunDir(run_dir))
     assert ckpt is not None and ckpt.step == 6 and ckpt.orchestrator["shipped"] == 6
     assert not (run_dir / "checkpoints" / "step_3").exists()  # keep_last: 1
@@ -160,3 +166,21 @@ def test_preempt_at_step_only_trainer_restarts_only_the_trainer_and_recomputes_n
     report = check_ledger(run_dir / "ledger")
     assert report.ok and report.steps == 10 and report.rolled_back == 0, report.problems
     assert alive(seen) == [], "processes left behind"
+
+
+def test_rlrun_eval_scores_a_saved_checkpoint_on_a_server_of_its_own(tmp_path, cache_dir, tiny_model):
+    manifest = write_manifest(
+        tmp_path / "m.yaml", base=SHORT_RUN, max_steps=2, checkpoint={"interval": 1, "keep_last": 3}
+    )
+    run_dir = tmp_path / "run"
+    assert subprocess.run(local_argv(manifest, run_dir, cache_dir), capture_output=True, timeout=480).returncode == 0
+    base = [sys.executable, "-m", "rlrun", "eval", str(run_dir), "--cache-dir", str(cache_dir), "--tasks", "5"]
+    done = subprocess.run([*base, "--step", "1", "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["policy_version"] == 1 and line["tasks"] == 5 and set(line["per_env"]) == {"reverse-text"}
+    assert not (run_dir / "eval.jsonl").exists()  # the orchestrator is its one writer (evaluation off here)
+    table = subprocess.run(base, capture_output=True, text=True, timeout=300)  # the newest complete: step 2
+    assert table.returncode == 0 and "policy 2, 5 held-out tasks" in table.stdout, table.stderr
+    missing = subprocess.run([*base, "--step", "7"], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "no checkpoint of step 7" in missing.stderr

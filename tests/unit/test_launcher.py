@@ -11,7 +11,7 @@ import json
 import pytest
 from rich.console import Console
 from rlrun.launcher.preemption import preemption_skip_reason, resume_report_from_ledger, steps_recomputed
-from rlrun.launcher.progress import label_restored, progress_cells, read_metrics, summary_table
+from rlrun.launcher.progress import eval_cell, eval_report, label_restored, progress_cells, read_metrics, summary_table
 from rlrun.rundir import RunDir
 from rlrun.training.trainer import end_torn_line
 
@@ -198,3 +198,15 @@ def test_only_without_preempt_at_step_is_refused(tmp_path):
     assert result.exit_code == 2 and "--only needs --preempt-at-step" in result.output
     result = CliRunner().invoke(cli.app, ["local", str(manifest), "--only", "nodes", "--preempt-at-step", "2"])
     assert result.exit_code == 2
+
+
+def test_the_summary_shows_held_out_evaluation_first_to_last():
+    first = {"policy_version": 0, "tasks": 100, "samples_per_task": 2, "greedy_solved": 0.11, "greedy_reward": 0.11,
+             "sampled_reward": 0.03, "pass_at_k": 0.06}  # fmt: skip
+    last = {**first, "policy_version": 120, "greedy_solved": 0.4, "greedy_reward": 0.4, "pass_at_k": 0.3}
+    assert eval_report([first]) == [] and eval_cell([]) is None
+    lines = eval_report([first, {**first, "policy_version": 60}, last])
+    assert lines[0] == "held-out evaluation, 100 tasks, policy 0 → 120:"
+    assert "greedy solved (exact match)" in lines[1] and lines[1].endswith("0.110 → 0.400 (+0.290)")
+    assert lines[4].strip().startswith("pass@2")
+    assert eval_cell([first, last]) == "held-out solved 0.400 (v120)"

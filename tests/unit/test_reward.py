@@ -81,3 +81,23 @@ def test_make_env_errors_are_typed():
         make_env(EnvSpec(name="reverse-text", args={"max_words": 0}))
     assert str(info.value) == "reverse-text: max_words must be ≥ 1, got 0"
     assert issubclass(UnknownEnvError, ValueError) and issubclass(EnvArgsError, ValueError)
+
+
+def test_exact_reward_is_one_for_the_reversal_and_zero_for_a_near_miss():
+    env = ReverseTextEnv(reward="exact")
+    task = env.task(seed=0, index=0)
+    assert env.reward(task, task.answer) == 1.0
+    assert env.reward(task, task.answer[:-1]) == 0.0 and env.reward(task, "") == 0.0
+
+
+def test_min_words_bounds_the_texts_and_bad_args_are_refused():
+    env = ReverseTextEnv(min_words=2, max_words=2, max_chars=16)
+    assert all(
+        len(env.task(3, i, split).prompt[:-1].split(" ")) == 2 for split in ("train", "eval") for i in range(200)
+    )
+    for args, message in (
+        ({"min_words": 3}, "min_words must be between 1 and max_words"),
+        ({"reward": "f1"}, "reward"),
+    ):
+        with pytest.raises(EnvArgsError, match=message):
+            make_env(EnvSpec(name="reverse-text", args=args))

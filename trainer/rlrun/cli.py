@@ -295,6 +295,61 @@ def orchestrator(
         exit_.finish("interrupted", 0, f"stopped at step {orch.shipped}")
 
 
+@app.command("eval")
+def eval_(
+    run_dir: Path = typer.Argument(..., exists=True, file_okay=False, help="Run directory."),
+    step: int = typer.Option(
+        None, "--step", min=0, help="Checkpoint step (default: the newest complete; 0: the starting model)."
+    ),
+    cache_dir: Path = CacheOpt,
+    tasks: int = typer.Option(None, "--tasks", min=1, help="Held-out tasks per env (default: spec.evaluation.tasks)."),
+    samples: int = typer.Option(
+        None, "--samples-per-task", min=1, help="Sampled completions per task, k of pass@k (default: the spec's)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the evaluation as one JSON line."),
+) -> None:
+    """Evaluate a saved checkpoint on each env's held-out tasks (greedy and sampled), on a rollout server of its own."""
+    import tempfile
+
+    import httpx
+
+    from rlrun.errors import WeightsError
+    from rlrun.launcher.evaluate import EvalError, checkpoint_step, eval_server, run_spec
+    from rlrun.launcher.processes import ChildDied
+    from rlrun.model.resolve import resolve_model
+    from rlrun.orchestrator.evaluation import evaluate_weights
+    from rlrun.rollout.client import RolloutError
+    from rlrun.rundir import RunDir
+
+    _setup_logging("eval")
+    overrides = {k: v for k, v in (("tasks", tasks), ("samples_per_task", samples)) if v is not None}
+    try:
+        rd = RunDir(run_dir)
+        spec = run_spec(rd)
+        step = checkpoint_step(rd, step)
+        model_path = resolve_model(spec.model, cache_dir)
+        weights = rd.trainer_checkpoint(step) if step > 0 else None
+        with eval_server(spec, rd, cache_dir) as url, tempfile.TemporaryDirectory() as tmp:
+            evaluate = evaluate_weights(url, spec, model_path, weights, step, Path(tmp) / "eval.jsonl", **overrides)
+            line = asyncio.run(evaluate)
+    except (EvalError, ChildDied, TimeoutError, WeightsError, RolloutError, httpx.HTTPError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(line))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{run_dir}: policy {line['policy_version']}, {line['tasks']} held-out tasks")
+    for col in ("env", "greedy solved", "greedy reward", "sampled reward", f"pass@{line['samples_per_task']}"):
+        table.add_column(col, justify="right")
+    for name, e in [*line["per_env"].items(), ("all", line)]:
+        cells = (e["greedy_solved"], e["greedy_reward"], e["sampled_reward"], e["pass_at_k"])
+        table.add_row(name, *(f"{v:.3f}" for v in cells))
+    Console().print(table)
+
+
 @app.command("operator")
 def operator_(
     namespace: list[str] = typer.Option([], "--namespace", "-n", help="Namespace to watch (repeatable; none: all)."),

@@ -9,6 +9,8 @@ Layout (see ARCHITECTURE.md)::
       broadcasts/step_N/                            weights after step N, for rollout servers
       metrics.jsonl                                 one line per step (orchestrator)
       trainer_metrics.jsonl                         one line per step (trainer)
+      eval.jsonl                                    one line per evaluation (orchestrator)
+      spec.json                                     the spec each attempt started with (orchestrator)
       logs/                                         one log per process (rlrun local)
       attempt_offsets.json                          run uid → attempt offset (:func:`run_dir_attempt`)
 
@@ -30,6 +32,7 @@ number: every ``meta.json``, ledger file and batch check uses it. Without a run 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -271,6 +274,15 @@ class RunDir:
     def trainer_metrics(self) -> Path:
         return self.root / "trainer_metrics.jsonl"
 
+    @property
+    def evaluations(self) -> Path:
+        return self.root / "eval.jsonl"
+
+    @property
+    def spec_file(self) -> Path:
+        """``spec.json``: the run's spec as the orchestrator last started with it (``rlrun eval`` reads it)."""
+        return self.root / "spec.json"
+
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"step_{step}"
 
@@ -314,3 +326,18 @@ def read_json_part(path: Path) -> Any:
         raise CheckpointError(f"{path}: missing") from None
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: unreadable ({exc})") from None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every JSON line of ``path`` (none when it does not exist); a line that does not parse — torn by a
+    process killed mid-write — is skipped."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows

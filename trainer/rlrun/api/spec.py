@@ -108,6 +108,21 @@ class LossSpec(_Strict):
     std_normalize_advantages: bool = False
 
 
+class EvaluationSpec(_Strict):
+    """Evaluation on each env's held-out ``eval`` split (:mod:`rlrun.orchestrator.evaluation`): at the start,
+    every ``interval`` steps and at the end, greedy (temperature 0) and sampled (the run's sampling, ``k =
+    samples_per_task`` completions per task: mean reward and pass@k) on ``tasks`` held-out tasks per env, on the
+    rollout servers. Never trained, never in the ledger; results in ``<run_dir>/eval.jsonl``. Off unless
+    ``enabled`` (as in TRL, verl and prime-rl: it costs rollout time; the examples turn it on). A round not
+    answered within ``timeout_seconds`` is skipped."""
+
+    enabled: bool = False
+    interval: int = Field(default=20, ge=1)
+    tasks: int = Field(default=100, ge=1, le=100_000)
+    samples_per_task: int = Field(default=1, ge=1, le=64)
+    timeout_seconds: float = Field(default=300.0, gt=0)
+
+
 class CheckpointSpec(_Strict):
     """Checkpoint cadence (``interval`` steps) and retention (the ``keep_last`` newest complete ones)."""
 
@@ -304,6 +319,7 @@ class RLRunSpec(_Strict):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     loss: LossSpec = Field(default_factory=LossSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)

@@ -1,16 +1,28 @@
 """The environment interface: a named source of tasks plus a reward function.
 
 An env is deliberately small so that a new one is a single module: it produces
-:class:`Task` objects deterministically from ``(seed, index)`` — which is what
+:class:`Task` objects deterministically from ``(seed, index, split)`` — which is what
 lets the orchestrator's train source resume from a bare cursor — and scores a
-decoded completion against a task with a reward in ``[0, 1]``.
+decoded completion against a task with a reward in ``[0, 1]`` (1: solved).
+
+Two splits: ``train`` feeds training, ``eval`` is held out for evaluation
+(:mod:`rlrun.orchestrator.evaluation`). They must be disjoint *as tasks*, not only as
+streams: two streams drawn from one small space overlap whatever their seeds (and a
+generator that derives item ``i`` of seed ``s`` from ``Random(s + i)`` makes seed ``s + 1``
+seed ``s`` shifted by one), so an env partitions its task space and draws each split from
+its own part.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
+
+#: The two task streams of an env: ``train`` (what the run trains on) and ``eval`` (held out: what
+#: evaluation scores, never trained). An env guarantees that no eval task is a training task.
+Split = Literal["train", "eval"]
+SPLITS: tuple[Split, ...] = ("train", "eval")
 
 
 @dataclass(frozen=True)
@@ -44,8 +56,9 @@ class Env(Protocol):
 
     name: str
 
-    def task(self, seed: int, index: int) -> Task:
-        """Return task number ``index`` of the stream seeded by ``seed`` (pure function)."""
+    def task(self, seed: int, index: int, split: Split = "train") -> Task:
+        """Return task number ``index`` of ``split``'s stream seeded by ``seed`` (pure function; no eval task
+        is ever a train task, whatever the seeds)."""
         ...
 
     def reward(self, task: Task, completion: str) -> float:

@@ -10,9 +10,17 @@ Prompt format: the text followed by ``=``; the expected completion is the text
 reversed character by character, then EOS. Example: prompt ``"flat is="``,
 completion ``"si talf"``.
 
-Reward: longest-common-subsequence ratio
-``LCS(completion, target) / max(len(completion), len(target))`` in ``[0, 1]``:
-1 only for an exact reversal, and both missing and extra characters cost.
+Reward (``reward`` arg): ``exact`` — 1 for the exact reversal, else 0 — or ``lcs``, the
+longest-common-subsequence ratio ``LCS(completion, target) / max(len(completion), len(target))``
+in ``[0, 1]``: 1 only for an exact reversal, and both missing and extra characters cost. The
+partial credit of ``lcs`` teaches the tiny model to be sure rather than right (issue 27: eight
+copies of one wrong answer score alike, so sharpening pays); the default example uses ``exact``
+(``docs/design.md``, "Evaluation").
+
+Splits: a text is **held out** when the first 8 hex digits of its SHA-256, read as a number,
+are divisible by 10 (about a tenth of the texts). The ``train`` stream (and the builtin model's
+warm start) draws only texts that are not held out; the ``eval`` stream only held-out ones, from
+its own seed namespace. So no eval task is a training task, for any pair of seeds.
 """
 
 from __future__ import annotations
@@ -20,11 +28,12 @@ from __future__ import annotations
 import codecs
 import contextlib
 import functools
+import hashlib
 import io
 import random
 import re
 
-from rlrun.envs.base import Task
+from rlrun.envs.base import SPLITS, Split, Task
 
 PROMPT_SEPARATOR = "="
 ALPHABET = " abcdefghijklmnopqrstuvwxyz"
@@ -60,40 +69,67 @@ def lcs_ratio(completion: str, target: str) -> float:
     return lcs_length(completion, target) / longest
 
 
+#: Rewards the env can give (the ``reward`` arg).
+REWARDS = ("exact", "lcs")
+
+
+@functools.cache
+def held_out(text: str) -> bool:
+    """Whether ``text`` belongs to the eval split (about one text in ten; module docstring)."""
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % 10 == 0
+
+
 class ReverseTextEnv:
     """Tasks of 1 to ``max_words`` Zen-of-Python words, at most ``max_chars`` characters.
 
     Args:
+        min_words: fewest words in one text (1 ≤ min_words ≤ max_words).
         max_words: most words in one text (≥ 1).
         max_chars: longest text in characters (≥ the longest word, 14).
+        reward: ``"lcs"`` (partial credit) or ``"exact"`` (1 for the exact reversal, else 0).
     """
 
     name = "reverse-text"
 
-    def __init__(self, max_words: int = 2, max_chars: int = 16) -> None:
+    def __init__(self, max_words: int = 2, max_chars: int = 16, reward: str = "lcs", min_words: int = 1) -> None:
         words = zen_words()
         if max_words < 1:
             raise ValueError(f"reverse-text: max_words must be ≥ 1, got {max_words}")
         if max_chars < max(len(w) for w in words):
             raise ValueError(f"reverse-text: max_chars must be ≥ {max(len(w) for w in words)}, got {max_chars}")
+        if not 1 <= min_words <= max_words:
+            raise ValueError(f"reverse-text: min_words must be between 1 and max_words ({max_words}), got {min_words}")
+        if reward not in REWARDS:
+            raise ValueError(f"reverse-text: reward must be one of {list(REWARDS)}, got {reward!r}")
+        self.min_words = min_words
         self.max_words = max_words
         self.max_chars = max_chars
         self.words = words
+        self.reward_kind = reward
 
-    def text(self, seed: int, index: int) -> str:
-        """The text of task ``index`` for ``seed``; a pure function of both."""
-        rng = random.Random(f"reverse-text:{seed}:{index}")
+    def text(self, seed: int, index: int, split: Split = "train") -> str:
+        """The text of task ``index`` of ``split`` for ``seed``; a pure function of the three.
+
+        Raises:
+            ValueError: ``split`` is neither ``train`` nor ``eval``.
+        """
+        if split not in SPLITS:
+            raise ValueError(f"reverse-text: split must be one of {list(SPLITS)}, got {split!r}")
+        namespace = "reverse-text" if split == "train" else "reverse-text-eval"
+        rng = random.Random(f"{namespace}:{seed}:{index}")
         while True:
-            n = rng.randint(1, self.max_words)
+            n = rng.randint(self.min_words, self.max_words)
             text = " ".join(rng.choice(self.words) for _ in range(n))
-            if len(text) <= self.max_chars:
+            if len(text) <= self.max_chars and held_out(text) == (split == "eval"):
                 return text
 
-    def task(self, seed: int, index: int) -> Task:
-        """Task ``index`` of the stream for ``seed``."""
-        text = self.text(seed, index)
+    def task(self, seed: int, index: int, split: Split = "train") -> Task:
+        """Task ``index`` of ``split``'s stream for ``seed``."""
+        text = self.text(seed, index, split)
         return Task(env=self.name, index=index, prompt=text + PROMPT_SEPARATOR, answer=text[::-1])
 
     def reward(self, task: Task, completion: str) -> float:
-        """LCS ratio between ``completion`` and ``task.answer``, in ``[0, 1]``."""
+        """``exact``: 1.0 when ``completion`` is ``task.answer``, else 0.0; ``lcs``: their LCS ratio, in ``[0, 1]``."""
+        if self.reward_kind == "exact":
+            return float(completion == task.answer)
         return lcs_ratio(completion, task.answer)

@@ -41,10 +41,18 @@ from rlrun.api.spec import RLRun
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.launcher.preemption import LaunchError, PreemptionDrill, preemption_skip_reason
 from rlrun.launcher.processes import Child, ChildDied, free_port, role_exit_code, wait_http_ok
-from rlrun.launcher.progress import label_restored, progress_cells, read_metrics, reward_gain, summary_table
+from rlrun.launcher.progress import (
+    eval_cell,
+    eval_report,
+    label_restored,
+    progress_cells,
+    read_metrics,
+    reward_gain,
+    summary_table,
+)
 from rlrun.ledger import check_ledger
 from rlrun.model.resolve import resolve_model
-from rlrun.rundir import RunDir, step_dirs
+from rlrun.rundir import RunDir, read_jsonl, step_dirs
 
 #: ``python -m rlrun``: each role runs with this launcher's interpreter.
 RLRUN = (sys.executable, "-m", "rlrun")
@@ -316,6 +324,8 @@ class LocalLauncher:
             console.print(
                 f"mean reward, first 10 steps {gain[0]:.3f} → last 10 steps {gain[1]:.3f} ({gain[1] - gain[0]:+.3f})"
             )
+        for line in eval_report(read_jsonl(self.run_dir.evaluations)):
+            console.print(line, markup=False)
         report = check_ledger(self.run_dir.root / "ledger")
         console.print(
             f"ledger: {'ok' if report.ok else 'VIOLATED'} — {report.finished} finished episodes: {report.trained} trained, "
@@ -336,7 +346,9 @@ class LocalLauncher:
 
     def _progress(self, rows: list[dict], t0: float) -> Table:
         table = Table.grid(padding=(0, 2))
-        table.add_row(*progress_cells(rows[-1] if rows else {}, self.max_steps, time.monotonic() - t0))
+        cells = progress_cells(rows[-1] if rows else {}, self.max_steps, time.monotonic() - t0)
+        evaluated = eval_cell(read_jsonl(self.run_dir.evaluations))
+        table.add_row(*cells, *([evaluated] if evaluated else []))
         return table
 
     def _follow(self, trainer: Child, orch: Child, model_path: str) -> list[dict]:
@@ -348,6 +360,7 @@ class LocalLauncher:
         """
         rows: list[dict] = []
         offset = 0
+        evaluations_seen = len(read_jsonl(self.run_dir.evaluations))
         t0 = time.monotonic()
         drill = self.drill
         # On a terminal the progress line updates in place; in a log (CI), one line every ~5% of the run.
@@ -355,13 +368,17 @@ class LocalLauncher:
         live = Live(self._progress(rows, t0), console=self.console, refresh_per_second=4, transient=False)
 
         def take_new() -> None:
-            nonlocal offset
+            nonlocal offset, evaluations_seen
             new, offset = read_metrics(self.run_dir.metrics, offset)
             label_restored(new, self._generating)
             rows.extend(new)
             if self.console.is_terminal:
                 live.update(self._progress(rows, t0))
                 return
+            evaluations = read_jsonl(self.run_dir.evaluations)
+            for e in evaluations[evaluations_seen:]:  # each evaluation once, as it lands
+                self.console.print(eval_cell([e]), markup=False)
+            evaluations_seen = len(evaluations)
             for row in new:
                 if row["step"] % every == 0 or row["step"] == self.max_steps or row["restored"]:
                     cells = progress_cells(row, self.max_steps, time.monotonic() - t0)

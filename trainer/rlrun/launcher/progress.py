@@ -131,3 +131,32 @@ def progress_cells(row: dict, max_steps: int, elapsed_s: float) -> list[str]:
         f"policy v{row.get('policy_version', 0)}",
         f"{elapsed_s:.0f} s",
     ]
+
+
+def eval_cell(evaluations: list[dict]) -> str | None:
+    """The progress line's cell for the newest evaluation (``eval.jsonl``, :mod:`rlrun.orchestrator.evaluation`)."""
+    if not evaluations:
+        return None
+    e = evaluations[-1]
+    return f"held-out solved {e['greedy_solved']:.3f} (v{e['policy_version']})"
+
+
+def eval_report(evaluations: list[dict]) -> list[str]:
+    """The summary's lines on held-out evaluation: the first evaluation → the last, each measure with its change
+    (nothing without two evaluations). The first is the policy the run started from when it was evaluated at 0."""
+    if len(evaluations) < 2:
+        return []
+    first, last = evaluations[0], evaluations[-1]
+    k = last.get("samples_per_task", 1)
+    lines = [
+        f"held-out evaluation, {last['tasks']} tasks, policy {first['policy_version']} → {last['policy_version']}:"
+    ]
+    for key, label in (
+        ("greedy_solved", "greedy solved (exact match)"),
+        ("greedy_reward", "greedy reward"),
+        ("sampled_reward", "sampled reward"),
+        ("pass_at_k", f"pass@{k}"),
+    ):
+        a, b = first[key], last[key]
+        lines.append(f"  {label:<28} {a:.3f} → {b:.3f} ({b - a:+.3f})")
+    return lines

@@ -133,11 +133,12 @@ def warm_start(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, reci
 def evaluate_greedy(
     model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, n: int = 128, seed: int = 99, max_new_tokens: int = 24
 ) -> dict[str, float]:
-    """Greedy decoding on ``n`` reverse-text tasks: ``{"exact_match", "similarity"}`` (means in [0, 1])."""
+    """Greedy decoding on ``n`` held-out (``eval`` split) reverse-text tasks: ``{"exact_match", "similarity"}``
+    (means in [0, 1])."""
     env = ReverseTextEnv()
     exact = sim = 0.0
     for i in range(n):
-        task = env.task(seed, i)
+        task = env.task(seed, i, "eval")
         ids = torch.tensor([tokenizer.encode(task.prompt)])
         out = model.generate(
             ids,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -118,3 +118,26 @@ class ControlServer:
         """Stop listening."""
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+def status_report(orch: Any) -> StatusReport:
+    """What ``GET /status`` answers, read off ``orch``'s stages."""
+    dispatcher, checkpoints = orch.dispatcher, orch.checkpoints
+    return StatusReport(
+        phase=orch.phase,
+        attempt=orch.attempt_number,
+        run_dir_attempt=orch.attempt,
+        step=orch.shipped,
+        policy_version=orch.policy_version,
+        max_steps=orch.max_steps,
+        last_checkpoint_step=checkpoints.last_step if checkpoints.last_step >= 0 else None,
+        queued_traces=len(orch.sink.queue),
+        open_groups=len(orch.sink.open_groups),
+        finished_episodes_kept=orch.sink.finished_episodes_kept,
+        inflight_samples=dispatcher.inflight_samples if dispatcher else 0,
+        resume_requests=len(orch.source.resume_requests),
+        last_checkpoint=checkpoints.last_written,
+        last_pause=orch.last_pause,
+        resume=orch.resume_report,
+        rollout_endpoints=sorted(dispatcher.clients) if dispatcher else sorted(orch.rollout_urls),
+    )

@@ -29,9 +29,10 @@ from rlrun.orchestrator import snapshot as sink_snapshot
 from rlrun.orchestrator.admission import Admission
 from rlrun.orchestrator.cancellation import settle
 from rlrun.orchestrator.checkpointing import CheckpointManager
-from rlrun.orchestrator.control import ControlServer
+from rlrun.orchestrator.control import ControlServer, status_report
 from rlrun.orchestrator.dispatcher import Dispatcher, GroupResult
 from rlrun.orchestrator.endpoints import EndpointMembership
+from rlrun.orchestrator.evaluation import EvalRounds, Evaluator
 from rlrun.orchestrator.flow import FlowControl
 from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.groups import GroupCancellation
@@ -45,7 +46,7 @@ from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.source import TrainSource
 from rlrun.orchestrator.weights import weights_signature
 from rlrun.rollout.client import RolloutClient
-from rlrun.rundir import RunDir, run_dir_attempt
+from rlrun.rundir import RunDir, run_dir_attempt, write_file_atomic
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class Orchestrator:
         self.admission = Admission()
         self.endpoints = EndpointMembership()
         self.liveness = LivenessGuard()
+        self.evaluation = EvalRounds()
         self.dispatcher: Dispatcher | None = None
         self.shipped = 0
         #: the last batch cut from the queue: shipped, or being written (flow control counts it as shipped:
@@ -164,26 +166,8 @@ class Orchestrator:
         log.info("rollout endpoints now %s", sorted(self.rollout_urls))
 
     def status(self) -> StatusReport:
-        """What ``GET /status`` answers, read off the stages."""
-        dispatcher, checkpoints = self.dispatcher, self.checkpoints
-        return StatusReport(
-            phase=self.phase,
-            attempt=self.attempt_number,
-            run_dir_attempt=self.attempt,
-            step=self.shipped,
-            policy_version=self.policy_version,
-            max_steps=self.max_steps,
-            last_checkpoint_step=checkpoints.last_step if checkpoints.last_step >= 0 else None,
-            queued_traces=len(self.sink.queue),
-            open_groups=len(self.sink.open_groups),
-            finished_episodes_kept=self.sink.finished_episodes_kept,
-            inflight_samples=dispatcher.inflight_samples if dispatcher else 0,
-            resume_requests=len(self.source.resume_requests),
-            last_checkpoint=checkpoints.last_written,
-            last_pause=self.last_pause,
-            resume=self.resume_report,
-            rollout_endpoints=sorted(dispatcher.clients) if dispatcher else sorted(self.rollout_urls),
-        )
+        """What ``GET /status`` answers (:func:`.control.status_report`)."""
+        return status_report(self)
 
     async def pause(self) -> PauseResult:
         """Stop dispatching and shipping, write the snapshot, and return its counts (idempotent).
@@ -301,11 +285,14 @@ class Orchestrator:
     async def _follow_trainer(self) -> None:
         """Load each new policy into the rollout servers; complete each new trainer part with ours."""
         while True:
-            if not self.paused:
+            if not self.paused and not self.evaluation.holding:  # a round holds the weights it scores
+                before = self.policy_version
                 push = await self.weights.follow(list(self.dispatcher.clients.values()))
                 if push is not None:
                     self.endpoints.bench(push.unreachable)
                     self._dispatch_within_budget()
+                    self.evaluation.updated(before, self.policy_version)
+            if not self.paused:
                 await self.endpoints.catch_up_lagging()
                 await self.endpoints.rejoin_benched()
                 await self.liveness.check()
@@ -317,12 +304,20 @@ class Orchestrator:
     def _progress(self) -> tuple[int, int] | None:  # what moves while the run does (None: not running)
         return None if self.paused or self.phase != "running" else (self.shipped, self.sink.counters.episodes_finished)
 
+    def _clients(self) -> list[RolloutClient]:
+        return list(self.dispatcher.clients.values()) if self.dispatcher is not None else []
+
+    async def _load_last(self) -> None:  # the last step's weights, for the final evaluation
+        await self.weights.load(self._clients(), self.weights.weights_dir(self.max_steps), self.max_steps)
+
     def _done(self) -> bool:
         return self.shipped >= self.max_steps and self.checkpoints.last_step >= self.max_steps
 
     async def _begin(self) -> None:
         """Resume, start over, or start fresh (:func:`.resume.begin_attempt`), and load the matching weights."""
         clients = list(self.dispatcher.clients.values())
+        spec_json = self.spec.model_dump_json(indent=2).encode()  # what `rlrun eval RUN_DIR` evaluates with
+        await asyncio.to_thread(write_file_atomic, self.run_dir.spec_file, spec_json)
         restored = await begin_attempt(self.resume, self.run_dir, self.spec, self.source, self.sink, self.ledger)
         if self.use_journal:
             base = restored.journal_base if restored is not None else FRESH_BASE
@@ -366,6 +361,8 @@ class Orchestrator:
         self.endpoints.bind(
             self.dispatcher, self.weights, self.client_factory, self._settle, self._dispatch_within_budget
         )
+        evaluator = Evaluator.for_run(self.spec, self.envs, tokenizer, self.run_dir.evaluations, self.attempt)
+        self.evaluation.bind(evaluator, self._clients, self.max_steps)
         self.liveness.bind(self.dispatcher, self._settle, self._progress, lambda: stall_accounting(self))
         self.admission.bind(
             self.sink, self.source, self.dispatcher, self.ledger, self.metrics, self.results, self._settle,
@@ -378,6 +375,7 @@ class Orchestrator:
                 log.info("stopped before starting")
                 return self.shipped
             await self._begin()
+            self.evaluation.start(self.policy_version)
             self.metrics.start()
             if not self.paused:  # a pause during set-up stands
                 self.phase = "running"
@@ -415,8 +413,10 @@ class Orchestrator:
                 if leftover:
                     self.ledger.write(LedgerEvent.LEFTOVER, ids=leftover)
                 log.info("orchestrator done: %d steps shipped and checkpointed", self.shipped)
+                await self.evaluation.finish(self.policy_version, self._load_last)
             return self.shipped
         finally:
+            self.evaluation.cancel()
             if follower is not None:
                 follower.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
