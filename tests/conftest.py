@@ -65,7 +65,7 @@ def cache_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(cache_dir) -> Path:
-    """The builtin tiny-reverse model directory (built on first use, ~10 s)."""
+    """The builtin tiny-reverse model directory (built on first use, ~15 s on 2 idle cores)."""
     from rlrun.model.resolve import ensure_builtin_model
 
     return ensure_builtin_model("tiny-reverse", cache_dir)

@@ -83,6 +83,8 @@ async def test_scores_are_what_the_completions_earn(tmp_path, tiny_model, error_
     assert read_jsonl(RunDir(tmp_path).evaluations) == [line]
     assert not ev.due(4, max_steps=10) and ev.due(6, max_steps=10) and not ev.due(5, max_steps=10)
     assert ev.crossed(5, 7, max_steps=10) and not ev.crossed(6, 7, max_steps=10) and ev.crossed(8, 10, max_steps=10)
+    # a resumed attempt: policy 5 stands in for 4 only if 4 went unevaluated (a round cut short by a preemption)
+    assert not ev.due_at_start(5, max_steps=10) and ev.due_at_start(7, max_steps=10) and ev.due_at_start(0, 10)
     await client.aclose()
 
 

@@ -113,6 +113,13 @@ class Evaluator:
             return False
         return version == 0 or version == max_steps or version % self.spec.interval == 0
 
+    def due_at_start(self, version: int, max_steps: int) -> bool:
+        """Whether an attempt starting on ``version`` should evaluate it: when :meth:`due`, or when the last
+        evaluation point it passed has no evaluation from it to ``version`` (a round cut short by a preemption:
+        the resumed version stands in for it)."""
+        last_point = version // self.spec.interval * self.spec.interval
+        return self.due(version, max_steps) or not any(last_point <= v <= version for v in self.evaluated)
+
     def crossed(self, before: int, after: int, max_steps: int) -> bool:
         """Whether a weight update from ``before`` to ``after`` passed an evaluation point (updates can skip
         versions: the newest broadcast is loaded)."""
@@ -215,8 +222,8 @@ class EvalRounds:
         return self._round is not None and not self._round.done()
 
     def start(self, version: int) -> None:
-        """Evaluate ``version`` (the servers hold it now) if it is due (:meth:`Evaluator.due`)."""
-        if self.evaluator is not None and not self.running and self.evaluator.due(version, self.max_steps):
+        """At an attempt's start, evaluate ``version`` (the servers hold it now) if due (:meth:`Evaluator.due_at_start`)."""
+        if self.evaluator is not None and not self.running and self.evaluator.due_at_start(version, self.max_steps):
             self._begin(version)
 
     def updated(self, before: int, after: int) -> None:
