@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -72,7 +73,8 @@ def eval_server(spec: RLRunSpec, run_dir: RunDir, cache_dir: Path | None, health
         manifest.write_text(yaml.safe_dump({**document, "spec": spec.model_dump(mode="json")}))
         port = free_port()
         run_dir.logs.mkdir(parents=True, exist_ok=True)
-        argv = roles.rollout_command(str(manifest), str(cache_dir) if cache_dir else None, "127.0.0.1", port)
+        cache = str(cache_dir) if cache_dir else None
+        argv = roles.rollout_command(str(manifest), cache, "127.0.0.1", port, program=(sys.executable, "-m", "rlrun"))
         server = Child("eval-rollout", argv, run_dir.logs / "eval-rollout.log", env=dict(os.environ))
         try:
             wait_http_ok(f"http://127.0.0.1:{port}/health", server, health_timeout_s)
