@@ -93,16 +93,20 @@ def fault_point(phase: str) -> None:
     _fault_point(phase)
 
 
-def write_file_atomic(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None]) -> None:
+def write_file_atomic(
+    path: str | os.PathLike, data: bytes | Callable[[BinaryIO], None], fault_points: bool = True
+) -> None:
     """Write ``data`` (bytes, or a function that writes to a binary file) to ``path`` via a fsynced
     temporary file and a rename; fsync the parent after.
 
     A kill at any instant leaves either the old file or the new one at ``path`` (and at worst
-    a stray ``.<name>.tmp-*`` file, which readers ignore).
+    a stray ``.<name>.tmp-*`` file, which readers ignore). ``fault_points=False``: not one of the
+    checkpoint writes the crash-injection tests count (:func:`_fault_point`), e.g. ``spec.json``.
     """
+    fault = _fault_point if fault_points else (lambda phase: None)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _fault_point("before_write")
+    fault("before_write")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -111,16 +115,16 @@ def write_file_atomic(path: str | os.PathLike, data: bytes | Callable[[BinaryIO]
             else:
                 fh.write(data)
             fh.flush()
-            _fault_point("after_temp_write")
+            fault("after_temp_write")
             os.fsync(fh.fileno())
-        _fault_point("after_fsync")
+        fault("after_fsync")
         os.replace(tmp, path)
-        _fault_point("after_rename")
+        fault("after_rename")
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
-    _fault_point("after_dir_fsync")
+    fault("after_dir_fsync")
 
 
 def publish_dir(final: str | os.PathLike, fill: Callable[[Path], None]) -> Path:

@@ -317,7 +317,7 @@ class Orchestrator:
         """Resume, start over, or start fresh (:func:`.resume.begin_attempt`), and load the matching weights."""
         clients = list(self.dispatcher.clients.values())
         spec_json = self.spec.model_dump_json(indent=2).encode()  # what `rlrun eval RUN_DIR` evaluates with
-        await asyncio.to_thread(write_file_atomic, self.run_dir.spec_file, spec_json)
+        await asyncio.to_thread(write_file_atomic, self.run_dir.spec_file, spec_json, False)
         restored = await begin_attempt(self.resume, self.run_dir, self.spec, self.source, self.sink, self.ledger)
         if self.use_journal:
             base = restored.journal_base if restored is not None else FRESH_BASE
