@@ -35,12 +35,10 @@ ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "examples" / "reverse-text.yaml"
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
 def run(work: Path, name: str, seed: int, cache: Path, preempt: int | None = None, evaluation: bool = True) -> dict:
     """One ``rlrun local`` run of the default example; its evaluations and step times."""
+    from rlrun.rundir import read_jsonl
+
     doc = yaml.safe_load(MANIFEST.read_text())
     doc["spec"]["seed"] = seed
     doc["spec"].setdefault("evaluation", {})["enabled"] = evaluation

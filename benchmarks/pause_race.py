@@ -22,7 +22,6 @@ import json
 import multiprocessing
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,12 +36,6 @@ MANIFEST = ROOT / "examples" / "reverse-text.yaml"
 def _hog() -> None:
     while True:
         pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def hammer(base_url: str, model_dir: str, args) -> dict:
@@ -141,7 +134,9 @@ def main() -> None:
     from rlrun.model.resolve import ensure_builtin_model
 
     model_dir = ensure_builtin_model("tiny-reverse", args.cache_dir)
-    port = _free_port()
+    from rlrun.launcher.processes import free_port
+
+    port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log = open(Path(tempfile.gettempdir()) / f"pause_race_server_{port}.log", "w")  # noqa: SIM115
     server = subprocess.Popen(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rlrun.launcher.progress import read_metrics
+from rlrun.rundir import read_metrics
 
 
 def metrics(path: Path) -> list[dict]:

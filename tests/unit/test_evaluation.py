@@ -112,18 +112,17 @@ async def test_a_run_evaluates_at_its_start_every_interval_and_its_end_and_train
     lines = read_jsonl(run_dir.evaluations)
     versions = [line["policy_version"] for line in lines]
     assert versions[0] == 0 and versions[-1] == 5 and versions == sorted(set(versions))
-    assert {2, 4} <= set(versions) or len(versions) >= 3  # each interval crossed (pushes may skip a version)
+    assert any(2 <= v < 5 for v in versions)  # the interval crossed mid-run (a push may skip a version: 3 for 2)
     # eval work: greedy requests (temperature 0), never dispatched, never in a batch or the ledger's fates
     assert sum(1 for t, _ in server.asked if t == 0.0) == 5 * len(lines)
     ledger = [e for evs in read_ledger(run_dir.root / "ledger").values() for e in evs]
-    eval_prompts = {ReverseTextEnv().task(spec.seed, i, "eval").index for i in range(5)}
     dispatched = [e for e in ledger if e["e"] == "dispatched"]
     assert dispatched and all(e.get("task") is not None for e in dispatched)
     report = check_ledger(run_dir.root / "ledger")
     assert report.ok and report.steps == 5 and report.trained == 40, report.problems
     env = ReverseTextEnv()
     trained_prompts = {env.task(spec.seed, e["task"]).prompt for e in dispatched}
-    assert trained_prompts.isdisjoint(env.task(spec.seed, i, "eval").prompt for i in eval_prompts)
+    assert trained_prompts.isdisjoint(env.task(spec.seed, i, "eval").prompt for i in range(5))
 
 
 async def test_a_round_whose_weights_moved_before_it_was_answered_is_discarded(tmp_path, tiny_model):

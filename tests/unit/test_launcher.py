@@ -11,8 +11,8 @@ import json
 import pytest
 from rich.console import Console
 from rlrun.launcher.preemption import preemption_skip_reason, resume_report_from_ledger, steps_recomputed
-from rlrun.launcher.progress import eval_cell, eval_report, label_restored, progress_cells, read_metrics, summary_table
-from rlrun.rundir import RunDir
+from rlrun.launcher.progress import eval_cell, eval_report, label_restored, progress_cells, summary_table
+from rlrun.rundir import RunDir, read_metrics
 from rlrun.training.trainer import end_torn_line
 
 from tests.support.launcher import complete_checkpoint, make_launcher, metrics_row, resume_report, write_ledger

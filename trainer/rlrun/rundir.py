@@ -332,16 +332,26 @@ def read_json_part(path: Path) -> Any:
         raise CheckpointError(f"{path}: unreadable ({exc})") from None
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Every JSON line of ``path`` (none when it does not exist); a line that does not parse — torn by a
-    process killed mid-write — is skipped."""
+def read_metrics(path: Path, offset: int = 0) -> tuple[list[dict], int]:
+    """Complete JSON lines of ``path`` from byte ``offset``; returns them and the new offset.
+
+    A line that does not parse (torn by a process killed mid-write, then appended to) is skipped.
+    """
     try:
-        text = path.read_text()
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
     except FileNotFoundError:
-        return []
-    rows = []
-    for line in text.splitlines():
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    lines = []
+    for line in data[:end].splitlines():
         with contextlib.suppress(ValueError):
             if line.strip():
-                rows.append(json.loads(line))
-    return rows
+                lines.append(json.loads(line))
+    return lines, offset + end
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every complete JSON line of ``path`` (:func:`read_metrics` from the start; none when it does not exist)."""
+    return read_metrics(path)[0]

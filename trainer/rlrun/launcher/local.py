@@ -46,13 +46,12 @@ from rlrun.launcher.progress import (
     eval_report,
     label_restored,
     progress_cells,
-    read_metrics,
     reward_gain,
     summary_table,
 )
 from rlrun.ledger import check_ledger
 from rlrun.model.resolve import resolve_model
-from rlrun.rundir import RunDir, read_jsonl, step_dirs
+from rlrun.rundir import RunDir, read_jsonl, read_metrics, step_dirs
 
 #: ``python -m rlrun``: each role runs with this launcher's interpreter.
 RLRUN = (sys.executable, "-m", "rlrun")
@@ -344,10 +343,10 @@ class LocalLauncher:
         )
         return 0 if report.ok else 1
 
-    def _progress(self, rows: list[dict], t0: float) -> Table:
+    def _progress(self, rows: list[dict], evaluations: list[dict], t0: float) -> Table:
         table = Table.grid(padding=(0, 2))
         cells = progress_cells(rows[-1] if rows else {}, self.max_steps, time.monotonic() - t0)
-        evaluated = eval_cell(read_jsonl(self.run_dir.evaluations))
+        evaluated = eval_cell(evaluations)
         table.add_row(*cells, *([evaluated] if evaluated else []))
         return table
 
@@ -360,25 +359,25 @@ class LocalLauncher:
         """
         rows: list[dict] = []
         offset = 0
-        evaluations_seen = len(read_jsonl(self.run_dir.evaluations))
+        evaluations, eval_offset = read_metrics(self.run_dir.evaluations)  # an earlier attempt's: not shown again
         t0 = time.monotonic()
         drill = self.drill
         # On a terminal the progress line updates in place; in a log (CI), one line every ~5% of the run.
         every = max(1, self.max_steps // 20)
-        live = Live(self._progress(rows, t0), console=self.console, refresh_per_second=4, transient=False)
+        live = Live(self._progress(rows, evaluations, t0), console=self.console, refresh_per_second=4, transient=False)
 
         def take_new() -> None:
-            nonlocal offset, evaluations_seen
+            nonlocal offset, eval_offset
             new, offset = read_metrics(self.run_dir.metrics, offset)
             label_restored(new, self._generating)
             rows.extend(new)
+            landed, eval_offset = read_metrics(self.run_dir.evaluations, eval_offset)
+            evaluations.extend(landed)
             if self.console.is_terminal:
-                live.update(self._progress(rows, t0))
+                live.update(self._progress(rows, evaluations, t0))
                 return
-            evaluations = read_jsonl(self.run_dir.evaluations)
-            for e in evaluations[evaluations_seen:]:  # each evaluation once, as it lands
+            for e in landed:  # each evaluation once, as it lands
                 self.console.print(eval_cell([e]), markup=False)
-            evaluations_seen = len(evaluations)
             for row in new:
                 if row["step"] % every == 0 or row["step"] == self.max_steps or row["restored"]:
                     cells = progress_cells(row, self.max_steps, time.monotonic() - t0)

@@ -34,9 +34,8 @@ from rlrun.api.control import PauseResult, ResumeReport, StatusReport
 from rlrun.api.control_client import ControlError, call_control
 from rlrun.api.spec import RLRunSpec
 from rlrun.launcher.processes import Child, ChildDied, exits_cleanly
-from rlrun.launcher.progress import read_metrics
 from rlrun.ledger import LedgerEvent, read_ledger
-from rlrun.rundir import RunDir, read_attempt, step_dirs
+from rlrun.rundir import RunDir, read_attempt, read_metrics, step_dirs
 
 #: Seconds between the trainer finishing step K and a simulated preemption (see :meth:`PreemptionDrill.due`).
 PREEMPT_DELAY_S = 0.3

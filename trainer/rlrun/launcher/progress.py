@@ -8,31 +8,7 @@ shown as restored rather than as zeros.
 
 from __future__ import annotations
 
-import contextlib
-import json
-from pathlib import Path
-
 from rich.table import Table
-
-
-def read_metrics(path: Path, offset: int = 0) -> tuple[list[dict], int]:
-    """Complete JSON lines of ``path`` from byte ``offset``; returns them and the new offset.
-
-    A line that does not parse (torn by a process killed mid-write, then appended to) is skipped.
-    """
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except FileNotFoundError:
-        return [], offset
-    end = data.rfind(b"\n") + 1
-    lines = []
-    for line in data[:end].splitlines():
-        with contextlib.suppress(ValueError):
-            if line.strip():
-                lines.append(json.loads(line))
-    return lines, offset + end
 
 
 def label_restored(rows: list[dict], generating: set[int]) -> None:

@@ -300,8 +300,9 @@ async def evaluate_weights(
             push = await push_weights([client], weights, version, reference)
             if push.unreachable:
                 raise RolloutError(f"{url} went away while loading {weights}: {push.unreachable[url]}")
-        codec = tokenizer_codec(await asyncio.to_thread(AutoTokenizer.from_pretrained, model_path))
+        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_path)
         envs = {e.name: make_env(e) for e in spec.envs}
-        return await Evaluator(evaluation, spec.sampling, envs, spec.seed, *codec, out).evaluate([client], version)
+        evaluator = Evaluator.for_run(spec.model_copy(update={"evaluation": evaluation}), envs, tokenizer, out, 0)
+        return await evaluator.evaluate([client], version)
     finally:
         await client.aclose()
