@@ -159,7 +159,7 @@ def measure_capacity(steps: int, repeats: int, parent: Path, cache_dir: Path | N
     from rlrun.model.resolve import resolve_model
 
     spec = example_spec()
-    model_dir = Path(resolve_model(spec.model, cache_dir))
+    model_dir = Path(resolve_model(spec.model, cache_dir, envs=spec.envs))
     one_run(spec, model_dir, 4, True, parent)  # warm-up: imports, tokenizer cache, page cache
     runs = {True: [], False: []}
     for _ in range(repeats):
@@ -194,7 +194,7 @@ def measure_stall(steps: int, parent: Path, cache_dir: Path | None, samples_per_
     from rlrun.orchestrator.loop import Orchestrator
 
     spec = example_spec()
-    model_dir = Path(resolve_model(spec.model, cache_dir))
+    model_dir = Path(resolve_model(spec.model, cache_dir, envs=spec.envs))
     poll_s = inspect.signature(Orchestrator).parameters["poll_s"].default  # as it runs: its default polling
     runs = {j: one_run(spec, model_dir, steps, j, parent, samples_per_s, poll_s) for j in (False, True)}
     served = {j: one_run(spec, model_dir, steps, j, parent, samples_per_s, poll_s, served=True) for j in (False, True)}

@@ -135,7 +135,7 @@ def main() -> None:
     from rlrun.model.resolve import resolve_model
 
     spec = example_spec()
-    model_dir = Path(resolve_model(spec.model))
+    model_dir = Path(resolve_model(spec.model, envs=spec.envs))
     out = {"benchmark": "liveness", "lost": measure_lost(spec, model_dir, args.trials, args.steps)}
     if args.healthy_steps > 0:
         out["healthy"] = measure_healthy(spec, model_dir, args.healthy_steps, args.rollout_samples_per_s)

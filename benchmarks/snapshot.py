@@ -137,7 +137,7 @@ def measure_resume(rate: float) -> dict:
     from rlrun.rundir import RunDir, publish_dir
 
     spec = example_spec()
-    model_dir = resolve_model(spec.model)
+    model_dir = resolve_model(spec.model, envs=spec.envs)
     factory = fake_client_factory(samples_per_s=rate)
 
     async def first_batch(orch: Orchestrator, step: int) -> float:

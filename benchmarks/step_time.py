@@ -97,7 +97,7 @@ def measure_orchestrator(steps: int, cache_dir: Path | None) -> dict:
     from rlrun.training.fake import fake_trainer
 
     spec = example_spec()
-    model_dir = Path(resolve_model(spec.model, cache_dir))
+    model_dir = Path(resolve_model(spec.model, cache_dir, envs=spec.envs))
     factory = fake_client_factory(error_rate=0.15)
 
     with tempfile.TemporaryDirectory(prefix="rlrun-bench-orch-") as tmp:

@@ -1,9 +1,11 @@
 """Pure builders of a run's pods: the pods of one attempt and the replacements of lost ones (plain dicts).
 
 The pods' names are in :mod:`rlrun_operator.builders`' table. Every pod mounts the claim at
-``/var/lib/rlrun`` (run directory ``run/``, model cache ``cache/``) and the ConfigMap at ``/etc/rlrun``; runs as a non-root user with no
-capabilities; gets ``terminationGracePeriodSeconds`` from ``spec.preemption`` (the
-orchestrator writes its snapshot on SIGTERM within ``snapshot_timeout_seconds``).
+``/var/lib/rlrun`` (run directory ``run/``, model cache ``cache/``) and the ConfigMap at ``/etc/rlrun``, then
+the role's own ``volumes`` (read-only unless the spec says otherwise) with its ``env`` after rlrun's variables
+(:func:`user_volumes`, :func:`user_env`); runs as a non-root user with no capabilities; gets
+``terminationGracePeriodSeconds`` from ``spec.preemption`` (the orchestrator writes its snapshot on SIGTERM
+within ``snapshot_timeout_seconds``).
 Pods have ``restartPolicy: Never``: a restart is a new attempt, which the operator
 numbers (and which resumes from the newest complete checkpoint: every role gets
 ``--resume``, which starts fresh on an empty run directory). The orchestrator and trainer
@@ -32,6 +34,7 @@ from typing import Any
 
 from rlrun import roles
 from rlrun.api.control import TERMINATION_LOG_ENV
+from rlrun.api.pod_inputs import KeyToPathSpec
 from rlrun.api.spec import RLRun, RoleSpec, TrainerSpec
 
 from rlrun_operator import naming
@@ -93,6 +96,53 @@ def _resources(role: RoleSpec, component: str) -> dict[str, Any]:
     out: dict[str, Any] = {"requests": requests}
     if limits:
         out["limits"] = limits
+    return out
+
+
+def _items(items: list[KeyToPathSpec]) -> dict[str, Any]:
+    return {"items": [{"key": i.key, "path": i.path} for i in items]} if items else {}
+
+
+def user_volumes(role: RoleSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes and the container's mounts for ``role.volumes``, in Kubernetes' shapes, after rlrun's
+    own (the spec keeps names and paths apart from theirs). A read-only claim is read-only in the volume too,
+    so the kubelet never walks a dataset to apply the pod's ``fsGroup``.
+
+    Returns:
+        ``(volumes, mounts)``, in the spec's order.
+    """
+    volumes, mounts = [], []
+    for v in role.volumes:
+        mount: dict[str, Any] = {"name": v.name, "mountPath": v.mount_path}
+        if v.read_only:
+            mount["readOnly"] = True
+        mounts.append(mount)
+        if v.persistent_volume_claim is not None:
+            claim: dict[str, Any] = {"claimName": v.persistent_volume_claim.claim_name}
+            if v.read_only:
+                claim["readOnly"] = True
+            volumes.append({"name": v.name, "persistentVolumeClaim": claim})
+        elif v.config_map is not None:
+            volumes.append({"name": v.name, "configMap": {"name": v.config_map.name, **_items(v.config_map.items)}})
+        elif v.secret is not None:
+            secret = {"secretName": v.secret.secret_name, **_items(v.secret.items)}
+            volumes.append({"name": v.name, "secret": secret})
+    return volumes, mounts
+
+
+def user_env(role: RoleSpec) -> list[dict[str, Any]]:
+    """The container's variables for ``role.env``, in Kubernetes' ``EnvVar`` shape (after rlrun's own, whose
+    names the spec refuses)."""
+    out: list[dict[str, Any]] = []
+    for e in role.env:
+        if e.value_from is None:
+            out.append({"name": e.name, "value": e.value})
+        elif e.value_from.secret_key_ref is not None:
+            ref = e.value_from.secret_key_ref
+            out.append({"name": e.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        elif e.value_from.config_map_key_ref is not None:
+            ref = e.value_from.config_map_key_ref
+            out.append({"name": e.name, "valueFrom": {"configMapKeyRef": {"name": ref.name, "key": ref.key}}})
     return out
 
 
@@ -219,6 +269,10 @@ def _pod(
         container["readinessProbe"] = {**probe, "failureThreshold": 2}
         container["livenessProbe"] = {**probe, "periodSeconds": 15, "failureThreshold": 4}
     # The trainer serves nothing, so it has no probe: its progress is the orchestrator's step.
+    extra_volumes, extra_mounts = user_volumes(role)
+    volumes += extra_volumes
+    mounts += extra_mounts
+    env += user_env(role)
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": spec.preemption.termination_grace_period_seconds,

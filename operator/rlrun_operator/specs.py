@@ -56,6 +56,7 @@ class SpecMemory:
                 "spec": dict(body.get("spec") or {}) if spec is None else dict(spec),
             },
             source=f"{meta.get('namespace')}/{meta['name']}",
+            checks="static",  # the user's env packages and data are in the orchestrator pod, not here
         )
         if spec is None:
             key, generation = (meta["namespace"], meta["name"]), meta.get("generation") or 0

@@ -109,4 +109,7 @@ def cel_violations(schema: dict[str, Any], value: Any, old: Any = None, path: st
             if name in value:
                 sub_old = old.get(name) if isinstance(old, dict) else None
                 errors += cel_violations(sub, value[name], sub_old, f"{path}.{name}")
+    elif isinstance(value, list) and "items" in schema:  # items' rules, without oldSelf (items are not paired)
+        for i, item in enumerate(value):
+            errors += cel_violations(schema["items"], item, None, f"{path}[{i}]")
     return errors

@@ -8,6 +8,7 @@ import httpx
 from rlrun.api.spec import SamplingSpec
 from rlrun.envs import ReverseTextEnv
 from rlrun.orchestrator.dispatcher import Dispatcher, GroupResult
+from rlrun.orchestrator.episodes import EpisodeBuilder
 from rlrun.rollout.client import RolloutClient
 
 ENV = ReverseTextEnv()
@@ -21,10 +22,12 @@ def make_dispatcher(
     results: asyncio.Queue[GroupResult] = asyncio.Queue()
     dispatcher = Dispatcher(
         list(transports),
-        encode=lambda text: [CHARS[c] for c in text],
-        decode=lambda ids: "".join(IDS.get(i, "?") for i in ids),
-        eos_id=0,
-        envs={ENV.name: ENV},
+        episodes=EpisodeBuilder(
+            encode=lambda text: [CHARS[c] for c in text],
+            decode=lambda ids: "".join(IDS.get(i, "?") for i in ids),
+            eos_id=0,
+            envs={ENV.name: ENV},
+        ),
         sampling=SamplingSpec(max_tokens=8),
         results=results,
         retry_window_s=retry_window_s,

@@ -7,6 +7,7 @@ import base64
 import kubernetes_validate
 import pytest
 import yaml
+from rlrun.api.pod_inputs import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIX, RESERVED_MOUNT_PATHS, RESERVED_VOLUME_NAMES
 from rlrun.cli import app
 from rlrun.manifest import parse_manifest
 from rlrun_operator import naming
@@ -354,3 +355,85 @@ def test_trainer_node_names():
     assert naming.replacement_name("demo", "demo-trainer-1-a0-r1", 0, 2) == "demo-trainer-1-a0-r2"
     with pytest.raises(ValueError, match="not a trainer pod name"):
         naming.trainer_node_of("demo", "demo-trainer-x-a0")
+
+
+def pods_by_component(pods: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for pod in pods:
+        out.setdefault(pod["metadata"]["labels"][naming.COMPONENT], []).append(pod)
+    return out
+
+
+def test_a_roles_volumes_and_env_reach_its_pods_read_only_after_rlruns_own():
+    dataset = {"name": "dataset", "mount_path": "/data", "persistent_volume_claim": {"claim_name": "arithmetic"}}
+    body, run = make(
+        orchestrator={
+            "image": "registry.example/my-env:1",
+            "volumes": [
+                dataset,
+                {"name": "conf", "mount_path": "/etc/my-env", "config_map": {"name": "my-env.conf",
+                                                                             "items": [{"key": "a", "path": "a.yaml"}]}},
+                {"name": "scratch", "mount_path": "/scratch", "read_only": False,
+                 "persistent_volume_claim": {"claim_name": "scratch"}},
+                {"name": "creds", "mount_path": "/var/run/creds", "secret": {"secret_name": "creds"}},
+            ],
+            "env": [
+                {"name": "HF_TOKEN", "value_from": {"secret_key_ref": {"name": "hf", "key": "token"}}},
+                {"name": "MY_ENV_MODE", "value_from": {"config_map_key_ref": {"name": "my-env.conf", "key": "mode"}}},
+                {"name": "OMP_NUM_THREADS", "value": "4"},
+            ],
+        },
+        trainer={"nodes": 2, "volumes": [dataset], "env": [{"name": "OMP_NUM_THREADS", "value": "8"}]},
+        rollout={"replicas": 2},
+    )  # fmt: skip
+    pods = pods_by_component(build_pods(body, run, SETTINGS, 1))
+    (orchestrator,) = pods[naming.ORCHESTRATOR]
+    spec, container = orchestrator["spec"], orchestrator["spec"]["containers"][0]
+    assert container["image"] == "registry.example/my-env:1"
+    assert spec["volumes"][3:] == [
+        {"name": "dataset", "persistentVolumeClaim": {"claimName": "arithmetic", "readOnly": True}},
+        {"name": "conf", "configMap": {"name": "my-env.conf", "items": [{"key": "a", "path": "a.yaml"}]}},
+        {"name": "scratch", "persistentVolumeClaim": {"claimName": "scratch"}},
+        {"name": "creds", "secret": {"secretName": "creds"}},
+    ]
+    assert container["volumeMounts"][3:] == [
+        {"name": "dataset", "mountPath": "/data", "readOnly": True},
+        {"name": "conf", "mountPath": "/etc/my-env", "readOnly": True},
+        {"name": "scratch", "mountPath": "/scratch"},
+        {"name": "creds", "mountPath": "/var/run/creds", "readOnly": True},
+    ]
+    assert container["env"][-3:] == [
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+        {"name": "MY_ENV_MODE", "valueFrom": {"configMapKeyRef": {"name": "my-env.conf", "key": "mode"}}},
+        {"name": "OMP_NUM_THREADS", "value": "4"},
+    ]
+    assert container["env"][-4]["name"] == "RLRUN_CONTROL_TOKEN"  # rlrun's own come first, all of them
+    for pod in pods[naming.TRAINER]:  # every node of the trainer
+        container = pod["spec"]["containers"][0]
+        assert container["image"] == SETTINGS.trainer_image
+        assert pod["spec"]["volumes"][-1] == {
+            "name": "dataset",
+            "persistentVolumeClaim": {"claimName": "arithmetic", "readOnly": True},
+        }
+        assert container["volumeMounts"][-1] == {"name": "dataset", "mountPath": "/data", "readOnly": True}
+        assert container["env"][-1] == {"name": "OMP_NUM_THREADS", "value": "8"}
+    for pod in pods[naming.ROLLOUT]:  # a role without volumes or env gets none of another role's
+        container = pod["spec"]["containers"][0]
+        assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "config", "tmp", "dshm"]
+        assert not {"HF_TOKEN", "OMP_NUM_THREADS"} & {e["name"] for e in container["env"]}
+    replacement = build_trainer_replacement(body, run, SETTINGS, 1, "demo-trainer-0-a1-r1", [], 0, 2)
+    assert replacement["spec"]["volumes"] == pods[naming.TRAINER][0]["spec"]["volumes"]
+    for pod in [p for role in pods.values() for p in role] + [replacement]:
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
+def test_the_spec_reserves_every_name_and_path_rlrun_gives_its_pods():
+    """What the spec refuses in a role's ``volumes`` and ``env`` covers all the builders set themselves."""
+    body, run = make(trainer={"processes_per_node": 2}, rollout={"replicas": 1})
+    for pod in build_pods(body, run, SETTINGS, 0):
+        container = pod["spec"]["containers"][0]
+        for var in container["env"]:
+            assert var["name"] in RESERVED_ENV_NAMES or var["name"].startswith(RESERVED_ENV_PREFIX), var
+        paths = [m["mountPath"] for m in container["volumeMounts"]] + [container["terminationMessagePath"]]
+        assert set(paths) <= set(RESERVED_MOUNT_PATHS), pod["metadata"]["name"]
+        assert {v["name"] for v in pod["spec"]["volumes"]} <= set(RESERVED_VOLUME_NAMES)

@@ -97,6 +97,10 @@ def test_examples_pass_the_crd(path):
     assert crd_errors(doc) == []
 
 
+#: A valid volume (a dataset's claim at /data) and a Secret's key, for the invalid ones below to change.
+CLAIM = {"name": "ds", "mount_path": "/data", "persistent_volume_claim": {"claim_name": "datasets"}}
+SECRET_REF = {"secret_key_ref": {"name": "creds", "key": "token"}}
+
 INVALID = [
     # (spec change, field the CRD names, field rlrun.manifest names)
     ({"group_size": "eight"}, "spec.group_size", "spec.group_size"),
@@ -106,6 +110,17 @@ INVALID = [
     ({"max_steps": 1.5}, "spec.max_steps", "spec.max_steps"),
     ({"envs": []}, "spec.envs", "spec.envs"),
     ({"envs": [{"weight": 1}]}, "spec.envs.0.name", "spec.envs[0].name"),
+    # an env's rewards: a builtin by name or a function by import path, never both
+    ({"envs": [{"name": "reverse-text", "rewards": [{"name": "exact", "function": "m:f"}]}]},
+     "spec.envs[0].rewards[0]", "spec.envs[0].rewards[0]"),
+    ({"envs": [{"name": "reverse-text", "rewards": [{"weight": 2}]}]}, "spec.envs[0].rewards[0]",
+     "spec.envs[0].rewards[0]"),
+    ({"envs": [{"name": "reverse-text", "rewards": [{"function": "m:f", "args": {"k": 1}}]}]},
+     "spec.envs[0].rewards[0].args", "spec.envs[0].rewards[0]"),
+    ({"envs": [{"name": "reverse-text", "rewards": [{"function": "not a path"}]}]},
+     "spec.envs.0.rewards.0.function", "spec.envs[0].rewards[0].function"),
+    ({"envs": [{"name": "reverse-text", "reward_timeout_seconds": 0}]}, "spec.envs.0.reward_timeout_seconds",
+     "spec.envs[0].reward_timeout_seconds"),
     ({"model": {"builtin": "gpt-9"}}, "spec.model.builtin", "spec.model.builtin"),
     ({"model": {"builtin": "tiny-reverse", "name": "Qwen/Qwen3-0.6B"}}, "spec.model", "spec.model"),
     ({"model": {}}, "spec.model", "spec.model"),
@@ -133,6 +148,42 @@ INVALID = [
     ({"suspend": "yes"}, "spec.suspend", "spec.suspend"),
     ({"scheduling": {"node_selector": {"pool": 3}}}, "spec.scheduling.node_selector.pool",
      "spec.scheduling.node_selector.pool"),
+    # a role's volumes and env: a restricted Kubernetes Volume / EnvVar, kept apart from rlrun's own
+    ({"orchestrator": {"volumes": [{**CLAIM, "config_map": {"name": "cfg"}}]}}, "spec.orchestrator.volumes[0]",
+     "spec.orchestrator.volumes[0]"),
+    ({"orchestrator": {"volumes": [{"name": "ds", "mount_path": "/data"}]}}, "spec.orchestrator.volumes[0]",
+     "spec.orchestrator.volumes[0]"),
+    ({"orchestrator": {"volumes": [{**CLAIM, "mount_path": "data"}]}}, "spec.orchestrator.volumes.0.mount_path",
+     "spec.orchestrator.volumes[0].mount_path"),
+    ({"orchestrator": {"volumes": [{**CLAIM, "mount_path": "/data/../etc"}]}},
+     "spec.orchestrator.volumes.0.mount_path", "spec.orchestrator.volumes[0].mount_path"),
+    ({"trainer": {"volumes": [{**CLAIM, "mount_path": "/var/lib/rlrun/run/data"}]}},
+     "spec.trainer.volumes[0].mount_path", "spec.trainer.volumes[0].mount_path"),
+    ({"trainer": {"volumes": [{**CLAIM, "mount_path": "/var"}]}}, "spec.trainer.volumes[0].mount_path",
+     "spec.trainer.volumes[0].mount_path"),
+    ({"trainer": {"volumes": [{**CLAIM, "name": "data"}]}}, "spec.trainer.volumes[0].name",
+     "spec.trainer.volumes[0].name"),
+    ({"rollout": {"volumes": [CLAIM, {**CLAIM, "name": "ds2"}]}}, "spec.rollout.volumes", "spec.rollout.volumes"),
+    ({"orchestrator": {"volumes": [{**CLAIM, "mountPath": "/data"}]}}, "spec.orchestrator.volumes.0.mountPath",
+     "spec.orchestrator.volumes[0].mountPath"),
+    ({"orchestrator": {"volumes": [{**CLAIM, "read_only": "true"}]}}, "spec.orchestrator.volumes.0.read_only",
+     "spec.orchestrator.volumes[0].read_only"),
+    ({"orchestrator": {"volumes": [{"name": "cfg", "mount_path": "/cfg",
+                                    "config_map": {"name": "cfg", "items": [{"key": "a", "path": "../a"}]}}]}},
+     "spec.orchestrator.volumes.0.config_map.items.0.path", "spec.orchestrator.volumes[0].config_map.items[0].path"),
+    ({"orchestrator": {"env": [{"name": "HOME", "value": "/root"}]}}, "spec.orchestrator.env[0].name",
+     "spec.orchestrator.env[0].name"),
+    ({"trainer": {"env": [{"name": "RLRUN_CACHE_DIR", "value": "/x"}]}}, "spec.trainer.env[0].name",
+     "spec.trainer.env[0].name"),
+    ({"trainer": {"env": [{"name": "1ST", "value": "x"}]}}, "spec.trainer.env.0.name", "spec.trainer.env[0].name"),
+    ({"rollout": {"env": [{"name": "TOKEN"}]}}, "spec.rollout.env[0]", "spec.rollout.env[0]"),
+    ({"rollout": {"env": [{"name": "TOKEN", "value": "x", "value_from": SECRET_REF}]}}, "spec.rollout.env[0]",
+     "spec.rollout.env[0]"),
+    ({"rollout": {"env": [{"name": "TOKEN", "value_from": {**SECRET_REF, "config_map_key_ref": {"name": "c",
+                                                                                              "key": "k"}}}]}},
+     "spec.rollout.env[0].value_from", "spec.rollout.env[0].value_from"),
+    ({"rollout": {"env": [{"name": "TOKEN", "value_from": {"secret_key_ref": {"name": "Creds", "key": "k"}}}]}},
+     "spec.rollout.env.0.value_from.secret_key_ref.name", "spec.rollout.env[0].value_from.secret_key_ref.name"),
 ]  # fmt: skip
 
 
@@ -181,3 +232,30 @@ def test_run_names_leave_room_for_the_service_name(name):
     assert any(e.startswith("metadata.name:") for e in info.value.errors)
     doc["metadata"]["name"] = "x" * 50
     assert cel_violations(SCHEMA, doc) == [] and parse_manifest(doc)
+
+
+def test_a_roles_volumes_and_env_pass_the_crd_read_only_unless_said_otherwise():
+    """Every source of a volume and of a variable passes both checks; a volume is read-only by default on both."""
+    volumes = [
+        CLAIM,
+        {"name": "rewards-conf", "mount_path": "/etc/my-env", "config_map": {"name": "my-env.conf",
+                                                                             "items": [{"key": "a.yaml", "path": "conf/a.yaml"}]}},
+        {"name": "creds", "mount_path": "/home/user/.cache/creds", "read_only": False,
+         "secret": {"secret_name": "creds"}},
+    ]  # fmt: skip
+    env = [
+        {"name": "HF_TOKEN", "value_from": SECRET_REF},
+        {"name": "MY_ENV_MODE", "value_from": {"config_map_key_ref": {"name": "my-env.conf", "key": "mode"}}},
+        {"name": "OMP_NUM_THREADS", "value": "4"},
+    ]
+    doc = manifest(orchestrator={"volumes": volumes, "env": env}, trainer={"volumes": [CLAIM]})
+    assert crd_errors(doc) == []
+    spec = parse_manifest(doc).spec
+    defaulted = apply_defaults(SPEC_SCHEMA, doc["spec"])
+    assert [v["read_only"] for v in defaulted["orchestrator"]["volumes"]] == [True, True, False]
+    assert [v.read_only for v in spec.orchestrator.volumes] == [True, True, False]
+    assert spec.orchestrator.env[0].value_from.secret_key_ref.key == "token" and spec.rollout.volumes == []
+    for role in ("orchestrator", "trainer", "rollout"):  # the API server keeps names unique
+        for key in ("volumes", "env"):
+            node = SPEC_SCHEMA["properties"][role]["properties"][key]
+            assert node["x-kubernetes-list-type"] == "map" and node["x-kubernetes-list-map-keys"] == ["name"]

@@ -12,7 +12,7 @@ import pytest
 from rlrun.envs.reverse_text import ReverseTextEnv, held_out
 from rlrun.ledger import check_ledger, read_ledger
 from rlrun.model.recipe import TinyModelRecipe
-from rlrun.orchestrator.episodes import tokenizer_codec
+from rlrun.orchestrator.episodes import EpisodeBuilder, tokenizer_codec
 from rlrun.orchestrator.evaluation import Evaluator
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rollout.client import RolloutClient, RolloutError
@@ -64,8 +64,8 @@ class Recording(httpx.AsyncBaseTransport):
 def evaluator(tmp_path, tiny_model, **evaluation) -> Evaluator:
     spec = parse("eval", evaluation={"enabled": True, "tasks": 6, "samples_per_task": 3, **evaluation}).spec
     env = ReverseTextEnv(reward="exact")
-    codec = tokenizer_codec(AutoTokenizer.from_pretrained(str(tiny_model)))
-    return Evaluator(spec.evaluation, spec.sampling, {env.name: env}, spec.seed, *codec, RunDir(tmp_path).evaluations)
+    episodes = EpisodeBuilder(*tokenizer_codec(AutoTokenizer.from_pretrained(str(tiny_model))), {env.name: env})
+    return Evaluator(spec.evaluation, spec.sampling, episodes, spec.seed, RunDir(tmp_path).evaluations)
 
 
 @pytest.mark.parametrize(("error_rate", "solved"), [(0.0, 1.0), (1.0, 0.0)])

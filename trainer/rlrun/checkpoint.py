@@ -269,31 +269,47 @@ def prune_checkpoints(run_dir: RunDir, keep_last: int) -> list[int]:
     return sorted(removed)
 
 
-def run_identity(spec: Any) -> dict[str, Any]:
-    """The settings a checkpoint must share with the run that resumes it (``RLRunSpec`` in)."""
-    return {
+def run_identity(spec: Any, envs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings a checkpoint must share with the run that resumes it (``RLRunSpec`` in).
+
+    With ``envs`` (the run's envs by name: the orchestrator's), also ``env_data``: each env's ``fingerprint()``
+    where it has one (a dataset env's files), so a resume over changed task data is refused.
+    """
+    identity = {
         "model": spec.model.identity,
         "envs": sorted(e.name for e in spec.envs),
         "group_size": spec.group_size,
     }
+    if envs is not None:
+        identity["env_data"] = {
+            name: env.fingerprint() for name, env in sorted(envs.items()) if callable(getattr(env, "fingerprint", None))
+        }
+    return identity
 
 
-def check_compatible(saved: dict[str, Any] | None, spec: Any, source: str) -> None:
-    """Refuse to resume from a checkpoint whose :func:`run_identity` differs from ``spec``'s.
+def check_compatible(saved: dict[str, Any] | None, spec: Any, source: str, envs: dict[str, Any] | None = None) -> None:
+    """Refuse to resume from a checkpoint whose :func:`run_identity` differs from ``spec``'s (and ``envs``').
 
-    A checkpoint without an identity (older format) is accepted.
+    A checkpoint without an identity (older format) is accepted, and a field only one side has is not compared.
 
     Raises:
         CheckpointMismatch: naming each differing field with both values.
     """
     if not saved:
         return
-    current = run_identity(spec)
+    current = run_identity(spec, envs)
     diffs = [
         f"spec.{key}: checkpoint has {saved.get(key)!r}, manifest has {value!r}"
         for key, value in current.items()
-        if key in saved and saved[key] != value
+        if key in saved and key != "env_data" and saved[key] != value
     ]
+    for name, fingerprint in current.get("env_data", {}).items():
+        before = saved.get("env_data", {}).get(name)
+        if before is not None and before != fingerprint:
+            diffs.append(
+                f"env {name}: its data changed since the checkpoint (fingerprint {before[:12]} → {fingerprint[:12]}); "
+                "the task stream would differ from the one the run trained on: restore the data, or start a new run"
+            )
     if diffs:
         raise CheckpointMismatch(
             f"{source} belongs to a run with different settings; refusing to resume:\n  " + "\n  ".join(diffs)

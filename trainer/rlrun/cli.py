@@ -9,6 +9,7 @@ operator passes the RLRun's uid) numbers attempts per run directory: see
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -19,7 +20,8 @@ from pathlib import Path
 import typer
 
 from rlrun.api.spec import RLRun
-from rlrun.manifest import ManifestError, load_manifest
+from rlrun.manifest import Checks, ManifestError, load_manifest
+from rlrun.model.resolve import init_builtin_model  # no torch: the builds import it when they run
 from rlrun.role_exit import reporting
 
 log = logging.getLogger("rlrun.cli")
@@ -60,9 +62,9 @@ def _setup_logging(role: str) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _load(manifest: Path) -> RLRun:
+def _load(manifest: Path, checks: Checks = "full") -> RLRun:
     try:
-        return load_manifest(manifest)
+        return load_manifest(manifest, checks)
     except ManifestError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
@@ -135,8 +137,8 @@ def rollout(
     from rlrun.model.resolve import resolve_model
 
     _setup_logging("rollout")
-    run = _load(manifest)
-    model = resolve_model(run.spec.model, cache_dir)
+    run = _load(manifest, checks="static")
+    model = resolve_model(run.spec.model, cache_dir, envs=run.spec.envs)
     if fake:
         from rlrun.rollout.fake import serve_fake_vllm
 
@@ -197,11 +199,11 @@ def trainer(
         stop_at_once()
         dp = init_from_env()
         exit_.writes_report = dp.is_main
-        run = load_manifest(manifest)
+        run = load_manifest(manifest, checks="static")  # the trainer needs no env code or data
         exit_.max_steps = max_steps or run.spec.max_steps
         t = Trainer(
-            run.spec, RunDir(run_dir), resolve_model(run.spec.model, cache_dir), max_steps, resume, attempt,
-            run_uid=run_uid, dp=dp if dp.distributed else None,
+            run.spec, RunDir(run_dir), resolve_model(run.spec.model, cache_dir, envs=run.spec.envs), max_steps,
+            resume, attempt, run_uid=run_uid, dp=dp if dp.distributed else None,
         )  # fmt: skip
         exit_.step = t.step
         notice = Notice(t)
@@ -269,7 +271,7 @@ def orchestrator(
             run.spec,
             RunDir(run_dir),
             rollout_url,
-            resolve_model(run.spec.model, cache_dir),
+            resolve_model(run.spec.model, cache_dir, envs=run.spec.envs),
             max_steps,
             resume,
             attempt=attempt,
@@ -327,7 +329,7 @@ def eval_(
         rd = RunDir(run_dir)
         spec = run_spec(rd)
         step = checkpoint_step(rd, step)
-        model_path = resolve_model(spec.model, cache_dir)
+        model_path = resolve_model(spec.model, cache_dir, envs=spec.envs)
         weights = rd.trainer_checkpoint(step) if step > 0 else None
         with eval_server(spec, rd, cache_dir) as url, tempfile.TemporaryDirectory() as tmp:
             evaluate = evaluate_weights(url, spec, model_path, weights, step, Path(tmp) / "eval.jsonl", **overrides)
@@ -392,6 +394,26 @@ def crd(
         typer.echo(f"wrote {path}")
 
 
+@app.command("envs")
+def list_envs(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """List the envs a manifest can name: builtin ones, and those installed packages register (entry point group
+    rlrun.envs). A manifest may also name any env by import path, package.module:attr."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from rlrun.envs import installed_envs
+
+    found = sorted(installed_envs().values(), key=lambda e: (e.source != "builtin", e.name))
+    if as_json:
+        typer.echo(json.dumps([dataclasses.asdict(e) for e in found], indent=2))
+        return
+    table = Table("env", "from", "import path")
+    for e in found:
+        table.add_row(e.name, e.source, e.target)
+    Console().print(table)
+    typer.echo("Or name any env by import path: name: package.module:attr (docs/envs.md).")
+
+
 ledger_app = typer.Typer(no_args_is_help=True, help="Inspect a run's ledger of episode fates.")
 app.add_typer(ledger_app, name="ledger")
 
@@ -408,18 +430,15 @@ def ledger_check(run_dir: Path = typer.Argument(..., exists=True, file_okay=Fals
 
 @model_app.command("init")
 def model_init(
-    out_dir: Path = typer.Argument(..., help="Directory to create (must not exist or be empty)."),
-    sft_steps: int = typer.Option(None, min=0, help="Warm-start steps (default: the builtin recipe's)."),
+    out_dir: Path = typer.Argument(None, help="Directory to create (empty or absent); none: the model cache."),
+    manifest: Path = typer.Option(None, "--manifest", "-m", exists=True, dir_okay=False, help="Build its model."),
+    sft_steps: int = typer.Option(None, min=0, help="Warm-start steps (tiny: the most). Needs OUT_DIR."),
+    cache_dir: Path = CacheOpt,
 ) -> None:
-    """Build the builtin tiny-reverse model (Qwen3, char tokenizer, SFT warm start) into OUT_DIR."""
-    import dataclasses
-
-    from rlrun.model.tiny import TinyModelRecipe, init_tiny_model
-
+    """Build tiny-reverse, or the manifest's builtin model (tiny: for its envs), into OUT_DIR or the model cache."""
     _setup_logging("model")
-    recipe = TinyModelRecipe() if sft_steps is None else dataclasses.replace(TinyModelRecipe(), sft_steps=sft_steps)
-    report = init_tiny_model(out_dir, recipe)
-    typer.echo(json.dumps(report, indent=2))
+    spec = _load(manifest).spec if manifest is not None else None
+    typer.echo(json.dumps(init_builtin_model(spec, out_dir, sft_steps, cache_dir), indent=2))
 
 
 def main() -> None:

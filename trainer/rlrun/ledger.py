@@ -51,6 +51,9 @@ class LedgerEvent(str, Enum):
     #: the error; ``lost``: its rollout endpoint was removed, with the endpoint in
     #: ``error``) — a request that ended without members
     CANCELLED = "cancelled"
+    #: ids, group, env, task (its index), error — members sampled whose reward failed (raised, timed out, not a
+    #: number): they never finished and are requested again (``rlrun.rewards.scoring``)
+    REWARD_FAILED = "reward_failed"
     #: ids (its finished episodes, possibly none), group, reason — a group given up (counted)
     ABANDONED = "abandoned"
     #: step, ids — a batch published for the trainer

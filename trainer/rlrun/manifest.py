@@ -4,19 +4,28 @@ What ``rlrun local``, every pod's ``rlrun`` command and the operator use to acce
 manifest. A manifest is either valid or refused with every problem named by its path and
 the reason, one line each (``spec.group_size: must be ≥ 2``, ``spec.envs[0].name: unknown
 env 'x'; …``): :class:`ManifestError`. Besides the models' own validation (:mod:`rlrun.api.spec`),
-every env is built once, so an unknown env or bad ``args`` fails here and not in a pod later.
+every env is built once and every reward loaded, so an unknown env, bad ``args``, a dataset file that
+is missing, or a reward path that does not import fails here and not in a pod later (the operator
+checks what its own image can: :func:`env_errors`).
 """
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import ValidationError
 
-from rlrun.api.spec import RLRun, RLRunSpec
-from rlrun.envs import EnvArgsError, UnknownEnvError, make_env
+from rlrun.api.spec import EnvSpec, RLRun, RLRunSpec
+from rlrun.envs import BUILTIN_ENVS, EnvArgsError, UnknownEnvError, make_env, resolve_env
+from rlrun.rewards.loading import RewardArgsError, load_reward
+
+#: How far a manifest's envs and rewards are checked (:func:`env_errors`): ``full`` (where the run's env code and
+#: data are: ``rlrun local``/``validate``, the orchestrator) or ``static`` (what needs neither: the operator, the
+#: trainer and rollout pods).
+Checks = Literal["full", "static"]
 
 
 class ManifestError(ValueError):
@@ -77,8 +86,11 @@ def format_validation_error(exc: ValidationError) -> list[str]:
     return lines
 
 
-def parse_manifest(data: Any, source: str = "<manifest>") -> RLRun:
-    """Validate a decoded manifest (a dict) into an :class:`RLRun`, its envs built once.
+def parse_manifest(data: Any, source: str = "<manifest>", checks: Checks = "full") -> RLRun:
+    """Validate a decoded manifest (a dict) into an :class:`RLRun`, its envs and rewards checked (:func:`env_errors`).
+
+    Args:
+        checks: ``full`` or ``static`` (:data:`Checks`, :func:`env_errors`).
 
     Raises:
         ManifestError: with one line per invalid field (``source`` names the manifest in the message).
@@ -89,26 +101,64 @@ def parse_manifest(data: Any, source: str = "<manifest>") -> RLRun:
         run = RLRun.model_validate(data)
     except ValidationError as exc:
         raise ManifestError(source, format_validation_error(exc)) from None
-    errors = env_errors(run.spec)
+    errors = env_errors(run.spec, checks)
     if errors:
         raise ManifestError(source, errors)
     return run
 
 
-def env_errors(spec: RLRunSpec) -> list[str]:
-    """``["spec.envs[0].name: unknown env …", …]``: builds every env of ``spec`` once; empty when all build."""
+def env_errors(spec: RLRunSpec, checks: Checks = "full") -> list[str]:
+    """``["spec.envs[0].name: unknown env …", …]``: every env of ``spec`` built once and its rewards loaded; empty
+    when all are fine.
+
+    ``checks="static"``: the operator's image holds neither the user's env packages nor their data (those
+    reach the orchestrator pod: a custom image, a mounted volume), nor do the trainer and rollout pods need
+    them, so it checks the builtin envs' ``args`` against their constructors without building those that
+    read run data (``reads_run_data``, e.g. ``dataset``), and the builtin rewards; installed envs, import
+    paths and reward functions are left to the orchestrator, which refuses them at start with the same message.
+    """
     errors = []
-    for i, env in enumerate(spec.envs):
+    envs = {e.name for e in spec.envs}
+    for i, env_spec in enumerate(spec.envs):
+        at = f"spec.envs[{i}]"
         try:
-            make_env(env)
+            if checks == "full" or env_spec.name in BUILTIN_ENVS:
+                _check_env(env_spec, checks)
         except UnknownEnvError as exc:
-            errors.append(f"spec.envs[{i}].name: {exc}")
+            errors.append(f"{at}.name: {exc}")
+            continue
         except EnvArgsError as exc:
-            errors.append(f"spec.envs[{i}].args: {exc}")
+            errors.append(f"{at}.args: {exc}")
+            continue
+        for j, reward in enumerate(env_spec.rewards):
+            field = "name" if reward.name is not None else "function"
+            if reward.series in envs - {env_spec.name}:
+                errors.append(f"{at}.rewards[{j}].label: reward/{reward.series} is the series of env {reward.series}")
+            if checks == "static" and reward.function is not None:
+                continue
+            try:
+                load_reward(reward)
+            except RewardArgsError as exc:
+                errors.append(f"{at}.rewards[{j}].args: {exc}")
+            except ValueError as exc:
+                errors.append(f"{at}.rewards[{j}].{field}: {exc}")
     return errors
 
 
-def load_manifest(path: str | Path) -> RLRun:
+def _check_env(spec: EnvSpec, checks: Checks) -> None:
+    """Build the env of ``spec`` (``static``: only bind its args when it reads run data)."""
+    if checks == "static":
+        factory = resolve_env(spec.name)
+        if getattr(factory, "reads_run_data", False):
+            try:
+                inspect.signature(factory).bind(**spec.args)
+            except TypeError as exc:
+                raise EnvArgsError(f"env {spec.name!r}: bad args {spec.args}: {exc}") from None
+            return
+    make_env(spec)
+
+
+def load_manifest(path: str | Path, checks: Checks = "full") -> RLRun:
     """Read and validate a YAML manifest holding exactly one ``RLRun``.
 
     Raises:
@@ -122,4 +172,4 @@ def load_manifest(path: str | Path) -> RLRun:
         raise ManifestError(str(path), [f"<root>: not valid YAML: {exc}"]) from None
     if len(docs) != 1:
         raise ManifestError(str(path), [f"<root>: expected exactly one YAML document, found {len(docs)}"])
-    return parse_manifest(docs[0], str(path))
+    return parse_manifest(docs[0], str(path), checks)

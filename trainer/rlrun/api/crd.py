@@ -16,7 +16,8 @@ Conversion rules, pydantic JSON Schema (2020-12) → Kubernetes OpenAPI v3 (stru
 - optional nested objects get ``default: {}`` so the API server applies their fields'
   defaults (defaulting recurses into objects that exist);
 - cross-field rules of the pydantic validators are repeated as CEL rules
-  (``x-kubernetes-validations``, :data:`CEL_RULES`) so ``kubectl apply`` rejects them.
+  (``x-kubernetes-validations``, :data:`CEL_RULES`, and each role's
+  :data:`rlrun.api.pod_inputs.ROLE_CEL_RULES`) so ``kubectl apply`` rejects them.
 
 Unknown fields are pruned by a structural schema; ``kubectl apply`` (field validation
 ``Strict`` by default since Kubernetes 1.27) rejects them with the field named.
@@ -36,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from rlrun.api.pod_inputs import ROLE_CEL_RULES
 from rlrun.api.spec import API_GROUP, API_VERSION, KIND, MAX_NAME_LENGTH, NAME_PATTERN, RLRunSpec
 from rlrun.api.status import RLRunStatus
 
@@ -86,6 +88,17 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "message": "model is immutable: checkpoints of this run belong to it (create a new RLRun)",
         },
     ],
+    ("envs", "[]", "rewards", "[]"): [
+        {
+            "rule": "has(self.name) != has(self.function)",
+            "message": "set exactly one of name (a builtin reward) or function (an import path module:attr)",
+        },
+        {
+            "rule": "!has(self.function) || !has(self.args) || size(self.args) == 0",
+            "message": "args apply to a builtin reward (name), not to a function",
+            "fieldPath": ".args",
+        },
+    ],
     ("storage",): [
         {
             "rule": "self == oldSelf",
@@ -109,6 +122,8 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
         },
     ],
 }
+#: The roles whose spec is a ``RoleSpec``: each gets :data:`rlrun.api.pod_inputs.ROLE_CEL_RULES`.
+ROLES = ("orchestrator", "trainer", "rollout")
 
 #: ``kubectl get rlrun`` columns.
 PRINTER_COLUMNS = [
@@ -281,11 +296,17 @@ def spec_schema() -> dict[str, Any]:
     schema = _schema_of(RLRunSpec)
     schema["properties"]["envs"]["x-kubernetes-list-type"] = "map"
     schema["properties"]["envs"]["x-kubernetes-list-map-keys"] = ["name"]
-    for path, rules in CEL_RULES.items():
+    for role in ROLES:  # the API server keeps volume and variable names unique
+        for key in ("volumes", "env"):
+            schema["properties"][role]["properties"][key]["x-kubernetes-list-type"] = "map"
+            schema["properties"][role]["properties"][key]["x-kubernetes-list-map-keys"] = ["name"]
+    rules = [*CEL_RULES.items()]
+    rules += [((role, *path), role_rules) for role in ROLES for path, role_rules in ROLE_CEL_RULES.items()]
+    for path, path_rules in rules:
         node = schema
         for part in path:
-            node = node["properties"][part]
-        node["x-kubernetes-validations"] = copy.deepcopy(rules)
+            node = node["items"] if part == "[]" else node["properties"][part]
+        node.setdefault("x-kubernetes-validations", []).extend(copy.deepcopy(path_rules))
     return schema
 
 

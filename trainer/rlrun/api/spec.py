@@ -10,8 +10,9 @@ Units: steps are optimizer steps (one shipped batch each); sizes count samples
 (one sample = one completion = one episode); ``max_tokens`` counts tokens.
 
 Some settings only matter on Kubernetes (``suspend``, ``storage``, ``scheduling``, the
-roles' ``image``/``resources``/``gpus``); ``rlrun local`` accepts and ignores them, so one
-manifest serves both. The CRD's schema is generated from these models (:mod:`rlrun.api.crd`).
+roles' ``image``/``resources``/``gpus``/``volumes``/``env``); ``rlrun local`` accepts and ignores
+them, so one manifest serves both (local processes see this machine's files and environment).
+The CRD's schema is generated from these models (:mod:`rlrun.api.crd`).
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from rlrun.api.pod_inputs import EnvVars, Volumes
+
 API_GROUP = "rlrun.dev"
 API_VERSION = "v1alpha1"
 KIND = "RLRun"
 
-BUILTIN_MODELS = ("tiny-reverse",)
+#: Models built here, no download (:mod:`rlrun.model.resolve`): ``tiny-reverse`` (reverse-text's) and ``tiny``
+#: (built for the run's envs).
+BUILTIN_MODELS = ("tiny-reverse", "tiny")
 #: Longest ``metadata.name`` of an RLRun, and its pattern (a DNS-1035 label; see :class:`ObjectMeta`).
 MAX_NAME_LENGTH = 50
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -39,12 +44,14 @@ class ModelSpec(_Strict):
     """Which policy to train: exactly one of ``builtin`` or ``name``.
 
     ``builtin: tiny-reverse`` is built and warm-started by ``rlrun model init`` on
-    whatever machine needs it (deterministic, no download). ``name`` is a Hugging
+    whatever machine needs it (deterministic, no download). ``builtin: tiny`` is the
+    same kind of model built for the run's envs: a chat tokenizer, and a warm start
+    on the envs' own answers (``rlrun model init --manifest``). ``name`` is a Hugging
     Face model id or a local directory, loaded by the standard transformers / vLLM
     code (needs network or a pre-filled cache).
     """
 
-    builtin: Literal["tiny-reverse"] | None = None
+    builtin: Literal["tiny-reverse", "tiny"] | None = None
     name: str | None = Field(default=None, min_length=1)
     revision: str | None = None
 
@@ -64,18 +71,70 @@ class ModelSpec(_Strict):
         return f"{self.name}@{self.revision or 'main'}"
 
 
+class RewardSpec(_Strict):
+    """One reward function of an env: a builtin one by ``name`` or any callable by ``function``.
+
+    A reward function follows TRL ``GRPOTrainer``'s convention (sync or async): called once per group
+    with ``prompts``, ``completions``, ``completion_ids`` and every other task field (``answer``, a
+    dataset's other columns) as keyword arguments, one list item per completion; returns one score per
+    completion (:mod:`rlrun.rewards`).
+
+    Attributes:
+        name: a builtin reward (``exact``, ``math``, ``lcs``, ``regex``: :data:`rlrun.rewards.BUILTIN_REWARDS`).
+        function: an import path ``package.module:attr`` to a reward function.
+        weight: the episode's reward is Σ weight · score over the env's rewards.
+        args: keyword arguments of a builtin reward (``regex``: ``pattern``).
+        label: the name of its series in ``metrics.jsonl`` (``reward/<label>``); default: ``name``, or
+            ``attr`` of ``function``.
+    """
+
+    name: str | None = Field(default=None, min_length=1)
+    function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+    weight: float = Field(default=1.0, strict=False)
+    args: dict[str, Any] = Field(default_factory=dict)
+    label: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> RewardSpec:
+        if (self.name is None) == (self.function is None):
+            raise ValueError("set exactly one of name (a builtin reward) or function (an import path module:attr)")
+        if self.function is not None and self.args:
+            raise ValueError("args apply to a builtin reward (name), not to a function")
+        return self
+
+    @property
+    def series(self) -> str:
+        """Its name in metrics: ``label``, else ``name``, else the function's ``attr``."""
+        return self.label or self.name or str(self.function).rsplit(":", 1)[1].rsplit(".", 1)[-1]
+
+
 class EnvSpec(_Strict):
     """One environment the run samples tasks from.
 
     Attributes:
-        name: a registered env (``rlrun.envs.ENVS``), e.g. ``reverse-text``.
+        name: a builtin env (``reverse-text``, ``dataset``, ``reasoning-gym``), an env an installed package
+            registers (entry point group ``rlrun.envs``; ``rlrun envs`` lists them), or an import path
+            ``package.module:attr`` to an env class or factory.
         weight: relative sampling weight among the run's envs.
         args: keyword arguments for the env's constructor.
+        rewards: reward functions replacing the env's own reward (empty: the env's own).
+        reward_timeout_seconds: most time one group's rewards may take; longer marks its episodes failed.
     """
 
     name: str = Field(min_length=1)
     weight: float = Field(default=1.0, gt=0)
     args: dict[str, Any] = Field(default_factory=dict)
+    rewards: list[RewardSpec] = Field(default_factory=list, max_length=16)
+    reward_timeout_seconds: float = Field(default=60.0, gt=0, le=3600, strict=False)
+
+    @field_validator("rewards")
+    @classmethod
+    def _unique_reward_series(cls, rewards: list[RewardSpec]) -> list[RewardSpec]:
+        series = [r.series for r in rewards]
+        dups = sorted({s for s in series if series.count(s) > 1})
+        if dups:
+            raise ValueError(f"two rewards would log as reward/{dups[0]}: give them distinct labels")
+        return rewards
 
 
 class SamplingSpec(_Strict):
@@ -154,11 +213,15 @@ class RoleSpec(_Strict):
         image: container image; None: the operator's default for the role.
         resources: CPU / memory requests and limits.
         gpus: ``nvidia.com/gpu`` requested and limited per pod (0: a CPU pod).
+        volumes: the user's volumes mounted into the role's pods (a dataset's claim, a ConfigMap, a Secret).
+        env: environment variables of the role's container, after rlrun's own (:mod:`rlrun.api.pod_inputs`).
     """
 
     image: str | None = Field(default=None, min_length=1)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     gpus: int = Field(default=0, ge=0, le=16)
+    volumes: Volumes = Field(default_factory=list)
+    env: EnvVars = Field(default_factory=list)
 
 
 class OrchestratorSpec(RoleSpec):

@@ -16,13 +16,20 @@ its own part.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 #: The two task streams of an env: ``train`` (what the run trains on) and ``eval`` (held out: what
 #: evaluation scores, never trained). An env guarantees that no eval task is a training task.
 Split = Literal["train", "eval"]
 SPLITS: tuple[Split, ...] = ("train", "eval")
+
+
+#: A chat prompt: ``[{"role": "system" | "user" | "assistant", "content": str}, …]`` (the OpenAI / Hugging Face
+#: chat format), rendered by the tokenizer's chat template (:mod:`rlrun.orchestrator.episodes`).
+Messages = list[dict[str, str]]
+#: Roles a chat prompt's messages may have.
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -32,27 +39,69 @@ class Task:
     Attributes:
         env: name of the env that made the task.
         index: position of the task in the env's deterministic stream.
-        prompt: text shown to the model (already in the env's prompt format).
-        answer: reference the reward function compares against.
+        prompt: a plain text shown to the model as is (no chat template), or a chat prompt
+            (:data:`Messages`) rendered by the tokenizer's chat template with the generation prompt.
+        answer: reference the reward compares against (None: the task has none, e.g. a dataset
+            without an answer column).
+        info: the task's other fields (a dataset row's other columns, a procedural task's
+            metadata): handed to reward functions as keyword arguments; JSON-compatible.
     """
 
     env: str
     index: int
-    prompt: str
-    answer: str
+    prompt: str | Messages
+    answer: str | None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_chat(self) -> bool:
+        """Whether the prompt is a list of chat messages (rendered by the chat template)."""
+        return not isinstance(self.prompt, str)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain, JSON-compatible form (used in shipped batches and snapshots)."""
-        return {"env": self.env, "index": self.index, "prompt": self.prompt, "answer": self.answer}
+        """Plain, JSON-compatible form (used in shipped batches, snapshots and the journal)."""
+        data = {"env": self.env, "index": self.index, "prompt": self.prompt, "answer": self.answer}
+        return data | ({"info": self.info} if self.info else {})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Task:
-        """Inverse of :meth:`to_dict`."""
-        return cls(env=data["env"], index=int(data["index"]), prompt=data["prompt"], answer=data["answer"])
+        """Inverse of :meth:`to_dict` (files written before ``info`` existed have none)."""
+        return cls(
+            env=data["env"],
+            index=int(data["index"]),
+            prompt=data["prompt"],
+            answer=data["answer"],
+            info=data.get("info") or {},
+        )
+
+
+def check_messages(messages: Any, where: str) -> Messages:
+    """``messages`` if it is a non-empty chat prompt (:data:`Messages`), else ``ValueError`` naming ``where``.
+
+    Raises:
+        ValueError: not a list, empty, an item that is not ``{"role": str, "content": str}``, or an
+            unknown role (:data:`MESSAGE_ROLES`).
+    """
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"{where}: a chat prompt must be a non-empty list of messages, got {type(messages).__name__}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f'{where}[{i}]: a message must be {{"role": str, "content": str}}, got {m!r:.80}')
+        if m["role"] not in MESSAGE_ROLES:
+            raise ValueError(f"{where}[{i}].role: must be one of {list(MESSAGE_ROLES)}, got {m['role']!r}")
+    return messages
 
 
 class Env(Protocol):
-    """What the orchestrator needs from an env."""
+    """What the orchestrator needs from an env.
+
+    ``reward`` is the env's own reward, used when the env's spec names no ``rewards`` (then the named
+    reward functions replace it: :mod:`rlrun.rewards`). Optional, found with ``getattr``:
+    ``fingerprint() -> str`` — a digest of the data the env's tasks come from (a dataset env: its
+    files' bytes); a checkpoint keeps it and a resume whose env data changed is refused;
+    ``demonstration(task) -> str | None`` — the completion that solves ``task`` (default: ``task.answer``),
+    what the builtin ``tiny`` model's warm start trains on (:mod:`rlrun.model.tiny_envs`).
+    """
 
     name: str
 
@@ -62,7 +111,8 @@ class Env(Protocol):
         ...
 
     def reward(self, task: Task, completion: str) -> float:
-        """Score ``completion`` (decoded text up to EOS) for ``task``, in ``[0, 1]``."""
+        """Score ``completion`` (decoded text up to EOS; for a chat prompt, the assistant message's content)
+        for ``task``, in ``[0, 1]``. Runs in a worker thread, never on the orchestrator's event loop."""
         ...
 
 

@@ -34,6 +34,8 @@ import random
 import re
 
 from rlrun.envs.base import SPLITS, Split, Task
+from rlrun.rewards.builtin import lcs_length as lcs_length  # re-exported: it moved to the builtin rewards
+from rlrun.rewards.builtin import lcs_ratio
 
 PROMPT_SEPARATOR = "="
 ALPHABET = " abcdefghijklmnopqrstuvwxyz"
@@ -46,27 +48,6 @@ def zen_words() -> tuple[str, ...]:
         import this
     text = codecs.decode(this.s, "rot13").lower()
     return tuple(sorted({w for w in re.findall(r"[a-z]+", text) if len(w) >= 2}))
-
-
-def lcs_length(a: str, b: str) -> int:
-    """Length of the longest common subsequence of ``a`` and ``b`` (O(len(a)·len(b)))."""
-    if len(a) < len(b):
-        a, b = b, a
-    prev = [0] * (len(b) + 1)
-    for ca in a:
-        cur = [0] * (len(b) + 1)
-        for j, cb in enumerate(b, start=1):
-            cur[j] = prev[j - 1] + 1 if ca == cb else max(prev[j], cur[j - 1])
-        prev = cur
-    return prev[-1]
-
-
-def lcs_ratio(completion: str, target: str) -> float:
-    """``LCS(completion, target) / max(len(completion), len(target))``; 1.0 when both are empty."""
-    longest = max(len(completion), len(target))
-    if longest == 0:
-        return 1.0
-    return lcs_length(completion, target) / longest
 
 
 #: Rewards the env can give (the ``reward`` arg).

@@ -295,7 +295,7 @@ class LocalLauncher:
         t_start = time.monotonic()
         try:
             with console.status("preparing the model (built once, then cached)…"):
-                model_path = resolve_model(self.spec.model, self.cache_dir)
+                model_path = resolve_model(self.spec.model, self.cache_dir, envs=self.spec.envs)
             console.print(f"model: {model_path}")
             trainer, orch = self.start_all(model_path, self.resume)
             rows = self._follow(trainer, orch, model_path)

@@ -22,13 +22,14 @@ import string
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from rlrun.envs.reverse_text import ReverseTextEnv, lcs_ratio
-from rlrun.model.recipe import TinyModelRecipe
+from rlrun.model.recipe import TinyEnvsRecipe, TinyModelRecipe
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_config(recipe: TinyModelRecipe, tokenizer: PreTrainedTokenizerFast) -> Qwen3Config:
-    """Qwen3 config for ``recipe``; vocab rounded up to a multiple of 64."""
+def build_config(recipe: TinyModelRecipe | TinyEnvsRecipe, tokenizer: PreTrainedTokenizerFast) -> Qwen3Config:
+    """Qwen3 config for ``recipe`` (``tiny-reverse``'s or ``tiny``'s); vocab rounded up to a multiple of 64,
+    every special id (BOS, EOS, padding) the tokenizer's EOS."""
     vocab_size = 64 * math.ceil(len(tokenizer) / 64)
     return Qwen3Config(
         vocab_size=vocab_size,
@@ -189,6 +191,17 @@ def init_tiny_model(out_dir: str | os.PathLike, recipe: TinyModelRecipe | None =
     if evaluate:
         report.update(evaluate_greedy(model, tokenizer))
     report["seconds"] = round(time.perf_counter() - t0, 2)
+    write_model_dir(out, model, tokenizer, report)
+    log.info("built tiny-reverse model in %s: %s", out, report)
+    return report
+
+
+def write_model_dir(out: Path, model: Any, tokenizer: Any, report: dict) -> None:
+    """Save ``model``, ``tokenizer`` and ``report`` (as ``rlrun_model.json``) into ``out``, atomically.
+
+    The directory is assembled under a temporary name beside ``out`` and renamed into place, so a
+    reader never sees a half-written model; ``out`` may exist if it is empty.
+    """
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -201,5 +214,3 @@ def init_tiny_model(out_dir: str | os.PathLike, recipe: TinyModelRecipe | None =
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("built tiny-reverse model in %s: %s", out, report)
-    return report

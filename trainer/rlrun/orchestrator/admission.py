@@ -6,8 +6,9 @@ Guarantee: an episode counts as finished — ledger ``finished`` (with its journ
 episode journaled but not yet admitted is replayed by the next attempt. Until admitted, a request
 stays *delivered, not taken* in the dispatcher: a snapshot taken meanwhile lists it as emitted.
 Nothing is admitted once paused (the pause snapshot lists those requests as emitted and the journal
-keeps them), done or stopping. A failed request goes to :func:`~.cancellation.settle`; without a
-journal, or for an abandoned group, episodes are admitted at once.
+keeps them), done or stopping. A failed request, and the members of a request whose reward failed,
+go to :func:`~.cancellation.settle`; without a journal, or for an abandoned group, episodes are
+admitted at once.
 
 A policy object (prime-rl's ``concurrency.py`` is the model): it owns no task; :meth:`Admission.bind`
 wires it to the stages, and the journal calls :meth:`Admission.on_durable` on the event loop.
@@ -19,9 +20,10 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
+from rlrun.errors import OrchestratorError
 from rlrun.ledger import Ledger, LedgerEvent
 from rlrun.orchestrator.dispatcher import Dispatcher, GroupResult
-from rlrun.orchestrator.groups import GroupCancellation
+from rlrun.orchestrator.groups import GroupCancellation, GroupRequest
 from rlrun.orchestrator.journal import Journal
 from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.orchestrator.sink import TrainSink
@@ -29,6 +31,17 @@ from rlrun.orchestrator.source import TrainSource
 
 #: Journaled requests admitted per event-loop callback once durable (:meth:`Admission.on_durable`).
 ADMIT_CHUNK = 16
+#: Requests in a row whose every member's reward failed, after which the run stops (:class:`RewardsFailing`):
+#: a reward that fails on everything would otherwise abandon group after group for ever.
+MAX_ALL_FAILED_REQUESTS = 64
+
+
+class RewardsFailing(OrchestratorError):
+    """Every member of :data:`MAX_ALL_FAILED_REQUESTS` requests in a row failed its reward: the reward is broken, not
+    flaky (the message holds the last error). Retrying cannot heal it (``permanent``)."""
+
+    permanent = True
+    reason = "RewardsFailing"
 
 
 class Admission:
@@ -38,6 +51,7 @@ class Admission:
         self._unadmitted: deque[tuple[int, GroupResult]] = deque()  # journaled, not yet durable, by seq
         self.journal: Journal | None = None  # set once the attempt has begun (its base is known)
         self.stopped = False
+        self.all_failed = 0  # requests in a row whose every member's reward failed
 
     def bind(
         self,
@@ -77,6 +91,18 @@ class Admission:
             return self.settle([GroupCancellation(result.request, None, out, "failed", result.error)])
         self.metrics.add_tokens(result.tokens)
         g = result.request.group_id
+        self.all_failed = self.all_failed + 1 if result.failed and not result.episodes else 0
+        if self.all_failed >= MAX_ALL_FAILED_REQUESTS:
+            raise RewardsFailing(
+                f"the rewards of {self.all_failed} requests in a row failed for every member (env "
+                f"{result.request.task.env}); the last error: {result.failed[0][1]}"
+            )
+        if result.failed:  # settled first: it may abandon the group, whose episodes are then admitted at once
+            self.metrics.reward_failed += len(result.failed)
+            members = tuple(m for m, _ in result.failed)
+            request = GroupRequest(g, result.request.task, len(members), min(members))
+            out = self.dispatcher.has_work_out(g)
+            self.settle([GroupCancellation(request, None, out, "reward_failed", result.failed[0][1], members)])
         if self.journal is None or not result.episodes or g in self.sink.abandoned:
             return self._admit([(result, None)])  # nothing that can train: recorded abandoned at once
         self._unadmitted.append((self.journal.append(g, result.request.task, result.episodes), result))
@@ -92,6 +118,7 @@ class Admission:
         self.ledger.write_each(LedgerEvent.FINISHED, rows)
         for result, _ in results:
             g = self.dispatcher.take(result).request.group_id
+            self.metrics.add_scores(result.request.task.env, result.episodes, result.parts)
             self.sink.add_episodes(g, result.request.task, result.episodes, self.next_step())
             if g not in self.sink.open_groups and not self.dispatcher.has_work_out(g):
                 self.source.forget(g)

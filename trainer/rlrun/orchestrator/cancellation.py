@@ -10,7 +10,10 @@ Three kinds of request end without members:
   trained (``abort``, no tokens: at once), arrives as a result with an error;
 - **lost**: a request in flight on an endpoint that ``PUT /rollout-endpoints`` removed (its
   node is gone) is cancelled at once (:meth:`Dispatcher.set_endpoints`) instead of waiting
-  for its timeout.
+  for its timeout;
+- **reward failed**: members whose completions came back but whose reward raised, timed out or
+  was no number (:mod:`rlrun.rewards.scoring`) — recorded ``reward_failed`` with their ids, the
+  task and the error, never scored as 0 — and settled as a failed request.
 
 Each becomes a :class:`GroupCancellation` that :func:`settle` turns into one outcome for the
 group: it **goes on** — the members are requested again, same task and group id, numbered
@@ -37,8 +40,12 @@ from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.groups import GroupCancellation
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.source import TrainSource
+from rlrun.samples import episode_id
 
 log = logging.getLogger(__name__)
+
+#: The ``abandoned`` reason of a group given up after a cancellation of each kind (else ``stale``).
+_ABANDON_REASONS = {"failed": "requests_failed", "reward_failed": "rewards_failed"}
 
 
 def settle(
@@ -62,8 +69,17 @@ def settle(
     going_on = 0
     for c in cancellations:
         r = c.request
-        fields = {"reason": c.reason} | ({"error": c.error} if c.error else {})
-        ledger.write(LedgerEvent.CANCELLED, group=r.group_id, first_member=r.first_member, members=r.members, **fields)
+        if c.reason == "reward_failed":
+            ids = [episode_id(r.group_id, m) for m in c.members]
+            ledger.write(
+                LedgerEvent.REWARD_FAILED, ids=ids, group=r.group_id, env=r.task.env, task=r.task.index, error=c.error
+            )
+            log.warning("env %s task %d: reward failed for %s: %s", r.task.env, r.task.index, ", ".join(ids), c.error)
+        else:
+            fields = {"reason": c.reason} | ({"error": c.error} if c.error else {})
+            ledger.write(
+                LedgerEvent.CANCELLED, group=r.group_id, first_member=r.first_member, members=r.members, **fields
+            )
         if r.group_id in sink.abandoned:
             continue  # given up already (its other request's cancellation, settled first): once per group
         if c.reason == "stale":
@@ -76,12 +92,12 @@ def settle(
             source.request_again(r.group_id, r.task, r.members, retry=retry)
             going_on += 1
             continue
-        if c.reason == "failed":
+        if c.reason in ("failed", "reward_failed"):
             log.warning(
                 "group %d abandoned: its requests failed %d times (rollout.max_group_retries %d); last error: %s",
                 r.group_id, source.retries(r.group_id) + 1, max_group_retries, c.error,
             )  # fmt: skip
         source.forget(r.group_id)
         dispatcher.cancel_group(r.group_id)
-        sink.abandon(r.group_id, reason="requests_failed" if c.reason == "failed" else "stale", env=r.task.env)
+        sink.abandon(r.group_id, reason=_ABANDON_REASONS.get(c.reason, "stale"), env=r.task.env)
     return going_on

@@ -30,8 +30,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -40,7 +40,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 from rlrun.api.spec import RLRunSpec, SamplingSpec
 from rlrun.envs.base import Env
 from rlrun.errors import OrchestratorError
-from rlrun.orchestrator.episodes import EpisodeBuilder, tokenizer_codec
+from rlrun.orchestrator.episodes import EpisodeBuilder
 from rlrun.orchestrator.groups import GroupCancellation, GroupRequest
 from rlrun.rollout.client import RolloutClient, RolloutError, UnusableCompletion
 from rlrun.samples import Episode
@@ -63,6 +63,8 @@ class GroupResult:
     episodes: list[Episode]
     tokens: int
     error: str | None = None
+    failed: list[tuple[int, str]] = field(default_factory=list)
+    parts: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 #: What a failed try of a request raises: the server is gone, answered an error, or took too long.
@@ -112,10 +114,7 @@ class Dispatcher:
 
     Args:
         endpoints: base URLs of the rollout servers.
-        encode: ``encode(text: str) -> Sequence[int]``, the tokenizer without special tokens.
-        decode: ``decode(ids: list[int]) -> str``, without special tokens (for the reward).
-        eos_id: end-of-sequence token id (completion text is decoded up to it).
-        envs: env by name, for rewards.
+        episodes: makes prompts' token ids and scored episodes (:class:`EpisodeBuilder`).
         sampling: sampling parameters.
         results: the ``asyncio.Queue[GroupResult]`` finished and failed requests go to.
         retry_window_s: how long a request keeps being retried before it fails, seconds.
@@ -132,10 +131,7 @@ class Dispatcher:
     def __init__(
         self,
         endpoints: list[str],
-        encode: Callable[[str], Sequence[int]],
-        decode: Callable[[list[int]], str],
-        eos_id: int,
-        envs: dict[str, Env],
+        episodes: EpisodeBuilder,
         sampling: SamplingSpec,
         results: asyncio.Queue[GroupResult],
         retry_window_s: float = 120.0,
@@ -150,7 +146,7 @@ class Dispatcher:
         self.inflight: dict[tuple[int, int], _Inflight] = {}
         self.cancelled_groups = 0
         self.set_endpoints(endpoints)
-        self.episodes = EpisodeBuilder(encode, decode, eos_id, envs)
+        self.episodes = episodes
         self.sampling = sampling
         self.results = results
         self.retry_window_s = retry_window_s
@@ -171,16 +167,12 @@ class Dispatcher:
         results: asyncio.Queue[GroupResult],
         client_factory: Callable[[str], RolloutClient] = RolloutClient,
     ) -> Dispatcher:
-        """The dispatcher of a run: encode/decode and EOS from a Hugging Face ``tokenizer``
-        (:func:`~rlrun.orchestrator.episodes.tokenizer_codec`); sampling, ``members_per_request``, the
-        request timeout and the retry window from ``spec``."""
-        encode, decode, eos_id = tokenizer_codec(tokenizer)
+        """The dispatcher of a run: its episodes made with a Hugging Face ``tokenizer`` and the envs' rewards
+        (:meth:`EpisodeBuilder.for_run`); sampling, ``members_per_request``, the request timeout and the retry
+        window from ``spec``."""
         return cls(
             endpoints,
-            encode=encode,
-            decode=decode,
-            eos_id=eos_id,
-            envs=envs,
+            episodes=EpisodeBuilder.for_run(tokenizer, envs, spec),
             sampling=spec.sampling,
             results=results,
             retry_window_s=spec.rollout.retry_window_seconds,
@@ -392,8 +384,9 @@ class Dispatcher:
             log.warning("%s %s", members, error)
             self._deliver(GroupResult(request, [], 0, error=error))
             return
-        episodes = self.episodes.episodes(request, policy_version, prompt_ids, completions)
-        self._deliver(GroupResult(request, episodes, sum(len(c.token_ids) for c in completions)))
+        scored = await self.episodes.episodes(request, policy_version, prompt_ids, completions)
+        tokens = sum(len(c.token_ids) for c in completions)
+        self._deliver(GroupResult(request, scored.episodes, tokens, failed=scored.failed, parts=scored.parts))
 
     def _deliver(self, result: GroupResult) -> None:
         key = _key(result.request)
@@ -441,6 +434,7 @@ class Dispatcher:
         self.inflight.clear()
         for c in self.clients.values():
             await c.aclose()
+        self.episodes.close()
 
 
 def _describe(exc: BaseException, timeout_s: float) -> str:

@@ -1,26 +1,34 @@
 """Episodes: a prompt's token ids, and a group's completions turned into scored episodes.
 
-What a request does on the event loop besides waiting: encode the task's prompt (once per distinct
-prompt text: a group's requests share it, an env's prompts repeat) and, when completions come back,
-decode each up to EOS for the env's reward. The trainer trains exactly the token ids vLLM sampled:
-an episode keeps the completion's ids and logprobs as they came (EOS included), only the reward
-reads the decoded text.
+What a request does on the event loop besides waiting: render a chat prompt through the tokenizer's
+chat template (once per distinct prompt, here in the orchestrator: vLLM receives token ids), encode
+the prompt (once per distinct prompt text: a group's requests share it, an env's prompts repeat) and,
+when completions come back, decode each up to EOS for the rewards, which run in worker threads
+(:mod:`rlrun.rewards.scoring`). The trainer trains exactly the token ids vLLM sampled: an episode keeps
+the completion's ids and logprobs as they came (a completion that stopped keeps its EOS; one cut by
+``max_tokens`` has none), only the rewards read the decoded text; nothing is decoded and encoded again.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from rlrun.envs.base import Env, Task
+from rlrun.api.spec import RLRunSpec
+from rlrun.envs.base import Env, Messages, Task
 from rlrun.orchestrator.groups import GroupRequest
+from rlrun.rewards.scoring import GroupScores, RewardFunction, RewardScorer, env_rewards, own_reward
 from rlrun.rollout.client import Completion
 from rlrun.samples import Episode
 
 #: Distinct prompt texts whose token ids :func:`tokenizer_codec` keeps (about 1 KiB each).
 PROMPT_CACHE_SIZE = 4096
+#: A tokenizer's ``model_max_length`` at or above this is transformers' "no limit" (``int(1e30)``), not a context.
+UNLIMITED_CONTEXT = 10**9
 
 
 def tokenizer_codec(tokenizer: Any) -> tuple[Callable[[str], Sequence[int]], Callable[[list[int]], str], int]:
@@ -41,6 +49,36 @@ def tokenizer_codec(tokenizer: Any) -> tuple[Callable[[str], Sequence[int]], Cal
     return encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), tokenizer.eos_token_id
 
 
+@dataclass
+class ScoredRequest:
+    """A request's completions made into episodes.
+
+    Attributes:
+        episodes: the members whose rewards were computed, in member order.
+        failed: ``(member, error)`` of each member whose reward failed (:mod:`rlrun.rewards.scoring`): no episode.
+        parts: each reward function's scores of ``episodes`` by series (None: it did not apply).
+    """
+
+    episodes: list[Episode]
+    failed: list[tuple[int, str]] = field(default_factory=list)
+    parts: dict[str, list[float | None]] = field(default_factory=dict)
+
+
+class PromptError(ValueError):
+    """A task's prompt cannot be sent: a chat prompt for a tokenizer without a chat template. Retrying cannot heal
+    it (``permanent``)."""
+
+    permanent = True
+    reason = "InvalidPrompt"
+
+
+class PromptTooLongError(PromptError):
+    """A task's prompt leaves no room for ``sampling.max_tokens`` within the model's context: the env's tasks must
+    be shorter, or ``max_tokens`` smaller."""
+
+    reason = "PromptTooLong"
+
+
 class EpisodeBuilder:
     """Prompts in, scored episodes out.
 
@@ -48,7 +86,13 @@ class EpisodeBuilder:
         encode: ``encode(text: str) -> Sequence[int]``, the tokenizer without special tokens.
         decode: ``decode(ids: list[int]) -> str``, without special tokens (for the reward).
         eos_id: end-of-sequence token id (completion text is decoded up to it).
-        envs: env by name, for rewards.
+        envs: env by name.
+        rewards: each env's rewards by env name (:func:`rlrun.rewards.scoring.env_rewards`); an env not in it
+            is scored by its own ``reward``.
+        reward_timeout_s: most seconds a group's scoring may take, by env name (default 60 s).
+        render: ``render(messages) -> str``, a chat prompt through the tokenizer's chat template with the
+            generation prompt (None: chat prompts are refused).
+        max_prompt_tokens: longest prompt in tokens (the context less ``sampling.max_tokens``; None: no limit).
     """
 
     def __init__(
@@ -57,37 +101,138 @@ class EpisodeBuilder:
         decode: Callable[[list[int]], str],
         eos_id: int,
         envs: dict[str, Env],
+        rewards: dict[str, list[RewardFunction]] | None = None,
+        reward_timeout_s: dict[str, float] | None = None,
+        render: Callable[[Messages], str] | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> None:
         self.encode = encode
         self.decode = decode
         self.eos_id = eos_id
         self.envs = envs
+        self.rewards = {name: (rewards or {}).get(name) or [own_reward(name, env)] for name, env in envs.items()}
+        self.reward_timeout_s = reward_timeout_s or {}
+        self.render = render
+        self.max_prompt_tokens = max_prompt_tokens
+        self.scorer = RewardScorer()
+        self._rendered: dict[str, str] = {}  # chat prompt (as JSON) → its text: each rendered once
+
+    @classmethod
+    def for_run(cls, tokenizer: Any, envs: dict[str, Env], spec: RLRunSpec) -> EpisodeBuilder:
+        """The builder of a run: encode/decode and EOS from a Hugging Face ``tokenizer`` (:func:`tokenizer_codec`),
+        chat prompts through its chat template, each env's rewards and timeout from ``spec.envs``, prompts
+        limited to the context (``rollout.max_model_len``, else the tokenizer's ``model_max_length``) less
+        ``sampling.max_tokens``.
+
+        Raises:
+            the errors of :func:`rlrun.rewards.scoring.env_rewards`.
+        """
+        encode, decode, eos_id = tokenizer_codec(tokenizer)
+        render = None
+        if getattr(tokenizer, "chat_template", None):
+
+            def render(messages: Messages) -> str:
+                return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+        context = spec.rollout.max_model_len or getattr(tokenizer, "model_max_length", None)
+        limit = context - spec.sampling.max_tokens if context and context < UNLIMITED_CONTEXT else None
+        return cls(
+            encode, decode, eos_id, envs,
+            rewards={e.name: env_rewards(e, envs[e.name]) for e in spec.envs if e.name in envs},
+            reward_timeout_s={e.name: e.reward_timeout_seconds for e in spec.envs},
+            render=render,
+            max_prompt_tokens=limit,
+        )  # fmt: skip
+
+    def prompt_text(self, task: Task) -> str:
+        """The text the model is prompted with: the prompt itself, or a chat prompt through the chat template
+        (rendered once per distinct prompt).
+
+        Raises:
+            PromptError: a chat prompt and no chat template.
+        """
+        if not task.is_chat:
+            return task.prompt  # type: ignore[return-value]
+        if self.render is None:
+            raise PromptError(
+                f"env {task.env} gave a chat prompt, and the model's tokenizer has no chat template: give the env "
+                "plain-text prompts, or use a model with one (the builtin tiny model has one)"
+            )
+        key = json.dumps(task.prompt, sort_keys=True)
+        text = self._rendered.get(key)
+        if text is None:
+            if len(self._rendered) >= PROMPT_CACHE_SIZE:
+                self._rendered.clear()
+            text = self._rendered[key] = self.render(task.prompt)  # type: ignore[arg-type]
+        return text
 
     def prompt_ids(self, task: Task) -> Sequence[int]:
-        """The token ids of ``task``'s prompt."""
-        return self.encode(task.prompt)
+        """The token ids of ``task``'s prompt.
 
-    def episodes(
+        Raises:
+            PromptTooLongError: longer than ``max_prompt_tokens``.
+        """
+        ids = self.encode(self.prompt_text(task))
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            raise PromptTooLongError(
+                f"env {task.env} task {task.index}: the prompt is {len(ids)} tokens, and at most "
+                f"{self.max_prompt_tokens} fit (the model's context less sampling.max_tokens); "
+                f"prompt starts {self.prompt_text(task)[:60]!r}"
+            )
+        return ids
+
+    async def episodes(
         self, request: GroupRequest, policy_version: int, prompt_ids: Sequence[int], completions: list[Completion]
-    ) -> list[Episode]:
-        """The episodes of ``request``'s members, numbered from its first member, each scored by its env on
-        its text up to EOS and stamped with ``policy_version`` (the version current at dispatch)."""
-        env = self.envs[request.task.env]
+    ) -> ScoredRequest:
+        """The episodes of ``request``'s members, numbered from its first member, each scored by its env's rewards
+        on its text up to EOS (in a worker thread) and stamped with ``policy_version`` (the version current at
+        dispatch); members whose reward failed are listed instead."""
+        task = request.task
+        cut = [
+            c.token_ids[: c.token_ids.index(self.eos_id)] if self.eos_id in c.token_ids else c.token_ids
+            for c in completions
+        ]
+        texts = [self.decode(list(ids)) for ids in cut]
+        scores = await self.scorer.score(
+            self.rewards[task.env], task, texts, [list(c.token_ids) for c in completions],
+            self.reward_timeout_s.get(task.env, 60.0),
+        )  # fmt: skip
         prompt = array("q", prompt_ids)
-        episodes = []
+        out = ScoredRequest([], [], {series: [] for series in scores.parts})
         for k, c in enumerate(completions):
-            ids = c.token_ids[: c.token_ids.index(self.eos_id)] if self.eos_id in c.token_ids else c.token_ids
-            episodes.append(
+            member = request.first_member + k
+            if scores.rewards[k] is None:
+                out.failed.append((member, scores.errors[k] or "no reward"))
+                continue
+            out.episodes.append(
                 Episode(
                     group_id=request.group_id,
-                    member=request.first_member + k,
-                    task=request.task,
+                    member=member,
+                    task=task,
                     prompt_ids=prompt,
                     completion_ids=array("q", c.token_ids),
                     logprobs=array("d", c.logprobs),
                     policy_version=policy_version,
-                    reward=env.reward(request.task, self.decode(ids)),
+                    reward=scores.rewards[k],
                     finish_reason=c.finish_reason,
                 )
             )
-        return episodes
+            for series, values in scores.parts.items():
+                out.parts[series].append(values[k])
+        return out
+
+    async def score(self, task: Task, completions: list[Completion]) -> GroupScores:
+        """``completions`` of ``task`` scored by its env's rewards on their texts up to EOS, in a worker thread."""
+        eos = self.eos_id
+        texts = [
+            self.decode(c.token_ids[: c.token_ids.index(eos)] if eos in c.token_ids else c.token_ids)
+            for c in completions
+        ]
+        ids = [list(c.token_ids) for c in completions]
+        return await self.scorer.score(
+            self.rewards[task.env], task, texts, ids, self.reward_timeout_s.get(task.env, 60.0)
+        )
+
+    def close(self) -> None:
+        """Stop the reward workers."""
+        self.scorer.close()

@@ -39,13 +39,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from rlrun.api.spec import EvaluationSpec, RLRunSpec, SamplingSpec
 from rlrun.envs.base import Env, Task
-from rlrun.orchestrator.episodes import tokenizer_codec
+from rlrun.orchestrator.episodes import EpisodeBuilder
 from rlrun.rollout.client import Completion, RolloutClient, RolloutError
 from rlrun.rundir import read_jsonl
 
@@ -69,11 +69,9 @@ class Evaluator:
     Args:
         spec: the ``evaluation`` section.
         sampling: the run's sampling (the sampled half; greedy is it at temperature 0).
-        envs: env by name (the order of the run's ``envs``).
+        episodes: the run's prompts (chat template included) and rewards (:class:`EpisodeBuilder`); its ``envs``
+            (the order of the run's ``envs``) are evaluated.
         seed: the run's seed (the eval split's stream).
-        encode: ``encode(text) -> token ids`` without special tokens.
-        decode: ``decode(ids) -> text`` without special tokens.
-        eos_id: end-of-sequence token id (a completion is scored up to it).
         path: ``eval.jsonl`` (appended to).
         attempt: written on each line.
     """
@@ -82,18 +80,14 @@ class Evaluator:
         self,
         spec: EvaluationSpec,
         sampling: SamplingSpec,
-        envs: dict[str, Env],
+        episodes: EpisodeBuilder,
         seed: int,
-        encode: Callable[[str], Sequence[int]],
-        decode: Callable[[list[int]], str],
-        eos_id: int,
         path: Path,
         attempt: int = 0,
     ) -> None:
-        self.spec, self.sampling, self.envs = spec, sampling, envs
-        self.encode, self.decode, self.eos_id = encode, decode, eos_id
+        self.spec, self.sampling, self.episodes, self.envs = spec, sampling, episodes, episodes.envs
         self.path, self.attempt = path, attempt
-        self.tasks: list[Task] = [env.task(seed, i, "eval") for env in envs.values() for i in range(spec.tasks)]
+        self.tasks: list[Task] = [env.task(seed, i, "eval") for env in self.envs.values() for i in range(spec.tasks)]
         self.evaluated = {row["policy_version"] for row in read_jsonl(path) if "policy_version" in row}
 
     @classmethod
@@ -103,8 +97,9 @@ class Evaluator:
         """The evaluator of a run (None when ``spec.evaluation`` is off), with a Hugging Face ``tokenizer``."""
         if not spec.evaluation.enabled:
             return None
-        codec = tokenizer_codec(tokenizer)
-        return cls(spec.evaluation, spec.sampling, envs, spec.seed, *codec, path, attempt)
+        return cls(
+            spec.evaluation, spec.sampling, EpisodeBuilder.for_run(tokenizer, envs, spec), spec.seed, path, attempt
+        )
 
     def due(self, version: int, max_steps: int) -> bool:
         """Whether ``version`` should be evaluated: the start (0), each ``interval``-th step and the last one,
@@ -142,7 +137,7 @@ class Evaluator:
         plain = greedy(self.sampling)
 
         async def ask(i: int, task: Task, sampling: SamplingSpec, n: int) -> list[Completion]:
-            return await clients[i % len(clients)].complete(list(self.encode(task.prompt)), sampling, n=n)
+            return await clients[i % len(clients)].complete(list(self.episodes.prompt_ids(task)), sampling, n=n)
 
         answers = await asyncio.gather(
             *(ask(i, t, plain, 1) for i, t in enumerate(self.tasks)),
@@ -155,8 +150,7 @@ class Evaluator:
         per_env: dict[str, dict[str, list[float]]] = {name: {} for name in self.envs}
         for task, (g,), samples in zip(self.tasks, greedy_answers, sampled_answers, strict=True):
             stats = per_env[task.env]
-            reward = self._score(task, g)
-            sampled = [self._score(task, c) for c in samples]
+            reward, *sampled = await self._score(task, [g, *samples])
             for key, value in (
                 ("greedy_reward", reward),
                 ("greedy_solved", float(reward >= SOLVED_REWARD)),
@@ -188,10 +182,13 @@ class Evaluator:
         )  # fmt: skip
         return line
 
-    def _score(self, task: Task, completion: Completion) -> float:
-        ids = completion.token_ids
-        ids = ids[: ids.index(self.eos_id)] if self.eos_id in ids else ids
-        return self.envs[task.env].reward(task, self.decode(ids))
+    async def _score(self, task: Task, completions: list[Completion]) -> list[float]:
+        """The rewards of ``completions`` of ``task``, as training scores them; a failed reward counts 0 here (an
+        evaluation has no member to ask again) and is logged."""
+        scores = await self.episodes.score(task, completions)
+        for error in {e for e in scores.errors if e is not None}:
+            log.warning("evaluation: env %s task %d: %s (scored 0)", task.env, task.index, error)
+        return [0.0 if r is None else r for r in scores.rewards]
 
 
 class EvalRounds:

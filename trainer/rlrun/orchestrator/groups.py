@@ -50,7 +50,7 @@ class GroupRequest:
 
 
 #: Why a request ended without members (see :mod:`rlrun.orchestrator.cancellation`).
-CancelReason = Literal["stale", "failed", "lost"]
+CancelReason = Literal["stale", "failed", "lost", "reward_failed"]
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,12 @@ class GroupCancellation:
             finished members older than this can no longer train either (None otherwise).
         others_out: other requests of the same group are still in flight or waiting to be
             consumed (their members may still complete the group).
-        reason: ``stale`` (cancelled: it could no longer train), ``failed`` (no server answered)
-            or ``lost`` (cancelled: its endpoint was removed).
-        error: for ``failed``, what went wrong; for ``lost``, which endpoint went.
+        reason: ``stale`` (cancelled: it could no longer train), ``failed`` (no server answered),
+            ``lost`` (cancelled: its endpoint was removed) or ``reward_failed`` (the members were sampled, and
+            their rewards failed: :mod:`rlrun.rewards.scoring`).
+        error: for ``failed`` and ``reward_failed``, what went wrong; for ``lost``, which endpoint went.
+        members: for ``reward_failed``, the member numbers that failed (``request`` counts them; its
+            ``first_member`` is the lowest).
     """
 
     request: GroupRequest
@@ -73,3 +76,4 @@ class GroupCancellation:
     others_out: bool
     reason: CancelReason = "stale"
     error: str | None = None
+    members: tuple[int, ...] = ()

@@ -217,7 +217,7 @@ class Orchestrator:
             "policy_version": self.policy_version,
             "attempt": self.attempt,
             "source": self.source.state(),
-            "identity": run_identity(self.spec),
+            "identity": run_identity(self.spec, self.envs),
             "time": time.time(),
         }
         snap = self.sink.snapshot(self.dispatcher.emitted_requests() if self.dispatcher is not None else [])

@@ -16,7 +16,11 @@ episodes that never trained because they grew too old — queued samples swept a
 of scoring or dropped at a cancel), ``stale_wasted_fraction`` (that ÷ the finished episodes, both
 cumulative; null before any), ``per_env`` (``{env: {finished, wasted_stale, abandoned,
 stale_wasted_fraction}}``, cumulative: where the waste falls), ``groups_cancelled`` (requests),
-``groups_abandoned`` (cumulative: nothing of the group could still train, or its requests kept failing), ``rollout_tokens_per_s`` and ``step_time_s`` (since the
+``groups_abandoned`` (cumulative: nothing of the group could still train, or its requests kept failing),
+``reward/<env>`` (the mean reward of the env's episodes finished since the previous step) and
+``reward/<series>`` (each reward function's mean score over them, where it applied: ``spec.envs[].rewards``;
+an env without ``rewards`` has one, named after it), ``episodes_reward_failed`` (cumulative over the attempt:
+members whose reward raised, timed out or was no number; requested again), ``rollout_tokens_per_s`` and ``step_time_s`` (since the
 previous step), ``time`` (Unix s), ``restored`` (the batch was cut from the queue a resume put
 back, before this attempt consumed any rollout: its ``reward_mean`` is null and its tokens/s
 0 are no measurement).
@@ -31,7 +35,7 @@ from pathlib import Path
 
 from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.sink import TrainSink
-from rlrun.samples import TrainingSample
+from rlrun.samples import Episode, TrainingSample
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,16 @@ class StepMetrics:
         self._since = time.monotonic()
         self._consumed_any = False
         self._warned_starved: set[str] = set()
+        self._scores: dict[str, list[float]] = {}  # series → scores of the episodes finished since the last step
+        #: members whose reward failed (cumulative over this attempt)
+        self.reward_failed = 0
+
+    def add_scores(self, env: str, episodes: list[Episode], parts: dict[str, list[float | None]]) -> None:
+        """Count finished ``episodes`` of ``env`` for ``reward/<env>`` (their rewards) and ``parts`` (each
+        reward function's scores of them, None where it did not apply) for ``reward/<series>``."""
+        self._scores.setdefault(env, []).extend(e.reward for e in episodes)
+        for series, scores in parts.items():
+            self._scores.setdefault(series, []).extend(x for x in scores if x is not None)
 
     def start(self) -> None:
         """Open the file and start the clock of the first step."""
@@ -124,6 +138,8 @@ class StepMetrics:
                 env: {**c, "stale_wasted_fraction": c["wasted_stale"] / c["finished"] if c["finished"] else None}
                 for env, c in sorted(counters.per_env.items())
             },
+            **{f"reward/{name}": sum(v) / len(v) if v else None for name, v in sorted(self._scores.items())},
+            "episodes_reward_failed": self.reward_failed,
             "groups_cancelled": dispatcher.cancelled_groups,
             "groups_abandoned": counters.groups_abandoned,
             "rollout_tokens_per_s": self._tokens / elapsed,
@@ -133,6 +149,7 @@ class StepMetrics:
         }
         self._tokens = 0
         self._since = now
+        self._scores = {name: [] for name in self._scores}  # a series that saw nothing this step says null
         for env, (mine, theirs) in starved_envs(counters.per_env).items():
             if env not in self._warned_starved:  # once per env and attempt
                 self._warned_starved.add(env)

@@ -173,14 +173,16 @@ async def restore(
     """Restore the source and the sink from the newest complete checkpoint; None when there is none.
 
     Raises:
-        CheckpointMismatch: the checkpoint belongs to a run with other settings (names the fields).
+        CheckpointMismatch: the checkpoint belongs to a run with other settings (names the fields), or an env's
+            data changed since it was written.
     """
     ckpt = await asyncio.to_thread(latest_complete_checkpoint, run_dir)
     if ckpt is None:
         log.info("resume: no complete checkpoint in %s; starting from step 0", run_dir.root)
         return None
     state = ckpt.orchestrator
-    check_compatible(state.get("identity"), spec, str(run_dir.orchestrator_checkpoint(ckpt.step)))
+    envs = {env.name: env for env in source.envs}  # their data's fingerprints: a resume over changed data is refused
+    check_compatible(state.get("identity"), spec, str(run_dir.orchestrator_checkpoint(ckpt.step)), envs)
     source.load_state(state["source"])
     shipped = int(state.get("shipped", ckpt.step))
     # Batches shipped after the snapshot hold samples the snapshot still has queued: drop them.

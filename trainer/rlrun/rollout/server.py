@@ -54,7 +54,7 @@ def vllm_command(spec: RLRunSpec, model_path: str, host: str, port: int, gpu: bo
     ]  # fmt: skip
     if spec.model.revision:
         cmd += ["--revision", spec.model.revision]
-    max_len = spec.rollout.max_model_len or (64 if spec.model.builtin else None)
+    max_len = spec.rollout.max_model_len or (64 if spec.model.builtin == "tiny-reverse" else None)
     if max_len:
         cmd += ["--max-model-len", str(max_len)]
     if not gpu:

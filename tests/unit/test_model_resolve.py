@@ -1,0 +1,88 @@
+"""Where the builtin models live in the cache: ``tiny-reverse`` under the same key as ever, ``tiny`` under a key
+that follows the run's envs (names, weights, args, data) and nothing else; ``tiny`` for no envs, or for envs this
+process cannot build, is refused with what to do."""
+
+from __future__ import annotations
+
+import pytest
+from rlrun.api.spec import EnvSpec, ModelSpec
+from rlrun.envs.base import Task
+from rlrun.model.recipe import TinyEnvsRecipe, TinyModelRecipe
+from rlrun.model.resolve import BuiltinModelError, builtin_model_dir, init_builtin_model, resolve_model
+
+from tests.support.manifests import parse
+
+#: ``TinyModelRecipe().cache_key()`` before the builtin ``tiny`` existed: tests and the default example rely on it.
+TINY_REVERSE_KEY = "708fa35454b9"
+
+
+class FileEnv:
+    """An env whose tasks come from a file; ``fingerprint()`` digests it, as the dataset env does."""
+
+    name = "file-env"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def task(self, seed: int, index: int, split: str = "train") -> Task:
+        return Task(self.name, index, "x=", "x")
+
+    def reward(self, task: Task, completion: str) -> float:
+        return float(completion == task.answer)
+
+    def fingerprint(self) -> str:
+        with open(self.path) as f:
+            return f.read()
+
+
+def test_tiny_reverse_keeps_its_cache_key(tmp_path):
+    assert TinyModelRecipe().cache_key() == TINY_REVERSE_KEY
+    assert builtin_model_dir("tiny-reverse", tmp_path).name == f"tiny-reverse-{TINY_REVERSE_KEY}"
+    assert builtin_model_dir("tiny-reverse", tmp_path, [EnvSpec(name="reverse-text")]).name.endswith(TINY_REVERSE_KEY)
+
+
+def test_tiny_cache_key_is_stable_for_the_same_envs_and_changes_with_them(tmp_path):
+    def key(*envs: EnvSpec) -> str:
+        return builtin_model_dir("tiny", tmp_path, list(envs)).name
+
+    reverse = EnvSpec(name="reverse-text")
+    assert key(reverse) == key(EnvSpec(name="reverse-text")) and key(reverse).startswith("tiny-")
+    assert key(reverse) != TinyEnvsRecipe().cache_key()
+    others = {
+        key(EnvSpec(name="reverse-text", args={"max_words": 3, "max_chars": 24})),
+        key(EnvSpec(name="reverse-text", weight=2.0)),
+        key(reverse, EnvSpec(name="reverse-text", args={"max_words": 1})),
+        key(EnvSpec(name="reverse-text", args={"max_words": 1}), reverse),
+    }
+    assert len(others) == 4 and key(reverse) not in others
+
+
+def test_tiny_cache_key_follows_the_envs_data(tmp_path):
+    data = tmp_path / "tasks.txt"
+    data.write_text("one")
+    spec = EnvSpec(name=f"{__name__}:FileEnv", args={"path": str(data)})
+    before = builtin_model_dir("tiny", tmp_path, [spec])
+    assert builtin_model_dir("tiny", tmp_path, [spec]) == before
+    data.write_text("two")
+    assert builtin_model_dir("tiny", tmp_path, [spec]) != before
+
+
+def test_tiny_without_envs_or_with_an_env_this_process_cannot_build_is_refused(tmp_path):
+    with pytest.raises(BuiltinModelError, match=r"spec\.envs is empty"):
+        resolve_model(ModelSpec(builtin="tiny"), tmp_path)
+    missing = EnvSpec(name=f"{__name__}:FileEnv", args={"path": str(tmp_path / "absent.txt")})
+    with pytest.raises(BuiltinModelError, match=r"absent\.txt"):
+        builtin_model_dir("tiny", tmp_path, [missing])
+    with pytest.raises(BuiltinModelError, match=r"cannot build one: .*rlrun model init --manifest"):
+        builtin_model_dir("tiny", tmp_path, [EnvSpec(name="no_such_package.envs:Env")])
+    assert BuiltinModelError.permanent
+    assert not list(tmp_path.iterdir())
+
+
+def test_model_init_refuses_a_model_by_name_and_warm_start_steps_the_cache_would_not_find(tmp_path):
+    named = parse(model={"name": "Qwen/Qwen3-0.6B"}).spec
+    with pytest.raises(ValueError, match=r"Qwen/Qwen3-0\.6B@main, not a builtin one"):
+        init_builtin_model(named, cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="give OUT_DIR"):
+        init_builtin_model(parse(model={"builtin": "tiny"}).spec, sft_steps=5, cache_dir=tmp_path)
+    assert not list(tmp_path.iterdir())

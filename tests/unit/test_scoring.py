@@ -1,0 +1,136 @@
+"""Scoring a group (``rlrun.rewards.scoring``): TRL's call convention, weights, ``None``, and every way a reward
+fails — which fails the member, never scores it 0 — in worker threads with a timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+
+import pytest
+from rlrun.api.spec import EnvSpec, RewardSpec
+from rlrun.envs.base import Task
+from rlrun.envs.reverse_text import ReverseTextEnv
+from rlrun.rewards.scoring import RewardFunction, RewardScorer, env_rewards, reward_kwargs, score_group
+
+TASK = Task(env="e", index=3, prompt="ab=", answer="ba", info={"level": 2, "prompts": "shadowed"})
+CHAT = Task(env="e", index=4, prompt=[{"role": "user", "content": "hi"}], answer="yo")
+
+
+def fn(series, func, weight=1.0):
+    return RewardFunction(series=series, weight=weight, func=func)
+
+
+def test_a_reward_gets_trls_keyword_arguments_one_item_per_completion():
+    kwargs = reward_kwargs(TASK, ["ba", "bb"], [[1, 2, 0], [1, 1]])
+    assert kwargs == {
+        "prompts": ["ab=", "ab="],
+        "completions": ["ba", "bb"],
+        "completion_ids": [[1, 2, 0], [1, 1]],
+        "answer": ["ba", "ba"],
+        "level": [2, 2],  # a task field; one named like a call argument ("prompts") is not passed
+    }
+    chat = reward_kwargs(CHAT, ["yo"], [[5]])
+    assert chat["prompts"] == [[{"role": "user", "content": "hi"}]]
+    assert chat["completions"] == [[{"role": "assistant", "content": "yo"}]]  # TRL's conversational form
+
+
+def test_the_reward_is_the_weighted_sum_of_the_functions_that_apply():
+    def exact(completions, answer, **kwargs):
+        return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+    def short(completions, **kwargs):
+        return [None if c == "ba" else 0.5 for c in completions]  # does not apply to the first
+
+    scores = score_group([fn("exact", exact, 2.0), fn("short", short, -1.0)], TASK, ["ba", "xx"], [[1], [2]])
+    assert scores.rewards == [2.0, -0.5]
+    assert scores.parts == {"exact": [1.0, 0.0], "short": [None, 0.5]}
+    assert scores.errors == [None, None]
+
+
+@pytest.mark.parametrize(
+    ("returned", "error"),
+    [
+        ([1.0, math.nan], "a score must be finite, got nan"),
+        ([1.0, "1"], "a score must be a number or None, got str '1'"),
+        ([1.0, math.inf], "a score must be finite, got inf"),
+    ],
+)
+def test_a_score_that_is_no_finite_number_fails_its_member_only(returned, error):
+    scores = score_group([fn("r", lambda **kw: returned)], TASK, ["a", "b"], [[1], [2]])
+    assert scores.rewards == [1.0, None]
+    assert scores.errors == [None, f"reward r: {error}"]
+
+
+def test_a_reward_that_raises_or_answers_the_wrong_shape_fails_every_member():
+    def boom(**kwargs):
+        raise KeyError("solution")
+
+    scores = score_group([fn("boom", boom)], TASK, ["a", "b"], [[1], [2]])
+    assert scores.rewards == [None, None]
+    assert scores.errors == ["reward boom: KeyError: 'solution'"] * 2
+    short = score_group([fn("one", lambda **kw: [1.0])], TASK, ["a", "b"], [[1], [2]])
+    assert short.errors == ["reward one: returned list [1.0], not a list of 2 scores"] * 2
+    none = score_group([fn("none", lambda **kw: [None, 1.0])], TASK, ["a", "b"], [[1], [2]])
+    assert none.rewards == [None, 1.0]
+    assert none.errors[0] == "no reward applies to it (every reward function returned None)"
+
+
+def test_an_async_reward_runs_in_the_worker_thread_not_on_the_callers_loop():
+    seen = {}
+
+    async def judge(completions, **kwargs):
+        seen["thread"] = threading.current_thread().name
+        await asyncio.sleep(0)
+        return [0.25 for _ in completions]
+
+    async def main():
+        scorer = RewardScorer(threads=2)
+        try:
+            return await scorer.score([fn("judge", judge)], TASK, ["a"], [[1]], timeout_s=5)
+        finally:
+            scorer.close()
+
+    scores = asyncio.run(main())
+    assert scores.rewards == [0.25] and seen["thread"].startswith("reward")
+
+
+def test_a_reward_over_its_timeout_fails_every_member_and_the_loop_goes_on():
+    def slow(completions, **kwargs):
+        time.sleep(1.0)
+        return [1.0 for _ in completions]
+
+    async def main():
+        scorer = RewardScorer(threads=2)
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        try:
+            t0 = time.monotonic()
+            scores = await scorer.score([fn("slow", slow)], TASK, ["a", "b"], [[1], [2]], timeout_s=0.2)
+            return scores, time.monotonic() - t0, ticks
+        finally:
+            ticker.cancel()
+            scorer.close()
+
+    scores, waited, ticks = asyncio.run(main())
+    assert scores.rewards == [None, None]
+    assert scores.errors == ["rewards took longer than 0.2 s (spec.envs[].reward_timeout_seconds)"] * 2
+    assert waited < 0.9 and ticks >= 5  # the loop kept running while the reward slept in its thread
+
+
+def test_an_env_without_rewards_is_scored_by_its_own_reward_named_after_it():
+    env = ReverseTextEnv(reward="exact")
+    [own] = env_rewards(EnvSpec(name="reverse-text"), env)
+    assert own.series == "reverse-text" and own.own
+    task = env.task(0, 0)
+    assert score_group([own], task, [task.answer, "x"], [[1], [2]]).rewards == [1.0, 0.0]
+    named = env_rewards(EnvSpec(name="reverse-text", rewards=[RewardSpec(name="lcs", weight=0.5, label="sim")]), env)
+    assert [(r.series, r.weight, r.own) for r in named] == [("sim", 0.5, False)]
