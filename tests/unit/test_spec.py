@@ -95,8 +95,9 @@ def test_examples_are_valid(path):
 def test_a_kubernetes_only_example_is_refused_locally_for_its_data_not_its_shape():
     with pytest.raises(ManifestError) as exc:
         load_manifest(ROOT / "examples" / "dataset-on-kubernetes.yaml")
-    assert [e.split(":")[0] for e in exc.value.errors] == ["spec.envs[0].args"]
-    assert "/data/arithmetic.jsonl" in exc.value.errors[0]
+    # its data is on a claim, its reward in its image: neither is here; every problem is named, the shape is fine
+    assert [e.split(":")[0] for e in exc.value.errors] == ["spec.envs[0].args", "spec.envs[0].rewards[0].function"]
+    assert "/data/arithmetic.jsonl" in exc.value.errors[0] and "my_arithmetic" in exc.value.errors[1]
 
 
 def test_hf_example_names_a_hub_model():

@@ -126,10 +126,8 @@ def env_errors(spec: RLRunSpec, checks: Checks = "full") -> list[str]:
                 _check_env(env_spec, checks)
         except UnknownEnvError as exc:
             errors.append(f"{at}.name: {exc}")
-            continue
         except EnvArgsError as exc:
             errors.append(f"{at}.args: {exc}")
-            continue
         for j, reward in enumerate(env_spec.rewards):
             field = "name" if reward.name is not None else "function"
             if reward.series in envs - {env_spec.name}:
