@@ -21,7 +21,30 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class TinyModelRecipe:
+class QwenShapeRecipe:
+    """The Qwen3 shape both builtin models share (head dim 32: vLLM's CPU attention needs ≥ 32), and the cache key
+    of a recipe: a hash of every field, so changing any of them rebuilds the model.
+
+    Attributes:
+        hidden_size / intermediate_size / num_hidden_layers / num_attention_heads /
+        num_key_value_heads / head_dim: Qwen3 shape.
+    """
+
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+
+    def cache_key(self) -> str:
+        """Short stable name for this recipe, used as the cache directory name."""
+        fields = json.dumps(self.__dict__, sort_keys=True)
+        return hashlib.sha256(fields.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class TinyModelRecipe(QwenShapeRecipe):
     """Everything that determines the builtin model's bytes (its cache key).
 
     Attributes:
@@ -33,12 +56,6 @@ class TinyModelRecipe:
         seed: seeds weight init and the warm-start task stream.
     """
 
-    hidden_size: int = 128
-    intermediate_size: int = 256
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 32
     max_position_embeddings: int = 64
     sft_steps: int = 90
     sft_batch_size: int = 64
@@ -46,14 +63,9 @@ class TinyModelRecipe:
     seed: int = 1234
     format_version: int = 2  # 2: the warm start draws no held-out (eval) text
 
-    def cache_key(self) -> str:
-        """Short stable name for this recipe, used as the cache directory name."""
-        fields = json.dumps(self.__dict__, sort_keys=True)
-        return hashlib.sha256(fields.encode()).hexdigest()[:12]
-
 
 @dataclass(frozen=True)
-class TinyEnvsRecipe:
+class TinyEnvsRecipe(QwenShapeRecipe):
     """Everything that determines the builtin ``tiny`` model's bytes (its cache key); see :mod:`rlrun.model.tiny_envs`.
 
     Attributes:
@@ -77,12 +89,6 @@ class TinyEnvsRecipe:
         envs: :func:`envs_fingerprint` of the envs the warm start draws from (``""``: not given yet).
     """
 
-    hidden_size: int = 128
-    intermediate_size: int = 256
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 32
     max_position_embeddings: int = 512
     vocab_rows: int = 4096
     sft_steps: int = 1000
@@ -96,11 +102,6 @@ class TinyEnvsRecipe:
     seed: int = 1234
     format_version: int = 1
     envs: str = ""
-
-    def cache_key(self) -> str:
-        """Short stable name for this recipe, used as the cache directory name."""
-        fields = json.dumps(self.__dict__, sort_keys=True)
-        return hashlib.sha256(fields.encode()).hexdigest()[:12]
 
 
 def envs_fingerprint(specs: Sequence[EnvSpec]) -> str:

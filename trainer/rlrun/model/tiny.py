@@ -110,25 +110,47 @@ def warm_start(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, reci
     replay the RL run's task stream (which is seeded by the manifest).
     """
     env = ReverseTextEnv()
-    optim = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        optim, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / recipe.sft_steps))
-    )
+    optim, sched = sft_optimizer(model, recipe.sft_lr, recipe.sft_steps)
     losses = []
     model.train()
     for step in range(recipe.sft_steps):
         ids, mask, labels = _sft_batch(
             env, tokenizer, recipe.seed + 1_000_003, step * recipe.sft_batch_size, recipe.sft_batch_size
         )
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
-        sched.step()
-        losses.append(loss.item())
+        losses.append(sft_step(model, optim, sched, ids, mask, labels))
     model.eval()
     return losses
+
+
+def sft_optimizer(
+    model: Qwen3ForCausalLM, lr: float, steps: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """The warm starts' AdamW (no weight decay) at peak ``lr``: linear warm-up over 20 steps, then cosine to 0 at
+    ``steps`` (the usual SFT schedule, e.g. transformers' ``get_cosine_schedule_with_warmup``)."""
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        optim, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps))
+    )
+    return optim, sched
+
+
+def sft_step(
+    model: Qwen3ForCausalLM,
+    optim: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    labels: torch.Tensor,
+) -> float:
+    """One teacher-forced step on ``ids``/``mask``/``labels`` (each ``[rows, T]``; labels −100 off the completion),
+    gradient norm clipped to 1; returns the loss (nats/token)."""
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    optim.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optim.step()
+    sched.step()
+    return loss.item()
 
 
 @torch.no_grad()

@@ -27,7 +27,6 @@ import dataclasses
 import itertools
 import json
 import logging
-import math
 import os
 import random
 import time
@@ -52,7 +51,7 @@ from rlrun.model.demonstrations import (
     render_prompt,
 )
 from rlrun.model.recipe import TinyEnvsRecipe, envs_fingerprint
-from rlrun.model.tiny import build_config, write_model_dir
+from rlrun.model.tiny import build_config, sft_optimizer, sft_step, write_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -182,22 +181,13 @@ def warm_start(
             clipped to 1), step counts, target.
     """
     steps = recipe.sft_steps
-    optim = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        optim, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps))
-    )
+    optim, sched = sft_optimizer(model, recipe.sft_lr, steps)
     done = WarmStart()
     for step in range(1, steps + 1):
         rows = next(batches)
         model.train()
         ids, mask, labels = encode_batch(rows, tokenizer)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        optim.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optim.step()
-        sched.step()
-        done.losses.append(loss.item())
+        done.losses.append(sft_step(model, optim, sched, ids, mask, labels))
         done.rows += len(rows)
         done.tokens += ids.numel()
         if checks and step % recipe.sft_check_every == 0:

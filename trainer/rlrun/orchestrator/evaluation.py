@@ -92,14 +92,20 @@ class Evaluator:
 
     @classmethod
     def for_run(
-        cls, spec: RLRunSpec, envs: dict[str, Env], tokenizer: Any, path: Path, attempt: int
+        cls,
+        spec: RLRunSpec,
+        envs: dict[str, Env],
+        tokenizer: Any,
+        path: Path,
+        attempt: int,
+        episodes: EpisodeBuilder | None = None,
     ) -> Evaluator | None:
-        """The evaluator of a run (None when ``spec.evaluation`` is off), with a Hugging Face ``tokenizer``."""
+        """The evaluator of a run (None when ``spec.evaluation`` is off), with a Hugging Face ``tokenizer``; ``episodes``:
+        the run's own builder (the dispatcher's: its rendered prompts and reward threads), else one of its own."""
         if not spec.evaluation.enabled:
             return None
-        return cls(
-            spec.evaluation, spec.sampling, EpisodeBuilder.for_run(tokenizer, envs, spec), spec.seed, path, attempt
-        )
+        episodes = episodes or EpisodeBuilder.for_run(tokenizer, envs, spec)
+        return cls(spec.evaluation, spec.sampling, episodes, spec.seed, path, attempt)
 
     def due(self, version: int, max_steps: int) -> bool:
         """Whether ``version`` should be evaluated: the start (0), each ``interval``-th step and the last one,

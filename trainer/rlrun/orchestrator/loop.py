@@ -361,7 +361,9 @@ class Orchestrator:
         self.endpoints.bind(
             self.dispatcher, self.weights, self.client_factory, self._settle, self._dispatch_within_budget
         )
-        evaluator = Evaluator.for_run(self.spec, self.envs, tokenizer, self.run_dir.evaluations, self.attempt)
+        evaluator = Evaluator.for_run(
+            self.spec, self.envs, tokenizer, self.run_dir.evaluations, self.attempt, self.dispatcher.episodes
+        )
         self.evaluation.bind(evaluator, self._clients, self.max_steps)
         self.liveness.bind(self.dispatcher, self._settle, self._progress, lambda: stall_accounting(self))
         self.admission.bind(
