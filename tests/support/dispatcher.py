@@ -7,8 +7,9 @@ import asyncio
 import httpx
 from rlrun.api.spec import SamplingSpec
 from rlrun.envs import ReverseTextEnv
-from rlrun.orchestrator.dispatcher import Dispatcher, GroupResult
+from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.episodes import EpisodeBuilder
+from rlrun.orchestrator.groups import GroupResult
 from rlrun.rollout.client import RolloutClient
 
 ENV = ReverseTextEnv()

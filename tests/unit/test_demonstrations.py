@@ -59,8 +59,8 @@ def stream(envs, weights=None, max_tokens=512, seed=1234, **kw) -> Demonstration
 
 def test_the_completion_is_the_envs_demonstration_when_it_has_one_else_the_answer():
     task = CountEnv().task(0, 41)
-    assert demonstration(CountEnv(), task) == "42"
-    assert demonstration(WorkedEnv(), task) == "41+1=42"
+    assert demonstration(CountEnv(), task, build_chat_tokenizer()) == "42"
+    assert demonstration(WorkedEnv(), task, build_chat_tokenizer()) == "41+1=42"
 
 
 def test_a_chat_prompt_is_rendered_with_the_generation_prompt_and_counted_with_eos():

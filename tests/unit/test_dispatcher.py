@@ -7,8 +7,8 @@ import json
 
 import httpx
 import pytest
-from rlrun.orchestrator.dispatcher import Dispatcher, DispatchError, GroupResult
-from rlrun.orchestrator.groups import GroupRequest
+from rlrun.orchestrator.dispatcher import Dispatcher, DispatchError
+from rlrun.orchestrator.groups import GroupRequest, GroupResult
 from rlrun.rollout.client import RolloutClient
 from rlrun.rollout.fake import fake_vllm_transport
 

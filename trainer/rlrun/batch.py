@@ -5,7 +5,8 @@
 - ``samples.safetensors``: right-padded tensors for ``B`` samples of up to ``T`` tokens:
   ``input_ids [B, T]`` int64 (prompt then completion, padded with ``pad_id``),
   ``attention_mask [B, T]`` int64, and, aligned with next-token targets
-  ``input_ids[:, 1:]``: ``loss_mask [B, T-1]`` bool (True on completion tokens),
+  ``input_ids[:, 1:]``: ``loss_mask [B, T-1]`` bool (True on sampled completion tokens; a multi-turn
+  episode's env tokens, whose logprob is NaN (:mod:`rlrun.orchestrator.turns`), are False),
   ``old_logprobs [B, T-1]`` float32 (the sampling policy's logprobs, 0 off the mask);
   ``advantages [B]`` float32;
 - ``meta.json`` (:func:`rlrun.rundir.write_meta`): step, the orchestrator's attempt number,
@@ -66,8 +67,10 @@ def collate(samples: list[TrainingSample], pad_id: int) -> dict[str, torch.Tenso
         input_ids[i, : len(ids)] = torch.tensor(ids)
         attention_mask[i, : len(ids)] = 1
         # target input_ids[:, t + 1] is predicted at position t: completion token j sits at p + j.
-        loss_mask[i, p - 1 : p - 1 + c] = True
-        old_logprobs[i, p - 1 : p - 1 + c] = torch.tensor(list(s.logprobs), dtype=torch.float32)
+        logprobs = torch.tensor(list(s.logprobs), dtype=torch.float32)
+        sampled = ~torch.isnan(logprobs)  # an env token of a multi-turn episode was not sampled: not trained
+        loss_mask[i, p - 1 : p - 1 + c] = sampled
+        old_logprobs[i, p - 1 : p - 1 + c] = torch.where(sampled, logprobs, 0.0)
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,

@@ -2,7 +2,8 @@
 
 An env's ``name`` in a manifest is looked up, in this order:
 
-1. a **builtin** env (:data:`BUILTIN_ENVS`: ``reverse-text``, ``dataset``, ``reasoning-gym``);
+1. a **builtin** env (:data:`BUILTIN_ENVS`: ``reverse-text``, ``dataset``, ``reasoning-gym``, and the multi-turn
+   ``guess-number`` and ``calculator``);
 2. an env an installed package registers under the entry point group ``rlrun.envs``
    (:data:`ENTRY_POINT_GROUP`; the standard plugin mechanism of Python packaging, as pytest
    plugins are found): ``[project.entry-points."rlrun.envs"] my-env = "my_pkg.env:MyEnv"``;
@@ -43,6 +44,8 @@ BUILTIN_ENVS: dict[str, str] = {
     "reverse-text": "rlrun.envs.reverse_text:ReverseTextEnv",
     "dataset": "rlrun.envs.dataset:DatasetEnv",
     "reasoning-gym": "rlrun.envs.reasoning_gym:ReasoningGymEnv",
+    "guess-number": "rlrun.envs.guess_number:GuessNumberEnv",
+    "calculator": "rlrun.envs.calculator:CalculatorEnv",
 }
 
 

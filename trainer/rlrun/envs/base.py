@@ -117,3 +117,57 @@ class Env(Protocol):
 
 
 EnvFactory = Callable[..., Env]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a multi-turn env answers to one model turn (:class:`MultiTurnEnv.respond`).
+
+    Attributes:
+        message: what the model is shown next: for a chat prompt, a message content (a ``user`` turn) or
+            :data:`Messages` (e.g. ``{"role": "tool", …}`` results), rendered by the chat template; for a
+            plain-text prompt, text appended as is. None: nothing (only with ``done``).
+        done: the episode ends here (the env's verdict; ``max_turns`` also ends it).
+        state: the env's state after this turn, JSON-compatible (what the next :meth:`~MultiTurnEnv.respond`
+            gets).
+        reward: the env's reward for this turn (None: none); an episode's per-turn rewards are added to
+            its reward (:mod:`rlrun.orchestrator.turns`).
+        tool_calls: tool calls made in the turn; tool_errors: of them, how many raised or timed out
+            (metrics ``tool_calls`` / ``tool_errors``).
+    """
+
+    message: str | Messages | None
+    done: bool
+    state: Any = None
+    reward: float | None = None
+    tool_calls: int = 0
+    tool_errors: int = 0
+
+
+class MultiTurnEnv(Env, Protocol):
+    """An env whose episode is a conversation: after each model turn it answers (an observation, a tool
+    result, a user message) or says the episode is done (:mod:`rlrun.orchestrator.turns` plays it).
+
+    A single-turn env is the one-turn case: it has no ``respond``. The episode's rewards (the env's own
+    ``reward`` or ``spec.envs[].rewards``) score the **last** model turn's text, and each turn's
+    :attr:`Reply.reward` is added.
+
+    Attributes:
+        max_turns: most model turns in an episode (≥ 1): the episode ends after the last one.
+    """
+
+    max_turns: int
+
+    def start(self, task: Task) -> Any:
+        """The env's state before the first model turn (JSON-compatible)."""
+        ...
+
+    def respond(self, task: Task, state: Any, completion: str) -> Reply:
+        """Answer model turn ``completion`` (its text up to EOS) given ``state``. Runs in a worker thread, never on
+        the orchestrator's loop; a tool call is the env's to bound (:mod:`rlrun.envs.tools`)."""
+        ...
+
+
+def is_multi_turn(env: Env) -> bool:
+    """Whether ``env`` plays conversations (:class:`MultiTurnEnv`: it has ``respond``)."""
+    return callable(getattr(env, "respond", None))

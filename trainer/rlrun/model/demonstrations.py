@@ -2,7 +2,8 @@
 
 A **demonstration** is a train-split task and the completion a good policy would write for it:
 ``env.demonstration(task)`` when the env has that optional method (``(task) -> str | None``, e.g. a
-worked solution), else ``task.answer``; a task with neither is skipped. Its **prompt** is what the
+worked solution; a multi-turn env's ``list[str]`` of turns, played into one transcript:
+:mod:`rlrun.model.conversations`), else ``task.answer``; a task with neither is skipped. Its **prompt** is what the
 rollout server is sent: a plain-text prompt as is, a chat prompt rendered by the tokenizer's chat
 template with the generation prompt. The model is taught ``completion`` + EOS after it.
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlrun.envs.base import Env, Task
+from rlrun.model.conversations import transcript
 
 log = logging.getLogger(__name__)
 
@@ -58,20 +60,23 @@ def env_seed(namespace: str, seed: int) -> int:
     return int(hashlib.sha256(f"{namespace}:{seed}".encode()).hexdigest()[:12], 16)
 
 
-def demonstration(env: Any, task: Task) -> str | None:
-    """The completion to teach for ``task``: ``env.demonstration(task)`` when the env has it, else ``task.answer``."""
+def demonstration(env: Any, task: Task, tokenizer: Any) -> str | None:
+    """The completion to teach for ``task``: ``env.demonstration(task)`` when the env has it, else ``task.answer``;
+    a multi-turn env's list of turns becomes its transcript (:func:`rlrun.model.conversations.transcript`)."""
     demonstrate = getattr(env, "demonstration", None)
-    if callable(demonstrate):
-        return demonstrate(task)
-    return task.answer
+    if not callable(demonstrate):
+        return task.answer
+    shown = demonstrate(task)
+    return transcript(tokenizer, env, task, shown) if isinstance(shown, list) else shown
 
 
 def render_prompt(tokenizer: Any, task: Task) -> str:
-    """``task``'s prompt as the rollout server sees it: plain text as is, a chat prompt through the chat template
-    with the generation prompt."""
+    """``task``'s prompt as the rollout server sees it: plain text as is, a chat prompt (with the task's tool
+    schemas, ``task.info["tools"]``) through the chat template with the generation prompt."""
     if isinstance(task.prompt, str):
         return task.prompt
-    return tokenizer.apply_chat_template(task.prompt, add_generation_prompt=True, tokenize=False)
+    tools = {"tools": task.info["tools"]} if task.info.get("tools") else {}
+    return tokenizer.apply_chat_template(task.prompt, add_generation_prompt=True, tokenize=False, **tools)
 
 
 @dataclass(frozen=True)
@@ -173,7 +178,7 @@ class DemonstrationStream:
         draws, env = self.draws[i], self.envs[i]
         task = env.task(self.env_seed, draws.asked, "train")
         draws.asked += 1
-        completion = demonstration(env, task)
+        completion = demonstration(env, task, self.tokenizer)
         if completion is None:
             draws.no_answer += 1
             draws.unusable_in_a_row += 1

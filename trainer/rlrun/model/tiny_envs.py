@@ -24,6 +24,7 @@ renamed: :func:`rlrun.model.tiny.write_model_dir`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -40,7 +41,9 @@ from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from rlrun.api.spec import EnvSpec
 from rlrun.envs import make_env
+from rlrun.envs.base import is_multi_turn
 from rlrun.model.chat_tokenizer import build_chat_tokenizer, extra_characters
+from rlrun.model.conversations import greedy_conversations
 from rlrun.model.demonstrations import (
     CHECKS,
     DemonstrationStream,
@@ -134,12 +137,21 @@ def score_rows(
         completion = len(tokenizer.encode(r.completion, add_special_tokens=False))
         prompt = r.tokens - completion - 1
         caps.append(max(1, min(completion + SLACK_TOKENS, context - prompt)))
-    texts = greedy_completions(model, tokenizer, [r.prompt for r in rows], caps)
-    rewards = [float(env.reward(r.task, t)) for r, t in zip(rows, texts, strict=True)]
+    if is_multi_turn(env):  # played to the end, turn by turn; exact_match: the last turn is the demonstration's
+        generate = functools.partial(greedy_completions, model, tokenizer)
+        cap = max(caps) if caps else 1
+        texts, bonus = greedy_conversations(
+            generate, tokenizer, env, [r.task for r in rows], [r.prompt for r in rows], cap
+        )
+        wanted = [env.demonstration(r.task)[-1] for r in rows]
+    else:
+        texts = greedy_completions(model, tokenizer, [r.prompt for r in rows], caps)
+        bonus, wanted = [0.0] * len(rows), [r.completion for r in rows]
+    rewards = [float(env.reward(r.task, t)) + b for r, t, b in zip(rows, texts, bonus, strict=True)]
     n = max(len(rows), 1)
     return {
         "tasks": len(rows),
-        "exact_match": sum(t == r.completion for r, t in zip(rows, texts, strict=True)) / n,
+        "exact_match": sum(t == w for w, t in zip(wanted, texts, strict=True)) / n,
         "solved": sum(x >= SOLVED_REWARD for x in rewards) / n,
         "reward": sum(rewards) / n,
     }
@@ -245,7 +257,7 @@ def evaluate_greedy(
             scores[name] = {"tasks": 0, "error": str(exc)}
             continue
         for task in tasks:
-            completion = demonstration(env, task)
+            completion = demonstration(env, task, tokenizer)
             if completion is None:
                 continue
             prompt = render_prompt(tokenizer, task)

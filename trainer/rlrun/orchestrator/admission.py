@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 from rlrun.errors import OrchestratorError
 from rlrun.ledger import Ledger, LedgerEvent
-from rlrun.orchestrator.dispatcher import Dispatcher, GroupResult
-from rlrun.orchestrator.groups import GroupCancellation, GroupRequest
+from rlrun.orchestrator.dispatcher import Dispatcher
+from rlrun.orchestrator.groups import GroupCancellation, GroupRequest, GroupResult
 from rlrun.orchestrator.journal import Journal
 from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.orchestrator.sink import TrainSink
@@ -118,7 +118,7 @@ class Admission:
         self.ledger.write_each(LedgerEvent.FINISHED, rows)
         for result, _ in results:
             g = self.dispatcher.take(result).request.group_id
-            self.metrics.add_scores(result.request.task.env, result.episodes, result.parts)
+            self.metrics.add_scores(result.request.task.env, result.episodes, result.parts, result.turns)
             self.sink.add_episodes(g, result.request.task, result.episodes, self.next_step())
             if g not in self.sink.open_groups and not self.dispatcher.has_work_out(g):
                 self.source.forget(g)

@@ -22,7 +22,9 @@ would bias its siblings' advantages). The endpoint set can be replaced at run ti
 returned for settling as ``lost`` (a :class:`~rlrun.orchestrator.cancellation.GroupCancellation`,
 as :meth:`cancel_stale` returns). An endpoint unreachable during a weight update is
 **benched** (:meth:`bench`): no requests, its in-flight ones lost like a removed endpoint's,
-until it answers again and has the current weights (:meth:`rejoin`) or is dropped.
+until it answers again and has the current weights (:meth:`rejoin`) or is dropped. A multi-turn
+env's request samples every member's first turn at once, then each member's next turns one
+request each (:mod:`.turns`; same retries and version rule); its members share one fate.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -41,30 +43,11 @@ from rlrun.api.spec import RLRunSpec, SamplingSpec
 from rlrun.envs.base import Env
 from rlrun.errors import OrchestratorError
 from rlrun.orchestrator.episodes import EpisodeBuilder
-from rlrun.orchestrator.groups import GroupCancellation, GroupRequest
-from rlrun.rollout.client import RolloutClient, RolloutError, UnusableCompletion
-from rlrun.samples import Episode
+from rlrun.orchestrator.groups import GroupCancellation, GroupRequest, GroupResult
+from rlrun.orchestrator.turns import play_all, sum_sampled
+from rlrun.rollout.client import Completion, RolloutClient, RolloutError, UnusableCompletion
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GroupResult:
-    """What one group request came to.
-
-    Attributes:
-        request: the request.
-        episodes: its finished members (empty when it failed).
-        tokens: completion tokens generated.
-        error: why the request failed on every try for ``retry_window_seconds`` (None: it did not).
-    """
-
-    request: GroupRequest
-    episodes: list[Episode]
-    tokens: int
-    error: str | None = None
-    failed: list[tuple[int, str]] = field(default_factory=list)
-    parts: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 #: What a failed try of a request raises: the server is gone, answered an error, or took too long.
@@ -341,40 +324,57 @@ class Dispatcher:
         candidates = healthy or [u for u in holding if u not in failed] or holding
         return min(candidates, key=self.load.__getitem__)
 
+    async def _sample(
+        self, request: GroupRequest, prompt_ids: Sequence[int], n: int, policy_version: int, failed: set[str]
+    ) -> list[Completion]:
+        """``n`` completions of ``prompt_ids`` for ``request``, retried (module docstring) on servers holding
+        ``policy_version``; ``failed``: the servers that failed this request (shared by its turns).
+
+        Raises:
+            UnusableCompletion: at once; a request error once ``retry_window_s`` has passed.
+        """
+        entry = self.inflight.get(_key(request))  # registered by dispatch before the request's task runs
+        members = f"group {request.group_id} members {request.first_member}–{request.next_member - 1}"
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_retried_in_place),
+            stop=stop_after_delay(self.retry_window_s),
+            wait=wait_exponential(multiplier=0.5, max=5),
+            reraise=True,
+        ):
+            with attempt:
+                url = self._pick(failed, policy_version)
+                self.load[url] += n
+                if entry is not None:  # a multi-turn request's members share it: the latest try is shown
+                    entry.url, entry.sent_at = url, time.monotonic()
+                try:
+                    return await asyncio.wait_for(
+                        self.clients[url].complete(prompt_ids, self.sampling, n=n), self.request_timeout_s
+                    )
+                except UnusableCompletion:
+                    raise  # the server works; the answer is what cannot be used
+                except _REQUEST_ERRORS as exc:
+                    failed.add(url)
+                    self.last_failure[url] = time.monotonic()
+                    log.warning("%s failed on %s: %s", members, url, _describe(exc, self.request_timeout_s))
+                    raise
+                finally:
+                    if entry is not None and entry.url == url:
+                        entry.url = None
+                    if url in self.load:
+                        self.load[url] -= n
+
     async def _run(self, request: GroupRequest, policy_version: int) -> None:
         prompt_ids = self.episodes.prompt_ids(request.task)
-        entry = self.inflight.get(_key(request))  # registered by dispatch before this task runs
         failed: set[str] = set()  # endpoints that failed this request: a healthy one is tried first
         members = f"group {request.group_id} members {request.first_member}–{request.next_member - 1}"
+        conversations = None
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(_retried_in_place),
-                stop=stop_after_delay(self.retry_window_s),
-                wait=wait_exponential(multiplier=0.5, max=5),
-                reraise=True,
-            ):
-                with attempt:
-                    url = self._pick(failed, policy_version)
-                    self.load[url] += request.members
-                    if entry is not None:
-                        entry.url, entry.sent_at = url, time.monotonic()
-                    try:
-                        completions = await asyncio.wait_for(
-                            self.clients[url].complete(prompt_ids, self.sampling, n=request.members),
-                            self.request_timeout_s,
-                        )
-                    except UnusableCompletion:
-                        raise  # the server works; the answer is what cannot be used
-                    except _REQUEST_ERRORS as exc:
-                        failed.add(url)
-                        self.last_failure[url] = time.monotonic()
-                        log.warning("%s failed on %s: %s", members, url, _describe(exc, self.request_timeout_s))
-                        raise
-                    finally:
-                        if entry is not None:
-                            entry.url = None
-                        if url in self.load:
-                            self.load[url] -= request.members
+            completions = await self._sample(request, prompt_ids, request.members, policy_version, failed)
+            if self.episodes.multi_turn(request.task):  # each member's conversation goes on on its own
+                io = self.episodes.turn_io(request.task, lambda ids: self._turn(request, ids, policy_version, failed))
+                conversations = await play_all(
+                    self.episodes.envs[request.task.env], request.task, prompt_ids, completions, io
+                )
         except UnusableCompletion as exc:
             log.warning("%s: %s", members, exc)
             self._deliver(GroupResult(request, [], 0, error=str(exc)))
@@ -384,9 +384,14 @@ class Dispatcher:
             log.warning("%s %s", members, error)
             self._deliver(GroupResult(request, [], 0, error=error))
             return
-        scored = await self.episodes.episodes(request, policy_version, prompt_ids, completions)
-        tokens = sum(len(c.token_ids) for c in completions)
-        self._deliver(GroupResult(request, scored.episodes, tokens, failed=scored.failed, parts=scored.parts))
+        scored = await self.episodes.episodes(request, policy_version, prompt_ids, completions, conversations)
+        tokens = sum(len(c.token_ids) for c in completions) if conversations is None else sum_sampled(conversations)
+        self._deliver(
+            GroupResult(request, scored.episodes, tokens, failed=scored.failed, parts=scored.parts, turns=scored.turns)
+        )
+
+    async def _turn(self, request: GroupRequest, ids: list[int], policy_version: int, failed: set[str]) -> Completion:
+        return (await self._sample(request, ids, 1, policy_version, failed))[0]
 
     def _deliver(self, result: GroupResult) -> None:
         key = _key(result.request)

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlrun.api.spec import RLRunSpec
-from rlrun.envs.base import Env, Messages, Task
+from rlrun.envs.base import Env, Messages, Task, is_multi_turn
+from rlrun.envs.replies import answer_text, reply_renderer
 from rlrun.orchestrator.groups import GroupRequest
+from rlrun.orchestrator.turns import Conversation, TurnIO
 from rlrun.rewards.scoring import GroupScores, RewardFunction, RewardScorer, env_rewards, own_reward
 from rlrun.rollout.client import Completion
 from rlrun.samples import Episode
@@ -57,11 +59,13 @@ class ScoredRequest:
         episodes: the members whose rewards were computed, in member order.
         failed: ``(member, error)`` of each member whose reward failed (:mod:`rlrun.rewards.scoring`): no episode.
         parts: each reward function's scores of ``episodes`` by series (None: it did not apply).
+        turns: for a multi-turn env, ``num_turns``, ``tool_calls`` and ``tool_errors`` of each of ``episodes``.
     """
 
     episodes: list[Episode]
     failed: list[tuple[int, str]] = field(default_factory=list)
     parts: dict[str, list[float | None]] = field(default_factory=dict)
+    turns: dict[str, list[int]] = field(default_factory=dict)
 
 
 class PromptError(ValueError):
@@ -90,9 +94,13 @@ class EpisodeBuilder:
         rewards: each env's rewards by env name (:func:`rlrun.rewards.scoring.env_rewards`); an env not in it
             is scored by its own ``reward``.
         reward_timeout_s: most seconds a group's scoring may take, by env name (default 60 s).
-        render: ``render(messages) -> str``, a chat prompt through the tokenizer's chat template with the
+        render: ``render(messages[, tools]) -> str``, a chat prompt (and the task's tool schemas) through the tokenizer's chat template with the
             generation prompt (None: chat prompts are refused).
-        max_prompt_tokens: longest prompt in tokens (the context less ``sampling.max_tokens``; None: no limit).
+        max_prompt_tokens: longest prompt in tokens (the context less ``sampling.max_tokens``; None: no limit); a
+            multi-turn episode's stream too, before each of its turns.
+        render_reply: ``render_reply(messages, tools) -> str``, a multi-turn env's answer to a chat prompt as the
+            chat template renders it after an assistant turn (:func:`rlrun.envs.replies.reply_renderer`;
+            None: chat answers are refused).
     """
 
     def __init__(
@@ -105,6 +113,7 @@ class EpisodeBuilder:
         reward_timeout_s: dict[str, float] | None = None,
         render: Callable[[Messages], str] | None = None,
         max_prompt_tokens: int | None = None,
+        render_reply: Callable[[Messages, list | None], str] | None = None,
     ) -> None:
         self.encode = encode
         self.decode = decode
@@ -114,6 +123,7 @@ class EpisodeBuilder:
         self.reward_timeout_s = reward_timeout_s or {}
         self.render = render
         self.max_prompt_tokens = max_prompt_tokens
+        self.render_reply = render_reply
         self.scorer = RewardScorer()
         self._rendered: dict[str, str] = {}  # chat prompt (as JSON) → its text: each rendered once
 
@@ -128,11 +138,14 @@ class EpisodeBuilder:
             the errors of :func:`rlrun.rewards.scoring.env_rewards`.
         """
         encode, decode, eos_id = tokenizer_codec(tokenizer)
-        render = None
+        render = render_reply = None
         if getattr(tokenizer, "chat_template", None):
 
-            def render(messages: Messages) -> str:
-                return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            def render(messages: Messages, tools: list | None = None) -> str:
+                kwargs = {"tools": tools} if tools else {}
+                return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+
+            render_reply = reply_renderer(tokenizer)
 
         context = spec.rollout.max_model_len or getattr(tokenizer, "model_max_length", None)
         limit = context - spec.sampling.max_tokens if context and context < UNLIMITED_CONTEXT else None
@@ -142,6 +155,7 @@ class EpisodeBuilder:
             reward_timeout_s={e.name: e.reward_timeout_seconds for e in spec.envs},
             render=render,
             max_prompt_tokens=limit,
+            render_reply=render_reply,
         )  # fmt: skip
 
     def prompt_text(self, task: Task) -> str:
@@ -158,12 +172,14 @@ class EpisodeBuilder:
                 f"env {task.env} gave a chat prompt, and the model's tokenizer has no chat template: give the env "
                 "plain-text prompts, or use a model with one (the builtin tiny model has one)"
             )
-        key = json.dumps(task.prompt, sort_keys=True)
+        tools = task.info.get("tools")  # tool schemas (rlrun.envs.tools), for a template that renders them
+        key = json.dumps([task.prompt, tools], sort_keys=True)
         text = self._rendered.get(key)
         if text is None:
             if len(self._rendered) >= PROMPT_CACHE_SIZE:
                 self._rendered.clear()
-            text = self._rendered[key] = self.render(task.prompt)  # type: ignore[arg-type]
+            args = (task.prompt, tools) if tools else (task.prompt,)
+            text = self._rendered[key] = self.render(*args)  # type: ignore[arg-type]
         return text
 
     def prompt_ids(self, task: Task) -> Sequence[int]:
@@ -181,27 +197,60 @@ class EpisodeBuilder:
             )
         return ids
 
+    def multi_turn(self, task: Task) -> bool:
+        """Whether ``task``'s env plays conversations (:func:`rlrun.envs.base.is_multi_turn`)."""
+        return is_multi_turn(self.envs[task.env])
+
+    def text(self, completion: Completion) -> str:
+        """A completion's text up to EOS, without special tokens (what envs and rewards read)."""
+        ids = completion.token_ids
+        return self.decode(list(ids[: ids.index(self.eos_id)] if self.eos_id in ids else ids))
+
+    def reply_ids(self, task: Task, message: str | Messages) -> Sequence[int]:
+        """The token ids of a multi-turn env's answer ``message`` to ``task`` (:mod:`.turns`): its text for a
+        plain-text prompt; for a chat prompt, a ``user`` message (a text) or the messages given, as the chat
+        template renders them after an assistant turn.
+
+        Raises:
+            PromptError: chat messages for a plain-text prompt, or a chat answer without a chat template.
+        """
+        if task.is_chat and self.render_reply is None:
+            raise PromptError(f"env {task.env} answered a chat prompt, and the tokenizer has no chat template")
+        try:
+            return self.encode(answer_text(self.render_reply, task, message))  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise PromptError(str(exc)) from exc
+
+    def turn_io(self, task: Task, complete: Callable[[list[int]], Any]) -> TurnIO:
+        """What :func:`rlrun.orchestrator.turns.play` needs for ``task``, sampling each turn with ``complete``."""
+        timeout = self.reward_timeout_s.get(task.env, 60.0)
+        return TurnIO(complete, self.text, self.reply_ids, self.max_prompt_tokens, timeout)
+
     async def episodes(
-        self, request: GroupRequest, policy_version: int, prompt_ids: Sequence[int], completions: list[Completion]
+        self,
+        request: GroupRequest,
+        policy_version: int,
+        prompt_ids: Sequence[int],
+        completions: list[Completion],
+        conversations: list[Conversation] | None = None,
     ) -> ScoredRequest:
         """The episodes of ``request``'s members, numbered from its first member, each scored by its env's rewards
         on its text up to EOS (in a worker thread) and stamped with ``policy_version`` (the version current at
-        dispatch); members whose reward failed are listed instead."""
+        dispatch); members whose reward failed are listed instead.
+
+        ``conversations``: a multi-turn env's played episodes, one per completion (:mod:`.turns`): each episode's
+        completion is its whole stream after the prompt (env tokens with NaN logprobs), its rewards score its
+        last turn's text, plus the env's per-turn rewards; a conversation the env failed is a failed member.
+        """
         task = request.task
-        cut = [
-            c.token_ids[: c.token_ids.index(self.eos_id)] if self.eos_id in c.token_ids else c.token_ids
-            for c in completions
-        ]
-        texts = [self.decode(list(ids)) for ids in cut]
-        scores = await self.scorer.score(
-            self.rewards[task.env], task, texts, [list(c.token_ids) for c in completions],
-            self.reward_timeout_s.get(task.env, 60.0),
-        )  # fmt: skip
+        scores = await self.score(task, completions, conversations)
         prompt = array("q", prompt_ids)
         out = ScoredRequest([], [], {series: [] for series in scores.parts})
         for k, c in enumerate(completions):
             member = request.first_member + k
-            if scores.rewards[k] is None:
+            conv = conversations[k] if conversations is not None else None
+            reward = scores.rewards[k]
+            if reward is None:
                 out.failed.append((member, scores.errors[k] or "no reward"))
                 continue
             out.episodes.append(
@@ -210,28 +259,42 @@ class EpisodeBuilder:
                     member=member,
                     task=task,
                     prompt_ids=prompt,
-                    completion_ids=array("q", c.token_ids),
-                    logprobs=array("d", c.logprobs),
+                    completion_ids=array("q", conv.completion_ids if conv is not None else c.token_ids),
+                    logprobs=array("d", conv.logprobs if conv is not None else c.logprobs),
                     policy_version=policy_version,
-                    reward=scores.rewards[k],
-                    finish_reason=c.finish_reason,
+                    reward=reward,
+                    finish_reason=conv.finish_reason if conv is not None else c.finish_reason,
                 )
             )
             for series, values in scores.parts.items():
                 out.parts[series].append(values[k])
+            if conv is not None:
+                for key, value in (("num_turns", conv.turns), ("tool_calls", conv.tool_calls),
+                                   ("tool_errors", conv.tool_errors)):  # fmt: skip
+                    out.turns.setdefault(key, []).append(value)
         return out
 
-    async def score(self, task: Task, completions: list[Completion]) -> GroupScores:
-        """``completions`` of ``task`` scored by its env's rewards on their texts up to EOS, in a worker thread."""
-        eos = self.eos_id
-        texts = [
-            self.decode(c.token_ids[: c.token_ids.index(eos)] if eos in c.token_ids else c.token_ids)
-            for c in completions
-        ]
-        ids = [list(c.token_ids) for c in completions]
-        return await self.scorer.score(
+    async def score(
+        self, task: Task, completions: list[Completion], conversations: list[Conversation] | None = None
+    ) -> GroupScores:
+        """``completions`` of ``task`` scored by its env's rewards on their texts up to EOS, in a worker thread.
+
+        ``conversations`` (a multi-turn env's, one per completion: :mod:`.turns`): each is scored on its last turn's
+        text and whole completion ids, plus the env's per-turn rewards; one the env failed is a failed member.
+        """
+        if conversations is None:
+            texts, ids = [self.text(c) for c in completions], [list(c.token_ids) for c in completions]
+        else:
+            texts, ids = [c.last_text for c in conversations], [c.completion_ids for c in conversations]
+        scores = await self.scorer.score(
             self.rewards[task.env], task, texts, ids, self.reward_timeout_s.get(task.env, 60.0)
         )
+        for k, conv in enumerate(conversations or []):
+            if conv.error is not None:
+                scores.rewards[k], scores.errors[k] = None, conv.error
+            elif scores.rewards[k] is not None:
+                scores.rewards[k] += conv.reward
+        return scores
 
     def close(self) -> None:
         """Stop the reward workers."""

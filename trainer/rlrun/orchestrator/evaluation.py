@@ -46,10 +46,14 @@ from typing import Any
 from rlrun.api.spec import EvaluationSpec, RLRunSpec, SamplingSpec
 from rlrun.envs.base import Env, Task
 from rlrun.orchestrator.episodes import EpisodeBuilder
+from rlrun.orchestrator.turns import Conversation, play_all
 from rlrun.rollout.client import Completion, RolloutClient, RolloutError
 from rlrun.rundir import read_jsonl
 
 log = logging.getLogger(__name__)
+
+#: What a task's request came to: its completions and, for a multi-turn env, their conversations (:mod:`.turns`).
+Answers = tuple[list[Completion], list[Conversation] | None]
 
 #: A completion solves its task when its reward reaches this (the top reward, 1, up to rounding).
 SOLVED_REWARD = 1.0 - 1e-9
@@ -142,8 +146,13 @@ class Evaluator:
         k = self.spec.samples_per_task
         plain = greedy(self.sampling)
 
-        async def ask(i: int, task: Task, sampling: SamplingSpec, n: int) -> list[Completion]:
-            return await clients[i % len(clients)].complete(list(self.episodes.prompt_ids(task)), sampling, n=n)
+        async def ask(i: int, task: Task, sampling: SamplingSpec, n: int) -> Answers:
+            client, prompt = clients[i % len(clients)], list(self.episodes.prompt_ids(task))
+            completions = await client.complete(prompt, sampling, n=n)
+            if not self.episodes.multi_turn(task):
+                return completions, None
+            io = self.episodes.turn_io(task, lambda ids: _one(client.complete(ids, sampling, n=1)))
+            return completions, await play_all(self.envs[task.env], task, prompt, completions, io)
 
         answers = await asyncio.gather(
             *(ask(i, t, plain, 1) for i, t in enumerate(self.tasks)),
@@ -154,15 +163,15 @@ class Evaluator:
             raise RolloutError(f"the weights of {moved} moved past policy {version} before the round was answered")
         greedy_answers, sampled_answers = answers[: len(self.tasks)], answers[len(self.tasks) :]
         per_env: dict[str, dict[str, list[float]]] = {name: {} for name in self.envs}
-        for task, (g,), samples in zip(self.tasks, greedy_answers, sampled_answers, strict=True):
+        for task, (gc, gt), (sc, st) in zip(self.tasks, greedy_answers, sampled_answers, strict=True):
             stats = per_env[task.env]
-            reward, *sampled = await self._score(task, [g, *samples])
+            reward, *sampled = await self._score(task, [*gc, *sc], None if gt is None else [*gt, *st])
             for key, value in (
                 ("greedy_reward", reward),
                 ("greedy_solved", float(reward >= SOLVED_REWARD)),
                 ("sampled_reward", sum(sampled) / len(sampled)),
                 ("pass_at_k", float(any(r >= SOLVED_REWARD for r in sampled))),
-                ("completion_len_mean", float(len(g.token_ids))),
+                ("completion_len_mean", float(len(gc[0].token_ids if gt is None else gt[0].completion_ids))),
             ):
                 stats.setdefault(key, []).append(value)
         envs = {name: {key: sum(v) / len(v) for key, v in stats.items()} for name, stats in per_env.items()}
@@ -188,13 +197,19 @@ class Evaluator:
         )  # fmt: skip
         return line
 
-    async def _score(self, task: Task, completions: list[Completion]) -> list[float]:
-        """The rewards of ``completions`` of ``task``, as training scores them; a failed reward counts 0 here (an
-        evaluation has no member to ask again) and is logged."""
-        scores = await self.episodes.score(task, completions)
+    async def _score(
+        self, task: Task, completions: list[Completion], conversations: list[Conversation] | None
+    ) -> list[float]:
+        """The rewards of ``completions`` of ``task`` (a multi-turn env's: of its ``conversations``), as training
+        scores them; a failed reward counts 0 here (an evaluation has no member to ask again) and is logged."""
+        scores = await self.episodes.score(task, completions, conversations)
         for error in {e for e in scores.errors if e is not None}:
             log.warning("evaluation: env %s task %d: %s (scored 0)", task.env, task.index, error)
         return [0.0 if r is None else r for r in scores.rewards]
+
+
+async def _one(request: Awaitable[list[Completion]]) -> Completion:  # a multi-turn episode's next turn
+    return (await request)[0]
 
 
 class EvalRounds:

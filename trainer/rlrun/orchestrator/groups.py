@@ -1,4 +1,5 @@
-"""Requests for the members of a group, and how one ends without its members (the types the stages pass).
+"""Requests for the members of a group, what one comes to, and how one ends without its members (the types the
+stages pass).
 
 A group's members can be requested in several :class:`GroupRequest` objects — split by
 ``rollout.members_per_request``, or asked again after a cancellation or a resume — all
@@ -9,10 +10,11 @@ requested before, so episode ids stay unique across requests and attempts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlrun.envs.base import Task
+from rlrun.samples import Episode
 
 
 @dataclass(frozen=True)
@@ -77,3 +79,26 @@ class GroupCancellation:
     reason: CancelReason = "stale"
     error: str | None = None
     members: tuple[int, ...] = ()
+
+
+@dataclass
+class GroupResult:
+    """What one group request came to.
+
+    Attributes:
+        request: the request.
+        episodes: its finished members (empty when it failed).
+        tokens: completion tokens generated.
+        error: why the request failed on every try for ``retry_window_seconds`` (None: it did not).
+        failed: ``(member, error)`` of each member whose reward (or multi-turn env) failed: no episode.
+        parts: each reward function's scores of ``episodes`` by series (None: it did not apply).
+        turns: for a multi-turn env, ``num_turns``, ``tool_calls`` and ``tool_errors`` of each of ``episodes``.
+    """
+
+    request: GroupRequest
+    episodes: list[Episode]
+    tokens: int
+    error: str | None = None
+    failed: list[tuple[int, str]] = field(default_factory=list)
+    parts: dict[str, list[float | None]] = field(default_factory=dict)
+    turns: dict[str, list[int]] = field(default_factory=dict)

@@ -30,12 +30,12 @@ from rlrun.orchestrator.admission import Admission
 from rlrun.orchestrator.cancellation import settle
 from rlrun.orchestrator.checkpointing import CheckpointManager
 from rlrun.orchestrator.control import ControlServer, status_report
-from rlrun.orchestrator.dispatcher import Dispatcher, GroupResult
+from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.endpoints import EndpointMembership
 from rlrun.orchestrator.evaluation import EvalRounds, Evaluator
 from rlrun.orchestrator.flow import FlowControl
 from rlrun.orchestrator.follower import WeightFollower
-from rlrun.orchestrator.groups import GroupCancellation
+from rlrun.orchestrator.groups import GroupCancellation, GroupResult
 from rlrun.orchestrator.journal import Journal
 from rlrun.orchestrator.journal_files import FRESH_BASE, journal_root
 from rlrun.orchestrator.liveness import LivenessGuard, stall_accounting

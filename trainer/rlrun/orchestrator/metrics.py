@@ -20,7 +20,9 @@ stale_wasted_fraction}}``, cumulative: where the waste falls), ``groups_cancelle
 ``reward/<env>`` (the mean reward of the env's episodes finished since the previous step) and
 ``reward/<series>`` (each reward function's mean score over them, where it applied: ``spec.envs[].rewards``;
 an env without ``rewards`` has one, named after it), ``episodes_reward_failed`` (cumulative over the attempt:
-members whose reward raised, timed out or was no number; requested again), ``rollout_tokens_per_s`` and ``step_time_s`` (since the
+members whose reward raised, timed out or was no number; requested again), ``num_turns``, ``tool_calls`` and
+``tool_errors`` (multi-turn envs only: means per episode finished since the previous step: model turns, tool
+calls, tool calls that failed), ``rollout_tokens_per_s`` (sampled tokens) and ``step_time_s`` (since the
 previous step), ``time`` (Unix s), ``restored`` (the batch was cut from the queue a resume put
 back, before this attempt consumed any rollout: its ``reward_mean`` is null and its tokens/s
 0 are no measurement).
@@ -84,15 +86,25 @@ class StepMetrics:
         self._consumed_any = False
         self._warned_starved: set[str] = set()
         self._scores: dict[str, list[float]] = {}  # series → scores of the episodes finished since the last step
+        self._turns: dict[str, list[int]] = {}  # num_turns / tool_calls / tool_errors → per multi-turn episode
         #: members whose reward failed (cumulative over this attempt)
         self.reward_failed = 0
 
-    def add_scores(self, env: str, episodes: list[Episode], parts: dict[str, list[float | None]]) -> None:
+    def add_scores(
+        self,
+        env: str,
+        episodes: list[Episode],
+        parts: dict[str, list[float | None]],
+        turns: dict[str, list[int]] | None = None,
+    ) -> None:
         """Count finished ``episodes`` of ``env`` for ``reward/<env>`` (their rewards) and ``parts`` (each
-        reward function's scores of them, None where it did not apply) for ``reward/<series>``."""
+        reward function's scores of them, None where it did not apply) for ``reward/<series>``; a multi-turn
+        env's ``turns`` (``num_turns``, ``tool_calls``, ``tool_errors`` of each episode) for those keys."""
         self._scores.setdefault(env, []).extend(e.reward for e in episodes)
         for series, scores in parts.items():
             self._scores.setdefault(series, []).extend(x for x in scores if x is not None)
+        for key, values in (turns or {}).items():
+            self._turns.setdefault(key, []).extend(values)
 
     def start(self) -> None:
         """Open the file and start the clock of the first step."""
@@ -139,6 +151,7 @@ class StepMetrics:
                 for env, c in sorted(counters.per_env.items())
             },
             **{f"reward/{name}": sum(v) / len(v) if v else None for name, v in sorted(self._scores.items())},
+            **{key: sum(v) / len(v) if v else None for key, v in sorted(self._turns.items())},
             "episodes_reward_failed": self.reward_failed,
             "groups_cancelled": dispatcher.cancelled_groups,
             "groups_abandoned": counters.groups_abandoned,
@@ -150,6 +163,7 @@ class StepMetrics:
         self._tokens = 0
         self._since = now
         self._scores = {name: [] for name in self._scores}  # a series that saw nothing this step says null
+        self._turns = {key: [] for key in self._turns}
         for env, (mine, theirs) in starved_envs(counters.per_env).items():
             if env not in self._warned_starved:  # once per env and attempt
                 self._warned_starved.add(env)

@@ -1,0 +1,87 @@
+"""Tools for multi-turn envs: schemas from signatures and docstrings, Hermes-format calls, and a call that fails in any
+way answered as an error message to the model, never raised."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from rlrun.envs.tools import ToolSet
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first.
+        b: the second.
+    """
+    return a + b
+
+
+def divide(a: int, b: int) -> float:
+    """Divide a by b.
+
+    Args:
+        a: the dividend.
+        b: the divisor.
+    """
+    return a / b
+
+
+def slow(seconds: float) -> str:
+    """Sleep.
+
+    Args:
+        seconds: how long.
+    """
+    time.sleep(seconds)
+    return "woke"
+
+
+def test_schemas_come_from_signatures_and_docstrings():
+    tools = ToolSet([add])
+    [schema] = tools.schemas
+    assert schema["function"]["name"] == "add"
+    assert schema["function"]["description"] == "Add two integers."
+    assert schema["function"]["parameters"]["properties"]["a"] == {"type": "integer", "description": "the first."}
+    assert schema["function"]["parameters"]["required"] == ["a", "b"]
+
+
+def test_a_function_without_a_docstring_or_two_of_one_name_is_refused():
+    def bare(x: int) -> int:
+        return x
+
+    with pytest.raises(ValueError, match="tool 'bare'"):
+        ToolSet([bare])
+    with pytest.raises(ValueError, match="two tools named 'add'"):
+        ToolSet([add, add])
+
+
+def test_calls_are_answered_in_order_and_failures_become_error_messages():
+    tools = ToolSet([add, divide, slow], timeout_s=0.2)
+    turn = (
+        'first <tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+        '<tool_call>{"name": "divide", "arguments": {"a": 1, "b": 0}}</tool_call>'
+        "<tool_call>not json</tool_call>"
+        '<tool_call>{"name": "mul", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+        '<tool_call>{"name": "slow", "arguments": {"seconds": 2}}</tool_call>'
+    )
+    t0 = time.monotonic()
+    results = tools.run(turn)
+    assert time.monotonic() - t0 < 1.5  # the slow call is not waited for past its timeout
+    assert [(r.name, r.ok) for r in results] == [
+        ("add", True), ("divide", False), ("?", False), ("mul", False), ("add", False), ("slow", False),
+    ]  # fmt: skip
+    assert results[0].content == "5"
+    assert results[1].content == "error: ZeroDivisionError: division by zero"
+    assert results[2].content.startswith("error: the tool call is not JSON")
+    assert results[3].content == "error: no tool named 'mul'; tools: add, divide, slow"
+    assert "missing 1 required positional argument: 'b'" in results[4].content
+    assert results[5].content == "error: slow took longer than 0.2 s"
+    assert ToolSet.messages(results[:1]) == [{"role": "tool", "content": "5"}]
+    assert ToolSet.text(results[:2]) == (
+        "<tool_response>5</tool_response><tool_response>error: ZeroDivisionError: division by zero</tool_response>"
+    )
+    assert tools.run("no call here") == []

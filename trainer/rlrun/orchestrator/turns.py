@@ -1,0 +1,178 @@
+"""Turns: a multi-turn env's episode played as one token stream, exactly as it was sampled.
+
+An episode of a :class:`~rlrun.envs.base.MultiTurnEnv` is stored as token segments after its prompt:
+each sampled turn (vLLM's ids and logprobs, trained) and each env answer (its tokens, not trained). The
+next turn's prompt **extends the sampled stream** with the tokens of the env's answer — it is never the
+history rendered again through the chat template, because templates that rewrite past turns (Qwen3
+drops earlier ``<think>`` blocks) would then prompt the model with ids other than the ones it sampled,
+and the trainer would train ids the sampler never produced (NVIDIA-NeMo/RL #2821, prime-rl #1334). So
+the trained ids of a 3-turn episode are exactly ``prompt + sampled₁ + env₁ + sampled₂ + env₂ + sampled₃``.
+
+How an env answer becomes tokens: for a plain-text prompt, its text encoded as is; for a chat prompt,
+the chat template's rendering of the answer's messages *after* an assistant turn, through the next
+generation prompt (:func:`rlrun.envs.replies.reply_renderer`). The sampled turn ends with the EOS token
+the template ends an assistant message with, so the stream reads as the template would have rendered
+it, without ever rendering what the model said.
+
+The mask: an env token's logprob is :data:`ENV_TOKEN_LOGPROB` (NaN: it was not sampled, it has none), and
+:func:`rlrun.batch.collate` puts the loss mask on sampled tokens only; the episode journal and sink
+snapshots store logprobs as float64, so the mask survives them unchanged.
+
+When an episode ends: the env says ``done``; ``max_turns`` model turns were played; a turn stopped for
+``length`` (a truncated turn cannot be answered); or the next turn would not fit the context
+(``finish_reason`` ``length``). The policy version of a multi-turn episode is that of its first (oldest)
+sampled turn — what the staleness rule reads (``docs/envs.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlrun.envs.base import Messages, MultiTurnEnv, Task
+from rlrun.rollout.client import Completion
+
+#: The logprob an env token carries in an episode: none (it was not sampled); the loss mask is 0 there.
+ENV_TOKEN_LOGPROB = float("nan")
+
+
+def sampled_mask(logprobs: Sequence[float]) -> list[bool]:
+    """Per completion token: True where it was sampled (trained), False for an env token (NaN logprob)."""
+    return [not math.isnan(x) for x in logprobs]
+
+
+@dataclass
+class Conversation:
+    """One member's episode so far.
+
+    Attributes:
+        prompt_len: tokens of the prompt.
+        ids: the whole stream: the prompt, then each sampled turn and env answer (what the next turn is
+            prompted with).
+        logprobs: per token after the prompt: the sampling logprob, or :data:`ENV_TOKEN_LOGPROB`.
+        state: the env's state (JSON-compatible).
+        turns: model turns played.
+        reward: the env's per-turn rewards (:attr:`~rlrun.envs.base.Reply.reward`), summed.
+        tool_calls, tool_errors: over the episode.
+        last_text: the last model turn's text up to EOS (what the rewards score).
+        finish_reason: the last turn's (``length`` also when the next turn would not fit the context).
+        error: why the env failed the episode (its ``respond`` raised or timed out; None: it did not).
+    """
+
+    prompt_len: int
+    ids: list[int]
+    logprobs: list[float] = field(default_factory=list)
+    state: Any = None
+    turns: int = 0
+    reward: float = 0.0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    last_text: str = ""
+    finish_reason: str = "stop"
+    error: str | None = None
+
+    @property
+    def completion_ids(self) -> list[int]:
+        """Every token after the prompt (sampled and env)."""
+        return self.ids[self.prompt_len :]
+
+    @property
+    def env_tokens(self) -> int:
+        """Tokens the env added (not trained)."""
+        return sum(math.isnan(x) for x in self.logprobs)
+
+
+@dataclass(frozen=True)
+class TurnIO:
+    """What playing a conversation needs from the orchestrator.
+
+    Attributes:
+        complete: ``await complete(ids) -> Completion``: one sampled turn for the stream ``ids`` (the dispatcher's
+            retried request, on a server holding the request's policy version).
+        text: a completion's text up to EOS (what the env and the rewards read).
+        reply_ids: ``reply_ids(task, message) -> ids`` of an env answer (module docstring).
+        context: the model's context in tokens, less ``sampling.max_tokens`` (None: no limit).
+        respond_timeout_s: most seconds one ``respond`` may take.
+    """
+
+    complete: Callable[[list[int]], Awaitable[Completion]]
+    text: Callable[[Completion], str]
+    reply_ids: Callable[[Task, str | Messages], Sequence[int]]
+    context: int | None
+    respond_timeout_s: float = 60.0
+
+
+async def play(env: MultiTurnEnv, task: Task, prompt_ids: Sequence[int], first: Completion, io: TurnIO) -> Conversation:
+    """Play one member's episode from its first sampled turn ``first`` (module docstring); the env's ``start`` and
+    ``respond`` run in worker threads. An env that raises or times out ends the episode with :attr:`Conversation.error`.
+
+    Raises:
+        whatever ``io.complete`` raises (the request fails: its members share a fate).
+    """
+    conv = Conversation(len(prompt_ids), list(prompt_ids))
+    try:
+        conv.state = await asyncio.wait_for(asyncio.to_thread(env.start, task), io.respond_timeout_s)
+    except Exception as exc:
+        conv.error = f"env {task.env}: start failed: {_describe(exc, io.respond_timeout_s)}"
+        return conv
+    completion = first
+    while True:
+        conv.ids.extend(completion.token_ids)
+        conv.logprobs.extend(completion.logprobs)
+        conv.turns += 1
+        conv.last_text, conv.finish_reason = io.text(completion), completion.finish_reason
+        if completion.finish_reason != "stop" or conv.turns >= env.max_turns:
+            return conv
+        try:
+            reply = await asyncio.wait_for(
+                asyncio.to_thread(env.respond, task, conv.state, conv.last_text), io.respond_timeout_s
+            )
+        except Exception as exc:
+            conv.error = f"env {task.env}: respond failed at turn {conv.turns}: {_describe(exc, io.respond_timeout_s)}"
+            return conv
+        conv.state = reply.state
+        conv.reward += reply.reward or 0.0
+        conv.tool_calls += reply.tool_calls
+        conv.tool_errors += reply.tool_errors
+        if reply.done or reply.message is None:
+            return conv
+        answer = io.reply_ids(task, reply.message)
+        if io.context is not None and len(conv.ids) + len(answer) > io.context:
+            conv.finish_reason = "length"  # the next turn would not fit: the episode ends at this one
+            return conv
+        conv.ids.extend(answer)
+        conv.logprobs.extend([ENV_TOKEN_LOGPROB] * len(answer))
+        completion = await io.complete(conv.ids)
+
+
+async def play_all(
+    env: MultiTurnEnv, task: Task, prompt_ids: Sequence[int], firsts: list[Completion], io: TurnIO
+) -> list[Conversation]:
+    """:func:`play` for each member of a request at once (``firsts``: their first turns, in member order). The first
+    error of a turn's request cancels the other members' conversations and is raised: a request's members share a
+    fate."""
+    tasks = [asyncio.ensure_future(play(env, task, prompt_ids, first, io)) for first in firsts]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+    errors = [t.exception() for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
+    if errors:
+        raise errors[0]
+    return [t.result() for t in tasks]
+
+
+def sum_sampled(conversations: list[Conversation]) -> int:
+    """Sampled tokens of ``conversations`` (env tokens not counted)."""
+    return sum(len(c.logprobs) - c.env_tokens for c in conversations)
+
+
+def _describe(exc: BaseException, timeout_s: float) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"took longer than {timeout_s:g} s"
+    return f"{type(exc).__name__}: {exc}"
