@@ -329,11 +329,15 @@ def trainer_replaced_message(recovery: Recovery, attempt: int) -> str:
 
 
 def resume_message(report: ResumeReport) -> str:
-    """``resumed at step S with Q queued traces and G open groups (E finished episodes kept)``."""
-    return (
+    """``resumed at step S with Q queued traces and G open groups (E finished episodes kept)``, and ``; C multi-turn
+    episodes resumed at turn > 1 (T turns kept)`` when any were."""
+    message = (
         f"resumed at step {report.from_step} with {report.queued_traces} queued traces and "
         f"{report.resumed_groups} open groups ({report.finished_episodes_kept} finished episodes kept)"
     )
+    if report.conversations_continued:
+        message += f"; {report.conversations_continued} multi-turn episodes resumed at turn > 1 ({report.turns_kept} turns kept)"
+    return message
 
 
 def finished(

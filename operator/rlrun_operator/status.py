@@ -224,6 +224,8 @@ def resume_totals(status: dict[str, Any], report: ResumeReport | None, attempt: 
             "groups": report.resumed_groups,
             "queuedTraces": report.queued_traces,
             "finishedEpisodes": report.finished_episodes_kept,
+            "conversations": report.conversations_continued,
+            "turnsKept": report.turns_kept,
         },
     }
 

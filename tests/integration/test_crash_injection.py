@@ -9,7 +9,8 @@ resumes and runs to ``max_steps``.
 
 The episode journal's trials (at the end) kill the real orchestrator, with fake rollouts and the fake
 trainer in forked processes, at every journal phase and at random instants: no episode the journal
-acknowledged may be lost or counted twice.
+acknowledged may be lost or counted twice; with a multi-turn env, no kept turn may be lost either
+(a conversation is continued at its last durable turn, or dropped with a reason).
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def test_sigterm_pauses_writes_the_snapshot_and_exits_0_and_nothing_is_rolled_ba
 JOURNAL_STEPS = 8
 
 
-def journal_spec():
+def journal_spec(multi_turn: bool = False):
     return parse(
         "journal-trials",
         group_size=4,
@@ -199,10 +200,68 @@ def journal_spec():
         seed=5,
         checkpoint={"interval": 2, "keep_last": 2},
         rollout={"max_inflight": 16, "members_per_request": 2},
+        **({"envs": [{"name": "tests.integration.test_crash_injection:Countdown"}]} if multi_turn else {}),
     ).spec
 
 
-def _one_attempt(root: str, model: str, attempt: int, resume: bool, crash_env: dict[str, str]) -> None:
+class Countdown:
+    """A resumable multi-turn env with plain-text prompts: the episode ends when the model says ``1`` (reward 1),
+    else the env answers ``no=``; at most 6 turns."""
+
+    name = "countdown"
+    max_turns = 6
+    resumable = True
+
+    def task(self, seed, index, split="train"):
+        from rlrun.envs.base import Task
+
+        return Task(self.name, index, f"go{index % 7}=", "1")
+
+    def start(self, task):
+        return {"turns": 0}
+
+    def respond(self, task, state, completion):
+        from rlrun.envs.base import Reply
+
+        return Reply(None if completion == "1" else "no=", completion == "1", {"turns": state["turns"] + 1})
+
+    def reward(self, task, completion):
+        return 1.0 if completion == "1" else 0.0
+
+
+def countdown_client_factory(model: str, seed: int, samples_per_s: float = 100.0):
+    """Clients of one fake server that answers each turn ``1`` (a fifth of the time) or ``2``, then EOS, at
+    ``samples_per_s`` completions per second over all requests (the rest of the API as the fake's)."""
+    import httpx
+    from rlrun.rollout.client import RolloutClient
+    from rlrun.rollout.fake import fake_vllm_transport
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    ids, eos = {d: tokenizer.convert_tokens_to_ids(d) for d in "12"}, tokenizer.eos_token_id
+    inner, rng, clock = fake_vllm_transport(), random.Random(seed), {"free_at": 0.0}
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/completions":
+            return await inner.handle_async_request(request)
+        n = json.loads(request.content)["n"]
+        loop = asyncio.get_running_loop()
+        clock["free_at"] = max(clock["free_at"], loop.time()) + n / samples_per_s
+        await asyncio.sleep(clock["free_at"] - loop.time())
+        choices = [
+            {"index": i, "token_ids": [ids["1" if rng.random() < 0.2 else "2"], eos],
+             "logprobs": {"token_logprobs": [-1.0, -0.1]}, "finish_reason": "stop"}
+            for i in range(n)
+        ]  # fmt: skip
+        return httpx.Response(200, json={"choices": choices})
+
+    transport = httpx.MockTransport(handler)
+    return lambda url: RolloutClient(url, transport=transport)
+
+
+def _one_attempt(
+    root: str, model: str, attempt: int, resume: bool, crash_env: dict[str, str], multi_turn: bool = False
+) -> None:
     """Child process: one orchestrator attempt (fake rollouts at 100 samples/s: 1.5–2 s a run) and the fake trainer."""
     os.environ.update(crash_env)
     logging.basicConfig(
@@ -210,7 +269,7 @@ def _one_attempt(root: str, model: str, attempt: int, resume: bool, crash_env: d
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )  # fmt: skip
     run_dir = RunDir(root)
-    spec = journal_spec()
+    spec = journal_spec(multi_turn)
     ckpt = latest_complete_checkpoint(run_dir) if resume else None
     if not resume:  # the trainer's start-up checkpoint, as the real trainer publishes it
 
@@ -221,9 +280,13 @@ def _one_attempt(root: str, model: str, attempt: int, resume: bool, crash_env: d
 
         run_dir.checkpoint(0).mkdir(parents=True, exist_ok=True)
         publish_dir(run_dir.trainer_checkpoint(0), part)
+    clients = (
+        countdown_client_factory(model, seed=attempt) if multi_turn
+        else fake_client_factory(samples_per_s=100, error_rate=0.3, seed=attempt)
+    )  # fmt: skip
     orch = Orchestrator(
         spec, run_dir, ["http://fake-rollout:1"], model, resume=resume, attempt=attempt, poll_s=0.01,
-        client_factory=fake_client_factory(samples_per_s=100, error_rate=0.3, seed=attempt),
+        client_factory=clients,
     )  # fmt: skip
     stop = threading.Event()
 
@@ -241,14 +304,15 @@ def _one_attempt(root: str, model: str, attempt: int, resume: bool, crash_env: d
     sys.exit(0 if shipped == JOURNAL_STEPS else 3)
 
 
-def run_attempt(root, model, attempt, resume, crash_env=None, kill_at=None) -> int:
+def run_attempt(root, model, attempt, resume, crash_env=None, kill_at=None, multi_turn=False) -> int:
     """Run one attempt in a forked process; returns its exit code (−9: killed).
 
     ``kill_at = (steps, delay_s)``: SIGKILL it ``delay_s`` after it has shipped ``steps`` batches of its
     own (a random instant that is surely before the end, whatever the machine's speed).
     """
     ctx = multiprocessing.get_context("fork")
-    proc = ctx.Process(target=_one_attempt, args=(str(root), str(model), attempt, resume, crash_env or {}))
+    args = (str(root), str(model), attempt, resume, crash_env or {}, multi_turn)
+    proc = ctx.Process(target=_one_attempt, args=args)
     proc.start()
     if kill_at is not None:
         steps, delay_s = kill_at
@@ -267,23 +331,25 @@ def run_attempt(root, model, attempt, resume, crash_env=None, kill_at=None) -> i
     return proc.exitcode
 
 
-def journal_trial(tmp_path, model, crash_env=None, kill_at=None, kills=1):
+def journal_trial(tmp_path, model, crash_env=None, kill_at=None, kills=1, multi_turn=False):
     """``kills`` attempts die — the first by ``crash_env`` or at ``kill_at`` (see :func:`run_attempt`), a
     second one once it has shipped a batch of its own — then one resumes to the end; returns the ledger
-    report."""
+    report. ``multi_turn``: the :class:`Countdown` env, whose kept turns must not be lost either."""
     root = tmp_path / "run"
     root.mkdir()
-    code = run_attempt(root, model, 1, False, crash_env, kill_at)
+    code = run_attempt(root, model, 1, False, crash_env, kill_at, multi_turn)
     log1 = (root / "orchestrator-1.log").read_text()
     assert code == -signal.SIGKILL, log1[-3000:]  # killed, not finished first
     for attempt in range(2, kills + 1):
-        assert run_attempt(root, model, attempt, True, None, (1, kill_at[1] if kill_at else 0.0)) == -signal.SIGKILL
+        again = (1, kill_at[1] if kill_at else 0.0)
+        assert run_attempt(root, model, attempt, True, None, again, multi_turn) == -signal.SIGKILL
     last = kills + 1
-    assert run_attempt(root, model, last, True) == 0, (root / f"orchestrator-{last}.log").read_text()[-3000:]
+    code = run_attempt(root, model, last, True, multi_turn=multi_turn)
+    assert code == 0, (root / f"orchestrator-{last}.log").read_text()[-3000:]
     report = check_ledger(root / "ledger")
     assert report.ok, report.problems
     assert report.steps == JOURNAL_STEPS and report.trained > 0 and report.journaled > 0
-    assert report.journal_lost == 0 and report.doubled == 0
+    assert report.journal_lost == 0 and report.doubled == 0 and report.turns_lost == 0
     assert complete_steps(RunDir(root))[-1] == JOURNAL_STEPS
     return report
 
@@ -316,3 +382,18 @@ def test_two_attempts_killed_in_a_row_lose_no_acknowledged_episode(tmp_path, tin
     """The second attempt dies before completing a checkpoint: the third replays both journals."""
     rng = random.Random(2000 + seed)
     journal_trial(tmp_path, tiny_model, kill_at=(rng.randint(1, 3), rng.uniform(0.0, 0.1)), kills=2)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kill_at_a_random_instant_loses_no_kept_turn(tmp_path, tiny_model, seed):
+    """A multi-turn env (up to 6 turns, plain-text prompts): kept turns are continued, not lost nor trained twice."""
+    rng = random.Random(3000 + seed)
+    report = journal_trial(tmp_path, tiny_model, kill_at=(rng.randint(1, 4), rng.uniform(0.0, 0.1)), multi_turn=True)
+    assert report.turns_kept > 0
+
+
+def test_kill_after_a_turn_is_durable_continues_the_conversation(tmp_path, tiny_model):
+    """Killed after the 40th fsync: conversations kept then are continued by the next attempt at their turn."""
+    crash = {"RLRUN_CRASH_AT": "journal_after_fsync", "RLRUN_CRASH_AT_HIT": "40"}
+    report = journal_trial(tmp_path, tiny_model, crash, multi_turn=True)
+    assert report.turns_kept > 0 and report.conversations_continued > 0

@@ -7,7 +7,8 @@ import json
 
 import httpx
 import pytest
-from rlrun.orchestrator.dispatcher import Dispatcher, DispatchError
+from rlrun.orchestrator.dispatcher import Dispatcher
+from rlrun.orchestrator.endpoints import DispatchError, wait_until_healthy
 from rlrun.orchestrator.groups import GroupRequest, GroupResult
 from rlrun.rollout.client import RolloutClient
 from rlrun.rollout.fake import fake_vllm_transport
@@ -179,7 +180,7 @@ async def test_wait_until_healthy_waits_for_endpoints_and_gives_up_on_a_dead_one
 
     dispatcher, _ = make_dispatcher({})
     stop = asyncio.Event()
-    waiting = asyncio.create_task(dispatcher.wait_until_healthy(timeout_s=5, stop=stop))
+    waiting = asyncio.create_task(wait_until_healthy(dispatcher, timeout_s=5, stop=stop))
     await asyncio.sleep(0.3)
     assert not waiting.done()  # no endpoints yet: waits (no deadline)
     dispatcher.client_factory = lambda url: RolloutClient(url, transport=health(True))
@@ -190,7 +191,7 @@ async def test_wait_until_healthy_waits_for_endpoints_and_gives_up_on_a_dead_one
     dispatcher.client_factory = lambda url: RolloutClient(url, transport=health(False))
     dispatcher.set_endpoints(["http://b"])
     with pytest.raises(DispatchError, match=r"not healthy after 1 s: \['http://b'\]"):
-        await dispatcher.wait_until_healthy(timeout_s=1, stop=stop)
+        await wait_until_healthy(dispatcher, timeout_s=1, stop=stop)
     await dispatcher.aclose()
 
 

@@ -97,6 +97,8 @@ def test_resume_totals_add_each_attempt_once():
         "groups": 3,
         "queuedTraces": 104,
         "finishedEpisodes": 8,
+        "conversations": 0,  # no multi-turn env
+        "turnsKept": 0,
     }
     again = observe({"attempt": 1, **first}, 1, pods(1), report)
     assert again["resumedGroups"] == 5 and again["resumedTraces"] == 154  # the same report is not added twice

@@ -197,4 +197,6 @@ def test_snapshot_counts_name_open_and_requested_groups_apart():
         "open_groups": 1,  # group 7: two finished, two out
         "requested_groups": 2,  # group 8 in flight, group 9 waiting in the source: nothing finished
         "finished_episodes_kept": 2,
+        "conversations_kept": 0,  # no multi-turn env
+        "turns_kept": 0,
     }

@@ -70,6 +70,15 @@ class LedgerEvent(str, Enum):
     REPLAYED = "replayed"
     #: group, members, first_member — members of a restored group requested again
     REDISPATCH_REQUESTED = "redispatch_requested"
+    #: id, k (model turns played), j (its turn record in the attempt's journal), v — a multi-turn episode's turn
+    #: kept: written once the record is durable (``rlrun.orchestrator.conversations``)
+    TURN = "turn"
+    #: ids, reason — kept conversations ended without an episode (their request cancelled, group abandoned, run
+    #: done; at a resume: stale, surplus, group_scored)
+    TURNS_DROPPED = "turns_dropped"
+    #: ids, turns, v, floor — kept conversations a resume continues at their last durable turn (each ``v`` ≥ the
+    #: staleness floor ``floor`` of the resumed step)
+    CONTINUED = "continued"
     #: ids — still queued or in open groups when the run ended
     LEFTOVER = "leftover"
     #: step, ids — the trainer trained batch ``step`` (trainer ledger)
@@ -174,6 +183,9 @@ class LedgerReport:
     replayed: int = 0
     journal_lost: int = 0
     doubled: int = 0
+    turns_kept: int = 0
+    conversations_continued: int = 0
+    turns_lost: int = 0
     steps: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -191,6 +203,37 @@ _FATES = tuple(
 )
 
 
+def _check_turns(orch: dict[int, list[dict]], finished: set[str], report: LedgerReport) -> None:
+    """Multi-turn episodes' kept turns (``rlrun.orchestrator.conversations``): a resume continues a conversation at
+    no fewer turns than were kept before it (else turns were lost), with a policy version within the staleness
+    bound; and every conversation with a kept turn ends — its episode finished in the final history (and so was
+    trained once, or dropped, by the episode checks) or the conversation was dropped (``turns_dropped``)."""
+    kept: dict[str, int] = {}  # episode → most turns kept so far, over the attempts read so far
+    ended: set[str] = set()
+    for a in sorted(orch):
+        for ev in orch[a]:
+            if ev["e"] == LedgerEvent.TURN:
+                kept[ev["id"]] = max(kept.get(ev["id"], 0), ev["k"])
+                report.turns_kept += 1
+            elif ev["e"] == LedgerEvent.TURNS_DROPPED:
+                ended.update(ev["ids"])
+            elif ev["e"] == LedgerEvent.CONTINUED:
+                for eid, k, v in zip(ev["ids"], ev["turns"], ev["v"], strict=True):
+                    report.conversations_continued += 1
+                    if k < kept.get(eid, 0):
+                        report.turns_lost += kept[eid] - k
+                        report.problems.append(
+                            f"episode {eid} was continued at turn {k} (attempt {a}) although turn {kept[eid]} was kept"
+                        )
+                    if v < ev["floor"]:
+                        report.problems.append(
+                            f"episode {eid} was continued with policy version {v}, below the staleness floor "
+                            f"{ev['floor']} of its step (attempt {a})"
+                        )
+    for eid in sorted(set(kept) - finished - ended):
+        report.problems.append(f"episode {eid} kept {kept[eid]} turns but neither finished nor was dropped")
+
+
 def check_ledger(root: Path) -> LedgerReport:
     """Prove invariant 1 on a finished run from its ledger.
 
@@ -199,7 +242,8 @@ def check_ledger(root: Path) -> LedgerReport:
     end of the run; no episode may be trained twice; every step 1..last must be trained
     exactly once in the final history; and no attempt may resume from a step older than a
     checkpoint an earlier attempt completed (trained steps lost, e.g. to a pruned or
-    damaged checkpoint).
+    damaged checkpoint). Turn-level durability (:func:`_check_turns`): no kept turn lost, none
+    continued past the staleness bound.
     """
     ledger = read_ledger(root)
     attempts = sorted({a for a, _ in ledger})
@@ -298,6 +342,7 @@ def check_ledger(root: Path) -> LedgerReport:
     for eid, f in fates.items():
         if eid not in finished and any(x.startswith(LedgerEvent.TRAINED.value) for x in f):
             report.problems.append(f"episode {eid} was trained but its finish was rolled back or never recorded")
+    _check_turns(orch, finished, report)
     report.finished = len(finished)
     report.trained = counts[LedgerEvent.TRAINED.value]
     report.rejected = counts[LedgerEvent.REJECTED.value]

@@ -60,12 +60,16 @@ class SnapshotCounts(_Contract):
         open_groups: groups saved with at least one finished episode.
         requested_groups: groups saved with members dispatched and no finished episode.
         finished_episodes_kept: finished episodes saved in open groups.
+        conversations_kept: multi-turn episodes saved at their last durable turn (continued there on resume).
+        turns_kept: their model turns, together.
     """
 
     queued_traces: int = Field(ge=0)
     open_groups: int = Field(ge=0)
     requested_groups: int = Field(ge=0)
     finished_episodes_kept: int = Field(ge=0)
+    conversations_kept: int = Field(default=0, ge=0)
+    turns_kept: int = Field(default=0, ge=0)
 
 
 class CheckpointWritten(SnapshotCounts):
@@ -160,6 +164,8 @@ class ResumeReport(_Contract):
         progress_only_would_lose: finished episodes that a checkpoint without the sink snapshot
             would have lost (the queue and open groups as saved).
         removed_batches: batch steps a dead attempt shipped after the snapshot, deleted.
+        conversations_continued: multi-turn episodes continued at their last durable turn instead of from their
+            first; turns_kept: their model turns, together (not sampled again).
         time: when the resume finished (Unix seconds).
     """
 
@@ -174,6 +180,8 @@ class ResumeReport(_Contract):
     members_requested: int = Field(ge=0)
     progress_only_would_lose: int = Field(ge=0)
     removed_batches: list[int] = Field(default_factory=list)
+    conversations_continued: int = Field(default=0, ge=0)
+    turns_kept: int = Field(default=0, ge=0)
     time: float
 
     @computed_field  # in the JSON too, so a reader of /status need not add it up

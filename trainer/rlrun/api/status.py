@@ -168,6 +168,8 @@ class LastResume(BaseModel):
         groups: rollout groups resumed with their task and group id (open and requested groups).
         queuedTraces: queued samples restored.
         finishedEpisodes: finished episodes kept in open groups.
+        conversations: multi-turn episodes continued at their last durable turn (not started over).
+        turnsKept: their model turns, together.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -177,6 +179,8 @@ class LastResume(BaseModel):
     groups: int = Field(ge=0)
     queuedTraces: int = Field(ge=0)
     finishedEpisodes: int = Field(ge=0)
+    conversations: int = Field(default=0, ge=0)
+    turnsKept: int = Field(default=0, ge=0)
 
 
 class Recovery(BaseModel):

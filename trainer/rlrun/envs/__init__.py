@@ -175,9 +175,11 @@ class RenamedEnv:
         self.name = name
 
     def task(self, seed: int, index: int, split: Split = "train") -> Task:
+        """The env's task ``index`` of ``split``, carrying this name."""
         return dataclasses.replace(self.env.task(seed, index, split), env=self.name)
 
     def reward(self, task: Task, completion: str) -> float:
+        """The env's own reward of ``completion`` for ``task``."""
         return self.env.reward(task, completion)
 
     def __getattr__(self, attr: str) -> Any:

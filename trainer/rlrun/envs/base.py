@@ -154,6 +154,10 @@ class MultiTurnEnv(Env, Protocol):
 
     Attributes:
         max_turns: most model turns in an episode (≥ 1): the episode ends after the last one.
+        resumable: optional (default False): whether :meth:`start`'s and :meth:`respond`'s state is all the env
+            needs to go on (plain JSON, no process, sandbox or connection behind it). Then each turn is journaled
+            and a preempted episode is continued at its last durable turn (:mod:`rlrun.orchestrator.conversations`);
+            else it starts over from its first turn, as a single-turn request in flight does.
     """
 
     max_turns: int

@@ -75,6 +75,7 @@ class CalculatorEnv:
     """
 
     name = "calculator"
+    resumable = True  # its state is plain JSON: a preempted episode is continued at its last durable turn
 
     def __init__(
         self, digits: int = 2, operations: str = "*", max_turns: int = 3, tool_timeout_seconds: float = 5.0

@@ -45,6 +45,7 @@ class GuessNumberEnv:
     """
 
     name = "guess-number"
+    resumable = True  # its state is plain JSON: a preempted episode is continued at its last durable turn
 
     def __init__(self, low: int = 1, high: int = 64, max_turns: int = 7) -> None:
         if high - low < 4:

@@ -107,12 +107,18 @@ def resume_report_from_ledger(ledger_root: Path, attempt: int) -> ResumeReport |
 
 
 def resume_line(report: ResumeReport) -> str:
-    """What the launcher prints about a resume report."""
-    return (
+    """What the launcher prints about a resume report (multi-turn episodes continued at turn > 1, when any)."""
+    line = (
         f"Resuming with {report.queued_traces} queued traces, {report.open_groups} open groups "
         f"({report.finished_episodes_kept} finished episodes kept) and {report.requested_groups} requested groups; "
         f"a progress-only checkpoint would have lost {report.progress_only_would_lose} finished episodes"
     )
+    if report.conversations_continued:
+        line += (
+            f"; {report.conversations_continued} multi-turn episodes resumed at turn > 1 "
+            f"({report.turns_kept} turns kept)"
+        )
+    return line
 
 
 class Launcher(Protocol):

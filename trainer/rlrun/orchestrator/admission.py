@@ -8,7 +8,8 @@ stays *delivered, not taken* in the dispatcher: a snapshot taken meanwhile lists
 Nothing is admitted once paused (the pause snapshot lists those requests as emitted and the journal
 keeps them), done or stopping. A failed request, and the members of a request whose reward failed,
 go to :func:`~.cancellation.settle`; without a journal, or for an abandoned group, episodes are
-admitted at once.
+admitted at once. A multi-turn episode's turn to keep (:meth:`Admission.keep_turn`) is journaled the
+same way and admitted in the same order, into :class:`~.conversations.KeptConversations`.
 
 A policy object (prime-rl's ``concurrency.py`` is the model): it owns no task; :meth:`Admission.bind`
 wires it to the stages, and the journal calls :meth:`Admission.on_durable` on the event loop.
@@ -22,8 +23,9 @@ from collections.abc import Callable
 
 from rlrun.errors import OrchestratorError
 from rlrun.ledger import Ledger, LedgerEvent
+from rlrun.orchestrator.conversations import KeptConversations
 from rlrun.orchestrator.dispatcher import Dispatcher
-from rlrun.orchestrator.groups import GroupCancellation, GroupRequest, GroupResult
+from rlrun.orchestrator.groups import GroupCancellation, GroupRequest, GroupResult, KeptConversation
 from rlrun.orchestrator.journal import Journal
 from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.orchestrator.sink import TrainSink
@@ -48,7 +50,7 @@ class Admission:
     """The journal → admit pipeline of one attempt (see the module docstring); :meth:`bind` before use."""
 
     def __init__(self) -> None:
-        self._unadmitted: deque[tuple[int, GroupResult]] = deque()  # journaled, not yet durable, by seq
+        self._unadmitted: deque[tuple[int, GroupResult | KeptConversation]] = deque()  # journaled, not yet durable
         self.journal: Journal | None = None  # set once the attempt has begun (its base is known)
         self.stopped = False
         self.all_failed = 0  # requests in a row whose every member's reward failed
@@ -64,6 +66,7 @@ class Admission:
         settle: Callable[[list[GroupCancellation]], None],
         next_step: Callable[[], int],
         holding: Callable[[], bool],
+        kept: KeptConversations | None = None,
     ) -> None:
         """Wire it to the stages.
 
@@ -73,9 +76,13 @@ class Admission:
             settle: for a failed request.
             next_step: the step the next batch will be (the sink's staleness floor).
             holding: True while nothing may be admitted (paused, or the run done).
+            kept: where multi-turn episodes' durable turns go (None: none are kept); given, the dispatcher's
+                ``keep_turn`` becomes :meth:`keep_turn`.
         """
         self.sink, self.source, self.dispatcher, self.ledger, self.metrics = sink, source, dispatcher, ledger, metrics
-        self.wake, self.settle, self.next_step, self.holding = wake, settle, next_step, holding
+        self.wake, self.settle, self.next_step, self.holding, self.kept = wake, settle, next_step, holding, kept
+        if kept is not None:
+            dispatcher.keep_turn = self.keep_turn
 
     @property
     def unadmitted(self) -> int:
@@ -107,6 +114,12 @@ class Admission:
             return self._admit([(result, None)])  # nothing that can train: recorded abandoned at once
         self._unadmitted.append((self.journal.append(g, result.request.task, result.episodes), result))
 
+    def keep_turn(self, kept: KeptConversation) -> None:
+        """Journal a multi-turn episode's turn (the dispatcher's ``keep_turn``), kept once durable
+        (:meth:`on_durable`); nothing without a journal or once stopped."""
+        if self.journal is not None and self.kept is not None and not self.stopped:
+            self._unadmitted.append((self.journal.append_turn(kept), kept))
+
     def _admit(self, results: list[tuple[GroupResult, int | None]]) -> None:
         """Count requests' episodes finished: ledger ``finished`` (with ``j = seq`` when journaled; one
         write for all), the sink, and forget a group that is scored. ``results``: ``(result, seq)``."""
@@ -119,6 +132,8 @@ class Admission:
         for result, _ in results:
             g = self.dispatcher.take(result).request.group_id
             self.metrics.add_scores(result.request.task.env, result.episodes, result.parts, result.turns)
+            if self.kept is not None:
+                self.kept.finished(e.episode_id for e in result.episodes)
             self.sink.add_episodes(g, result.request.task, result.episodes, self.next_step())
             if g not in self.sink.open_groups and not self.dispatcher.has_work_out(g):
                 self.source.forget(g)
@@ -131,13 +146,17 @@ class Admission:
         if self.stopped or self.holding():
             return
         chunk: list[tuple[GroupResult, int | None]] = []
-        while self._unadmitted and self._unadmitted[0][0] <= seq and len(chunk) < ADMIT_CHUNK:
-            s, result = self._unadmitted.popleft()
-            chunk.append((result, s))
-        if not chunk:
+        turns: list[tuple[KeptConversation, int]] = []  # a conversation's turns precede its finish in the journal
+        while self._unadmitted and self._unadmitted[0][0] <= seq and len(chunk) + len(turns) < ADMIT_CHUNK:
+            s, item = self._unadmitted.popleft()
+            (turns if isinstance(item, KeptConversation) else chunk).append((item, s))  # type: ignore[arg-type]
+        if not chunk and not turns:
             return
-        self._admit(chunk)
-        self.journal.admitted(chunk[-1][1])
+        if turns and self.kept is not None:
+            self.kept.admit(turns)
+        if chunk:
+            self._admit(chunk)
+        self.journal.admitted(max(s for _, s in [*chunk, *turns]))  # type: ignore[type-var]
         self.wake.put_nowait(None)  # wake the main loop: a batch may be ready to ship
         if self._unadmitted and self._unadmitted[0][0] <= seq:
             asyncio.get_running_loop().call_soon(self.on_durable, seq)

@@ -25,6 +25,8 @@ times (counted by the train source, kept in checkpoints). A lost request's group
 on, and the request does not count as a retry: losing a node is not the group's fault.
 A group is settled once: when two of its requests are cancelled together and the first
 abandons it, the second is only recorded (it neither abandons the group again nor brings it back).
+A cancelled request's multi-turn episodes kept at a durable turn end with it (``turns_dropped``: its
+members are requested again from their first turn, or the group is abandoned).
 
 Guarantee: no group is orphaned (left open waiting for members nobody will produce, holding
 flow-control budget), no request is retried without bound, and every outcome is in the
@@ -36,6 +38,7 @@ from __future__ import annotations
 import logging
 
 from rlrun.ledger import Ledger, LedgerEvent
+from rlrun.orchestrator.conversations import KeptConversations
 from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.groups import GroupCancellation
 from rlrun.orchestrator.sink import TrainSink
@@ -55,6 +58,7 @@ def settle(
     dispatcher: Dispatcher,
     ledger: Ledger,
     max_group_retries: int,
+    kept: KeptConversations | None = None,
 ) -> int:
     """Record each cancellation and settle its group (module docstring); returns how many groups go on.
 
@@ -65,6 +69,8 @@ def settle(
             dispatcher cancels an abandoned group's other requests).
         ledger: this attempt's ledger (``cancelled`` and ``abandoned`` events).
         max_group_retries: ``rollout.max_group_retries``.
+        kept: the attempt's kept conversations (:mod:`.conversations`): those of cancelled requests and abandoned
+            groups end here.
     """
     going_on = 0
     for c in cancellations:
@@ -80,6 +86,8 @@ def settle(
             ledger.write(
                 LedgerEvent.CANCELLED, group=r.group_id, first_member=r.first_member, members=r.members, **fields
             )
+        if kept is not None:
+            kept.drop_request(r, c.reason, c.members)
         if r.group_id in sink.abandoned:
             continue  # given up already (its other request's cancellation, settled first): once per group
         if c.reason == "stale":
@@ -100,4 +108,6 @@ def settle(
         source.forget(r.group_id)
         dispatcher.cancel_group(r.group_id)
         sink.abandon(r.group_id, reason=_ABANDON_REASONS.get(c.reason, "stale"), env=r.task.env)
+        if kept is not None:
+            kept.drop_group(r.group_id, "abandoned")
     return going_on

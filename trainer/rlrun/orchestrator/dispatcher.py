@@ -30,6 +30,7 @@ request each (:mod:`.turns`; same retries and version rule); its members share o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -41,10 +42,9 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 
 from rlrun.api.spec import RLRunSpec, SamplingSpec
 from rlrun.envs.base import Env
-from rlrun.errors import OrchestratorError
 from rlrun.orchestrator.episodes import EpisodeBuilder
-from rlrun.orchestrator.groups import GroupCancellation, GroupRequest, GroupResult
-from rlrun.orchestrator.turns import play_all, sum_sampled
+from rlrun.orchestrator.groups import GroupCancellation, GroupRequest, GroupResult, KeptConversation
+from rlrun.orchestrator.turns import Conversation, TurnIO, go_on, play_all, sum_sampled
 from rlrun.rollout.client import Completion, RolloutClient, RolloutError, UnusableCompletion
 
 log = logging.getLogger(__name__)
@@ -86,10 +86,6 @@ class EndpointChange:
     added: list[RolloutClient]
     removed: list[str]
     lost: list[GroupCancellation]
-
-
-class DispatchError(OrchestratorError):
-    """The rollout servers cannot be used (message names them and says what to do)."""
 
 
 class Dispatcher:
@@ -139,6 +135,8 @@ class Dispatcher:
         # results put on the queue and not yet taken by the consumer, by (group id, first member)
         self.undelivered: dict[tuple[int, int], GroupRequest] = {}
         self.failures: list[BaseException] = []
+        #: ``keep_turn(conversation)``: a multi-turn episode's turn to keep (the orchestrator journals it); None: none kept
+        self.keep_turn: Callable[[KeptConversation], None] | None = None
 
     @classmethod
     def for_tokenizer(
@@ -231,32 +229,6 @@ class Dispatcher:
             for e in lost
         ]
 
-    async def wait_until_healthy(self, timeout_s: float, stop: asyncio.Event) -> None:
-        """Wait until every endpoint answers ``/health``; with none yet, wait for endpoints to be set (no deadline:
-        on Kubernetes the operator sends them once rollout pods are ready, which may take as long as scheduling a
-        GPU node; the operator reports that wait). Returns early once ``stop`` is set.
-
-        Raises:
-            DispatchError: endpoints still unhealthy ``timeout_s`` seconds after they were set.
-        """
-        noted = time.monotonic()
-        while not self.clients and not stop.is_set():
-            if time.monotonic() - noted > 30:
-                log.info("waiting for rollout endpoints (PUT /rollout-endpoints on the control server)")
-                noted = time.monotonic()
-            await asyncio.sleep(0.2)
-        deadline = time.monotonic() + timeout_s
-        pending = set(self.clients)
-        while pending and not stop.is_set():
-            pending &= set(self.clients)  # endpoints removed meanwhile are not waited for
-            for url in list(pending):
-                if await self.clients[url].healthy():
-                    pending.discard(url)
-            if pending:
-                if time.monotonic() > deadline:
-                    raise DispatchError(f"rollout servers not healthy after {timeout_s:.0f} s: {sorted(pending)}")
-                await asyncio.sleep(1.0)
-
     @property
     def inflight_samples(self) -> int:
         """Completions requested and not yet returned."""
@@ -291,9 +263,15 @@ class Dispatcher:
     def dispatch(self, request: GroupRequest, policy_version: int) -> None:
         """Start rolling out ``request`` with the current policy ``policy_version``, in requests of at most
         ``members_per_request`` members (each a :class:`GroupRequest` of its own, same group id)."""
-        size = self.members_per_request or request.members
-        for first in range(request.first_member, request.next_member, size):
-            part = GroupRequest(request.group_id, request.task, min(size, request.next_member - first), first)
+        if request.resume_from is not None:  # a continued episode keeps its first turn's version (its staleness)
+            parts, policy_version = [request], request.resume_from.policy_version
+        else:
+            size = self.members_per_request or request.members
+            parts = [
+                GroupRequest(request.group_id, request.task, min(size, request.next_member - first), first)
+                for first in range(request.first_member, request.next_member, size)
+            ]
+        for part in parts:
             task = asyncio.get_running_loop().create_task(self._run(part, policy_version))
             self.inflight[_key(part)] = _Inflight(task, part, policy_version)
             task.add_done_callback(lambda t, key=_key(part): self._done(key, t))
@@ -364,17 +342,20 @@ class Dispatcher:
                         self.load[url] -= n
 
     async def _run(self, request: GroupRequest, policy_version: int) -> None:
-        prompt_ids = self.episodes.prompt_ids(request.task)
+        kept = request.resume_from  # a multi-turn episode continued at its last durable turn
+        prompt_ids = kept.prompt_ids if kept is not None else self.episodes.prompt_ids(request.task)
         failed: set[str] = set()  # endpoints that failed this request: a healthy one is tried first
         members = f"group {request.group_id} members {request.first_member}–{request.next_member - 1}"
-        conversations = None
+        completions, conversations = None, None
         try:
-            completions = await self._sample(request, prompt_ids, request.members, policy_version, failed)
-            if self.episodes.multi_turn(request.task):  # each member's conversation goes on on its own
-                io = self.episodes.turn_io(request.task, lambda ids: self._turn(request, ids, policy_version, failed))
-                conversations = await play_all(
-                    self.episodes.envs[request.task.env], request.task, prompt_ids, completions, io
-                )
+            if kept is not None or self.episodes.multi_turn(request.task):
+                env, io = self.episodes.envs[request.task.env], self._turn_io(request, policy_version, failed)
+            if kept is not None:
+                conversations = [await go_on(env, request.task, Conversation.from_kept(kept), io, kept.member)]
+            else:
+                completions = await self._sample(request, prompt_ids, request.members, policy_version, failed)
+                if self.episodes.multi_turn(request.task):  # each member's conversation goes on on its own
+                    conversations = await play_all(env, request.task, prompt_ids, completions, io, request.first_member)
         except UnusableCompletion as exc:
             log.warning("%s: %s", members, exc)
             self._deliver(GroupResult(request, [], 0, error=str(exc)))
@@ -385,10 +366,25 @@ class Dispatcher:
             self._deliver(GroupResult(request, [], 0, error=error))
             return
         scored = await self.episodes.episodes(request, policy_version, prompt_ids, completions, conversations)
-        tokens = sum(len(c.token_ids) for c in completions) if conversations is None else sum_sampled(conversations)
+        if conversations is None:
+            tokens = sum(len(c.token_ids) for c in completions or [])
+        else:  # sampled in this request: a continued conversation's earlier turns were counted when sampled
+            tokens = sum_sampled(conversations) - (kept.sampled_tokens if kept is not None else 0)
         self._deliver(
             GroupResult(request, scored.episodes, tokens, failed=scored.failed, parts=scored.parts, turns=scored.turns)
         )
+
+    def _turn_io(self, request: GroupRequest, policy_version: int, failed: set[str]) -> TurnIO:
+        """How ``request``'s conversations sample turns (this dispatcher's retried requests) and keep them
+        (:attr:`keep_turn`, when the env says its state can be restored: ``resumable``)."""
+        keep = None
+        if self.keep_turn is not None and getattr(self.episodes.envs[request.task.env], "resumable", False):
+
+            def keep(member: int, conv: Conversation) -> None:
+                self.keep_turn(conv.kept(request.group_id, member, request.task, policy_version))
+
+        io = self.episodes.turn_io(request.task, lambda ids: self._turn(request, ids, policy_version, failed))
+        return dataclasses.replace(io, keep=keep)
 
     async def _turn(self, request: GroupRequest, ids: list[int], policy_version: int, failed: set[str]) -> Completion:
         return (await self._sample(request, ids, 1, policy_version, failed))[0]

@@ -16,10 +16,12 @@ wires it to them, and what it takes out of use comes back as cancellations for t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
 
+from rlrun.errors import OrchestratorError
 from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.groups import GroupCancellation
@@ -29,6 +31,37 @@ log = logging.getLogger(__name__)
 
 #: How often a benched rollout server is asked whether it is back, seconds.
 REJOIN_EVERY_S = 2.0
+
+
+class DispatchError(OrchestratorError):
+    """The rollout servers cannot be used (message names them and says what to do)."""
+
+
+async def wait_until_healthy(dispatcher: Dispatcher, timeout_s: float, stop: asyncio.Event) -> None:
+    """Wait until every endpoint of ``dispatcher`` answers ``/health``; with none yet, wait for endpoints to be set (no deadline:
+    on Kubernetes the operator sends them once rollout pods are ready, which may take as long as scheduling a
+    GPU node; the operator reports that wait). Returns early once ``stop`` is set.
+
+    Raises:
+        DispatchError: endpoints still unhealthy ``timeout_s`` seconds after they were set.
+    """
+    noted = time.monotonic()
+    while not dispatcher.clients and not stop.is_set():
+        if time.monotonic() - noted > 30:
+            log.info("waiting for rollout endpoints (PUT /rollout-endpoints on the control server)")
+            noted = time.monotonic()
+        await asyncio.sleep(0.2)
+    deadline = time.monotonic() + timeout_s
+    pending = set(dispatcher.clients)
+    while pending and not stop.is_set():
+        pending &= set(dispatcher.clients)  # endpoints removed meanwhile are not waited for
+        for url in list(pending):
+            if await dispatcher.clients[url].healthy():
+                pending.discard(url)
+        if pending:
+            if time.monotonic() > deadline:
+                raise DispatchError(f"rollout servers not healthy after {timeout_s:.0f} s: {sorted(pending)}")
+            await asyncio.sleep(1.0)
 
 
 class EndpointMembership:

@@ -231,24 +231,26 @@ class EpisodeBuilder:
         request: GroupRequest,
         policy_version: int,
         prompt_ids: Sequence[int],
-        completions: list[Completion],
+        completions: list[Completion] | None,
         conversations: list[Conversation] | None = None,
     ) -> ScoredRequest:
         """The episodes of ``request``'s members, numbered from its first member, each scored by its env's rewards
         on its text up to EOS (in a worker thread) and stamped with ``policy_version`` (the version current at
         dispatch); members whose reward failed are listed instead.
 
-        ``conversations``: a multi-turn env's played episodes, one per completion (:mod:`.turns`): each episode's
-        completion is its whole stream after the prompt (env tokens with NaN logprobs), its rewards score its
-        last turn's text, plus the env's per-turn rewards; a conversation the env failed is a failed member.
+        ``conversations``: a multi-turn env's played episodes, one per member (:mod:`.turns`; ``completions``: their
+        first turns, None for a conversation continued at its last durable turn): each episode's completion is its
+        whole stream after the prompt (env tokens with NaN logprobs), its rewards score its last turn's text, plus
+        the env's per-turn rewards; a conversation the env failed is a failed member. A continued conversation's
+        episode keeps its member number (``request.resume_from``; the dispatcher passes its first turn's version).
         """
         task = request.task
-        scores = await self.score(task, completions, conversations)
+        scores = await self.score(task, completions or [], conversations)
         prompt = array("q", prompt_ids)
         out = ScoredRequest([], [], {series: [] for series in scores.parts})
-        for k, c in enumerate(completions):
+        for k in range(len(conversations) if conversations is not None else len(completions or [])):
             member = request.first_member + k
-            conv = conversations[k] if conversations is not None else None
+            conv, c = (conversations[k], None) if conversations is not None else (None, completions[k])  # type: ignore[index]
             reward = scores.rewards[k]
             if reward is None:
                 out.failed.append((member, scores.errors[k] or "no reward"))

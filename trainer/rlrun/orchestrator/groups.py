@@ -5,16 +5,82 @@ A group's members can be requested in several :class:`GroupRequest` objects — 
 ``rollout.members_per_request``, or asked again after a cancellation or a resume — all
 with the same task and group id. Member numbers are handed out by the train source
 (:class:`~rlrun.orchestrator.source.TrainSource`), always after every member of the group
-requested before, so episode ids stay unique across requests and attempts.
+requested before, so episode ids stay unique across requests and attempts — except a multi-turn
+episode continued at its last durable turn (:class:`KeptConversation`, a request's ``resume_from``): it
+is the same episode going on, and keeps its member number.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlrun.envs.base import Task
-from rlrun.samples import Episode
+from rlrun.samples import Episode, episode_id
+
+
+@dataclass(frozen=True)
+class KeptConversation:
+    """A multi-turn episode at its last durable turn: what a resume continues it from (:mod:`.conversations`).
+
+    Attributes:
+        group_id, member: the episode (it keeps its id when continued).
+        task: its task.
+        policy_version: the version of its first sampled turn (what the staleness rule reads).
+        prompt_ids: the prompt's tokens.
+        completion_ids: every token after the prompt so far — sampled turns and env answers — ending with the
+            env's last answer (the next turn is sampled after it).
+        logprobs: per completion token: the sampling logprob, NaN on env tokens.
+        state: the env's state after its last answer (JSON-compatible).
+        turns: model turns played.
+        reward, tool_calls, tool_errors: the env's per-turn rewards summed, and tool counts, so far.
+    """
+
+    group_id: int
+    member: int
+    task: Task
+    policy_version: int
+    prompt_ids: Sequence[int]
+    completion_ids: Sequence[int]
+    logprobs: Sequence[float]
+    state: Any
+    turns: int
+    reward: float = 0.0
+    tool_calls: int = 0
+    tool_errors: int = 0
+
+    @property
+    def episode_id(self) -> str:
+        """``"<group_id>/<member>"``."""
+        return episode_id(self.group_id, self.member)
+
+    @property
+    def sampled_tokens(self) -> int:
+        """Tokens of its sampled turns (what a resume from its first turn would sample again)."""
+        return sum(not math.isnan(x) for x in self.logprobs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (snapshots, train-source state); an env token's logprob is ``null``."""
+        return {
+            "group_id": self.group_id, "member": self.member, "task": self.task.to_dict(),
+            "policy_version": self.policy_version, "prompt_ids": list(self.prompt_ids),
+            "completion_ids": list(self.completion_ids),
+            "logprobs": [None if math.isnan(x) else x for x in self.logprobs],
+            "state": self.state, "turns": self.turns, "reward": self.reward,
+            "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KeptConversation:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            int(d["group_id"]), int(d["member"]), Task.from_dict(d["task"]), int(d["policy_version"]),
+            [int(x) for x in d["prompt_ids"]], [int(x) for x in d["completion_ids"]],
+            [math.nan if x is None else float(x) for x in d["logprobs"]], d["state"], int(d["turns"]),
+            float(d.get("reward", 0.0)), int(d.get("tool_calls", 0)), int(d.get("tool_errors", 0)),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -22,13 +88,15 @@ class GroupRequest:
     """A request to roll out ``members`` members of group ``group_id`` on ``task``.
 
     Members are numbered ``first_member … first_member + members − 1`` (episode ids
-    ``"<group_id>/<member>"``).
+    ``"<group_id>/<member>"``). ``resume_from``: a multi-turn episode to continue at its last durable turn
+    instead (then ``members`` is 1 and ``first_member`` its member).
     """
 
     group_id: int
     task: Task
     members: int
     first_member: int = 0
+    resume_from: KeptConversation | None = None
 
     @property
     def next_member(self) -> int:
@@ -37,18 +105,20 @@ class GroupRequest:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (snapshots and train-source state)."""
-        return {
+        out = {
             "group_id": self.group_id,
             "task": self.task.to_dict(),
             "members": self.members,
             "first_member": self.first_member,
         }
+        return out | ({"resume_from": self.resume_from.to_dict()} if self.resume_from is not None else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GroupRequest:
         """Inverse of :meth:`to_dict`; checkpoints before the field was named ``members`` wrote ``n``."""
         members = d["members"] if "members" in d else d["n"]
-        return cls(int(d["group_id"]), Task.from_dict(d["task"]), int(members), int(d.get("first_member", 0)))
+        kept = KeptConversation.from_dict(d["resume_from"]) if d.get("resume_from") else None
+        return cls(int(d["group_id"]), Task.from_dict(d["task"]), int(members), int(d.get("first_member", 0)), kept)
 
 
 #: Why a request ended without members (see :mod:`rlrun.orchestrator.cancellation`).

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from rlrun.envs.base import Task
+from rlrun.orchestrator.groups import KeptConversation
 from rlrun.orchestrator.journal_files import (
     _CLOSE,
     _PAYLOAD_HEAD,
@@ -51,6 +52,7 @@ from rlrun.orchestrator.journal_files import (
     FRESH_BASE,
     attempt_dirs,
     encode_record,
+    encode_turn,
     read_base,
     scan_segment,
     segments,
@@ -161,6 +163,20 @@ class Journal:
         seq = self.next_seq
         self.next_seq += 1
         self._queue.put((seq, encode_record(seq, group_id, task, episodes)))
+        return seq
+
+    def append_turn(self, kept: KeptConversation) -> int:
+        """Queue a multi-turn episode's last durable turn for the next group commit (:func:`encode_turn`); returns
+        the record's seq. Not durable on return, as :meth:`append`.
+
+        Raises:
+            OSError: an earlier commit failed.
+        """
+        if self._error is not None:
+            raise OSError(f"journal {self.dir} failed: {self._error}") from self._error
+        seq = self.next_seq
+        self.next_seq += 1
+        self._queue.put((seq, encode_turn(seq, kept)))
         return seq
 
     def admitted(self, seq: int) -> None:

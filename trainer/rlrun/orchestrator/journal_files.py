@@ -9,7 +9,10 @@ Record frame (little-endian): ``magic b"RJ01" | u32 payload length | u32 crc32(p
 payload``; payload = ``u64 seq | u32 meta length | meta (JSON: group id, task, per episode
 member, policy version, reward, finish reason, token counts) | int64 prompt ids, int64
 completion ids, float64 logprobs of each episode in turn``. JSON floats round-trip exactly,
-so a replayed episode equals the one journaled.
+so a replayed episode equals the one journaled. A **turn record** (a multi-turn episode at its last
+durable turn, :class:`~rlrun.orchestrator.groups.KeptConversation`) has the same frame; its meta holds
+``conv`` (member, policy version, turns, reward, tool counts, the env's state, token counts) and its
+payload the conversation's prompt ids, completion ids and logprobs (NaN on env tokens).
 
 Torn tail: a frame that is incomplete, zero-filled or fails its checksum **at the end of an
 attempt's newest segment** was never acknowledged (acks follow the fsync); it is dropped with
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rlrun.envs.base import Task
+from rlrun.orchestrator.groups import KeptConversation
 from rlrun.rundir import fsync_dir
 from rlrun.samples import Episode
 
@@ -63,14 +67,15 @@ class JournalCorrupt(RuntimeError):
 
 @dataclass(frozen=True)
 class JournalRecord:
-    """One request's finished episodes, as journaled.
+    """One request's finished episodes, or one multi-turn episode's last durable turn, as journaled.
 
     Attributes:
         attempt: the run-directory attempt that journaled it.
         seq: its sequence number in that attempt's journal (0, 1, …).
         group_id: the group.
         task: the group's task.
-        episodes: the request's finished episodes, in member order.
+        episodes: the request's finished episodes, in member order (none in a turn record).
+        conversation: a turn record's conversation (None: an episode record).
     """
 
     attempt: int
@@ -78,6 +83,7 @@ class JournalRecord:
     group_id: int
     task: Task
     episodes: list[Episode]
+    conversation: KeptConversation | None = None
 
 
 def encode_record(seq: int, group_id: int, task: Task, episodes: list[Episode]) -> bytes:
@@ -100,6 +106,18 @@ def encode_record(seq: int, group_id: int, task: Task, episodes: list[Episode]) 
     return _HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
 
 
+def encode_turn(seq: int, kept: KeptConversation) -> bytes:
+    """One framed turn record (see the module docstring)."""
+    conv = [kept.member, kept.policy_version, kept.turns, kept.reward, kept.tool_calls, kept.tool_errors, kept.state]
+    meta = {"g": kept.group_id, "task": kept.task.to_dict(), "conv": [*conv, len(kept.prompt_ids), len(kept.logprobs)]}
+    meta_b = _META_JSON.encode(meta).encode()
+    parts = [_PAYLOAD_HEAD.pack(seq, len(meta_b)), meta_b]
+    parts += [_as_array("q", kept.prompt_ids).tobytes(), _as_array("q", kept.completion_ids).tobytes()]
+    parts.append(_as_array("d", kept.logprobs).tobytes())
+    payload = b"".join(parts)
+    return _HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
+
+
 def _as_array(typecode: str, values: Any) -> array:
     return values if isinstance(values, array) and values.typecode == typecode else array(typecode, values)
 
@@ -115,6 +133,17 @@ def decode_payload(payload: bytes, attempt: int) -> JournalRecord:
     meta = json.loads(payload[off : off + meta_len])
     off += meta_len
     task = Task.from_dict(meta["task"])
+    if "conv" in meta:
+        member, version, turns, reward, calls, errors, state, n_prompt, n_completion = meta["conv"]
+        prompt, off = _take(payload, off, "q", n_prompt)
+        completion, off = _take(payload, off, "q", n_completion)
+        logprobs, off = _take(payload, off, "d", n_completion)
+        if off != len(payload):
+            raise ValueError(f"journal record {seq}: {len(payload) - off} bytes left over")
+        kept = KeptConversation(
+            meta["g"], member, task, version, prompt, completion, logprobs, state, turns, reward, calls, errors
+        )
+        return JournalRecord(attempt, seq, meta["g"], task, [], kept)
     episodes = []
     for member, version, reward, finish, n_prompt, n_completion in meta["eps"]:
         prompt, off = _take(payload, off, "q", n_prompt)

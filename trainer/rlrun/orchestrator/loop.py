@@ -30,8 +30,9 @@ from rlrun.orchestrator.admission import Admission
 from rlrun.orchestrator.cancellation import settle
 from rlrun.orchestrator.checkpointing import CheckpointManager
 from rlrun.orchestrator.control import ControlServer, status_report
+from rlrun.orchestrator.conversations import KeptConversations
 from rlrun.orchestrator.dispatcher import Dispatcher
-from rlrun.orchestrator.endpoints import EndpointMembership
+from rlrun.orchestrator.endpoints import EndpointMembership, wait_until_healthy
 from rlrun.orchestrator.evaluation import EvalRounds, Evaluator
 from rlrun.orchestrator.flow import FlowControl
 from rlrun.orchestrator.follower import WeightFollower
@@ -127,6 +128,8 @@ class Orchestrator:
         self.use_journal = journal
         self.journal: Journal | None = None  # opened once the attempt has begun (its base is known)
         self.admission = Admission()
+        self.kept = KeptConversations(self.ledger)  # multi-turn episodes at their last durable turn
+        self.retries = spec.rollout.max_group_retries
         self.endpoints = EndpointMembership()
         self.liveness = LivenessGuard()
         self.evaluation = EvalRounds()
@@ -221,6 +224,7 @@ class Orchestrator:
             "time": time.time(),
         }
         snap = self.sink.snapshot(self.dispatcher.emitted_requests() if self.dispatcher is not None else [])
+        snap.conversations = self.kept.current()
         if self.journal is not None:  # the same step as the snapshot: records after this cut are replayed
             progress["journal"] = self.journal.cut()
         return progress, snap, snap.counts(list(self.source.resume_requests))
@@ -256,7 +260,7 @@ class Orchestrator:
                 self.ledger.write_each(LedgerEvent.DISPATCHED, rows)
 
     def _settle(self, cancellations: list[GroupCancellation]) -> None:
-        settle(cancellations, self.sink, self.source, self.dispatcher, self.ledger, self.spec.rollout.max_group_retries)
+        settle(cancellations, self.sink, self.source, self.dispatcher, self.ledger, self.retries, self.kept)
 
     async def _ship_ready_batches(self) -> None:
         """Ship every batch the queue can fill, then cancel in-flight work that can no longer train."""
@@ -318,17 +322,14 @@ class Orchestrator:
         clients = list(self.dispatcher.clients.values())
         spec_json = self.spec.model_dump_json(indent=2).encode()  # what `rlrun eval RUN_DIR` evaluates with
         await asyncio.to_thread(write_file_atomic, self.run_dir.spec_file, spec_json, False)
-        restored = await begin_attempt(self.resume, self.run_dir, self.spec, self.source, self.sink, self.ledger)
+        stages = (self.source, self.sink, self.ledger, self.kept)
+        restored = await begin_attempt(self.resume, self.run_dir, self.spec, *stages)
         if self.use_journal:
             base = restored.journal_base if restored is not None else FRESH_BASE
-            args = (
-                journal_root(self.run_dir),
-                self.attempt,
-                base,
-                self.admission.on_durable,
-                asyncio.get_running_loop(),
+            on_durable, loop = self.admission.on_durable, asyncio.get_running_loop()
+            self.journal = await asyncio.to_thread(
+                Journal, journal_root(self.run_dir), self.attempt, base, on_durable, loop
             )
-            self.journal = await asyncio.to_thread(Journal, *args)
             self.checkpoints.journal = self.admission.journal = self.journal
         if restored is not None:
             self.shipped, self.resume_report = restored.shipped, restored.report
@@ -368,11 +369,11 @@ class Orchestrator:
         self.liveness.bind(self.dispatcher, self._settle, self._progress, lambda: stall_accounting(self))
         self.admission.bind(
             self.sink, self.source, self.dispatcher, self.ledger, self.metrics, self.results, self._settle,
-            next_step=lambda: self.cut + 1, holding=lambda: self.paused or self.phase == "done",
+            next_step=lambda: self.cut + 1, holding=lambda: self.paused or self.phase == "done", kept=self.kept,
         )  # fmt: skip
         follower = None
         try:
-            await self.dispatcher.wait_until_healthy(self.health_timeout_s, self._stop)
+            await wait_until_healthy(self.dispatcher, self.health_timeout_s, self._stop)
             if self._stop.is_set():  # stopped (SIGTERM after a pause) before it started
                 log.info("stopped before starting")
                 return self.shipped
@@ -411,6 +412,7 @@ class Orchestrator:
                 self._dispatch_within_budget()
             if self._done():
                 self.phase = "done"
+                self.kept.drop_all("done")
                 leftover = self.sink.unfinished_episode_ids()
                 if leftover:
                     self.ledger.write(LedgerEvent.LEFTOVER, ids=leftover)

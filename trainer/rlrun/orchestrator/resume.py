@@ -30,6 +30,7 @@ from rlrun.api.spec import RLRunSpec
 from rlrun.checkpoint import check_compatible, latest_complete_checkpoint
 from rlrun.errors import OrchestratorError
 from rlrun.ledger import Ledger, LedgerEvent, ledger_attempts
+from rlrun.orchestrator.conversations import KeptConversations
 from rlrun.orchestrator.journal_files import FRESH_BASE, JournalRecord, journal_root, replay
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.snapshot import RestorePlan, SinkSnapshot, restore_plan, unpack, with_journal
@@ -106,12 +107,20 @@ def plan_resume(
     return ResumePlan(merged, added, records, plan)
 
 
-def put_back(resume: ResumePlan, source: TrainSource, sink: TrainSink, ledger: Ledger, shipped: int) -> None:
-    """Apply ``resume`` to ``source`` and ``sink``.
+def put_back(
+    resume: ResumePlan,
+    source: TrainSource,
+    sink: TrainSink,
+    ledger: Ledger,
+    shipped: int,
+    kept: KeptConversations | None = None,
+) -> None:
+    """Apply ``resume`` to ``source`` and ``sink`` (and ``kept``: the conversations continued).
 
     Writes the ``replayed`` ledger event, moves the task cursor past every group the records name
     (a group a dead attempt opened after the snapshot must not be drawn again as a new task), then
-    restores the sink and the source's member numbering.
+    restores the sink and the source's member numbering; writes ``continued`` for the multi-turn episodes
+    continued at their last durable turn and ``turns_dropped`` for the others.
     """
     if resume.replayed:
         records = resume.records
@@ -120,14 +129,31 @@ def put_back(resume: ResumePlan, source: TrainSource, sink: TrainSink, ledger: L
         ledger.write(LedgerEvent.REPLAYED, ids=ids, attempts=attempts, records=len(records))
         source.cursor = max(source.cursor, max(r.group_id for r in records) + 1)
     sink.restore(resume.plan, resume.snapshot.counters, shipped + 1)
-    source.restore(list(resume.snapshot.taken_members()), resume.plan.to_complete)
+    plan = resume.plan
+    source.restore(list(resume.snapshot.taken_members()), plan.to_complete, plan.continued)
+    if plan.continued:
+        c = plan.continued
+        ledger.write(LedgerEvent.CONTINUED, ids=[x.episode_id for x in c], turns=[x.turns for x in c],
+                     v=[x.policy_version for x in c], floor=plan.floor)  # fmt: skip
+        if kept is not None:
+            kept.carry(c)
+    for why in sorted({why for _, why in plan.dropped_conversations}):
+        ids = sorted(c.episode_id for c, w in plan.dropped_conversations if w == why)
+        ledger.write(LedgerEvent.TURNS_DROPPED, ids=ids, reason=why)
 
 
 async def begin_attempt(
-    resume: bool, run_dir: RunDir, spec: RLRunSpec, source: TrainSource, sink: TrainSink, ledger: Ledger
+    resume: bool,
+    run_dir: RunDir,
+    spec: RLRunSpec,
+    source: TrainSource,
+    sink: TrainSink,
+    ledger: Ledger,
+    kept: KeptConversations | None = None,
 ) -> Restored | None:
     """Begin an attempt: :func:`restore` with ``resume`` (:func:`start_over` when nothing is complete),
-    else :func:`check_fresh_run_dir`. Returns what was restored, or None for a start from step 0.
+    else :func:`check_fresh_run_dir`. Returns what was restored, or None for a start from step 0. ``kept``: where
+    the multi-turn episodes a resume continues are kept.
 
     Raises:
         OrchestratorError: a fresh start in a run directory that holds a run.
@@ -136,13 +162,13 @@ async def begin_attempt(
     if not resume:
         check_fresh_run_dir(run_dir)
         return None
-    restored = await restore(run_dir, spec, source, sink, ledger)
+    restored = await restore(run_dir, spec, source, sink, ledger, kept)
     if restored is None:
         start_over(run_dir, ledger, ledger.attempt)
         records = await asyncio.to_thread(replay, journal_root(run_dir), FRESH_BASE, ledger.attempt)
         if records:
             resume_plan = plan_resume(SinkSnapshot([], [], []), records, spec, source, 0)
-            put_back(resume_plan, source, sink, ledger, 0)
+            put_back(resume_plan, source, sink, ledger, 0, kept)
             log.info("resume: starting over with %d journaled episodes replayed (%d open groups, %d queued traces)",
                      sum(len(r.episodes) for r in records), len(resume_plan.plan.open_groups), len(sink.queue))  # fmt: skip
     return restored
@@ -168,7 +194,12 @@ class Restored:
 
 
 async def restore(
-    run_dir: RunDir, spec: RLRunSpec, source: TrainSource, sink: TrainSink, ledger: Ledger
+    run_dir: RunDir,
+    spec: RLRunSpec,
+    source: TrainSource,
+    sink: TrainSink,
+    ledger: Ledger,
+    kept: KeptConversations | None = None,
 ) -> Restored | None:
     """Restore the source and the sink from the newest complete checkpoint; None when there is none.
 
@@ -206,6 +237,8 @@ async def restore(
         members_requested=plan.members_requested,
         progress_only_would_lose=len(snap.pending_batch) + sum(len(eps) for _, _, eps in snap.open_groups),
         removed_batches=removed,
+        conversations_continued=len(plan.continued),
+        turns_kept=sum(c.turns for c in plan.continued),
         time=time.time(),
     )
     ledger.write(
@@ -221,7 +254,7 @@ async def restore(
     for between in ledger_attempts(ledger.path.parent, "orchestrator"):
         if report.from_attempt is not None and report.from_attempt < between < ledger.attempt:
             ledger.write(LedgerEvent.RESUMED, from_attempt=between, snapshot_line=-1, step=ckpt.step)
-    put_back(resume_plan, source, sink, ledger, shipped)
+    put_back(resume_plan, source, sink, ledger, shipped, kept)
     for r in source.resume_requests:
         ledger.write(LedgerEvent.REDISPATCH_REQUESTED, group=r.group_id, members=r.members, first_member=r.first_member)
     log.info(
@@ -230,6 +263,10 @@ async def restore(
         report.queued_traces, report.open_groups, report.finished_episodes_kept, report.requested_groups,
         ckpt.step, shipped, report.dropped_stale, report.members_requested, source.cursor,
     )  # fmt: skip
+    if plan.continued or plan.dropped_conversations:
+        log.info("resume: %d multi-turn episodes continued at their last durable turn (%d turns kept, none sampled "
+                 "again); %d started over (%s)", report.conversations_continued, report.turns_kept,
+                 len(plan.dropped_conversations), ", ".join(sorted({w for _, w in plan.dropped_conversations})) or "-")  # fmt: skip
     if records:
         log.info("resume: replayed %d journaled episodes (%d records of attempts %s after the cut %s)",
                  replayed, len(records), sorted({r.attempt for r in records}), base)  # fmt: skip

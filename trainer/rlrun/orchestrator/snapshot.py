@@ -6,6 +6,8 @@ Saved (in ``progress.pt``, beside progress and the train-source state):
 - ``open_groups``: every open train group's env, task, group id and finished episodes;
 - ``emitted_train_groups``: group requests dispatched whose results have not reached the
   sink (in flight, or waiting in the results queue);
+- ``conversations``: multi-turn episodes of those requests at their last durable turn
+  (:mod:`~rlrun.orchestrator.conversations`), continued there by a resume;
 - the train source's pending resume requests (in the source state).
 
 Not saved: in-flight rollouts and unconsumed results — they are regenerated with
@@ -24,6 +26,7 @@ completed with its same task and group id (invariant 3).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from array import array
 from collections.abc import Iterator
@@ -34,7 +37,7 @@ import torch
 
 from rlrun.api.control import SnapshotCounts
 from rlrun.envs.base import Task
-from rlrun.orchestrator.groups import GroupRequest
+from rlrun.orchestrator.groups import GroupRequest, KeptConversation
 from rlrun.orchestrator.journal_files import JournalRecord
 from rlrun.orchestrator.staleness import min_fresh_version, split_fresh
 from rlrun.samples import Episode, QueuedTrace, TrainingSample
@@ -53,14 +56,18 @@ class SinkSnapshot:
     open_groups: list[tuple[int, Task, list[Episode]]]
     emitted_train_groups: list[GroupRequest]
     counters: dict[str, int] = field(default_factory=dict)
+    conversations: list[KeptConversation] = field(default_factory=list)
 
     def taken_members(self) -> Iterator[tuple[int, int]]:
-        """``(group_id, next_member)`` for every saved episode and emitted request: member numbers in use."""
+        """``(group_id, next_member)`` for every saved episode, emitted request and kept conversation: member
+        numbers in use."""
         for group_id, _, episodes in self.open_groups:
             for e in episodes:
                 yield group_id, e.member + 1
         for r in self.emitted_train_groups:
             yield r.group_id, r.next_member
+        for c in self.conversations:
+            yield c.group_id, c.member + 1
 
     def counts(self, pending_requests: list[GroupRequest]) -> SnapshotCounts:
         """The contract's counts of this snapshot; ``pending_requests`` are the source's resume requests."""
@@ -71,6 +78,8 @@ class SinkSnapshot:
             open_groups=len(open_ids),
             requested_groups=len(requested),
             finished_episodes_kept=sum(len(eps) for _, _, eps in self.open_groups),
+            conversations_kept=len(self.conversations),
+            turns_kept=sum(c.turns for c in self.conversations),
         )
 
 
@@ -142,12 +151,19 @@ def pack(snap: SinkSnapshot) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
                 }
             )
         groups.append({"group_id": group_id, "env": task.env, "task": task.to_dict(), "episodes": eps})
+    conversations = []
+    for c in snap.conversations:
+        i = tokens.add(c.prompt_ids, c.completion_ids, c.logprobs)
+        d = {k: v for k, v in c.to_dict().items() if k not in ("prompt_ids", "completion_ids", "logprobs")}
+        conversations.append(d | {"row": i})
     state = {
         "version": SINK_STATE_VERSION,
         "pending_batch": pending,
         "open_groups": groups,
-        "emitted_train_groups": [r.to_dict() for r in snap.emitted_train_groups],
+        # a continued conversation's request is listed without it: the conversation is in "conversations"
+        "emitted_train_groups": [dataclasses.replace(r, resume_from=None).to_dict() for r in snap.emitted_train_groups],
         "counters": snap.counters,
+        "conversations": conversations,
     }
     tensors = {f"sink.{k}": v for k, v in tokens.tensors().items()}
     for k, col in cols.items():
@@ -204,7 +220,22 @@ def unpack(state: dict[str, Any] | None, tensors: dict[str, torch.Tensor]) -> Si
             )
         groups.append((g["group_id"], task, eps))
     emitted = [GroupRequest.from_dict(r) for r in state["emitted_train_groups"]]
-    return SinkSnapshot(pending, groups, emitted, dict(state.get("counters", {})))
+    conversations = [  # none before multi-turn envs
+        KeptConversation(
+            d["group_id"],
+            d["member"],
+            Task.from_dict(d["task"]),
+            d["policy_version"],
+            *row(d["row"]),
+            d["state"],
+            d["turns"],
+            d["reward"],
+            d["tool_calls"],
+            d["tool_errors"],
+        )
+        for d in state.get("conversations", [])
+    ]
+    return SinkSnapshot(pending, groups, emitted, dict(state.get("counters", {})), conversations)
 
 
 def _array(typecode: str, t: torch.Tensor) -> array:
@@ -226,15 +257,23 @@ def with_journal(snap: SinkSnapshot, records: list[JournalRecord]) -> tuple[Sink
     Each record's episodes join their group's saved open group (a new open group when it has none):
     they finished after the snapshot was taken, so neither its queue nor its open groups hold them.
     An episode id the snapshot already holds is skipped and logged (the cut rules it out; a duplicate
-    would train twice). Returns the new snapshot (``snap`` is not changed) and the episodes added, in order.
+    would train twice). A turn record replaces the snapshot's conversation of its episode when it has more
+    turns; a conversation whose episode finished is not kept. Returns the new snapshot (``snap`` is not
+    changed) and the episodes added, in order.
     """
     held = {s.trace.episode_id for s in snap.pending_batch}
     groups: dict[int, tuple[int, Task, list[Episode]]] = {}
     for g, task, eps in snap.open_groups:
         groups[g] = (g, task, list(eps))
         held.update(e.episode_id for e in eps)
+    conversations = {c.episode_id: c for c in snap.conversations}
     added: list[Episode] = []
     for rec in records:
+        if rec.conversation is not None:
+            c, before = rec.conversation, conversations.get(rec.conversation.episode_id)
+            if before is None or c.turns >= before.turns:
+                conversations[c.episode_id] = c
+            continue
         group = groups.setdefault(rec.group_id, (rec.group_id, rec.task, []))
         for e in rec.episodes:
             if e.episode_id in held:
@@ -244,7 +283,10 @@ def with_journal(snap: SinkSnapshot, records: list[JournalRecord]) -> tuple[Sink
             held.add(e.episode_id)
             group[2].append(e)
             added.append(e)
-    merged = SinkSnapshot(snap.pending_batch, list(groups.values()), snap.emitted_train_groups, dict(snap.counters))
+    kept = [c for eid, c in sorted(conversations.items()) if eid not in held]
+    merged = SinkSnapshot(
+        snap.pending_batch, list(groups.values()), snap.emitted_train_groups, dict(snap.counters), kept
+    )
     return merged, added
 
 
@@ -261,6 +303,12 @@ class RestorePlan:
             ``group_size − kept`` members before any new task.
         dropped_samples / dropped_episodes: queued samples and finished group members
             too old for the resumed step (counted, not trained).
+        continued: multi-turn episodes to continue at their last durable turn (before any other request; the
+            most turns first), counted in their group's members.
+        dropped_conversations: ``(conversation, why)`` of those not continued: ``stale`` (its first turn is older
+            than ``floor``), ``surplus`` (its group has its members without it), ``group_scored`` (its group
+            is queued already).
+        floor: the staleness floor of the resumed step (:func:`~rlrun.orchestrator.staleness.min_fresh_version`).
     """
 
     queue: list[TrainingSample]
@@ -268,6 +316,9 @@ class RestorePlan:
     to_complete: list[tuple[int, Task, int]]
     dropped_samples: list[TrainingSample]
     dropped_episodes: list[Episode]
+    continued: list[KeptConversation] = field(default_factory=list)
+    dropped_conversations: list[tuple[KeptConversation, str]] = field(default_factory=list)
+    floor: int = 0
 
     @property
     def episodes_kept(self) -> int:
@@ -297,6 +348,9 @@ def restore_plan(
     Every group that was open, emitted, or waiting for a resume request (``pending_requests``,
     from the train-source state) is completed to ``group_size`` with one request for the
     members it lacks; member numbering is the train source's (:meth:`TrainSource.request_again`).
+    A kept conversation (a multi-turn episode at its last durable turn) is continued unless its group is
+    queued, its first turn is older than the floor, or its group has its members without it
+    (:attr:`RestorePlan.dropped_conversations`); a continued one counts as one of its group's members.
     """
     floor = min_fresh_version(next_step, max_off_policy_steps)
     queue, dropped_samples = split_fresh(snap.pending_batch, floor)
@@ -309,6 +363,25 @@ def restore_plan(
         dropped_episodes += stale
     for req in [*snap.emitted_train_groups, *pending_requests]:
         tasks.setdefault(req.group_id, req.task)
-    to_complete = [(g, tasks[g], group_size - len(kept.get(g, []))) for g in sorted(tasks)]
+    members = {g: len(eps) for g, eps in kept.items()}
+    queued = {s.trace.group_id for s in snap.pending_batch}
+    continued, dropped_conversations = [], []
+    for c in sorted(snap.conversations, key=lambda c: (-c.turns, c.group_id, c.member)):
+        why = (
+            "group_scored" if c.group_id in queued
+            else "stale" if c.policy_version < floor
+            else "surplus" if members.get(c.group_id, 0) >= group_size
+            else None
+        )  # fmt: skip
+        if why is not None:
+            dropped_conversations.append((c, why))
+            continue
+        continued.append(c)
+        members[c.group_id] = members.get(c.group_id, 0) + 1
+        tasks.setdefault(c.group_id, c.task)
+    to_complete = [(g, tasks[g], group_size - members.get(g, 0)) for g in sorted(tasks)]
     open_groups = [(g, tasks[g], eps) for g, eps in sorted(kept.items()) if eps]
-    return RestorePlan(queue, open_groups, [c for c in to_complete if c[2] > 0], dropped_samples, dropped_episodes)
+    return RestorePlan(
+        queue, open_groups, [c for c in to_complete if c[2] > 0], dropped_samples, dropped_episodes,
+        continued, dropped_conversations, floor,
+    )  # fmt: skip

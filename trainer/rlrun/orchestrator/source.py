@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from rlrun.envs.base import Env, Task
-from rlrun.orchestrator.groups import GroupRequest
+from rlrun.orchestrator.groups import GroupRequest, KeptConversation
 
 
 class TrainSource:
@@ -98,17 +99,27 @@ class TrainSource:
         if any(r.group_id == group_id for r in self.resume_requests):
             self.resume_requests = deque(r for r in self.resume_requests if r.group_id != group_id)
 
-    def restore(self, taken: list[tuple[int, int]], to_complete: list[tuple[int, Task, int]]) -> None:
-        """After :meth:`load_state` on a resume: replace the resume requests with one per group to complete.
+    def restore(
+        self,
+        taken: list[tuple[int, int]],
+        to_complete: list[tuple[int, Task, int]],
+        continued: Sequence[KeptConversation] = (),
+    ) -> None:
+        """After :meth:`load_state` on a resume: replace the resume requests with one per conversation to continue,
+        then one per group to complete.
 
         Args:
             taken: ``(group_id, next_member)`` of every member number the snapshot used
                 (:meth:`SinkSnapshot.taken_members`); the pending requests' are noted already.
             to_complete: ``(group_id, task, missing members)`` from the restore plan, in order.
+            continued: multi-turn episodes to continue at their last durable turn (each keeps its member number).
         """
         for group_id, next_member in taken:
             self.note_members(group_id, next_member)
         self.resume_requests.clear()
+        for c in continued:
+            self.note_members(c.group_id, c.member + 1)
+            self.resume_requests.append(GroupRequest(c.group_id, c.task, 1, c.member, resume_from=c))
         for group_id, task, missing in to_complete:
             self.request_again(group_id, task, missing)
 

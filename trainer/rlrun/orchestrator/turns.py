@@ -22,6 +22,10 @@ When an episode ends: the env says ``done``; ``max_turns`` model turns were play
 ``length`` (a truncated turn cannot be answered); or the next turn would not fit the context
 (``finish_reason`` ``length``). The policy version of a multi-turn episode is that of its first (oldest)
 sampled turn — what the staleness rule reads (``docs/envs.md``).
+
+Durability: after each env answer the episode goes on from, the conversation is handed to ``TurnIO.keep``
+(the orchestrator journals it: :mod:`.conversations`), and a resumed attempt continues it from there
+(:func:`go_on` from a :class:`~rlrun.orchestrator.groups.KeptConversation`) instead of from its first turn.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlrun.envs.base import Messages, MultiTurnEnv, Task
+from rlrun.orchestrator.groups import KeptConversation
 from rlrun.rollout.client import Completion
 
 #: The logprob an env token carries in an episode: none (it was not sampled); the loss mask is 0 there.
@@ -84,6 +89,20 @@ class Conversation:
         """Tokens the env added (not trained)."""
         return sum(math.isnan(x) for x in self.logprobs)
 
+    def kept(self, group_id: int, member: int, task: Task, policy_version: int) -> KeptConversation:
+        """This conversation as member ``member`` of group ``group_id`` keeps it (ready for its next turn)."""
+        return KeptConversation(
+            group_id, member, task, policy_version, self.ids[: self.prompt_len], self.completion_ids,
+            list(self.logprobs), self.state, self.turns, self.reward, self.tool_calls, self.tool_errors,
+        )  # fmt: skip
+
+    @classmethod
+    def from_kept(cls, kept: KeptConversation) -> Conversation:
+        """The conversation ``kept`` holds, ready for its next turn."""
+        ids = [*kept.prompt_ids, *kept.completion_ids]
+        return cls(len(kept.prompt_ids), ids, list(kept.logprobs), kept.state, kept.turns, kept.reward,
+                   kept.tool_calls, kept.tool_errors)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class TurnIO:
@@ -95,7 +114,9 @@ class TurnIO:
         text: a completion's text up to EOS (what the env and the rewards read).
         reply_ids: ``reply_ids(task, message) -> ids`` of an env answer (module docstring).
         context: the model's context in tokens, less ``sampling.max_tokens`` (None: no limit).
-        respond_timeout_s: most seconds one ``respond`` may take.
+        respond_timeout_s: most seconds one ``start`` or ``respond`` may take.
+        keep: ``keep(member, conversation)``, called after each env answer the episode goes on from (the
+            conversation then waits for its next turn; None: nothing is kept).
     """
 
     complete: Callable[[list[int]], Awaitable[Completion]]
@@ -103,11 +124,15 @@ class TurnIO:
     reply_ids: Callable[[Task, str | Messages], Sequence[int]]
     context: int | None
     respond_timeout_s: float = 60.0
+    keep: Callable[[int, Conversation], None] | None = None
 
 
-async def play(env: MultiTurnEnv, task: Task, prompt_ids: Sequence[int], first: Completion, io: TurnIO) -> Conversation:
-    """Play one member's episode from its first sampled turn ``first`` (module docstring); the env's ``start`` and
-    ``respond`` run in worker threads. An env that raises or times out ends the episode with :attr:`Conversation.error`.
+async def play(
+    env: MultiTurnEnv, task: Task, prompt_ids: Sequence[int], first: Completion, io: TurnIO, member: int = 0
+) -> Conversation:
+    """Play member ``member``'s episode from its first sampled turn ``first`` (module docstring); the env's ``start``
+    and ``respond`` run in worker threads. An env that raises or times out ends the episode with
+    :attr:`Conversation.error`.
 
     Raises:
         whatever ``io.complete`` raises (the request fails: its members share a fate).
@@ -118,7 +143,15 @@ async def play(env: MultiTurnEnv, task: Task, prompt_ids: Sequence[int], first: 
     except Exception as exc:
         conv.error = f"env {task.env}: start failed: {_describe(exc, io.respond_timeout_s)}"
         return conv
-    completion = first
+    return await go_on(env, task, conv, io, member, first)
+
+
+async def go_on(
+    env: MultiTurnEnv, task: Task, conv: Conversation, io: TurnIO, member: int, first: Completion | None = None
+) -> Conversation:
+    """Play ``conv`` to its end from turn ``first`` (None: sample its next turn first — a conversation continued
+    at its last durable turn, :meth:`Conversation.from_kept`)."""
+    completion = first if first is not None else await io.complete(conv.ids)
     while True:
         conv.ids.extend(completion.token_ids)
         conv.logprobs.extend(completion.logprobs)
@@ -145,22 +178,38 @@ async def play(env: MultiTurnEnv, task: Task, prompt_ids: Sequence[int], first: 
             return conv
         conv.ids.extend(answer)
         conv.logprobs.extend([ENV_TOKEN_LOGPROB] * len(answer))
+        if io.keep is not None:
+            io.keep(member, conv)
+        if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+            # Python 3.11's wait_for can swallow a cancel that races its result (a respond that just returned):
+            # a cancelled conversation must not send another turn
+            raise asyncio.CancelledError
         completion = await io.complete(conv.ids)
 
 
 async def play_all(
-    env: MultiTurnEnv, task: Task, prompt_ids: Sequence[int], firsts: list[Completion], io: TurnIO
+    env: MultiTurnEnv,
+    task: Task,
+    prompt_ids: Sequence[int],
+    firsts: list[Completion],
+    io: TurnIO,
+    first_member: int = 0,
 ) -> list[Conversation]:
-    """:func:`play` for each member of a request at once (``firsts``: their first turns, in member order). The first
-    error of a turn's request cancels the other members' conversations and is raised: a request's members share a
-    fate."""
-    tasks = [asyncio.ensure_future(play(env, task, prompt_ids, first, io)) for first in firsts]
+    """:func:`play` for each member of a request at once (``firsts``: their first turns, in member order from
+    ``first_member``). The first error of a turn's request cancels the other members' conversations and is raised:
+    a request's members share a fate."""
+    tasks = [
+        asyncio.ensure_future(play(env, task, prompt_ids, first, io, first_member + k))
+        for k, first in enumerate(firsts)
+    ]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:
         for t in tasks:
             if not t.done():
                 t.cancel()
+        # the request ends only once its members' conversations have: none may outlive it (or its client)
+        await asyncio.gather(*tasks, return_exceptions=True)
     errors = [t.exception() for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
     if errors:
         raise errors[0]

@@ -1,0 +1,258 @@
+"""Turn-level durability: a multi-turn episode's finished turns are journaled, kept once durable, saved by a pause's
+snapshot, and continued by the next attempt at the last durable turn — the same episode, its stream extended, not
+sampled again — unless too stale, surplus or of a scored group; and ``rlrun ledger check`` proves no kept turn was
+lost (the real Orchestrator against a scripted fake server, the fake trainer)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+
+import httpx
+import pytest
+from rlrun.checkpoint import latest_complete_checkpoint
+from rlrun.envs.base import Reply, Task
+from rlrun.ledger import Ledger, LedgerEvent, check_ledger
+from rlrun.orchestrator.groups import KeptConversation
+from rlrun.orchestrator.journal import Journal
+from rlrun.orchestrator.journal_files import journal_root, read_records
+from rlrun.orchestrator.snapshot import SinkSnapshot, pack, restore_plan, unpack, with_journal
+from rlrun.rollout.fake import fake_vllm_transport
+from rlrun.rundir import RunDir
+from rlrun.samples import Episode, QueuedTrace, TrainingSample
+from rlrun.training.fake import start_fake_trainer
+from transformers import AutoTokenizer
+
+from tests.support.manifests import parse
+from tests.unit.test_rollout_faults import events, orchestrator, run_to_the_end
+
+NAN = math.nan
+
+
+class Chatter:
+    """A resumable multi-turn env: the episode ends when the model says ``1`` (reward 1), else the env answers ``no``."""
+
+    name = "chatter"
+    max_turns = 4
+    resumable = True
+
+    def task(self, seed, index, split="train"):
+        return Task(self.name, index, [{"role": "user", "content": "go"}], "1")
+
+    def start(self, task):
+        return {"said": []}
+
+    def respond(self, task, state, completion):
+        said = [*state["said"], completion]
+        return Reply(None if completion == "1" else "no", completion == "1", {"said": said})
+
+    def reward(self, task, completion):
+        return 1.0 if completion == "1" else 0.0
+
+
+def kept(group=3, member=1, turns=2, version=4, state=None) -> KeptConversation:
+    task = Chatter().task(0, group)
+    return KeptConversation(group, member, task, version, [5, 6], [7, 8, 9, 10], [-0.5, NAN, NAN, -0.25],
+                            state or {"said": ["2"]}, turns, 0.5, 1, 0)  # fmt: skip
+
+
+def test_a_turn_record_round_trips_through_the_journal_with_its_env_tokens(tmp_path):
+    journal = Journal(tmp_path, attempt=1)
+    journal.append_turn(kept())
+    journal.close()
+    [record] = list(read_records(tmp_path / "attempt-1", 1))
+    c = record.conversation
+    assert record.episodes == [] and c is not None and c.episode_id == "3/1" and c.state == {"said": ["2"]}
+    assert list(c.completion_ids) == [7, 8, 9, 10] and [math.isnan(x) for x in c.logprobs] == [False, True, True, False]
+    assert (c.turns, c.policy_version, c.reward, c.tool_calls, c.sampled_tokens) == (2, 4, 0.5, 1, 2)
+    assert KeptConversation.from_dict(json.loads(json.dumps(c.to_dict()))).state == c.state
+
+
+def test_a_snapshot_keeps_its_conversations():
+    snap = SinkSnapshot([], [], [], {}, [kept(), kept(member=2, turns=3)])
+    back = unpack(*pack(snap))
+    assert [(c.episode_id, c.turns, list(c.prompt_ids)) for c in back.conversations] == [
+        ("3/1", 2, [5, 6]),
+        ("3/2", 3, [5, 6]),
+    ]
+    assert math.isnan(back.conversations[0].logprobs[1]) and back.counts([]).turns_kept == 5
+    assert dict(back.taken_members()) == {3: 3}  # a continued member keeps its number; new ones come after
+
+
+def test_the_journal_brings_a_conversation_forward_and_a_finished_episode_ends_it(tmp_path):
+    journal = Journal(tmp_path, attempt=1)
+    journal.append_turn(kept(member=1, turns=3))  # after the snapshot: one more turn kept
+    journal.append_turn(kept(member=2, turns=2))
+    task = Chatter().task(0, 3)
+    journal.append(3, task, [Episode(3, 2, task, [5], [1, 0], [-0.1, -0.1], 4, 1.0, "stop")])  # member 2 finished
+    journal.close()
+    records = list(read_records(tmp_path / "attempt-1", 1))
+    merged, added = with_journal(SinkSnapshot([], [], [], {}, [kept(member=1, turns=2)]), records)
+    assert [(c.member, c.turns) for c in merged.conversations] == [(1, 3)]
+    assert [e.episode_id for e in added] == ["3/2"]
+
+
+def sample(group: int, version: int) -> TrainingSample:
+    return TrainingSample([1], [2], [-0.1], 0.0, 0.0, QueuedTrace("chatter", version, group, 0))
+
+
+def test_a_resume_continues_fresh_conversations_and_drops_the_rest_with_why():
+    snap = SinkSnapshot(
+        [sample(group=5, version=9)], [], [], {},
+        [
+            kept(group=3, member=1, turns=3, version=9),
+            kept(group=3, member=2, turns=2, version=9),
+            kept(group=4, member=0, turns=3, version=1),  # too old for the resumed step
+            kept(group=5, member=3, turns=2, version=9),  # its group is scored and queued already
+        ],
+    )  # fmt: skip
+    plan = restore_plan(snap, [], next_step=11, max_off_policy_steps=1, group_size=2)
+    assert plan.floor == 9
+    assert [(c.episode_id, c.turns) for c in plan.continued] == [("3/1", 3), ("3/2", 2)]
+    assert sorted((c.episode_id, why) for c, why in plan.dropped_conversations) == [
+        ("4/0", "stale"),
+        ("5/3", "group_scored"),
+    ]
+    assert plan.to_complete == []  # group 3 is whole with its two conversations; group 4 was never emitted
+    surplus = restore_plan(snap, [], next_step=11, max_off_policy_steps=1, group_size=1)
+    assert ("3/2", "surplus") in [(c.episode_id, why) for c, why in surplus.dropped_conversations]
+
+
+def test_the_ledger_check_finds_lost_and_unended_turns(tmp_path):
+    root = tmp_path / "ledger"
+    one = Ledger(root, 1, "orchestrator")
+    one.write_each(LedgerEvent.TURN, [{"id": "3/1", "k": 3, "j": 0, "v": 4}])
+    one.write_each(LedgerEvent.TURN, [{"id": "3/2", "k": 1, "j": 1, "v": 4}])
+    one.close()
+    two = Ledger(root, 2, "orchestrator")
+    two.write(LedgerEvent.CONTINUED, ids=["3/1"], turns=[2], v=[4], floor=5)
+    two.close()
+    report = check_ledger(root)
+    assert report.turns_kept == 2 and report.conversations_continued == 1 and report.turns_lost == 1
+    assert "episode 3/1 was continued at turn 2 (attempt 2) although turn 3 was kept" in report.problems
+    assert "episode 3/1 was continued with policy version 4, below the staleness floor 5 of its step (attempt 2)" in (
+        report.problems
+    )
+    assert "episode 3/2 kept 1 turns but neither finished nor was dropped" in report.problems
+
+
+class Scripted(httpx.AsyncBaseTransport):
+    """Answers each turn with ``1`` (the env's done) or ``2`` and EOS; once ``hang`` is set, most later turns never
+    return (a preemption will find them mid-conversation). Records every completion prompt."""
+
+    def __init__(self, tokenizer, seed: int = 0) -> None:
+        self.inner = fake_vllm_transport()
+        self.ids = {d: tokenizer.convert_tokens_to_ids(d) for d in "12"}
+        self.eos = tokenizer.eos_token_id
+        self.turn1 = len(tokenizer.apply_chat_template(Chatter().task(0, 0).prompt, add_generation_prompt=True,
+                                                       tokenize=True))  # fmt: skip
+        self.hang = False
+        self.rng = random.Random(seed)
+        self.prompts: list[list[int]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/completions":
+            return await self.inner.handle_async_request(request)
+        body = json.loads(request.content)
+        self.prompts.append(body["prompt"])
+        if self.hang and len(body["prompt"]) > self.turn1 and self.rng.random() < 0.7:
+            await asyncio.sleep(3600)  # a later turn, still being sampled when the pause comes
+        choices = []
+        for i in range(body["n"]):
+            said = "1" if self.rng.random() < 0.3 else "2"
+            choices.append({"index": i, "token_ids": [self.ids[said], self.eos],
+                            "logprobs": {"token_logprobs": [-1.0, -0.1]}, "finish_reason": "stop"})  # fmt: skip
+        return httpx.Response(200, json={"choices": choices})
+
+
+@pytest.fixture
+def chat_model(tmp_path, tiny_model):
+    import shutil
+
+    from tests.unit.test_turns import STRIPPING_TEMPLATE
+
+    out = tmp_path / "chat-model"
+    shutil.copytree(tiny_model, out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.chat_template = STRIPPING_TEMPLATE
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def run_spec(max_steps: int = 3):
+    envs = [{"name": "tests.unit.test_turn_durability:Chatter"}]
+    return parse(
+        "turns", envs=envs, group_size=4, batch_size=8, max_off_policy_steps=2, max_steps=max_steps,
+        sampling={"max_tokens": 4}, checkpoint={"interval": 1, "keep_last": 3}, rollout={"members_per_request": 2},
+    ).spec  # fmt: skip
+
+
+async def test_a_paused_conversation_is_continued_at_its_last_durable_turn(tmp_path, chat_model):
+    run_dir = RunDir(tmp_path / "run")
+    tokenizer = AutoTokenizer.from_pretrained(chat_model)
+    server = Scripted(tokenizer)
+    first = orchestrator(run_spec(8), run_dir, chat_model, server)
+    stop = start_fake_trainer(run_dir, chat_model, 8, 1, attempt=1)
+    run = asyncio.create_task(first.run())
+    try:
+        while first.checkpoints.last_step < 1:
+            assert not run.done(), run.exception() if run.done() else None
+            await asyncio.sleep(0.01)
+        server.hang = True
+        while len(first.kept) < 2 or not any(c.turns >= 2 for c in first.kept.current()):
+            assert not run.done(), run.exception() if run.done() else None
+            await asyncio.sleep(0.01)
+        paused = await first.pause()
+        kept_then = {c.episode_id: c for c in first.kept.current()}
+        assert paused.conversations_kept == len(kept_then) >= 2 and paused.turns_kept >= 3
+        first.request_stop()
+        await asyncio.wait_for(run, 10)
+    finally:
+        stop.set()
+
+    server = Scripted(tokenizer)
+    second = orchestrator(run_spec(8), run_dir, chat_model, server, attempt=2, resume=True)
+    resumed = latest_complete_checkpoint(run_dir).step  # parts saved after the pause are completed with its snapshot
+    assert await run_to_the_end(second, run_dir, chat_model, first_step=resumed) == 8
+    report = second.resume_report
+    [continued] = events(run_dir, "continued")
+    turns = dict(zip(continued["ids"], continued["turns"], strict=True))
+    # every conversation the pause kept is continued, at its turn then or later (turns durable in the journal but
+    # not yet admitted when the pause came are kept too: they are after the snapshot's cut and replayed)
+    assert set(kept_then) <= set(turns) and all(turns[i] >= c.turns for i, c in kept_then.items())
+    assert (
+        report.conversations_continued == len(turns) and report.turns_kept == sum(turns.values()) >= paused.turns_kept
+    )
+    # a continued episode's next turn is prompted with its kept stream, not sampled again from its prompt
+    streams = {tuple([*c.prompt_ids, *c.completion_ids]) for i, c in kept_then.items() if turns[i] == c.turns}
+    assert streams and streams <= {tuple(p) for p in server.prompts}
+    finished = {e["id"]: e for e in events(run_dir, "finished")}
+    assert set(kept_then) <= set(finished)  # the same episodes finished, with their ids
+    ledger = check_ledger(run_dir.root / "ledger")
+    assert ledger.ok and ledger.steps == 8 and ledger.turns_lost == 0, ledger.problems
+    assert ledger.conversations_continued == len(kept_then) and ledger.turns_kept >= paused.turns_kept
+
+
+async def test_a_run_ends_every_kept_conversation(tmp_path, chat_model):
+    run_dir = RunDir(tmp_path / "run")
+    orch = orchestrator(run_spec(), run_dir, chat_model, Scripted(AutoTokenizer.from_pretrained(chat_model)))
+    assert await run_to_the_end(orch, run_dir, chat_model) == 3
+    ledger = check_ledger(run_dir.root / "ledger")
+    assert ledger.ok and ledger.turns_kept > 0, ledger.problems
+    assert len(orch.kept) == 0 and journal_root(run_dir).is_dir()
+
+
+def test_the_resume_messages_say_how_many_episodes_resumed_at_a_later_turn():
+    from rlrun.api.control import ResumeReport
+    from rlrun.launcher.preemption import resume_line
+    from rlrun_operator.recovery import resume_message
+
+    counts = {"from_step": 4, "shipped": 4, "queued_traces": 3, "open_groups": 1, "requested_groups": 2,
+              "finished_episodes_kept": 2, "dropped_stale": 0, "members_requested": 5, "progress_only_would_lose": 5,
+              "time": 0.0}  # fmt: skip
+    report = ResumeReport(**counts, conversations_continued=7, turns_kept=12)
+    assert resume_line(report).endswith("; 7 multi-turn episodes resumed at turn > 1 (12 turns kept)")
+    assert resume_message(report).endswith("; 7 multi-turn episodes resumed at turn > 1 (12 turns kept)")
+    assert "multi-turn" not in resume_line(ResumeReport(**counts))  # said only when there were some
