@@ -178,7 +178,7 @@ class Guesser(httpx.AsyncBaseTransport):
 
 
 async def test_a_run_with_a_multi_turn_env_ends_with_the_ledger_check_and_turn_metrics(tmp_path, thinking_model):
-    envs = [{"name": "guess-number", "args": {"low": 1, "high": 8, "max_turns": 3}}]
+    envs = [{"name": "guess-number", "args": {"low": 1, "high": 12, "width": 8, "max_turns": 3}}]
     spec = parse(
         "guess", envs=envs, group_size=4, batch_size=8, max_off_policy_steps=1, max_steps=3,
         sampling={"max_tokens": 6}, checkpoint={"interval": 1, "keep_last": 2},
