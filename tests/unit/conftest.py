@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.chat_models import STRIPPING_TEMPLATE, with_template
+
 _REFUSAL = "tests/unit runs in this process only: a test that starts a child process ({}) belongs in tests/processes/"
 
 
@@ -50,3 +52,10 @@ def pytest_runtest_call(item: pytest.Item):
 def pytest_runtest_teardown(item: pytest.Item):
     with _no_child_processes():
         yield
+
+
+@pytest.fixture
+def thinking_model(tmp_path, tiny_model):
+    """The tiny model with a chat template that drops past assistant turns' thinking, as Qwen3's does
+    (:data:`tests.support.chat_models.STRIPPING_TEMPLATE`); ``<|endoftext|>`` (its EOS) ends each message."""
+    return with_template(tiny_model, tmp_path / "thinking-model", STRIPPING_TEMPLATE)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 
 import httpx
 import pytest
@@ -20,6 +19,7 @@ from rlrun.rollout.fake import fake_vllm_transport
 from rlrun.rundir import RunDir, step_dirs
 from transformers import AutoTokenizer
 
+from tests.support.chat_models import with_template
 from tests.support.manifests import parse
 from tests.unit.test_rollout_faults import orchestrator, run_to_the_end
 
@@ -31,12 +31,7 @@ WORDS = ["flat", "is", "better", "than", "nested", "simple", "complex", "sparse"
 @pytest.fixture
 def chat_model(tmp_path, tiny_model):
     """The tiny model with :data:`TEMPLATE` as its tokenizer's chat template."""
-    out = tmp_path / "chat-model"
-    shutil.copytree(tiny_model, out)
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(out)
-    return out
+    return with_template(tiny_model, tmp_path / "chat-model", TEMPLATE)
 
 
 class Recorder(httpx.AsyncBaseTransport):

@@ -11,7 +11,6 @@ import math
 import random
 
 import httpx
-import pytest
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.envs.base import Reply, Task
 from rlrun.ledger import Ledger, LedgerEvent, check_ledger
@@ -167,20 +166,6 @@ class Scripted(httpx.AsyncBaseTransport):
         return httpx.Response(200, json={"choices": choices})
 
 
-@pytest.fixture
-def chat_model(tmp_path, tiny_model):
-    import shutil
-
-    from tests.unit.test_turns import STRIPPING_TEMPLATE
-
-    out = tmp_path / "chat-model"
-    shutil.copytree(tiny_model, out)
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    tokenizer.chat_template = STRIPPING_TEMPLATE
-    tokenizer.save_pretrained(out)
-    return out
-
-
 def run_spec(max_steps: int = 3):
     envs = [{"name": "tests.unit.test_turn_durability:Chatter"}]
     return parse(
@@ -189,12 +174,12 @@ def run_spec(max_steps: int = 3):
     ).spec  # fmt: skip
 
 
-async def test_a_paused_conversation_is_continued_at_its_last_durable_turn(tmp_path, chat_model):
+async def test_a_paused_conversation_is_continued_at_its_last_durable_turn(tmp_path, thinking_model):
     run_dir = RunDir(tmp_path / "run")
-    tokenizer = AutoTokenizer.from_pretrained(chat_model)
+    tokenizer = AutoTokenizer.from_pretrained(thinking_model)
     server = Scripted(tokenizer)
-    first = orchestrator(run_spec(8), run_dir, chat_model, server)
-    stop = start_fake_trainer(run_dir, chat_model, 8, 1, attempt=1)
+    first = orchestrator(run_spec(8), run_dir, thinking_model, server)
+    stop = start_fake_trainer(run_dir, thinking_model, 8, 1, attempt=1)
     run = asyncio.create_task(first.run())
     try:
         while first.checkpoints.last_step < 1:
@@ -213,9 +198,9 @@ async def test_a_paused_conversation_is_continued_at_its_last_durable_turn(tmp_p
         stop.set()
 
     server = Scripted(tokenizer)
-    second = orchestrator(run_spec(8), run_dir, chat_model, server, attempt=2, resume=True)
+    second = orchestrator(run_spec(8), run_dir, thinking_model, server, attempt=2, resume=True)
     resumed = latest_complete_checkpoint(run_dir).step  # parts saved after the pause are completed with its snapshot
-    assert await run_to_the_end(second, run_dir, chat_model, first_step=resumed) == 8
+    assert await run_to_the_end(second, run_dir, thinking_model, first_step=resumed) == 8
     report = second.resume_report
     [continued] = events(run_dir, "continued")
     turns = dict(zip(continued["ids"], continued["turns"], strict=True))
@@ -235,10 +220,10 @@ async def test_a_paused_conversation_is_continued_at_its_last_durable_turn(tmp_p
     assert ledger.conversations_continued == len(kept_then) and ledger.turns_kept >= paused.turns_kept
 
 
-async def test_a_run_ends_every_kept_conversation(tmp_path, chat_model):
+async def test_a_run_ends_every_kept_conversation(tmp_path, thinking_model):
     run_dir = RunDir(tmp_path / "run")
-    orch = orchestrator(run_spec(), run_dir, chat_model, Scripted(AutoTokenizer.from_pretrained(chat_model)))
-    assert await run_to_the_end(orch, run_dir, chat_model) == 3
+    orch = orchestrator(run_spec(), run_dir, thinking_model, Scripted(AutoTokenizer.from_pretrained(thinking_model)))
+    assert await run_to_the_end(orch, run_dir, thinking_model) == 3
     ledger = check_ledger(run_dir.root / "ledger")
     assert ledger.ok and ledger.turns_kept > 0, ledger.problems
     assert len(orch.kept) == 0 and journal_root(run_dir).is_dir()

@@ -9,7 +9,6 @@ import asyncio
 import json
 import math
 import random
-import shutil
 
 import httpx
 import pytest
@@ -29,29 +28,6 @@ from transformers import AutoTokenizer
 
 from tests.support.manifests import parse
 from tests.unit.test_rollout_faults import orchestrator, run_to_the_end
-
-#: Qwen3's rule in miniature: an assistant message before the last user message loses its ``<think>…</think>``.
-STRIPPING_TEMPLATE = (
-    "{%- set ns = namespace(last_user=0) -%}"
-    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- for m in messages -%}"
-    "{%- if m['role'] == 'assistant' and loop.index0 < ns.last_user and '</think>' in m['content'] -%}"
-    "[a]{{ m['content'].split('</think>')[-1] }}<|endoftext|>"
-    "{%- else -%}[{{ m['role'][0] }}]{{ m['content'] }}<|endoftext|>{%- endif -%}"
-    "{%- endfor -%}{%- if add_generation_prompt -%}[a]{%- endif -%}"
-)
-
-
-@pytest.fixture
-def thinking_model(tmp_path, tiny_model):
-    """The tiny model whose tokenizer has :data:`STRIPPING_TEMPLATE` and ``<|endoftext|>`` (its EOS) as a special token."""
-    out = tmp_path / "thinking-model"
-    shutil.copytree(tiny_model, out)
-    tokenizer = AutoTokenizer.from_pretrained(out)
-    tokenizer.chat_template = STRIPPING_TEMPLATE
-    tokenizer.save_pretrained(out)
-    return out
 
 
 class ThreeTurns:

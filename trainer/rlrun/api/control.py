@@ -116,13 +116,16 @@ class PauseResult(SnapshotCounts):
     def describe(self) -> str:
         """What the pause saved, one sentence (the operator's ``Paused`` Event, ``rlrun local``'s preemption
         line): ``snapshot at step S: Q queued traces, G open groups, R requested groups, E finished episodes
-        kept``, or the note when nothing was written."""
+        kept`` (and the multi-turn episodes kept at a durable turn, when any), or the note when nothing was written."""
         if self.step is None:  # paused before it started, or after it was done
             return f"{self.note or 'nothing to save'}; it resumes from its newest checkpoint"
-        return (
+        line = (
             f"snapshot at step {self.step}: {self.queued_traces} queued traces, {self.open_groups} open groups, "
             f"{self.requested_groups} requested groups, {self.finished_episodes_kept} finished episodes kept"
         )
+        if self.conversations_kept:  # the journal may hold newer turns yet: the resume says what it continued
+            line += f", {self.conversations_kept} multi-turn episodes at a durable turn ({self.turns_kept} turns)"
+        return line
 
     @classmethod
     def of_checkpoint(cls, written: CheckpointWritten) -> PauseResult:
