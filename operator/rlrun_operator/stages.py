@@ -423,6 +423,7 @@ async def succeed(ctx: RunContext) -> None:
     }
     if steps:
         patch["step"] = steps
+        patch["progress"] = {"percent": 100, "text": "100%", "eta": "-", "etaSeconds": None}
     await ctx.write({**patch, **recovery.deleting(ctx.status, [p.name for p in rollouts])})
     await ctx.delete(rollouts)
     ctx.event(EventReason.SUCCEEDED, f"{message}; {len(rollouts)} rollout pods removed")

@@ -198,6 +198,49 @@ def rollout_endpoints(pods: list[PodView], attempt: int) -> list[str]:
     )
 
 
+#: Fewest seconds between the two looks a step rate is measured over (the operator looks more often).
+RATE_WINDOW_S = 30.0
+
+
+def _seconds(rfc3339: str) -> float:
+    return dt.datetime.strptime(rfc3339, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+
+
+def _duration(seconds: float) -> str:
+    """``45s``, ``12m``, ``3h05m``."""
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def progress(previous: dict[str, Any] | None, step: int, max_steps: int, now: str) -> dict[str, Any]:
+    """``status.progress`` (:class:`~rlrun.api.status.Progress`) at ``step`` of ``max_steps`` at time ``now``
+    (RFC 3339), from the ``previous`` one: a new rate is measured once :data:`RATE_WINDOW_S` have passed since its
+    sample, and averaged with the previous rate (½ each); a step lower than the sample's (an abrupt loss retrains
+    steps) starts the measure again, keeping the rate."""
+    previous = previous or {}
+    rate, sampled_step, sampled_at = (
+        previous.get("stepsPerMinute"),
+        previous.get("sampledStep"),
+        previous.get("sampledAt"),
+    )
+    if sampled_step is None or sampled_at is None or step < sampled_step:
+        sampled_step, sampled_at = step, now
+    elif (elapsed := _seconds(now) - _seconds(sampled_at)) >= RATE_WINDOW_S:
+        measured = (step - sampled_step) / (elapsed / 60)
+        rate = measured if rate is None else (rate + measured) / 2
+        sampled_step, sampled_at = step, now
+    percent = min(100, int(100 * step / max_steps)) if max_steps else 0
+    eta = int((max_steps - step) / rate * 60) if rate and step < max_steps else None
+    return {
+        "percent": percent, "text": f"{percent}%", "eta": "-" if eta is None else _duration(eta),
+        "stepsPerMinute": None if rate is None else round(rate, 3),
+        "etaSeconds": eta, "sampledStep": sampled_step, "sampledAt": sampled_at,
+    }  # fmt: skip
+
+
 def resume_totals(status: dict[str, Any], report: ResumeReport | None, attempt: int) -> dict[str, Any]:
     """Status fields adding ``report`` (attempt ``attempt``'s resume report) to the totals, once per attempt.
 
@@ -253,8 +296,8 @@ def observe(
     Returns:
         status fields to merge into ``status``: always ``phase``, ``observedGeneration``,
         ``rolloutEndpoints``, ``message`` and ``conditions`` (the whole new list); with an answer
-        also ``step``, ``maxSteps``, ``policyVersion``, ``lastCheckpointStep`` (once there is one)
-        and the resume totals of :func:`resume_totals`.
+        also ``step``, ``maxSteps``, ``progress`` (:func:`progress`), ``policyVersion``, ``lastCheckpointStep``
+        (once there is one) and the resume totals of :func:`resume_totals`.
     """
     attempt = int(status.get("attempt") or 0)
     current = [p for p in pods if p.attempt == attempt and not p.deleting]
@@ -272,6 +315,9 @@ def observe(
     if orchestrator is not None:
         out["step"] = orchestrator.step
         out["maxSteps"] = orchestrator.max_steps
+        out["progress"] = progress(
+            status.get("progress"), orchestrator.step, orchestrator.max_steps, now or now_rfc3339()
+        )
         out["policyVersion"] = orchestrator.policy_version
         if orchestrator.last_checkpoint_step is not None:
             out["lastCheckpointStep"] = orchestrator.last_checkpoint_step

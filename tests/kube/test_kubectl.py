@@ -39,8 +39,8 @@ def test_kubectl_apply_get_watch_suspend_and_delete(cluster):
         return [line.split() for line in k("get", "rlrun").splitlines()]
 
     rows = wait_for(lambda: (t := table()) and t[1][1:3] == ["Running", "7"] and t, what="kubectl get rlrun: Running 7")
-    assert rows[0] == ["NAME", "PHASE", "STEP", "RESUMED", "PREEMPTIONS", "AGE"]
-    assert rows[1][:5] == ["reverse-text", "Running", "7", "0", "0"]
+    assert rows[0] == ["NAME", "PHASE", "STEP", "PROGRESS", "ETA", "RESUMED", "PREEMPTIONS", "AGE"]
+    assert rows[1][:7] == ["reverse-text", "Running", "7", "7%", "-", "0", "0"]  # of 100 steps; no rate yet
     conditions = json.loads(k("get", "rlr", "reverse-text", "-o", "json"))["status"]["conditions"]
     assert {c["type"]: c["status"] for c in conditions}["Ready"] == "True"
 
@@ -53,15 +53,18 @@ def test_kubectl_apply_get_watch_suspend_and_delete(cluster):
     k("patch", "pod", orchestrator, "--subresource=status", "--type=merge", "-p", json.dumps(disrupted))
     during = wait_for(lambda: (t := k("get", "rlrun", "-o", "wide")) and "Recovering" in t and t, what="Recovering")
     assert during.split("\n")[0].split() == [
-        "NAME", "PHASE", "STEP", "RESUMED", "PREEMPTIONS", "AGE", "SAMPLES", "FAILURES", "CHECKPOINT", "ATTEMPT",
+        "NAME", "PHASE", "STEP", "PROGRESS", "ETA", "RESUMED", "PREEMPTIONS", "AGE", "SAMPLES", "FAILURES",
+        "CHECKPOINT", "ATTEMPT",
     ]  # fmt: skip
-    assert during.split("\n")[1].split()[4] == "1"  # counted as soon as it is seen
+    assert during.split("\n")[1].split()[6] == "1"  # counted as soon as it is seen
     wait_for(lambda: len(k("get", "pods", selector, "-l=rlrun.dev/attempt=1", "-o", "name").split()) == 3, what="a1")
     report = resume_report(open_groups=3, requested_groups=1, queued_traces=104, finished_episodes_kept=8)
     fake.status.update(phase="running", attempt=1, resume=report)
     for pod in ("reverse-text-orchestrator-a1", "reverse-text-rollout-0-a1"):
         k("patch", "pod", pod, "--subresource=status", "--type=merge", "-p", json.dumps(ready))
-    after = wait_for(lambda: (t := table()) and t[1][1:5] == ["Running", "7", "4", "1"] and t, what="Resumed 4")
+    after = wait_for(
+        lambda: (t := table()) and t[1][1:7] == ["Running", "7", "7%", "-", "4", "1"] and t, what="Resumed 4"
+    )
     described = k("describe", "rlrun", "reverse-text")
     assert "resumed at step 10 with 104 queued traces and 4 open groups (8 finished episodes kept)" in described
     print("\n" + during + "\n" + "\n".join(" ".join(r) for r in after) + "\n" + described)

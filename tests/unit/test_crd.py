@@ -71,7 +71,7 @@ def test_crd_shape_for_kubectl():
     assert "rlrun" in crd["spec"]["names"]["categories"]
     assert version["subresources"] == {"status": {}}
     shown = [c["name"] for c in PRINTER_COLUMNS if "priority" not in c]
-    assert shown == ["Phase", "Step", "Resumed", "Preemptions", "Age"]
+    assert shown == ["Phase", "Step", "Progress", "ETA", "Resumed", "Preemptions", "Age"]
     assert SPEC_SCHEMA["properties"]["suspend"] == {"type": "boolean", "default": False}
     envs = SPEC_SCHEMA["properties"]["envs"]  # the API server keeps env names unique
     assert envs["x-kubernetes-list-type"] == "map" and envs["x-kubernetes-list-map-keys"] == ["name"]

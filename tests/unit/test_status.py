@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rlrun.api.control import ResumeReport, StatusReport
+from rlrun.api.crd import PRINTER_COLUMNS
 from rlrun.api.status import CONDITION_TYPES, PHASES, ConditionType, Phase, Reason, RLRunStatus, Trigger
 from rlrun_operator.disruption import Disruption
 from rlrun_operator.recovery import (
@@ -16,7 +17,7 @@ from rlrun_operator.recovery import (
     suspended_patch,
 )
 from rlrun_operator.recovery import failed_patch as failed
-from rlrun_operator.status import PodView, observe, pod_view, rollout_endpoints, set_condition
+from rlrun_operator.status import PodView, observe, pod_view, progress, rollout_endpoints, set_condition
 
 from tests.support.fake_orchestrator import resume_report
 
@@ -233,3 +234,39 @@ def test_every_condition_written_uses_a_declared_type_and_reason():
     }  # fmt: skip  (Succeeded is written by the reconciler, with Reason.COMPLETED)
     written = {c["type"] for p in patches for c in p["conditions"]}
     assert ConditionType.PREEMPTED in written and ConditionType.RESUMED in written
+
+
+def test_progress_has_a_percentage_and_an_eta_from_the_recent_step_rate():
+    first = progress(None, 10, 100, "2026-12-03T10:00:00Z")
+    assert first == {"percent": 10, "text": "10%", "eta": "-", "stepsPerMinute": None, "etaSeconds": None,
+                     "sampledStep": 10, "sampledAt": "2026-12-03T10:00:00Z"}  # fmt: skip
+    soon = progress(first, 11, 100, "2026-12-03T10:00:20Z")  # under 30 s: no rate measured yet, the sample stays
+    assert soon["stepsPerMinute"] is None and soon["sampledStep"] == 10 and soon["percent"] == 11
+    rated = progress(soon, 20, 100, "2026-12-03T10:01:00Z")  # 10 steps in a minute
+    assert (
+        rated["stepsPerMinute"] == 10.0
+        and rated["etaSeconds"] == 480
+        and (rated["text"], rated["eta"]) == ("20%", "8m")
+    )
+    slower = progress(rated, 22, 100, "2026-12-03T10:02:00Z")  # 2 steps/min now: the average is 6
+    assert (
+        slower["stepsPerMinute"] == 6.0
+        and slower["etaSeconds"] == 780
+        and (slower["text"], slower["eta"]) == ("22%", "13m")
+    )
+    back = progress(slower, 18, 100, "2026-12-03T10:03:00Z")  # an abrupt loss retrains steps: measure again
+    assert back["sampledStep"] == 18 and back["stepsPerMinute"] == 6.0 and (back["text"], back["eta"]) == ("18%", "14m")
+    long = progress(
+        {"stepsPerMinute": 0.1, "sampledStep": 0, "sampledAt": "2026-12-03T10:00:00Z"}, 0, 100, "2026-12-03T10:00:10Z"
+    )
+    assert long["eta"] == "16h40m"
+    assert progress(None, 100, 100, "2026-12-03T10:00:00Z")["text"] == "100%"
+
+
+def test_observe_writes_progress_and_the_crd_shows_it():
+    report = REPORT.model_copy(update={"attempt": 1})
+    out = observe({"attempt": 1}, 1, pods(1), report, now="2026-12-03T10:00:00Z")
+    assert out["progress"]["percent"] == int(100 * report.step / report.max_steps)
+    RLRunStatus.model_validate({"progress": out["progress"]})  # the CRD's schema is this model's
+    columns = {c["name"]: c["jsonPath"] for c in PRINTER_COLUMNS}
+    assert (columns["Progress"], columns["ETA"]) == (".status.progress.text", ".status.progress.eta")

@@ -130,6 +130,18 @@ PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.step", "description": "Batches shipped to the trainer"},
     {
+        "name": "Progress",
+        "type": "string",
+        "jsonPath": ".status.progress.text",
+        "description": "Steps done of maxSteps",
+    },
+    {
+        "name": "ETA",
+        "type": "string",
+        "jsonPath": ".status.progress.eta",
+        "description": "Time left at the recent step rate",
+    },
+    {
         "name": "Resumed",
         "type": "integer",
         "jsonPath": ".status.resumedGroups",

@@ -228,6 +228,31 @@ class Recovery(BaseModel):
     pause: str | None = None
 
 
+class Progress(BaseModel):
+    """How far a run is: ``kubectl get rlrun``'s Progress and ETA columns (``text``, ``eta``).
+
+    Attributes:
+        percent: ``step ÷ maxSteps``, whole percent (0–100).
+        text: ``37%``.
+        eta: the time left, ``45s``, ``12m`` or ``3h05m`` (``-`` until a step rate is known; a column value
+            without spaces, so ``kubectl get`` output splits into its columns).
+        stepsPerMinute: the recent step rate: an exponential moving average (weight ½ each) of the rate
+            between the operator's looks at least 30 s apart (recoveries included: the ETA counts them).
+        etaSeconds: ``(maxSteps − step) ÷ stepsPerMinute``, seconds (None until a rate is known).
+        sampledStep, sampledAt: the look the next rate is measured from (a step; RFC 3339).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    percent: int = Field(ge=0, le=100)
+    text: str
+    eta: str = "-"
+    stepsPerMinute: float | None = Field(default=None, ge=0)
+    etaSeconds: int | None = Field(default=None, ge=0)
+    sampledStep: int | None = Field(default=None, ge=0)
+    sampledAt: str | None = None
+
+
 class RLRunStatus(BaseModel):
     """The operator's view of a run.
 
@@ -249,6 +274,7 @@ class RLRunStatus(BaseModel):
         resumedTraces: queued samples restored from snapshots, all attempts.
         resumedEpisodes: finished episodes kept in open groups, all attempts.
         lastResume: the newest attempt's resume report.
+        progress: how far the run is, with an ETA from the recent step rate (:class:`Progress`).
         rolloutEndpoints: ready rollout servers the orchestrator was given.
         rolloutReplicas: rollout pods the current attempt was created with (a spec change applies
             from the next attempt; a pod missing below this count is replaced).
@@ -274,6 +300,7 @@ class RLRunStatus(BaseModel):
     resumedTraces: int | None = Field(default=None, ge=0)
     resumedEpisodes: int | None = Field(default=None, ge=0)
     lastResume: LastResume | None = None
+    progress: Progress | None = None
     rolloutEndpoints: int | None = Field(default=None, ge=0)
     rolloutReplicas: int | None = Field(default=None, ge=0)
     message: str | None = None
