@@ -37,6 +37,8 @@ CONTROL_PORT = 8080
 ROLLOUT_PORT = 8000
 #: A multi-node trainer's rendezvous: the TCP store of ``torchrun``'s static rendezvous on trainer node 0.
 RENDEZVOUS_PORT = 29500
+#: The trainer's /metrics and /healthz (rank 0; rlrun.training.prometheus).
+TRAINER_METRICS_PORT = 9400
 #: Paths inside the pods.
 CONFIG_DIR = "/etc/rlrun"
 MANIFEST_PATH = f"{CONFIG_DIR}/rlrun.yaml"

@@ -246,8 +246,13 @@ def _pod(
             "periodSeconds": 5,
             "failureThreshold": 3,
         }
-    elif component == naming.TRAINER and group > 1:  # node 0 hosts the rendezvous store on this port
-        container["ports"] = [{"name": "rendezvous", "containerPort": naming.RENDEZVOUS_PORT, "protocol": "TCP"}]
+    elif component == naming.TRAINER:  # rank 0 serves /metrics and /healthz (rlrun.training.prometheus)
+        env.append({"name": roles.METRICS_PORT_ENV, "value": str(naming.TRAINER_METRICS_PORT)})
+        container["ports"] = [{"name": "metrics", "containerPort": naming.TRAINER_METRICS_PORT, "protocol": "TCP"}]
+        if group > 1:  # node 0 hosts the rendezvous store on this port
+            container["ports"].append(
+                {"name": "rendezvous", "containerPort": naming.RENDEZVOUS_PORT, "protocol": "TCP"}
+            )
     if component == naming.TRAINER and ranks > 1:
         # torchrun forwards SIGTERM to its ranks and SIGKILLs them 30 s later by default: give them the pod's
         # grace period instead, so only the kubelet's SIGKILL bounds the save on notice (rlrun.roles). With the

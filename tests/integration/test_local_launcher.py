@@ -1,6 +1,7 @@
 """``rlrun local`` end to end: the launcher starts the rollout server (the fake one: vLLM is not the subject
 here; ``test_preemption.py`` runs the launcher on real vLLM), the real trainer and the real orchestrator as
-processes, shows progress, survives a child's death cleanly, and preempts at a step."""
+processes, shows progress, serves each process's Prometheus metrics, survives a child's death cleanly, and
+preempts at a step."""
 
 from __future__ import annotations
 
@@ -10,15 +11,20 @@ import subprocess
 import sys
 import time
 
+import httpx
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.ledger import check_ledger
+from rlrun.orchestrator.prometheus import METRICS as ORCHESTRATOR_METRICS
 from rlrun.rundir import RunDir
+from rlrun.training.prometheus import METRICS as TRAINER_METRICS
 
 from tests.support.manifests import PREEMPTION_RUN, SHORT_RUN, write_manifest
 from tests.support.processes import alive, descendants
 from tests.support.runs import local_argv, metrics
+from tests.unit.test_prometheus import exposed
 
 
 def start_local(manifest, run_dir, cache_dir, *extra):
@@ -39,14 +45,44 @@ def watch(proc, timeout_s, until=None):
     return seen
 
 
+def scrape_once(proc, run_dir, into: dict) -> bool:
+    """Once two steps are trained, scrape the orchestrator's and the trainer's ``/metrics`` (ports from their command
+    line and environment) into ``into``; True once done."""
+    if "trainer" in into or len(metrics(run_dir / "trainer_metrics.jsonl")) < 2:
+        return "trainer" in into
+    ports = {}
+    for pid in descendants(proc.pid):
+        try:
+            p = psutil.Process(pid)
+            argv = p.cmdline()
+            if "orchestrator" in argv and "--control-port" in argv:
+                ports["orchestrator"] = int(argv[argv.index("--control-port") + 1])
+            elif "trainer" in argv and p.environ().get("RLRUN_METRICS_PORT"):
+                ports["trainer"] = int(p.environ()["RLRUN_METRICS_PORT"])
+        except (psutil.Error, ValueError):
+            continue
+    if len(ports) < 2:
+        return False
+    for role, port in ports.items():
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        into[role] = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    into["ports"] = ports
+    return True
+
+
 def test_local_runs_the_whole_stack(tmp_path, cache_dir, tiny_model):
     evaluation = {"enabled": True, "interval": 3, "tasks": 4, "samples_per_task": 2}
     manifest = write_manifest(tmp_path / "m.yaml", base=SHORT_RUN, evaluation=evaluation)
     run_dir = tmp_path / "run"
     proc = start_local(manifest, run_dir, cache_dir)
-    seen = watch(proc, timeout_s=480)
+    scrapes: dict[str, dict[str, float]] = {}
+    seen = watch(proc, timeout_s=480, until=lambda: scrape_once(proc, run_dir, scrapes) and False)
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 0, out
+    # both processes' /metrics, scraped mid-run, parse and hold what docs/observability.md lists
+    assert f"metrics (Prometheus): http://127.0.0.1:{scrapes['ports']['orchestrator']}/metrics" in out
+    assert exposed(ORCHESTRATOR_METRICS) - {"rlrun_pause_seconds"} <= set(scrapes["orchestrator"])
+    assert exposed(TRAINER_METRICS) <= set(scrapes["trainer"]) and scrapes["trainer"]["rlrun_trainer_step"] >= 2
     rows = metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     # the policy version advances with the trainer, and staleness never exceeds the bound

@@ -264,7 +264,14 @@ def test_a_two_node_trainer_is_one_pod_per_node_with_stable_dns_names_behind_a_h
         assert (spec["hostname"], spec["subdomain"]) == (f"trainer-{node}", "demo-trainer")
         container = spec["containers"][0]
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "4"}  # gpus per pod, not per group
-        assert container["ports"] == [{"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"}]
+        assert container["ports"] == [
+            {
+                "name": "metrics",
+                "containerPort": 9400,
+                "protocol": "TCP",
+            },  # rank 0's /metrics (rlrun.training.prometheus)
+            {"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"},
+        ]
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
         # torchrun gives its ranks the pod's grace period after a SIGTERM, not its default 30 s
         assert {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": "120"} in container["env"]
@@ -321,7 +328,9 @@ def test_a_one_by_one_trainer_is_todays_single_pod():
     )
     assert not {"hostname", "subdomain"} & set(pod["spec"])
     container = pod["spec"]["containers"][0]
-    assert container["command"] == command(naming.TRAINER, 0, "1234-uid") and "ports" not in container
+    assert container["command"] == command(naming.TRAINER, 0, "1234-uid")
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]  # no rendezvous
+    assert {"name": "RLRUN_METRICS_PORT", "value": "9400"} in container["env"]
     assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in {e["name"] for e in container["env"]}
     assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "config", "tmp"]
 

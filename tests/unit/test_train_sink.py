@@ -48,8 +48,9 @@ def test_zero_spread_rejections_are_split_into_solved_and_same_wrong():
     assert (counters.groups_rejected, counters.groups_rejected_solved, counters.groups_rejected_same_wrong) == (3, 1, 1)
     assert _group(sink, 4, [0.5] * 7 + [0.25]) != []  # same completions but a spread: trains, counts in neither
     assert (counters.groups_rejected, counters.groups_rejected_solved, counters.groups_rejected_same_wrong) == (3, 1, 1)
-    assert (counters.groups_scored, sink.drain_recent_groups()) == (4, (4, 3))
-    assert sink.drain_recent_groups() == (0, 0)  # drained
+    # scored 4: zero std 3, solved by all 1 (group 1), scored 0 by all 1 (group 2), none cut at max_tokens
+    assert (counters.groups_scored, sink.drain_recent_groups()) == (4, (4, 3, 1, 1, 0))
+    assert sink.drain_recent_groups() == (0, 0, 0, 0, 0)  # drained
 
 
 def test_a_group_with_a_stale_member_counts_zero_std_by_all_its_rewards():
@@ -57,7 +58,7 @@ def test_a_group_with_a_stale_member_counts_zero_std_by_all_its_rewards():
     eps = [episode(5, 0, 1.0, 1), episode(5, 1, 1.0, 1), episode(5, 2, 0.0, 0)]  # version 0 is stale for batch 2
     assert sink.add_episodes(5, task(5), eps, next_step=2) == []  # the fresh two alone have zero spread: rejected
     assert (sink.counters.groups_rejected, sink.counters.groups_rejected_solved) == (1, 1)
-    assert sink.drain_recent_groups() == (1, 0)  # the policy's rewards for the task did have a spread
+    assert sink.drain_recent_groups() == (1, 0, 0, 0, 0)  # the policy's rewards for the task did have a spread
 
 
 def test_frac_reward_zero_std_in_the_metrics_line(tmp_path):
@@ -83,6 +84,23 @@ def test_frac_reward_zero_std_in_the_metrics_line(tmp_path):
     keys = ("groups_rejected", "groups_rejected_solved", "groups_rejected_same_wrong")
     assert [[line[k] for k in keys] for line in lines] == [[3, 1, 1]] * 2  # the split counts are cumulative
     assert [line["frac_reward_zero_std"] for line in lines] == [pytest.approx(0.6), None]
+    # prime-rl's solved_all / solved_none over the 5 groups scored: group 1 all solved; group 2 all 0
+    assert (first["solved_all"], first["solved_none"], second["solved_all"]) == (0.2, 0.2, None)
+    rewards = [1.0] * 4 + [0.0] * 4 + [0.0, 1.0, 0.0, 1.0] + [0.5] * 4 + [0.0, 0.0, 0.0, 1.0]
+    mean = sum(rewards) / 20
+    assert first["reward_mean"] == pytest.approx(mean)
+    assert first["reward_std"] == pytest.approx((sum((r - mean) ** 2 for r in rewards) / 20) ** 0.5)
+    assert (first["completion_len_max"], first["truncated_fraction"]) == (3, 0.0)  # the episodes all stopped
+
+
+def test_the_truncated_fraction_counts_episodes_cut_at_max_tokens():
+    import dataclasses
+
+    sink = TrainSink(group_size=4, batch_size=4, max_off_policy_steps=1)
+    eps = [episode(1, m, m / 4, 0) for m in range(4)]
+    eps[1] = dataclasses.replace(eps[1], finish_reason="length")
+    sink.add_episodes(1, task(1), eps, next_step=1)
+    assert sink.drain_recent_groups() == (1, 0, 0, 0, 1)
 
 
 @pytest.mark.parametrize(("step", "k", "expected"), [(1, 0, 0), (5, 0, 4), (5, 1, 3), (5, 2, 2), (1, 2, -2)])

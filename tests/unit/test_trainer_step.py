@@ -44,3 +44,46 @@ def test_train_step_reports_the_mean_entropy_of_the_trained_tokens(tmp_path, tin
     assert metrics["entropy"] == pytest.approx(expected, rel=1e-5)
     assert 0 < metrics["entropy"] < torch.log(torch.tensor(float(logits.shape[-1]))).item()
     json.dumps(metrics)  # what trainer_metrics.jsonl gets
+
+
+def test_mismatch_kl_is_zero_for_the_trainers_own_logprobs_and_moves_when_the_server_had_other_weights(
+    tmp_path, tiny_model
+):
+    """The server's logprobs are the trainer's own when both hold the same weights (a correct sync): mismatch KL
+    ≈ 0. The same batch sampled by other weights (a sync that did not happen): it moves, on-policy samples too."""
+    from rlrun.training.loss import token_logprobs
+
+    spec = parse("kl", max_steps=2, sampling={"temperature": 1.0}).spec
+    run_dir = RunDir(tmp_path)
+    trainer = Trainer(spec, run_dir, str(tiny_model))
+    completions = [[5, 6, 7, 0], [5, 9, 0], [12, 0]]
+    probe = [_sample(m, c, 0.5 - 0.5 * m) for m, c in enumerate(completions)]
+    write_batch(run_dir.rollout_batch(1), 1, probe, pad_id=0)
+    probe_batch = read_batch(run_dir.rollout_batch(1))
+
+    def server_logprobs(model) -> list[list[float]]:  # what a server holding `model`'s weights would return
+        with torch.no_grad():
+            logits = model(input_ids=probe_batch.input_ids, attention_mask=probe_batch.attention_mask).logits
+            lp = token_logprobs(logits, probe_batch.input_ids, 1.0)
+        return [lp[i][probe_batch.loss_mask[i]].tolist() for i in range(len(completions))]
+
+    def batch(step: int, logprobs: list[list[float]], version: int) -> None:
+        samples = [
+            TrainingSample(array("q", [3, 4, 9]), array("q", c), array("d", lp), 0.5 - 0.5 * m, 0.5,
+                           QueuedTrace("reverse-text", version, 0, m))
+            for m, (c, lp) in enumerate(zip(completions, logprobs, strict=True))
+        ]  # fmt: skip
+        write_batch(run_dir.rollout_batch(step), step, samples, pad_id=0)
+
+    batch(1, server_logprobs(trainer.model), version=0)  # the server holds the trainer's weights (version 0)
+    same = trainer.train_step(1)
+    assert same["mismatch_kl"] < 1e-6 and same["mismatch_kl_on_policy"] == pytest.approx(same["mismatch_kl"])
+    other = Trainer(spec, RunDir(tmp_path / "other"), str(tiny_model))
+    with torch.no_grad():
+        for p in other.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # weights the trainer does not hold
+    batch(2, server_logprobs(other.model), version=1)  # labelled as the weights the trainer holds at step 2
+    moved = trainer.train_step(2)
+    trainer.ledger.close()
+    other.ledger.close()
+    assert moved["mismatch_kl"] > 100 * max(same["mismatch_kl"], 1e-6) and moved["mismatch_kl_on_policy"] > 0.01

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 #: The orchestrator's control server reads its bearer token from here (``rlrun orchestrator --control-port``).
 CONTROL_TOKEN_ENV = "RLRUN_CONTROL_TOKEN"
+#: The trainer's ``/metrics`` and ``/healthz`` port (unset: none; :mod:`rlrun.training.prometheus`).
+METRICS_PORT_ENV = "RLRUN_METRICS_PORT"
 #: torchrun's wait between forwarding SIGTERM to its ranks and killing them (seconds; its default is 30).
 #: torch >= 2.12 reads it (pytorch/pytorch#172596; checked with 2.13); older torch ignores it and always
 #: waits 30 s. An environment variable, not ``--shutdown-timeout``: older torchrun would refuse the

@@ -98,6 +98,7 @@ class LocalLauncher:
         self.rollout_starts = 0
         self.control_token = secrets.token_urlsafe(24)
         self.control_url = ""
+        self.trainer_metrics_url = ""
         self.attempt = 0
         self.trainer_metrics_start = 0
         self._resumed_from: int | None = None  # the checkpoint step a --resume starts from
@@ -141,6 +142,8 @@ class LocalLauncher:
         procs = self.spec.trainer.processes_per_node
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, self.trainer_threads() // procs))}
         env[TERMINATION_LOG_ENV] = str(self._trainer_exit_report_path())  # see notice_trainer
+        port = free_port()  # the trainer's /metrics and /healthz (rlrun.training.prometheus)
+        env[roles.METRICS_PORT_ENV], self.trainer_metrics_url = str(port), f"http://127.0.0.1:{port}"
         return {**env, **roles.trainer_env(procs, self.trainer_grace_s)}
 
     def _trainer_exit_report_path(self) -> Path:
@@ -190,6 +193,7 @@ class LocalLauncher:
         self.control_url = f"http://127.0.0.1:{port}"
         orch_env = {**env, roles.CONTROL_TOKEN_ENV: self.control_token}
         orch = self._start("orchestrator", self._orchestrator_command(resume, urls, port), orch_env)
+        console.print(f"metrics (Prometheus): {self.control_url}/metrics, {self.trainer_metrics_url}/metrics")
         return trainer, orch
 
     def start_trainer(self, resume: bool) -> Child:

@@ -3,14 +3,17 @@
 | route | auth | what |
 |---|---|---|
 | ``GET /healthz`` | none | ``{"ok": true}`` while the loop runs (for probes) |
+| ``GET /metrics`` | none | Prometheus' text format (:mod:`.prometheus`; ``docs/observability.md``) |
 | ``GET /status`` | bearer | :class:`~rlrun.api.control.StatusReport` |
 | ``POST /pause`` | bearer | stop dispatching and shipping, write the sink snapshot: :class:`~rlrun.api.control.PauseResult` |
 | ``PUT /rollout-endpoints`` | bearer | replace the set of rollout servers: :class:`~rlrun.api.control.EndpointsUpdate` in and out |
 
 The answers are the models of :mod:`rlrun.api.control`, the contract the operator parses.
-Every route but ``/healthz`` needs ``Authorization: Bearer <token>`` and answers 401
+Every route but ``/healthz`` and ``/metrics`` needs ``Authorization: Bearer <token>`` and answers 401
 without it (or with any other token, non-ASCII bytes included); a failed pause answers 500 and a malformed body 400, each ``{"error": "…"}``.
-The token comes from ``$RLRUN_CONTROL_TOKEN``.
+The token comes from ``$RLRUN_CONTROL_TOKEN``. ``/metrics`` needs none, decided so: Prometheus scrapes
+without custom headers by default, and the metrics are read-only counts (what ``/status`` controls stays
+behind the token).
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import logging
 from typing import Any, Protocol
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from pydantic import ValidationError
 
 from rlrun.api.control import EndpointsUpdate, PauseResult, StatusReport
+from rlrun.orchestrator.prometheus import exposition
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +49,23 @@ class Controlled(Protocol):
 
 
 class ControlServer:
-    """Serves the routes above for ``orchestrator``.
+    """Serves the routes above for ``orchestrator``; ``metrics``: the registry ``/metrics`` exposes (None: no
+    ``/metrics``).
 
     Raises:
         ValueError: an empty ``token``.
     """
 
-    def __init__(self, orchestrator: Controlled, host: str, port: int, token: str) -> None:
+    def __init__(
+        self, orchestrator: Controlled, host: str, port: int, token: str, metrics: CollectorRegistry | None = None
+    ) -> None:
         if not token:
             raise ValueError("the control server needs a non-empty bearer token")
         self.orchestrator = orchestrator
         self.host = host
         self.port = port
         self.token = token
+        self.metrics = metrics
         self._runner: web.AppRunner | None = None
 
     def _authorized(self, request: web.Request) -> bool:
@@ -70,12 +79,17 @@ class ControlServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
-        if request.path != "/healthz" and not self._authorized(request):
+        if request.path not in ("/healthz", "/metrics") and not self._authorized(request):
             return web.json_response({"error": "missing or wrong bearer token"}, status=401)
         return await handler(request)
 
     async def _healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self.metrics is None:
+            return web.json_response({"error": "no metrics here"}, status=404)
+        return web.Response(body=exposition(self.metrics), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(self.orchestrator.status().model_dump(mode="json"))
@@ -101,6 +115,7 @@ class ControlServer:
         app.add_routes(
             [
                 web.get("/healthz", self._healthz),
+                web.get("/metrics", self._metrics),
                 web.get("/status", self._status),
                 web.post("/pause", self._pause),
                 web.put("/rollout-endpoints", self._endpoints),

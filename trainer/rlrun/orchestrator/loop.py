@@ -41,6 +41,7 @@ from rlrun.orchestrator.journal import Journal
 from rlrun.orchestrator.journal_files import FRESH_BASE, journal_root
 from rlrun.orchestrator.liveness import LivenessGuard, stall_accounting
 from rlrun.orchestrator.metrics import StepMetrics
+from rlrun.orchestrator.prometheus import registry_for
 from rlrun.orchestrator.resume import begin_attempt
 from rlrun.orchestrator.signals import TerminationHandler
 from rlrun.orchestrator.sink import TrainSink
@@ -143,7 +144,9 @@ class Orchestrator:
         self.last_pause: PauseResult | None = None
         self.resume_report: ResumeReport | None = None
         self.control = (
-            ControlServer(self, control_host, control_port, control_token or "") if control_port is not None else None
+            ControlServer(self, control_host, control_port, control_token or "", registry_for(self))
+            if control_port is not None
+            else None
         )
         self.termination = TerminationHandler(self.pause, self.request_stop, spec.preemption.snapshot_timeout_seconds)
         self._pause_result: asyncio.Future[PauseResult] | None = None

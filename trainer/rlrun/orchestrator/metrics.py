@@ -1,9 +1,12 @@
 """The orchestrator's metrics: one JSON line per shipped step in ``<run_dir>/metrics.jsonl``.
 
-Keys of a line: ``step``, ``attempt``, ``policy_version``; ``reward_mean`` (over every
-episode scored since the previous step, rejected groups included, so it tracks the policy
+Keys of a line: ``step``, ``attempt``, ``policy_version``; ``reward_mean`` and ``reward_std`` (over every
+episode scored since the previous step, rejected groups included, so they track the policy
 rather than the batch selection; null when none was scored), ``episodes_scored``,
-``batch_reward_mean``, ``completion_len_mean`` (tokens), ``staleness_mean`` /
+``batch_reward_mean``, ``completion_len_mean`` and ``completion_len_max`` (tokens, of the batch),
+``truncated_fraction`` (the episodes scored since the previous step that stopped at ``max_tokens``),
+``solved_all`` / ``solved_none`` (of the groups scored since the previous step, the share every member
+solved (reward 1) / every member scored 0: prime-rl's names), ``staleness_mean`` /
 ``staleness_max`` (steps off-policy in this batch: ``(step − 1) − policy version``),
 ``queue`` (queued samples left), ``open_groups``, ``inflight`` (completions),
 ``groups_rejected`` (cumulative: too few fresh members, or zero reward spread), of them
@@ -89,6 +92,8 @@ class StepMetrics:
         self._turns: dict[str, list[int]] = {}  # num_turns / tool_calls / tool_errors → per multi-turn episode
         #: members whose reward failed (cumulative over this attempt)
         self.reward_failed = 0
+        #: the last line written (None before the first step): what ``/metrics`` reports of the last step
+        self.last_line: dict | None = None
 
     def add_scores(
         self,
@@ -123,17 +128,20 @@ class StepMetrics:
         now = time.monotonic()
         elapsed = max(now - self._since, 1e-9)
         rewards = sink.drain_recent_rewards()
-        groups_scored, groups_zero_std = sink.drain_recent_groups()
+        groups_scored, groups_zero_std, solved_all, solved_none, truncated = sink.drain_recent_groups()
         staleness = [(step - 1) - s.policy_version for s in batch]
         counters = sink.counters
         line = {
             "step": step,
             "attempt": self.attempt,
             "policy_version": policy_version,
-            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "reward_mean": (mean := sum(rewards) / len(rewards) if rewards else None),
+            "reward_std": (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5 if rewards else None,
             "episodes_scored": len(rewards),
             "batch_reward_mean": sum(s.reward for s in batch) / len(batch),
             "completion_len_mean": sum(len(s.completion_ids) for s in batch) / len(batch),
+            "completion_len_max": max(len(s.completion_ids) for s in batch),
+            "truncated_fraction": truncated / len(rewards) if rewards else None,
             "staleness_mean": sum(staleness) / len(staleness),
             "staleness_max": max(staleness),
             "queue": len(sink.queue),
@@ -143,6 +151,8 @@ class StepMetrics:
             "groups_rejected_solved": counters.groups_rejected_solved,
             "groups_rejected_same_wrong": counters.groups_rejected_same_wrong,
             "frac_reward_zero_std": groups_zero_std / groups_scored if groups_scored else None,
+            "solved_all": solved_all / groups_scored if groups_scored else None,
+            "solved_none": solved_none / groups_scored if groups_scored else None,
             "samples_dropped_stale": counters.samples_dropped_stale,
             "episodes_wasted_stale": (wasted := counters.samples_dropped_stale + counters.members_left_out_stale),
             "stale_wasted_fraction": wasted / counters.episodes_finished if counters.episodes_finished else None,
@@ -160,6 +170,7 @@ class StepMetrics:
             "time": time.time(),
             "restored": not self._consumed_any,
         }
+        self.last_line = line
         self._tokens = 0
         self._since = now
         self._scores = {name: [] for name in self._scores}  # a series that saw nothing this step says null

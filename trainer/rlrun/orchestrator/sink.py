@@ -122,7 +122,9 @@ class TrainSink:
         self.abandoned: dict[int, str] = {}  # groups given up in this attempt → why
         self.counters = SinkCounters()
         self._recent_rewards: list[float] = []
-        self._recent_groups = [0, 0]  # since the last drain: groups scored, those whose rewards had zero std
+        #: since the last drain: groups scored, those whose rewards had zero std, solved by all, scoring 0 for all;
+        #: and their episodes that stopped at max_tokens (finish reason length)
+        self._recent_groups = [0, 0, 0, 0, 0]
         self._record = record or (lambda event, ids, **fields: None)
 
     @classmethod
@@ -164,8 +166,12 @@ class TrainSink:
         rewards = [e.reward for e in group.episodes]
         self._recent_rewards.extend(rewards)
         # of every member, stale ones included, like the reward metric: it tracks the policy
-        self._recent_groups[0] += 1
-        self._recent_groups[1] += all(abs(a) < ZERO_ADVANTAGE for a in grpo_advantages(rewards))
+        recent = self._recent_groups
+        recent[0] += 1
+        recent[1] += all(abs(a) < ZERO_ADVANTAGE for a in grpo_advantages(rewards))
+        recent[2] += all(r >= SOLVED_REWARD for r in rewards)
+        recent[3] += all(r <= 0.0 for r in rewards)
+        recent[4] += sum(e.finish_reason == "length" for e in group.episodes)
         fresh = self._keep_fresh(group, self.min_fresh(next_step))
         advantages = grpo_advantages([e.reward for e in fresh], self.std_normalize)
         if len(fresh) < 2 or all(abs(a) < ZERO_ADVANTAGE for a in advantages):
@@ -218,13 +224,13 @@ class TrainSink:
         out, self._recent_rewards = self._recent_rewards, []
         return out
 
-    def drain_recent_groups(self) -> tuple[int, int]:
-        """``(groups scored, those whose rewards had zero std)`` since the last call (restored groups scored by
-        :meth:`restore` included). A group's rewards are all its members', stale ones included, as in
-        :meth:`drain_recent_rewards`: a group whose fresh members alone have zero spread is rejected without
-        counting here."""
-        out, self._recent_groups = tuple(self._recent_groups), [0, 0]
-        return out
+    def drain_recent_groups(self) -> tuple[int, int, int, int, int]:
+        """``(groups scored, those whose rewards had zero std, solved by every member (reward ≥ 1), scored 0 by every
+        member, their episodes cut at max_tokens)`` since the last call (restored groups scored by :meth:`restore`
+        included). A group's rewards are all its members', stale ones included, as in :meth:`drain_recent_rewards`:
+        a group whose fresh members alone have zero spread is rejected without counting here."""
+        out, self._recent_groups = tuple(self._recent_groups), [0, 0, 0, 0, 0]
+        return out  # type: ignore[return-value]
 
     @property
     def finished_episodes_kept(self) -> int:

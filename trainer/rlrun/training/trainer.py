@@ -63,7 +63,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from rlrun.api.spec import RLRunSpec
-from rlrun.batch import read_batch
+from rlrun.batch import TrainBatch, read_batch
 from rlrun.checkpoint import WEIGHTS_FILE, check_compatible
 from rlrun.ledger import Ledger, LedgerEvent
 from rlrun.rundir import RunDir, publish_dir, run_dir_attempt, step_dirs, write_meta
@@ -77,7 +77,7 @@ from rlrun.training.distributed import (
     shard_model,
     single_process,
 )
-from rlrun.training.loss import token_entropy, token_logprobs
+from rlrun.training.loss import mismatch_kl, token_entropy, token_logprobs
 from rlrun.training.parts import (
     PAIR_WAIT_S,
     choose_checkpoint,
@@ -87,6 +87,7 @@ from rlrun.training.parts import (
     save_weights,
     write_part,
 )
+from rlrun.training.prometheus import TrainerMetrics, serve_from_env
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +254,10 @@ class Trainer:
         (loss, grad norm, ratio stats, |Δlogp| and ``entropy`` of the whole batch, seconds; ``ranks`` with
         several). ``entropy``: mean over the trained tokens of the policy's next-token entropy at the sampling
         temperature (:func:`~rlrun.training.loss.token_entropy`, nats/token, before the step): its fall to 0
-        is the policy collapsing.
+        is the policy collapsing. ``mismatch_kl``: mean over the trained tokens of
+        :func:`~rlrun.training.loss.mismatch_kl` (the trainer's logprobs against vLLM's, nats/token), and
+        ``mismatch_kl_on_policy`` over the samples of the weights the trainer holds (policy version ``step − 1``;
+        None when none): ≈ 0 unless the server's weights or tokens differ from the trainer's.
 
         Raises:
             Noticed: the notice came while waiting for the batch.
@@ -280,13 +284,16 @@ class Trainer:
         # The entropy's [B, T-1, V] temporaries are made after backward has freed the activations, not beside them.
         with torch.no_grad():
             entropy = token_entropy(logits.detach(), self.spec.sampling.temperature)
+            kl = mismatch_kl(logprobs.detach(), old_logprobs)
+            on = mask & self._on_policy_rows(batch, step).to(dev)[:, None]  # sampled by the weights held now
             diff = torch.stack(
-                [(logprobs.detach() - old_logprobs)[mask].abs().sum(), entropy[mask].sum(), mask.sum()]
-            ).to(torch.float64)
-            del entropy
+                [(logprobs.detach() - old_logprobs)[mask].abs().sum(), entropy[mask].sum(), mask.sum(),
+                 kl[mask].sum(), kl[on].sum(), on.sum()]
+            ).to(torch.float64)  # fmt: skip
+            del entropy, kl
             if dp.distributed:
                 torch.distributed.all_reduce(diff)
-            diff_sum, entropy_sum, tokens = diff.tolist()
+            diff_sum, entropy_sum, tokens, kl_sum, kl_on_sum, on_tokens = diff.tolist()
         if dp.is_main:
             self.ledger.write(LedgerEvent.TRAINED, step=step, ids=[t["episode_id"] for t in whole.meta["traces"]])
         return {
@@ -297,11 +304,22 @@ class Trainer:
             **stats,  # clip_fraction, ratio_mean, ratio_max, tokens: of the whole batch
             "logprob_abs_diff": diff_sum / max(tokens, 1.0),
             "entropy": entropy_sum / max(tokens, 1.0),  # nats/token
+            "mismatch_kl": kl_sum / max(tokens, 1.0),  # nats/token
+            "mismatch_kl_on_policy": kl_on_sum / on_tokens if on_tokens else None,
             "wait_s": round(t0 - wait_t0, 4),
             "train_s": round(time.perf_counter() - t0, 4),
             "time": time.time(),
             **({"ranks": dp.world_size} if dp.distributed else {}),
         }
+
+    @staticmethod
+    def _on_policy_rows(batch: TrainBatch, step: int) -> torch.Tensor:
+        """``[b]`` bool over ``batch``'s rows (this rank's): sampled by policy version ``step − 1``, the weights the
+        trainer holds when it trains ``step``."""
+        versions = [t["policy_version"] for t in batch.meta["traces"]]
+        start, stop = batch.meta.get("rank_rows", [0, len(versions)])
+        rows = [v == step - 1 for v in versions[start:stop]] or [False]  # a rank's placeholder row weighs nothing
+        return torch.tensor(rows, dtype=torch.bool)
 
     def publish(self, step: int) -> None:
         """Publish ``broadcasts/step_N/`` (weights after step N, and the attempt that made them)."""
@@ -355,6 +373,8 @@ class Trainer:
         (:meth:`save_on_notice`) and stop. Returns the last step trained."""
         log.info("trainer starting at step %d, training to step %d", self.step, self.max_steps)
         interval = self.spec.checkpoint.interval
+        gauges = TrainerMetrics() if self.dp.is_main else None  # /metrics on $RLRUN_METRICS_PORT (rank 0)
+        server = serve_from_env(gauges) if gauges is not None else None
         while self.step < self.max_steps:
             if self._stop_requested():
                 break
@@ -372,11 +392,14 @@ class Trainer:
                 continue
             with open(self.run_dir.trainer_metrics, "a") as fh:
                 fh.write(json.dumps(metrics) + "\n")
+            gauges.observe(metrics)  # type: ignore[union-attr]
             log.info(
                 "step %d loss %.4f grad_norm %.3f clip %.3f |Δlogp| %.4f entropy %.3f train %.2fs wait %.2fs",
                 step, metrics["loss"], metrics["grad_norm"], metrics["clip_fraction"],
                 metrics["logprob_abs_diff"], metrics["entropy"], metrics["train_s"], metrics["wait_s"],
             )  # fmt: skip
+        if server is not None:
+            server.shutdown()
         if self._stop_requested():
             self.noticed.set()  # a notice seen by another rank: this rank saves with them
             self.save_on_notice()

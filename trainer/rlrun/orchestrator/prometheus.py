@@ -1,0 +1,124 @@
+"""The orchestrator's Prometheus metrics: ``GET /metrics`` on the control server (:mod:`.control`).
+
+Read off the orchestrator's stages when scraped, by a custom collector (``prometheus_client``'s
+``Collector``): nothing is counted on the event loop between scrapes, so the metrics cost the loop nothing
+but the scrape itself (a few hundred microseconds for these ~25 series). Names follow Prometheus'
+conventions: the ``rlrun_`` prefix, base units (seconds), ``_total`` for counters, ``_ratio`` for shares;
+:data:`METRICS` lists every one with its meaning, and ``docs/observability.md`` is checked against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+#: name (without a counter's ``_total``) → (``gauge`` or ``counter``, help). Gauges named after ``metrics.jsonl`` keys
+#: hold the last shipped step's value (absent before the first step).
+METRICS: dict[str, tuple[str, str]] = {
+    "rlrun_step": ("gauge", "Batches shipped to the trainer."),
+    "rlrun_max_steps": ("gauge", "The step the run ends at."),
+    "rlrun_policy_version": ("gauge", "Policy version (trainer steps) the rollout servers hold."),
+    "rlrun_attempt": ("gauge", "This orchestrator's attempt number."),
+    "rlrun_last_checkpoint_step": ("gauge", "Newest complete checkpoint (-1: none yet)."),
+    "rlrun_queue_samples": ("gauge", "Scored samples queued for a batch."),
+    "rlrun_open_groups": ("gauge", "Groups with members finished and others still to come."),
+    "rlrun_inflight_completions": ("gauge", "Completions requested from rollout servers and not yet returned."),
+    "rlrun_requested_groups": ("gauge", "Requests waiting to be dispatched (resume requests)."),
+    "rlrun_conversations_kept": ("gauge", "Multi-turn episodes kept at a durable turn."),
+    "rlrun_episodes_finished": ("counter", "Episodes finished (scored or abandoned) in this attempt."),
+    "rlrun_samples_dropped_stale": ("counter", "Queued samples dropped as too old to train (max_off_policy_steps)."),
+    "rlrun_groups_abandoned": ("counter", "Groups given up (nothing left could train, or their requests kept failing)."),
+    "rlrun_groups_rejected": ("counter", "Groups scored and not trained (zero reward spread, too few fresh members)."),
+    "rlrun_requests_cancelled": ("counter", "Rollout requests cancelled (stale, failed, lost)."),
+    "rlrun_episodes_reward_failed": ("counter", "Members whose reward raised, timed out or was no number."),
+    "rlrun_journal_records": ("counter", "Records appended to this attempt's episode journal."),
+    "rlrun_journal_fsyncs": ("counter", "Group commits (fdatasync) of the episode journal."),
+    "rlrun_journal_bytes": ("counter", "Bytes written to the episode journal."),
+    "rlrun_checkpoint_write_seconds": ("gauge", "Time to pack and write the last orchestrator checkpoint part."),
+    "rlrun_pause_seconds": ("gauge", "Time the last pause took to write its snapshot."),
+    "rlrun_reward_mean": ("gauge", "Mean reward of the episodes scored before the last shipped step."),
+    "rlrun_reward_std": ("gauge", "Standard deviation of those rewards."),
+    "rlrun_staleness_mean_steps": ("gauge", "Mean off-policy staleness of the last batch, steps."),
+    "rlrun_groups_zero_std_ratio": ("gauge", "Share of the groups scored with zero reward spread (TRL frac_reward_zero_std)."),
+    "rlrun_groups_solved_all_ratio": ("gauge", "Share of the groups scored that every member solved (prime-rl solved_all)."),
+    "rlrun_groups_solved_none_ratio": ("gauge", "Share of the groups scored that every member scored 0 (prime-rl solved_none)."),
+    "rlrun_episodes_truncated_ratio": ("gauge", "Share of the episodes scored that stopped at max_tokens."),
+    "rlrun_rollout_tokens_per_second": ("gauge", "Completion tokens sampled per second over the last step."),
+    "rlrun_step_duration_seconds": ("gauge", "Time between the last two shipped steps."),
+}  # fmt: skip
+
+#: The gauges of :data:`METRICS` that come from the last ``metrics.jsonl`` line, by its key.
+_LAST_STEP = {
+    "rlrun_reward_mean": "reward_mean",
+    "rlrun_reward_std": "reward_std",
+    "rlrun_staleness_mean_steps": "staleness_mean",
+    "rlrun_groups_zero_std_ratio": "frac_reward_zero_std",
+    "rlrun_groups_solved_all_ratio": "solved_all",
+    "rlrun_groups_solved_none_ratio": "solved_none",
+    "rlrun_episodes_truncated_ratio": "truncated_fraction",
+    "rlrun_rollout_tokens_per_second": "rollout_tokens_per_s",
+    "rlrun_step_duration_seconds": "step_time_s",
+}
+
+
+class OrchestratorCollector:
+    """Collects :data:`METRICS` off ``orch`` (:class:`~rlrun.orchestrator.loop.Orchestrator`) at each scrape."""
+
+    def __init__(self, orch: Any) -> None:
+        self.orch = orch
+
+    def values(self) -> dict[str, float | None]:
+        """Each metric's value now (None: not known yet)."""
+        o, sink, d, j = self.orch, self.orch.sink, self.orch.dispatcher, self.orch.journal
+        c = sink.counters
+        last_write, last_pause = o.checkpoints.last_written, o.last_pause
+        line = o.metrics.last_line or {}
+        out: dict[str, float | None] = {
+            "rlrun_step": o.shipped,
+            "rlrun_max_steps": o.max_steps,
+            "rlrun_policy_version": o.policy_version,
+            "rlrun_attempt": o.attempt_number,
+            "rlrun_last_checkpoint_step": o.checkpoints.last_step,
+            "rlrun_queue_samples": len(sink.queue),
+            "rlrun_open_groups": len(sink.open_groups),
+            "rlrun_inflight_completions": d.inflight_samples if d is not None else 0,
+            "rlrun_requested_groups": len(o.source.resume_requests),
+            "rlrun_conversations_kept": len(o.kept),
+            "rlrun_episodes_finished": c.episodes_finished,
+            "rlrun_samples_dropped_stale": c.samples_dropped_stale,
+            "rlrun_groups_abandoned": c.groups_abandoned,
+            "rlrun_groups_rejected": c.groups_rejected,
+            "rlrun_requests_cancelled": d.cancelled_groups if d is not None else 0,
+            "rlrun_episodes_reward_failed": o.metrics.reward_failed,
+            "rlrun_journal_records": j.next_seq if j is not None else 0,
+            "rlrun_journal_fsyncs": j.fsyncs if j is not None else 0,
+            "rlrun_journal_bytes": j.bytes_written if j is not None else 0,
+            "rlrun_checkpoint_write_seconds": last_write.seconds if last_write is not None else None,
+            "rlrun_pause_seconds": last_pause.seconds if last_pause is not None and last_pause.step is not None else None,
+        }  # fmt: skip
+        out.update({name: line.get(key) for name, key in _LAST_STEP.items()})
+        return out
+
+    def collect(self) -> Iterator[Metric]:
+        """One family per known value (``prometheus_client``'s collector protocol)."""
+        for name, value in self.values().items():
+            if value is None:
+                continue
+            kind, text = METRICS[name]
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            yield family(name, text, value=float(value))
+
+
+def registry_for(orch: Any) -> CollectorRegistry:
+    """A registry holding ``orch``'s collector alone (not the process-global one: tests run several)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(OrchestratorCollector(orch))
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The text format Prometheus scrapes (``CONTENT_TYPE_LATEST``)."""
+    return generate_latest(registry)
