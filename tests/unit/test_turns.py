@@ -168,4 +168,5 @@ async def test_a_run_with_a_multi_turn_env_ends_with_the_ledger_check_and_turn_m
     turns = [line["num_turns"] for line in lines if line.get("num_turns") is not None]
     assert turns and max(turns) > 1  # a wrong guess is answered higher or lower, and guessed again
     assert any(line["reward/guess-number"] > 0 for line in lines)  # some guesses hit the secret
-    assert all(line["tool_calls"] == 0 for line in lines if "tool_calls" in line)
+    # no tool env: 0 calls per episode (null on a step that finished no episode since the one before)
+    assert {line.get("tool_calls") for line in lines} <= {0, None} and 0 in {line.get("tool_calls") for line in lines}
