@@ -1,9 +1,9 @@
 """Tokens sampled again after a preemption, with turn-level durability and without (JSON on stdout).
 
 One scenario, run twice in the same invocation with the same seed: the real Orchestrator (in process, the fake
-trainer, :mod:`rlrun.orchestrator`) trains a 6-turn env — the model answers until it says ``1``, at most six turns
-— against a scripted server (answers drawn from a hash of the prompt) at ``--samples-per-s`` completions per
-second. At step ``--pause-at`` the orchestrator is paused (the snapshot a preemption writes) and stopped, and a
+trainer, :mod:`rlrun.orchestrator`) trains a 6-turn env (``tests.support.envs:UntilOne``) — the model answers
+until it says ``1``, at most six turns — against a scripted server (answers drawn from a hash of the prompt) at
+``--samples-per-s`` completions per second. At step ``--pause-at`` the orchestrator is paused (the snapshot a preemption writes) and stopped, and a
 second attempt resumes to ``--steps``. Attempt 1 is the same in both runs (the env is resumable: its turns are
 journaled); they differ in what the resume does with the conversations kept:
 
@@ -28,36 +28,17 @@ import asyncio
 import hashlib
 import json
 import logging
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the env: tests.support.envs
 MAX_TURNS = 6
-
-
-class SixTurns:
-    """Plain-text prompts ``go<i>=``; the env answers ``no=`` until the model says ``1`` (reward 1), six turns at most."""
-
-    name = "six-turns"
-    max_turns = MAX_TURNS
-    resumable = True
-
-    def task(self, seed, index, split="train"):
-        from rlrun.envs.base import Task
-
-        return Task(self.name, index, f"go{index}=", "1")
-
-    def start(self, task):
-        return {"turns": 0}
-
-    def respond(self, task, state, completion):
-        from rlrun.envs.base import Reply
-
-        return Reply(None if completion == "1" else "no=", completion == "1", {"turns": state["turns"] + 1})
-
-    def reward(self, task, completion):
-        return 1.0 if completion == "1" else 0.0
+#: The env: answered ``no=`` until the model says ``1``, at most MAX_TURNS turns; a prompt per task.
+ENV = {"name": "tests.support.envs:UntilOne", "args": {"max_turns": MAX_TURNS}}
 
 
 class Server:
@@ -94,11 +75,11 @@ class Server:
         return httpx.Response(200, json={"choices": choices})
 
 
-def spec(env: str, steps: int):
+def spec(steps: int):
     from rlrun.manifest import parse_manifest
 
     body = {
-        "model": {"builtin": "tiny-reverse"}, "envs": [{"name": f"turn_durability:{env}"}], "group_size": 4,
+        "model": {"builtin": "tiny-reverse"}, "envs": [ENV], "group_size": 4,
         "batch_size": 16, "max_off_policy_steps": 2, "max_steps": steps, "seed": 7,
         "checkpoint": {"interval": 1, "keep_last": 3}, "sampling": {"max_tokens": 4},
         "rollout": {"max_inflight": 64},
@@ -146,7 +127,7 @@ async def scenario(mode: str, model: Path, root: Path, args) -> dict:
 
     def orchestrator(attempt: int, resume: bool) -> Orchestrator:
         return Orchestrator(
-            spec("SixTurns", args.steps), run_dir, ["http://fake:1"], str(model), resume=resume, attempt=attempt,
+            spec(args.steps), run_dir, ["http://fake:1"], str(model), resume=resume, attempt=attempt,
             poll_s=0.01, client_factory=lambda url: RolloutClient(url, transport=server.transport),
         )  # fmt: skip
 

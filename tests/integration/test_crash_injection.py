@@ -200,36 +200,11 @@ def journal_spec(multi_turn: bool = False):
         seed=5,
         checkpoint={"interval": 2, "keep_last": 2},
         rollout={"max_inflight": 16, "members_per_request": 2},
-        **({"envs": [{"name": "tests.integration.test_crash_injection:Countdown"}]} if multi_turn else {}),
+        **({"envs": [{"name": "tests.support.envs:UntilOne", "args": {"prompts": 7}}]} if multi_turn else {}),
     ).spec
 
 
-class Countdown:
-    """A resumable multi-turn env with plain-text prompts: the episode ends when the model says ``1`` (reward 1),
-    else the env answers ``no=``; at most 6 turns."""
-
-    name = "countdown"
-    max_turns = 6
-    resumable = True
-
-    def task(self, seed, index, split="train"):
-        from rlrun.envs.base import Task
-
-        return Task(self.name, index, f"go{index % 7}=", "1")
-
-    def start(self, task):
-        return {"turns": 0}
-
-    def respond(self, task, state, completion):
-        from rlrun.envs.base import Reply
-
-        return Reply(None if completion == "1" else "no=", completion == "1", {"turns": state["turns"] + 1})
-
-    def reward(self, task, completion):
-        return 1.0 if completion == "1" else 0.0
-
-
-def countdown_client_factory(model: str, seed: int, samples_per_s: float = 100.0):
+def until_one_client_factory(model: str, seed: int, samples_per_s: float = 100.0):
     """Clients of one fake server that answers each turn ``1`` (a fifth of the time) or ``2``, then EOS, at
     ``samples_per_s`` completions per second over all requests (the rest of the API as the fake's)."""
     import httpx
@@ -281,7 +256,7 @@ def _one_attempt(
         run_dir.checkpoint(0).mkdir(parents=True, exist_ok=True)
         publish_dir(run_dir.trainer_checkpoint(0), part)
     clients = (
-        countdown_client_factory(model, seed=attempt) if multi_turn
+        until_one_client_factory(model, seed=attempt) if multi_turn
         else fake_client_factory(samples_per_s=100, error_rate=0.3, seed=attempt)
     )  # fmt: skip
     orch = Orchestrator(
@@ -334,7 +309,7 @@ def run_attempt(root, model, attempt, resume, crash_env=None, kill_at=None, mult
 def journal_trial(tmp_path, model, crash_env=None, kill_at=None, kills=1, multi_turn=False):
     """``kills`` attempts die — the first by ``crash_env`` or at ``kill_at`` (see :func:`run_attempt`), a
     second one once it has shipped a batch of its own — then one resumes to the end; returns the ledger
-    report. ``multi_turn``: the :class:`Countdown` env, whose kept turns must not be lost either."""
+    report. ``multi_turn``: the :class:`~tests.support.envs.UntilOne` env, whose kept turns must not be lost either."""
     root = tmp_path / "run"
     root.mkdir()
     code = run_attempt(root, model, 1, False, crash_env, kill_at, multi_turn)

@@ -21,6 +21,12 @@ from rlrun.envs.base import Task
 from rlrun.samples import Episode, episode_id
 
 
+def count_sampled(logprobs: Sequence[float]) -> int:
+    """Tokens with these logprobs that were sampled (trained): an env token's logprob is NaN and is not counted
+    (:func:`rlrun.orchestrator.turns.sampled_mask` says which)."""
+    return sum(not math.isnan(x) for x in logprobs)
+
+
 @dataclass(frozen=True)
 class KeptConversation:
     """A multi-turn episode at its last durable turn: what a resume continues it from (:mod:`.conversations`).
@@ -59,7 +65,7 @@ class KeptConversation:
     @property
     def sampled_tokens(self) -> int:
         """Tokens of its sampled turns (what a resume from its first turn would sample again)."""
-        return sum(not math.isnan(x) for x in self.logprobs)
+        return count_sampled(self.logprobs)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (snapshots, train-source state); an env token's logprob is ``null``."""

@@ -42,7 +42,7 @@ from rlrun.orchestrator.journal_files import FRESH_BASE, journal_root
 from rlrun.orchestrator.liveness import LivenessGuard, stall_accounting
 from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.orchestrator.prometheus import registry_for
-from rlrun.orchestrator.resume import begin_attempt
+from rlrun.orchestrator.resume import Stages, begin_attempt
 from rlrun.orchestrator.signals import TerminationHandler
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.source import TrainSource
@@ -325,8 +325,8 @@ class Orchestrator:
         clients = list(self.dispatcher.clients.values())
         spec_json = self.spec.model_dump_json(indent=2).encode()  # what `rlrun eval RUN_DIR` evaluates with
         await asyncio.to_thread(write_file_atomic, self.run_dir.spec_file, spec_json, False)
-        stages = (self.source, self.sink, self.ledger, self.kept)
-        restored = await begin_attempt(self.resume, self.run_dir, self.spec, *stages)
+        stages = Stages(self.source, self.sink, self.ledger, self.kept)
+        restored = await begin_attempt(self.resume, self.run_dir, self.spec, stages)
         if self.use_journal:
             base = restored.journal_base if restored is not None else FRESH_BASE
             on_durable, loop = self.admission.on_durable, asyncio.get_running_loop()

@@ -80,6 +80,23 @@ def start_over(run_dir: RunDir, ledger: Ledger, attempt: int) -> list[int]:
 
 
 @dataclass(frozen=True)
+class Stages:
+    """The stages an attempt's beginning restores (as the orchestrator holds them).
+
+    Attributes:
+        source: the train source (its state, task cursor and member numbering).
+        sink: the train sink (its queue, open groups and counters).
+        ledger: where the resume's events go (its ``attempt`` is this attempt's).
+        kept: where the multi-turn episodes a resume continues are kept (None: nowhere).
+    """
+
+    source: TrainSource
+    sink: TrainSink
+    ledger: Ledger
+    kept: KeptConversations | None = None
+
+
+@dataclass(frozen=True)
 class ResumePlan:
     """What a resume puts back, worked out once (for its report, then to apply it).
 
@@ -107,21 +124,15 @@ def plan_resume(
     return ResumePlan(merged, added, records, plan)
 
 
-def put_back(
-    resume: ResumePlan,
-    source: TrainSource,
-    sink: TrainSink,
-    ledger: Ledger,
-    shipped: int,
-    kept: KeptConversations | None = None,
-) -> None:
-    """Apply ``resume`` to ``source`` and ``sink`` (and ``kept``: the conversations continued).
+def put_back(resume: ResumePlan, stages: Stages, shipped: int) -> None:
+    """Apply ``resume`` to the ``stages``' source and sink (and ``kept``: the conversations continued).
 
     Writes the ``replayed`` ledger event, moves the task cursor past every group the records name
     (a group a dead attempt opened after the snapshot must not be drawn again as a new task), then
     restores the sink and the source's member numbering; writes ``continued`` for the multi-turn episodes
     continued at their last durable turn and ``turns_dropped`` for the others.
     """
+    source, sink, ledger, kept = stages.source, stages.sink, stages.ledger, stages.kept
     if resume.replayed:
         records = resume.records
         attempts = sorted({r.attempt for r in records})
@@ -142,18 +153,9 @@ def put_back(
         ledger.write(LedgerEvent.TURNS_DROPPED, ids=ids, reason=why)
 
 
-async def begin_attempt(
-    resume: bool,
-    run_dir: RunDir,
-    spec: RLRunSpec,
-    source: TrainSource,
-    sink: TrainSink,
-    ledger: Ledger,
-    kept: KeptConversations | None = None,
-) -> Restored | None:
+async def begin_attempt(resume: bool, run_dir: RunDir, spec: RLRunSpec, stages: Stages) -> Restored | None:
     """Begin an attempt: :func:`restore` with ``resume`` (:func:`start_over` when nothing is complete),
-    else :func:`check_fresh_run_dir`. Returns what was restored, or None for a start from step 0. ``kept``: where
-    the multi-turn episodes a resume continues are kept.
+    else :func:`check_fresh_run_dir`. Returns what was restored, or None for a start from step 0.
 
     Raises:
         OrchestratorError: a fresh start in a run directory that holds a run.
@@ -162,13 +164,14 @@ async def begin_attempt(
     if not resume:
         check_fresh_run_dir(run_dir)
         return None
-    restored = await restore(run_dir, spec, source, sink, ledger, kept)
+    restored = await restore(run_dir, spec, stages)
     if restored is None:
+        source, sink, ledger = stages.source, stages.sink, stages.ledger
         start_over(run_dir, ledger, ledger.attempt)
         records = await asyncio.to_thread(replay, journal_root(run_dir), FRESH_BASE, ledger.attempt)
         if records:
             resume_plan = plan_resume(SinkSnapshot([], [], []), records, spec, source, 0)
-            put_back(resume_plan, source, sink, ledger, 0, kept)
+            put_back(resume_plan, stages, 0)
             log.info("resume: starting over with %d journaled episodes replayed (%d open groups, %d queued traces)",
                      sum(len(r.episodes) for r in records), len(resume_plan.plan.open_groups), len(sink.queue))  # fmt: skip
     return restored
@@ -193,15 +196,9 @@ class Restored:
     replayed: int = 0
 
 
-async def restore(
-    run_dir: RunDir,
-    spec: RLRunSpec,
-    source: TrainSource,
-    sink: TrainSink,
-    ledger: Ledger,
-    kept: KeptConversations | None = None,
-) -> Restored | None:
-    """Restore the source and the sink from the newest complete checkpoint; None when there is none.
+async def restore(run_dir: RunDir, spec: RLRunSpec, stages: Stages) -> Restored | None:
+    """Restore the ``stages`` (source, sink, kept conversations) from the newest complete checkpoint; None when there
+    is none.
 
     Raises:
         CheckpointMismatch: the checkpoint belongs to a run with other settings (names the fields), or an env's
@@ -211,6 +208,7 @@ async def restore(
     if ckpt is None:
         log.info("resume: no complete checkpoint in %s; starting from step 0", run_dir.root)
         return None
+    source, ledger = stages.source, stages.ledger
     state = ckpt.orchestrator
     envs = {env.name: env for env in source.envs}  # their data's fingerprints: a resume over changed data is refused
     check_compatible(state.get("identity"), spec, str(run_dir.orchestrator_checkpoint(ckpt.step)), envs)
@@ -254,7 +252,7 @@ async def restore(
     for between in ledger_attempts(ledger.path.parent, "orchestrator"):
         if report.from_attempt is not None and report.from_attempt < between < ledger.attempt:
             ledger.write(LedgerEvent.RESUMED, from_attempt=between, snapshot_line=-1, step=ckpt.step)
-    put_back(resume_plan, source, sink, ledger, shipped, kept)
+    put_back(resume_plan, stages, shipped)
     for r in source.resume_requests:
         ledger.write(LedgerEvent.REDISPATCH_REQUESTED, group=r.group_id, members=r.members, first_member=r.first_member)
     log.info(

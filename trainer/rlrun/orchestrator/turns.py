@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlrun.envs.base import Messages, MultiTurnEnv, Task
-from rlrun.orchestrator.groups import KeptConversation
+from rlrun.orchestrator.groups import KeptConversation, count_sampled
 from rlrun.rollout.client import Completion
 
 #: The logprob an env token carries in an episode: none (it was not sampled); the loss mask is 0 there.
@@ -45,7 +45,8 @@ ENV_TOKEN_LOGPROB = float("nan")
 
 
 def sampled_mask(logprobs: Sequence[float]) -> list[bool]:
-    """Per completion token: True where it was sampled (trained), False for an env token (NaN logprob)."""
+    """Per completion token: True where it was sampled (trained), False for an env token (NaN logprob); how many:
+    :func:`~rlrun.orchestrator.groups.count_sampled`."""
     return [not math.isnan(x) for x in logprobs]
 
 
@@ -87,7 +88,7 @@ class Conversation:
     @property
     def env_tokens(self) -> int:
         """Tokens the env added (not trained)."""
-        return sum(math.isnan(x) for x in self.logprobs)
+        return len(self.logprobs) - count_sampled(self.logprobs)
 
     def kept(self, group_id: int, member: int, task: Task, policy_version: int) -> KeptConversation:
         """This conversation as member ``member`` of group ``group_id`` keeps it (ready for its next turn)."""
@@ -218,7 +219,7 @@ async def play_all(
 
 def sum_sampled(conversations: list[Conversation]) -> int:
     """Sampled tokens of ``conversations`` (env tokens not counted)."""
-    return sum(len(c.logprobs) - c.env_tokens for c in conversations)
+    return sum(count_sampled(c.logprobs) for c in conversations)
 
 
 def _describe(exc: BaseException, timeout_s: float) -> str:
