@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[cpu,operator,dev]'
+	$(PIP) install --quiet -e '.[cpu,operator,tracking,dev]'
 	$(PIP) uninstall --yes --quiet torchvision torchaudio torchcodec || true
 	$(PY) -c "import torch, vllm, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__)"
 	touch $(STAMP)

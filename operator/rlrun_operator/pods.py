@@ -240,6 +240,10 @@ def _pod(
                 "valueFrom": {"secretKeyRef": {"name": naming.secret_name(run.metadata.name), "key": naming.TOKEN_KEY}},
             }
         )
+        wandb = spec.logging.wandb  # the orchestrator is the one process that logs to the trackers
+        if wandb is not None and wandb.api_key_secret is not None:
+            ref = {"name": wandb.api_key_secret.name, "key": wandb.api_key_secret.key}
+            env.append({"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": ref}})
         container["ports"] = [{"name": "control", "containerPort": naming.CONTROL_PORT, "protocol": "TCP"}]
         container["readinessProbe"] = {
             "httpGet": {"path": "/healthz", "port": "control"},

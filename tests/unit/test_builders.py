@@ -446,3 +446,15 @@ def test_the_spec_reserves_every_name_and_path_rlrun_gives_its_pods():
         paths = [m["mountPath"] for m in container["volumeMounts"]] + [container["terminationMessagePath"]]
         assert set(paths) <= set(RESERVED_MOUNT_PATHS), pod["metadata"]["name"]
         assert {v["name"] for v in pod["spec"]["volumes"]} <= set(RESERVED_VOLUME_NAMES)
+
+
+def test_the_wandb_api_key_secret_reaches_the_orchestrator_alone():
+    logging = {"wandb": {"project": "p", "api_key_secret": {"name": "wandb", "key": "api-key"}}}
+    body, run = make(logging=logging)
+    pods = pods_by_component(build_pods(body, run, SETTINGS, 0))
+    (orchestrator,) = pods[naming.ORCHESTRATOR]
+    env = orchestrator["spec"]["containers"][0]["env"]
+    assert {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}} in env
+    for component in (naming.TRAINER, naming.ROLLOUT):  # only the orchestrator logs to the trackers
+        for pod in pods[component]:
+            assert all(e["name"] != "WANDB_API_KEY" for e in pod["spec"]["containers"][0]["env"])

@@ -1,9 +1,8 @@
 """``rlrun`` command line: the typer commands, the local launcher's and the ones pods run.
 
-Each role command (``rlrun orchestrator``, ``rlrun trainer``) reports how it exits through
-:mod:`rlrun.role_exit` (exit statuses, the exit report); ``--run-uid`` (``$RLRUN_RUN_UID``, the
-operator passes the RLRun's uid) numbers attempts per run directory: see
-:func:`rlrun.rundir.run_dir_attempt`.
+Each role command (``rlrun orchestrator``, ``rlrun trainer``) reports how it exits through :mod:`rlrun.role_exit`
+(exit statuses, the exit report); ``--run-uid`` (``$RLRUN_RUN_UID``, the operator passes the RLRun's uid) numbers
+attempts per run directory: see :func:`rlrun.rundir.run_dir_attempt`.
 """
 
 from __future__ import annotations
@@ -279,6 +278,7 @@ def orchestrator(
             control_host=control_host,
             control_token=token,
             run_uid=run_uid,
+            name=run.metadata.name,
         )
         try:
             asyncio.run(orch.run())

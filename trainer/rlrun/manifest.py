@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from rlrun.api.spec import EnvSpec, RLRun, RLRunSpec
 from rlrun.envs import BUILTIN_ENVS, EnvArgsError, UnknownEnvError, make_env, resolve_env
 from rlrun.rewards.loading import RewardArgsError, load_reward
+from rlrun.tracking.backends import missing_packages
 
 #: How far a manifest's envs and rewards are checked (:func:`env_errors`): ``full`` (where the run's env code and
 #: data are: ``rlrun local``/``validate``, the orchestrator) or ``static`` (what needs neither: the operator, the
@@ -102,6 +103,8 @@ def parse_manifest(data: Any, source: str = "<manifest>", checks: Checks = "full
     except ValidationError as exc:
         raise ManifestError(source, format_validation_error(exc)) from None
     errors = env_errors(run.spec, checks)
+    if checks == "full":  # the orchestrator logs to the trackers: the operator's image need not hold them
+        errors += missing_packages(run.spec.logging)
     if errors:
         raise ManifestError(source, errors)
     return run

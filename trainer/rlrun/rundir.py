@@ -283,6 +283,20 @@ class RunDir:
         return self.root / "eval.jsonl"
 
     @property
+    def tracking(self) -> Path:
+        """``tracking.json``: the experiment tracker run's id and the last step logged to it (:mod:`rlrun.tracking`)."""
+        return self.root / "tracking.json"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def wandb(self) -> Path:
+        """Where W&B keeps its files (``offline-run-*`` to ``wandb sync``): ``wandb.init(dir=root)`` adds ``wandb/``."""
+        return self.root / "wandb"
+
+    @property
     def spec_file(self) -> Path:
         """``spec.json``: the run's spec as the orchestrator last started with it (``rlrun eval`` reads it)."""
         return self.root / "spec.json"

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rlrun.api.pod_inputs import EnvVars, Volumes
+from rlrun.api.tracking import LoggingSpec
 
 API_GROUP = "rlrun.dev"
 API_VERSION = "v1alpha1"
@@ -383,6 +384,7 @@ class RLRunSpec(_Strict):
     loss: LossSpec = Field(default_factory=LossSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    logging: LoggingSpec = Field(default_factory=LoggingSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)

@@ -44,6 +44,10 @@ class WeightFollower:
         self.attempt = attempt
         self.reference = reference
         self.version = 0
+        #: the last weight update (None before one) and every update's seconds together (validation, then each
+        #: server's pause, reload and resume): what metrics.jsonl's ``weight_update_s`` and ``/metrics`` report
+        self.last_push: WeightPush | None = None
+        self.update_seconds = 0.0
 
     def weights_dir(self, version: int) -> Path | None:
         """Where the weights of ``version`` are: its broadcast, else its trainer checkpoint (None: neither)."""
@@ -61,7 +65,8 @@ class WeightFollower:
             RolloutError: a reachable server failed to reload.
         """
         push = await push_weights(clients, path, version, self.reference)
-        self.version = version
+        self.version, self.last_push = version, push
+        self.update_seconds += push.seconds
         for url, error in push.unreachable.items():
             log.warning("rollout server %s unreachable during the update to policy %d: %s", url, version, error)
         return push

@@ -1,9 +1,8 @@
 """The orchestrator: wires the stages together and runs the main loop.
 
-Each stage keeps its own policy (the map is in ``docs/design.md``): source, dispatcher,
-sink, flow control, cancellation, weight follower, checkpoint manager (its docstring has
-the consistent cut with the trainer), and :mod:`.resume` for how an attempt begins. This
-module passes results between them, ships batches, and pauses when asked.
+Each stage keeps its own policy (the map is in ``docs/design.md``): source, dispatcher, sink, flow control,
+cancellation, weight follower, checkpoint manager (its docstring has the consistent cut with the trainer), and
+:mod:`.resume` for how an attempt begins. This module passes results between them, ships batches, and pauses.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ from rlrun.orchestrator.source import TrainSource
 from rlrun.orchestrator.weights import weights_signature
 from rlrun.rollout.client import RolloutClient
 from rlrun.rundir import RunDir, run_dir_attempt, write_file_atomic
+from rlrun.tracking.publisher import TrackerPublisher
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class Orchestrator:
         poll_s: how often to look for results and trainer output, seconds.
         client_factory: ``client_factory(url: str) -> RolloutClient`` (benchmarks pass an instant fake).
         run_uid: the run's uid (``--run-uid``): attempts are then numbered per run directory.
+        name: the run's name (the RLRun's ``metadata.name``), for the experiment trackers.
         journal: keep the episode journal (:mod:`.journal`): finished episodes are durable before
             they count, so an abrupt kill loses none (False: only benchmarks' baselines).
 
@@ -102,6 +103,7 @@ class Orchestrator:
         client_factory: Callable[[str], RolloutClient] = RolloutClient,
         run_uid: str | None = None,
         journal: bool = True,
+        name: str = "rlrun",
     ) -> None:
         self.spec = spec
         self.run_dir = run_dir.ensure()
@@ -124,7 +126,8 @@ class Orchestrator:
             self.run_dir, attempt, spec.checkpoint.keep_last, self.ledger, self._capture
         )
         self.weights = WeightFollower(self.run_dir, attempt, reference=None)
-        self.metrics = StepMetrics(self.run_dir.metrics, attempt)
+        self.metrics = StepMetrics(self.run_dir.metrics, attempt, self.weights)
+        self.tracking = TrackerPublisher(spec, self.run_dir, name, run_uid, attempt, lambda: self.checkpoints.last_step)
         self.results: asyncio.Queue[GroupResult | None] = asyncio.Queue()  # None: wake up, episodes admitted
         self.use_journal = journal
         self.journal: Journal | None = None  # opened once the attempt has begun (its base is known)
@@ -136,18 +139,15 @@ class Orchestrator:
         self.evaluation = EvalRounds()
         self.dispatcher: Dispatcher | None = None
         self.shipped = 0
-        #: the last batch cut from the queue: shipped, or being written (flow control counts it as shipped:
-        #: its samples are neither queued nor committed any more, and it trains in its own step)
+        #: the last batch cut from the queue, shipped or being written: flow control counts it shipped (it trains)
         self.cut = 0
         self.phase: OrchestratorPhase = "starting"
         self.paused = False
         self.last_pause: PauseResult | None = None
         self.resume_report: ResumeReport | None = None
-        self.control = (
-            ControlServer(self, control_host, control_port, control_token or "", registry_for(self))
-            if control_port is not None
-            else None
-        )
+        self.control: ControlServer | None = None
+        if control_port is not None:
+            self.control = ControlServer(self, control_host, control_port, control_token or "", registry_for(self))
         self.termination = TerminationHandler(self.pause, self.request_stop, spec.preemption.snapshot_timeout_seconds)
         self._pause_result: asyncio.Future[PauseResult] | None = None
         self._stop = asyncio.Event()
@@ -156,8 +156,6 @@ class Orchestrator:
     def policy_version(self) -> int:
         """The policy version the rollout servers hold."""
         return self.weights.version
-
-    # -- control surface ----------------------------------------------------------------------
 
     async def set_endpoints(self, endpoints: list[str]) -> None:
         """Replace the rollout endpoints (``PUT /rollout-endpoints``; :meth:`.endpoints.EndpointMembership.set`:
@@ -294,7 +292,7 @@ class Orchestrator:
         while True:
             if not self.paused and not self.evaluation.holding:  # a round holds the weights it scores
                 before = self.policy_version
-                push = await self.weights.follow(list(self.dispatcher.clients.values()))
+                push = await self.weights.follow(self._clients())
                 if push is not None:
                     self.endpoints.bench(push.unreachable)
                     self._dispatch_within_budget()
@@ -322,7 +320,6 @@ class Orchestrator:
 
     async def _begin(self) -> None:
         """Resume, start over, or start fresh (:func:`.resume.begin_attempt`), and load the matching weights."""
-        clients = list(self.dispatcher.clients.values())
         spec_json = self.spec.model_dump_json(indent=2).encode()  # what `rlrun eval RUN_DIR` evaluates with
         await asyncio.to_thread(write_file_atomic, self.run_dir.spec_file, spec_json, False)
         stages = Stages(self.source, self.sink, self.ledger, self.kept)
@@ -338,10 +335,10 @@ class Orchestrator:
             self.shipped, self.resume_report = restored.shipped, restored.report
             self.cut = self.shipped
             self.checkpoints.resumed_from(restored.step)
-            push = await self.weights.load(clients, self.run_dir.trainer_checkpoint(restored.step), restored.step)
-            self.endpoints.bench(push.unreachable)
+            weights = self.run_dir.trainer_checkpoint(restored.step)
+            self.endpoints.bench((await self.weights.load(self._clients(), weights, restored.step)).unreachable)
         elif self.weights.reference is not None:  # servers may hold another run's weights: start from ours
-            self.endpoints.bench((await self.weights.load(clients, self.model_path, 0)).unreachable)
+            self.endpoints.bench((await self.weights.load(self._clients(), self.model_path, 0)).unreachable)
 
     async def run(self) -> int:
         """Run until batch ``max_steps`` is shipped and checkpointed, or a pause then stop; returns the step.
@@ -383,6 +380,7 @@ class Orchestrator:
             await self._begin()
             self.evaluation.start(self.policy_version)
             self.metrics.start()
+            self.tracking.start(self.resume_report)
             if not self.paused:  # a pause during set-up stands
                 self.phase = "running"
             follower = asyncio.create_task(self._follow_trainer())
@@ -444,6 +442,7 @@ class Orchestrator:
                 j = self.journal
                 log.info("journal: %d records, %d fsyncs, %d bytes", j.next_seq, j.fsyncs, j.bytes_written)
             self.metrics.close()
+            await asyncio.to_thread(self.tracking.close)  # logs what is final: the last steps, the last evaluation
             self.ledger.close()
 
 

@@ -26,7 +26,8 @@ an env without ``rewards`` has one, named after it), ``episodes_reward_failed`` 
 members whose reward raised, timed out or was no number; requested again), ``num_turns``, ``tool_calls`` and
 ``tool_errors`` (multi-turn envs only: means per episode finished since the previous step: model turns, tool
 calls, tool calls that failed), ``rollout_tokens_per_s`` (sampled tokens) and ``step_time_s`` (since the
-previous step), ``time`` (Unix s), ``restored`` (the batch was cut from the queue a resume put
+previous step), ``weight_update_s`` (time the rollout servers spent taking new weights since the previous step:
+validation, then pause, reload and resume), ``time`` (Unix s), ``restored`` (the batch was cut from the queue a resume put
 back, before this attempt consumed any rollout: its ``reward_mean`` is null and its tokens/s
 0 are no measurement).
 """
@@ -39,6 +40,7 @@ import time
 from pathlib import Path
 
 from rlrun.orchestrator.dispatcher import Dispatcher
+from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.samples import Episode, TrainingSample
 
@@ -78,11 +80,14 @@ class StepMetrics:
     Args:
         path: ``<run_dir>/metrics.jsonl`` (appended to, so a resumed run continues it).
         attempt: this attempt's number.
+        weights: the weight follower whose update time ``weight_update_s`` reports.
     """
 
-    def __init__(self, path: Path, attempt: int) -> None:
+    def __init__(self, path: Path, attempt: int, weights: WeightFollower | None = None) -> None:
         self.path = path
         self.attempt = attempt
+        self.weights = weights
+        self._update_seconds = 0.0  # the follower's update seconds at the previous step
         self._fh = None
         self._tokens = 0
         self._since = time.monotonic()
@@ -167,6 +172,7 @@ class StepMetrics:
             "groups_abandoned": counters.groups_abandoned,
             "rollout_tokens_per_s": self._tokens / elapsed,
             "step_time_s": elapsed,
+            "weight_update_s": self._weight_update_s(),
             "time": time.time(),
             "restored": not self._consumed_any,
         }
@@ -196,6 +202,12 @@ class StepMetrics:
             line["rollout_tokens_per_s"], elapsed,
         )  # fmt: skip
         return line
+
+    def _weight_update_s(self) -> float | None:
+        if self.weights is None:
+            return None
+        seconds, self._update_seconds = self.weights.update_seconds - self._update_seconds, self.weights.update_seconds
+        return round(seconds, 4)
 
     def close(self) -> None:
         """Close the file."""

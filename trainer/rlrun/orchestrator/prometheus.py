@@ -39,6 +39,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "rlrun_journal_bytes": ("counter", "Bytes written to the episode journal."),
     "rlrun_checkpoint_write_seconds": ("gauge", "Time to pack and write the last orchestrator checkpoint part."),
     "rlrun_pause_seconds": ("gauge", "Time the last pause took to write its snapshot."),
+    "rlrun_weight_update_seconds": (
+        "gauge", "Time the last weight update took: validation, then every server's pause, reload and resume.",
+    ),
     "rlrun_reward_mean": ("gauge", "Mean reward of the episodes scored before the last shipped step."),
     "rlrun_reward_std": ("gauge", "Standard deviation of those rewards."),
     "rlrun_staleness_mean_steps": ("gauge", "Mean off-policy staleness of the last batch, steps."),
@@ -98,6 +101,7 @@ class OrchestratorCollector:
             "rlrun_journal_bytes": j.bytes_written if j is not None else 0,
             "rlrun_checkpoint_write_seconds": last_write.seconds if last_write is not None else None,
             "rlrun_pause_seconds": last_pause.seconds if last_pause is not None and last_pause.step is not None else None,
+            "rlrun_weight_update_seconds": o.weights.last_push.seconds if o.weights.last_push is not None else None,
         }  # fmt: skip
         out.update({name: line.get(key) for name, key in _LAST_STEP.items()})
         return out

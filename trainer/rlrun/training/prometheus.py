@@ -43,6 +43,8 @@ METRICS: dict[str, tuple[str, str, str | None]] = {
     "rlrun_trainer_tokens_per_second": ("gauge", "Tokens trained per second of the last step's compute.", None),
     "rlrun_trainer_step_seconds": ("gauge", "The last step's compute time (after its batch arrived).", "train_s"),
     "rlrun_trainer_batch_wait_seconds": ("gauge", "Time the last step waited for its batch.", "wait_s"),
+    "rlrun_trainer_broadcast_seconds": ("gauge", "Time the last step's weights took to publish for the rollout servers.", "broadcast_s"),
+    "rlrun_trainer_checkpoint_seconds": ("gauge", "Time the last trainer checkpoint took to write.", "checkpoint_s"),
 }  # fmt: skip
 
 

@@ -383,15 +383,22 @@ class Trainer:
                 metrics = self.train_step(step)
             except Noticed:  # the notice came while waiting for the batch: nothing half-done to finish
                 break
+            t0 = time.perf_counter()
             self.publish(step)
             self.step = step
-            if step % interval == 0 or step == self.max_steps:
+            checkpoint = step % interval == 0 or step == self.max_steps
+            metrics.update(attempt=self.attempt, broadcast_s=round(time.perf_counter() - t0, 4), checkpoint=checkpoint)
+            # The line goes before the checkpoint: once a checkpoint holds the step, its line is on disk, and the last
+            # line of each step a complete checkpoint holds is final (what rlrun.tracking logs).
+            if self.dp.is_main:
+                with open(self.run_dir.trainer_metrics, "a") as fh:
+                    fh.write(json.dumps(metrics) + "\n")
+            if checkpoint:
+                t0 = time.perf_counter()
                 self.checkpoint(step)
-                metrics["checkpoint"] = True
+                metrics["checkpoint_s"] = round(time.perf_counter() - t0, 4)
             if not self.dp.is_main:
                 continue
-            with open(self.run_dir.trainer_metrics, "a") as fh:
-                fh.write(json.dumps(metrics) + "\n")
             gauges.observe(metrics)  # type: ignore[union-attr]
             log.info(
                 "step %d loss %.4f grad_norm %.3f clip %.3f |Δlogp| %.4f entropy %.3f train %.2fs wait %.2fs",

@@ -1,0 +1,149 @@
+"""Experiment trackers in tests: runs of the publisher over written metrics lines, and reading back what the
+trackers wrote, offline: W&B's run files and TensorBoard's event files.
+
+W&B (0.31) keeps an offline run in ``<run_dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb``: the LevelDB log
+format (32 KiB blocks of records, each a 7-byte header — CRC32, length, type: full / first / middle / last) after
+a 7-byte file header (``:W&B``, magic, version), each record a ``wandb_internal_pb2.Record``. Its Python package no
+longer ships a reader, so this one reads the format as documented by LevelDB (``doc/log_format.md``).
+TensorBoard's files are read with TensorBoard's own ``EventAccumulator``, which applies ``purge_step``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from pathlib import Path
+
+from rlrun.api.control import ResumeReport
+from rlrun.api.spec import RLRunSpec
+from rlrun.rundir import RunDir
+from rlrun.tracking.publisher import TrackerPublisher, read_state
+
+from tests.support.manifests import manifest
+
+#: Both trackers, W&B offline.
+LOGGING = {"wandb": {"project": "rlrun-test", "mode": "offline"}, "tensorboard": {}}
+
+_BLOCK = 32 * 1024
+_HEADER = 7
+_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
+
+
+def _records(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", f"{path}: not a W&B run file"
+    out, partial, pos = [], b"", _HEADER
+    while pos + _HEADER <= len(data):
+        left = _BLOCK - pos % _BLOCK
+        if left < _HEADER:  # a block's trailer is zero-filled
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + _HEADER])
+        if kind == 0 and length == 0:
+            pos += left
+            continue
+        payload = data[pos + _HEADER : pos + _HEADER + length]
+        pos += _HEADER + length
+        if kind == _FULL:
+            out.append(payload)
+        elif kind == _FIRST:
+            partial = payload
+        elif kind == _MIDDLE:
+            partial += payload
+        elif kind == _LAST:
+            out.append(partial + payload)
+    return out
+
+
+def wandb_offline_runs(run_dir: RunDir) -> list[tuple[str, list[tuple[int, dict[str, float]]]]]:
+    """Each offline W&B run under ``<run_dir>/wandb``, oldest first: ``(run id, [(step, {key: value})])`` with the
+    history rows in the order written (W&B's own ``_step``, ``_runtime``, ``_timestamp`` left out)."""
+    from wandb.proto import wandb_internal_pb2
+
+    runs = []
+    for directory in sorted(run_dir.wandb.glob("offline-run-*")):
+        [path] = directory.glob("run-*.wandb")
+        run_id, rows = None, []
+        for raw in _records(path):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(raw)
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                run_id = record.run.run_id
+            elif kind == "history":
+                values = {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                    if not (item.key or "/".join(item.nested_key)).startswith("_")
+                }
+                rows.append((record.history.step.num, values))
+        runs.append((run_id, rows))
+    return runs
+
+
+def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value)]}`` of every scalar under ``log_dir``, as TensorBoard shows them (purged steps gone)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _append(path: Path, rows: list[dict]) -> None:
+    with open(path, "a") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+
+
+def attempt_lines(run_dir: RunDir, attempt: int, steps: range, evaluations: tuple[int, ...] | list[int] = ()) -> None:
+    """What an attempt's processes append: an orchestrator and a trainer line per step, its evaluations."""
+    _append(
+        run_dir.metrics,
+        [
+            {"step": s, "attempt": attempt, "reward_mean": attempt + s / 100, "reward/env": 0.5, "restored": False,
+             "per_env": {"env": {"finished": s}}, "reward_std": None, "time": 1.0}
+            for s in steps
+        ],
+    )  # fmt: skip
+    _append(
+        run_dir.trainer_metrics,
+        [{"step": s, "attempt": attempt, "loss": -attempt - s / 100, "checkpoint": True} for s in steps],
+    )
+    _append(
+        run_dir.evaluations, [{"policy_version": v, "attempt": attempt, "greedy_solved": v / 10} for v in evaluations]
+    )
+
+
+def publisher(
+    run_dir: RunDir, committed: list[int], attempt: int, run_uid: str | None = None, logging: dict = LOGGING
+) -> TrackerPublisher:
+    """A publisher of a run with ``logging`` that reads the newest complete checkpoint from ``committed[0]``."""
+    spec = RLRunSpec.model_validate(manifest(logging=logging)["spec"])
+    return TrackerPublisher(spec, run_dir, "my-run", run_uid, attempt, lambda: committed[0], poll_s=0.05)
+
+
+def resume_report(from_step: int) -> ResumeReport:
+    """A resume from ``from_step`` that put back 3 groups (2 open, 1 requested) and 7 queued samples."""
+    return ResumeReport(
+        from_step=from_step, shipped=from_step + 1, queued_traces=7, open_groups=2, requested_groups=1,
+        finished_episodes_kept=3, dropped_stale=0, members_requested=4, progress_only_would_lose=10, time=time.time(),
+    )  # fmt: skip
+
+
+def two_attempts(run_dir: RunDir, logging: dict) -> None:
+    """Attempt 1 trains to step 7 with its newest checkpoint at 4 and is lost abruptly; attempt 2 resumes from 4
+    and trains to 10 (its checkpoint). Evaluations of versions 0 and 10."""
+    committed = [-1]
+    first = publisher(run_dir, committed, attempt=1, logging=logging)
+    first.start(None)
+    attempt_lines(run_dir, 1, range(1, 8), evaluations=[0])
+    committed[0] = 4
+    first.close()
+    assert read_state(run_dir)["logged_step"] == 4
+    second = publisher(run_dir, committed, attempt=2, logging=logging)
+    second.start(resume_report(4))
+    attempt_lines(run_dir, 2, range(5, 11), evaluations=[10])
+    committed[0] = 10
+    second.close()

@@ -1,0 +1,72 @@
+"""``spec.logging``: the experiment trackers a run logs its steps to (:mod:`rlrun.tracking`).
+
+Both are optional and off unless given; each imports its package only when configured (``pip install
+'rlrun[tracking]'`` installs both). What is logged, and when: a step once its checkpoint is complete, with the
+values of the attempt whose checkpoint holds it, so a run is **one** tracker run across every attempt whose
+steps never go backwards (``docs/observability.md``, "Experiment trackers").
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlrun.api.pod_inputs import KeyRefSpec
+
+#: A W&B project or entity name (W&B's limits: at most 128 characters, no ``/ \\ # ? % :``).
+NAME_PATTERN = r"^[-_.a-zA-Z0-9]+$"
+
+
+class _Strict(BaseModel):
+    # as every model of rlrun.api.spec: strict types, no unknown field, frozen
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class WandbSpec(_Strict):
+    """Weights & Biases.
+
+    The W&B run's id derives from the run's identity (the RLRun's uid; under ``rlrun local``, an id kept in
+    the run directory), and every attempt resumes it (``resume="allow"``), as verl does.
+
+    Attributes:
+        project: the W&B project.
+        entity: the team or user (None: the API key's default entity).
+        mode: ``online`` (sync as it logs), ``offline`` (files under ``<run_dir>/wandb/``, uploaded later with
+            ``wandb sync``), ``disabled`` (nothing; the configuration stays in the manifest).
+        name: the run's display name (None: the RLRun's ``metadata.name``).
+        tags: W&B tags.
+        api_key_secret: on Kubernetes, the Secret key holding the API key: the operator gives it to the
+            orchestrator, the one process that logs, as ``WANDB_API_KEY``. ``rlrun local`` reads the variable
+            (or ``wandb login``'s netrc) from this machine.
+    """
+
+    project: str = Field(min_length=1, max_length=128, pattern=NAME_PATTERN)
+    entity: str | None = Field(default=None, min_length=1, max_length=128, pattern=NAME_PATTERN)
+    mode: Literal["online", "offline", "disabled"] = "online"
+    name: str | None = Field(default=None, min_length=1, max_length=128)
+    tags: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list, max_length=20)
+    api_key_secret: KeyRefSpec | None = None
+
+
+class TensorBoardSpec(_Strict):
+    """TensorBoard: event files under ``<run_dir>/tensorboard/`` (``tensorboard --logdir`` it).
+
+    Attributes:
+        enabled: write them (``tensorboard: {}`` turns it on).
+    """
+
+    enabled: bool = True
+
+
+class LoggingSpec(_Strict):
+    """Experiment trackers (none by default): ``wandb``, ``tensorboard``, or both."""
+
+    wandb: WandbSpec | None = None
+    tensorboard: TensorBoardSpec | None = None
+
+    @property
+    def any(self) -> bool:
+        """Whether a step is logged anywhere."""
+        wandb = self.wandb is not None and self.wandb.mode != "disabled"
+        return wandb or (self.tensorboard is not None and self.tensorboard.enabled)

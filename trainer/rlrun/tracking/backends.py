@@ -1,0 +1,158 @@
+"""The experiment trackers: Weights & Biases and TensorBoard, behind one small interface.
+
+Each package is imported only when its tracker is configured (``spec.logging``), so a run without trackers
+needs neither installed; one configured but not installed is refused with the manifest (:func:`missing_packages`,
+checked by :func:`rlrun.manifest.parse_manifest`), naming the field and the install command.
+
+- **W&B**: one W&B run per rlrun run — its id is given, and each attempt resumes it (``resume="allow"``).
+  Steps are logged with an explicit ``step``. Evaluations are logged with the next step's row (W&B's steps only
+  grow), their x-axis the ``eval/policy_version`` they evaluated (``define_metric``). The console is not
+  captured (the orchestrator's log is its own) and system metrics are off (the orchestrator's pod holds no
+  accelerator; vLLM and the trainer report theirs).
+- **TensorBoard**: event files under ``<run_dir>/tensorboard/`` (``torch.utils.tensorboard``'s writer). Each
+  attempt opens its writer with ``purge_step`` one past the last step logged, so steps a killed attempt logged
+  past that point are hidden from TensorBoard (its own rule for restarted jobs); evaluations are written at
+  the step they evaluated.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib.util import find_spec
+from typing import Any, Protocol
+
+from rlrun.api.tracking import LoggingSpec, WandbSpec
+from rlrun.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+INSTALL = "pip install 'rlrun[tracking]'"
+
+
+class Tracker(Protocol):
+    """What the publisher (:mod:`rlrun.tracking.publisher`) logs to."""
+
+    #: where the run can be seen (a URL, or a directory and the command that shows or uploads it)
+    location: str
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        """Log ``values`` at ``step`` (steps only grow)."""
+
+    def evaluation(self, step: int, version: int, values: dict[str, float]) -> None:
+        """Log an evaluation of policy ``version`` with the row of ``step`` (the last step logged, or the one
+        being logged)."""
+
+    def event(self, step: int, text: str) -> None:
+        """Note an event (a resume) at ``step``."""
+
+    def close(self) -> None:
+        """Flush and close."""
+
+
+def missing_packages(spec: LoggingSpec) -> list[str]:
+    """``["spec.logging.wandb: wandb is not installed: pip install …", …]``: each configured tracker whose package
+    this environment lacks (empty when all are there)."""
+    wanted = []
+    if spec.wandb is not None and spec.wandb.mode != "disabled":
+        wanted.append(("wandb", "wandb"))
+    if spec.tensorboard is not None and spec.tensorboard.enabled:
+        wanted.append(("tensorboard", "tensorboard"))
+    return [f"spec.logging.{field}: {m} is not installed: {INSTALL}" for field, m in wanted if find_spec(m) is None]
+
+
+class WandbTracker:
+    """A W&B run (``wandb.init(id=run_id, resume="allow")``) in ``spec.mode``, its files under ``<run_dir>/wandb/``.
+
+    Args:
+        spec: ``spec.logging.wandb``.
+        run_dir: the run directory.
+        run_id: the W&B run id (the same for every attempt).
+        name: the display name when ``spec.name`` is None.
+        config: the run's spec (W&B's ``config``).
+
+    Raises:
+        ImportError: wandb is not installed (:func:`missing_packages` says so first).
+    """
+
+    def __init__(self, spec: WandbSpec, run_dir: RunDir, run_id: str, name: str, config: dict[str, Any]) -> None:
+        import wandb
+
+        self.run = wandb.init(
+            project=spec.project,
+            entity=spec.entity,
+            name=spec.name or name,
+            tags=spec.tags or None,
+            id=run_id,
+            resume="allow",
+            mode=spec.mode,
+            dir=str(run_dir.root),
+            config=config,
+            reinit="create_new",  # tests run several orchestrators in one process
+            settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
+        )
+        self.run.define_metric("eval/policy_version")
+        self.run.define_metric("eval/*", step_metric="eval/policy_version")
+        offline = f"{self.run.settings.sync_dir} (upload: wandb sync {run_dir.wandb}/offline-run-*-{run_id})"
+        self.location = offline if spec.mode == "offline" else self.run.url
+        self._pending: dict[str, float] = {}  # an evaluation waiting for the next row
+        self._step = 0
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self.run.log({**values, **self._pending}, step=step)
+        self._pending = {}
+
+    def evaluation(self, step: int, version: int, values: dict[str, float]) -> None:
+        # with the next row; logged at once only at the end (close): W&B merges a row of the same step
+        self._pending.update(values)
+        self._step = step
+
+    def event(self, step: int, text: str) -> None:
+        log.info("W&B run %s: %s", self.run.id, text)
+
+    def close(self) -> None:
+        if self._pending:
+            self.run.log(self._pending, step=self._step)
+        self.run.finish()
+
+
+class TensorBoardTracker:
+    """Event files under ``<run_dir>/tensorboard/``, steps past ``logged_step`` purged from earlier attempts' files.
+
+    Raises:
+        ImportError: tensorboard is not installed (:func:`missing_packages` says so first).
+    """
+
+    def __init__(self, run_dir: RunDir, logged_step: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+        self.writer = SummaryWriter(str(run_dir.tensorboard), purge_step=logged_step + 1 if logged_step else None)
+        self.location = f"{run_dir.tensorboard} (tensorboard --logdir {run_dir.tensorboard})"
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            self.writer.add_scalar(name, value, step)
+
+    def evaluation(self, step: int, version: int, values: dict[str, float]) -> None:
+        self.log(version, values)
+
+    def event(self, step: int, text: str) -> None:
+        self.writer.add_text("run/events", text, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def open_trackers(
+    spec: LoggingSpec, run_dir: RunDir, run_id: str, logged_step: int, name: str, config: dict[str, Any]
+) -> list[Tracker]:
+    """The trackers ``spec`` configures (none when it configures none or only a disabled W&B).
+
+    Raises:
+        ImportError: a configured tracker's package is not installed.
+    """
+    trackers: list[Tracker] = []
+    if spec.wandb is not None and spec.wandb.mode != "disabled":
+        trackers.append(WandbTracker(spec.wandb, run_dir, run_id, name, config))
+    if spec.tensorboard is not None and spec.tensorboard.enabled:
+        trackers.append(TensorBoardTracker(run_dir, logged_step))
+    return trackers

@@ -1,0 +1,107 @@
+"""The final values of each step, read from the run directory's metrics files: what a tracker logs.
+
+Each process appends its own line per step: ``metrics.jsonl`` (the orchestrator, as it ships the step),
+``trainer_metrics.jsonl`` (the trainer's rank 0, before the step's checkpoint), and ``eval.jsonl`` (one line per
+evaluated policy version). After an abrupt loss the steps past the newest complete checkpoint are trained again,
+and their lines appended again. A step's lines are **final** once a complete checkpoint holds the step: every
+later attempt resumes from that checkpoint or a newer one, so none trains the step again, and the last line of
+the step in each file is the one of the attempt that made the checkpoint. (The one exception: a newest
+checkpoint found corrupt and the one before it resumed from; the steps between were logged already and are not
+logged again — a tracker's steps never go backwards.)
+
+A step's scalars are named by where they come from: ``rollout/<key>`` (``metrics.jsonl``; its ``reward/<series>``
+keys as they are, ``per_env`` as ``rollout/per_env/<env>/<key>``), ``train/<key>`` (``trainer_metrics.jsonl``)
+and ``eval/<key>`` (``eval.jsonl``, with ``eval/policy_version``); ``run/attempt`` is the attempt that wrote the
+step's lines. Non-numbers (None, booleans) are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rlrun.rundir import RunDir, read_metrics
+
+#: Keys of each file's lines that are not series: the step itself, wall times, flags.
+_SKIP = {
+    "rollout": {"step", "attempt", "time", "restored"},
+    "train": {"step", "attempt", "time", "checkpoint", "ranks"},
+    "eval": {"attempt", "time", "tasks", "samples_per_task"},
+}
+
+
+def scalars(line: dict[str, Any], prefix: str, skip: Iterable[str] = ()) -> dict[str, float]:
+    """``line``'s numbers as ``{name: value}``: ``<prefix>/<key>`` (a key holding ``/`` kept as it is), nested
+    mappings flattened with ``/``; None, booleans and strings left out."""
+    out: dict[str, float] = {}
+    for key, value in line.items():
+        if key in skip:
+            continue
+        name = key if "/" in key else f"{prefix}/{key}"
+        if isinstance(value, dict):
+            out.update(scalars(value, name))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
+class _Lines:
+    """One metrics file read as it grows: the last line of each step (or version) not yet taken."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        self.path, self.key = path, key
+        self.offset = 0
+        self.last: dict[int, dict[str, Any]] = {}
+
+    def read(self, after: int) -> None:
+        lines, self.offset = read_metrics(self.path, self.offset)
+        for line in lines:
+            n = line.get(self.key)
+            if isinstance(n, int) and n > after:
+                self.last[n] = line  # a later line of the same step replaces it: the last one is final
+
+
+class FinalSteps:
+    """The metrics files of ``run_dir``, read incrementally, and each step's merged scalars once final.
+
+    Args:
+        run_dir: the run directory.
+        logged_step: steps up to this one were logged already (they are skipped).
+        logged_version: evaluations up to this policy version were logged already.
+    """
+
+    def __init__(self, run_dir: RunDir, logged_step: int = 0, logged_version: int = -1) -> None:
+        self.orchestrator = _Lines(run_dir.metrics, "step")
+        self.trainer = _Lines(run_dir.trainer_metrics, "step")
+        self.evaluations = _Lines(run_dir.evaluations, "policy_version")
+        self.logged_step, self.logged_version = logged_step, logged_version
+
+    def take(self, through: int) -> tuple[list[tuple[int, dict[str, float]]], list[tuple[int, dict[str, float]]]]:
+        """Read what was appended; return and forget ``(steps, evaluations)`` not yet taken: the steps up to
+        ``through`` (the newest complete checkpoint) as ``[(step, scalars)]`` in step order, and every
+        evaluation written as ``[(policy version, scalars)]`` in version order (an evaluation's line is written
+        once per version and never again, so it is final when it appears)."""
+        self.orchestrator.read(self.logged_step)
+        self.trainer.read(self.logged_step)
+        self.evaluations.read(self.logged_version)
+        steps = []
+        for step in sorted(set(self.orchestrator.last) | set(self.trainer.last)):
+            if step > through:
+                break
+            merged = {}
+            for source, prefix in ((self.trainer, "train"), (self.orchestrator, "rollout")):
+                line = source.last.pop(step, None)
+                if line is not None:
+                    merged.update(scalars(line, prefix, _SKIP[prefix]))
+                    if isinstance(line.get("attempt"), int):  # the orchestrator's, when both say
+                        merged["run/attempt"] = float(line["attempt"])
+            steps.append((step, merged))
+            self.logged_step = step
+        evaluations = [
+            (version, scalars(self.evaluations.last.pop(version), "eval", _SKIP["eval"]))
+            for version in sorted(self.evaluations.last)
+        ]
+        if evaluations:
+            self.logged_version = evaluations[-1][0]
+        return steps, evaluations
