@@ -2,13 +2,15 @@
 
 :func:`render` runs ``helm template`` (cached per set of values); :func:`permissions` flattens
 RBAC rules into ``(apiGroup, resource, verb)`` triples, the form in which the RBAC proof
-(``tests/kube/test_rbac.py``) compares the chart's grants with the calls the operator made.
+(``tests/kube/test_rbac.py``) compares the chart's grants with the calls the operator made;
+:func:`scrape_targets` is which pods a PodMonitor scrapes, as the Prometheus Operator selects them.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -21,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rlrun-operator"
 CRD_DIR = CHART / "crds"
 CRD_FILE = CRD_DIR / "rlrun.dev_rlruns.yaml"
+DASHBOARD_FILE = CHART / "dashboards" / "rlrun.json"
 RELEASE, NAMESPACE = "rlrun", "rlrun-system"
 # The newest Kubernetes version kubernetes-validate has schemas for ("1.37.0"); helm renders for it too.
 K8S_VERSION = kv_utils.latest_version()
@@ -91,3 +94,136 @@ def require_crd() -> None:
     assert CRD_FILE.is_file(), (
         f"{CRD_FILE.relative_to(ROOT)} is missing: run `rlrun crd` (it writes crds/ and the chart's crds/)"
     )
+
+
+# --- PodMonitor (monitoring.coreos.com/v1) -----------------------------------------------------------
+
+#: kubernetes-validate knows no Prometheus Operator CRDs: the PodMonitor fields the chart renders, as the CRD
+#: (prometheus-operator v0.91, example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml) types
+#: them, and no other field (the API server would prune a misspelt one without a word).
+_DURATION = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_RELABEL = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+        "targetLabel": {"type": "string"},
+        "regex": {"type": "string"},
+        "replacement": {"type": "string"},
+        "separator": {"type": "string"},
+        "action": {"enum": ["replace", "keep", "drop"]},  # what scrape_targets applies
+    },
+}
+_ENDPOINT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["port", "path"],
+    "properties": {
+        "port": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 15},
+        "path": {"type": "string", "pattern": "^/"},
+        "interval": _DURATION,
+        "scrapeTimeout": _DURATION,
+        "relabelings": {"type": "array", "items": _RELABEL},
+    },
+}
+POD_MONITOR_SCHEMA = {
+    "type": "object", "additionalProperties": False, "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PodMonitor"},
+        "metadata": {
+            "type": "object", "additionalProperties": False, "required": ["name", "namespace"],
+            "properties": {
+                "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", "maxLength": 253},
+                "namespace": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "spec": {
+            "type": "object", "additionalProperties": False, "required": ["selector", "podMetricsEndpoints"],
+            "properties": {
+                "selector": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {
+                        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "matchExpressions": {"type": "array", "items": {
+                            "type": "object", "additionalProperties": False, "required": ["key", "operator"],
+                            "properties": {
+                                "key": {"type": "string"}, "values": _STRINGS,
+                                "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                            },
+                        }},
+                    },
+                },
+                "namespaceSelector": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {"any": {"type": "boolean"}, "matchNames": _STRINGS},
+                },
+                "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": _ENDPOINT},
+            },
+        },
+    },
+}  # fmt: skip
+
+
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector matches ``labels``."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        if (op == "In" and labels.get(key) not in values) or (op == "NotIn" and labels.get(key) in values):
+            return False
+        if (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels):
+            return False
+    return True
+
+
+def _relabel(target: dict[str, str], rules: list[dict]) -> dict[str, str] | None:
+    """Prometheus' relabeling of a target's labels (replace, keep and drop; regexes anchored); None: dropped."""
+    for rule in rules:
+        value = rule.get("separator", ";").join(target.get(name, "") for name in rule["sourceLabels"])
+        found = re.fullmatch(rule.get("regex", "(.*)"), value)
+        action = rule.get("action", "replace")
+        if (action == "drop" and found) or (action == "keep" and not found):
+            return None
+        if action == "replace" and found:
+            target[rule["targetLabel"]] = found.expand(rule.get("replacement", "$1").replace("$", "\\"))
+    return target
+
+
+def scrape_targets(pod_monitor: dict, pod: dict, pod_namespace: str) -> list[dict[str, str]]:
+    """The targets ``pod_monitor`` makes of ``pod`` (in ``pod_namespace``), as the Prometheus Operator's
+    configuration does: the pod must match the selector and the namespace selector (none: the PodMonitor's own
+    namespace), and each endpoint yields a target per container port of its name that its relabelings keep.
+    Each target is its labels after relabeling (those starting ``__`` dropped, as Prometheus does), plus the
+    port's ``port`` name, ``number`` and the endpoint's ``path``."""
+    spec, meta = pod_monitor["spec"], pod["metadata"]
+    namespaces = spec.get("namespaceSelector", {})
+    if not namespaces.get("any") and pod_namespace not in namespaces.get(
+        "matchNames", [pod_monitor["metadata"]["namespace"]]
+    ):
+        return []
+    labels = meta.get("labels", {})
+    if not _selects(spec["selector"], labels):
+        return []
+    meta_labels = {"__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", k): v for k, v in labels.items()}
+    targets = []
+    for endpoint in spec["podMetricsEndpoints"]:
+        for container in pod["spec"]["containers"]:
+            for port in container.get("ports", []):
+                if port.get("name") != endpoint["port"]:
+                    continue
+                target = _relabel(
+                    {**meta_labels, "namespace": pod_namespace, "container": container["name"]},
+                    endpoint.get("relabelings", []),
+                )
+                if target is not None:
+                    kept = {k: v for k, v in target.items() if not k.startswith("__")}
+                    targets.append({**kept, "port": port["name"], "number": str(port["containerPort"]),
+                                    "path": endpoint["path"]})  # fmt: skip
+    return targets

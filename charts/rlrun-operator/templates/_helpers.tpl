@@ -148,3 +148,29 @@ listedNamespaces:
     resources: ["namespaces"]
     verbs: ["list", "watch"]
 {{- end }}
+
+{{/*
+interval / scrapeTimeout of a PodMonitor endpoint, each only when set (empty: the Prometheus' own).
+Call with .Values.monitoring.podMonitor.
+*/}}
+{{- define "rlrun-operator.scrapeTiming" -}}
+{{- with .interval }}
+interval: {{ . | quote }}
+{{- end }}
+{{- with .scrapeTimeout }}
+scrapeTimeout: {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+Relabelings of a run pod's target: its RLRun (app.kubernetes.io/instance), component and attempt as the
+labels run, component and attempt, which the dashboard's queries group by.
+*/}}
+{{- define "rlrun-operator.runRelabelings" -}}
+- sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_instance]
+  targetLabel: run
+- sourceLabels: [__meta_kubernetes_pod_label_app_kubernetes_io_component]
+  targetLabel: component
+- sourceLabels: [__meta_kubernetes_pod_label_rlrun_dev_attempt]
+  targetLabel: attempt
+{{- end }}
