@@ -10,9 +10,11 @@ import sys
 
 import pytest
 from rlrun.ledger import check_ledger
+from rlrun.rundir import RunDir
 
 from tests.support.manifests import PREEMPTION_RUN, write_manifest
 from tests.support.runs import local_argv, metrics
+from tests.support.trackers import LOGGING, tensorboard_scalars, wandb_history, wandb_offline_runs
 
 # The one launcher run on real vLLM: the weights it publishes are reloaded by the real worker extension
 # in the middle of a run, before and after a preemption.
@@ -27,7 +29,7 @@ def test_preempt_at_step_resumes_queued_samples_and_open_groups(tmp_path, cache_
     # the orchestrator ships at most max_off_policy_steps + 1 = 3 batches past the trainer. With 10 steps, a trainer
     # that reached step 7 before the pause landed let attempt 1 ship all 10 (seen once on a loaded machine): attempt 2
     # then had nothing to generate. 14 steps leave 6 trainer steps (≥ 3 s here) between the trigger and the end.
-    manifest = write_manifest(tmp_path / "m.yaml", base=PREEMPTION_RUN, max_steps=MAX_STEPS)
+    manifest = write_manifest(tmp_path / "m.yaml", base=PREEMPTION_RUN, max_steps=MAX_STEPS, logging=LOGGING)
     run_dir = tmp_path / "run"
     argv = local_argv(manifest, run_dir, cache_dir, "--preempt-at-step", "5")
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
@@ -73,3 +75,18 @@ def test_preempt_at_step_resumes_queued_samples_and_open_groups(tmp_path, cache_
         [sys.executable, "-m", "rlrun", "ledger", "check", str(run_dir)], capture_output=True, text=True
     )
     assert check.returncode == 0 and json.loads(check.stdout)["ok"] is True
+    # The experiment trackers: one W&B run across both attempts, each step once, steps only growing. The drill
+    # SIGKILLs attempt 1 after its pause, before W&B confirmed anything (only finish() does): attempt 2 logs again
+    # from W&B's last confirmed step, and W&B keeps each step once.
+    runs = wandb_offline_runs(RunDir(run_dir))
+    assert len(runs) == 2 and runs[1][0] == json.loads((run_dir / "tracking.json").read_text())["run_id"]
+    assert runs[0][0] in (None, runs[1][0])  # attempt 1's file may hold nothing: its W&B process was killed
+    history = wandb_history(RunDir(run_dir))
+    assert [step for step, _ in history] == list(range(1, MAX_STEPS + 1)), [s for s, _ in history]
+    by_step = dict(history)
+    assert by_step[MAX_STEPS]["run/attempt"] == 2 and by_step[MAX_STEPS]["run/resumes"] == 1
+    assert "run/resumed_groups" in by_step[record["next_step"]]  # the resume, marked at the step after it
+    assert "train/mismatch_kl" in by_step[1] and "rollout/reward_mean" in by_step[MAX_STEPS]
+    tb = tensorboard_scalars(run_dir / "tensorboard")  # flushed at each look: durable, never logged twice
+    assert [step for step, _ in tb["train/loss"]] == list(range(1, MAX_STEPS + 1))
+    assert "experiment tracker: " in out and "tensorboard --logdir" in out

@@ -82,6 +82,22 @@ def wandb_offline_runs(run_dir: RunDir) -> list[tuple[str, list[tuple[int, dict[
     return runs
 
 
+def wandb_history(run_dir: RunDir) -> list[tuple[int, dict[str, float]]]:
+    """The rows of the W&B run as W&B keeps them from its offline files in order: a row whose step is less than
+    the run's current step is ignored ("Steps must be monotonically increasing, so this data will be ignored"),
+    one at the current step is merged into it."""
+    rows: list[tuple[int, dict[str, float]]] = []
+    for _, history in wandb_offline_runs(run_dir):
+        for step, values in history:
+            if rows and step < rows[-1][0]:
+                continue
+            if rows and step == rows[-1][0]:
+                rows[-1][1].update(values)
+            else:
+                rows.append((step, dict(values)))
+    return rows
+
+
 def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """``{tag: [(step, value)]}`` of every scalar under ``log_dir``, as TensorBoard shows them (purged steps gone)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -141,7 +157,7 @@ def two_attempts(run_dir: RunDir, logging: dict) -> None:
     attempt_lines(run_dir, 1, range(1, 8), evaluations=[0])
     committed[0] = 4
     first.close()
-    assert read_state(run_dir)["logged_step"] == 4
+    assert all(c["step"] == 4 for c in read_state(run_dir)["logged"].values())
     second = publisher(run_dir, committed, attempt=2, logging=logging)
     second.start(resume_report(4))
     attempt_lines(run_dir, 2, range(5, 11), evaluations=[10])

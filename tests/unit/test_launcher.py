@@ -10,8 +10,17 @@ import json
 
 import pytest
 from rich.console import Console
+from rlrun.api.tracking import LoggingSpec
 from rlrun.launcher.preemption import preemption_skip_reason, resume_report_from_ledger, steps_recomputed
-from rlrun.launcher.progress import eval_cell, eval_report, label_restored, progress_cells, summary_table
+from rlrun.launcher.progress import (
+    eval_cell,
+    eval_report,
+    label_restored,
+    progress_cells,
+    summary_table,
+    tracker_lines,
+    tracker_plan,
+)
 from rlrun.rundir import RunDir, read_metrics
 from rlrun.training.trainer import end_torn_line
 
@@ -73,10 +82,43 @@ def test_progress_cells_of_other_rows():
     assert progress_cells({}, 6, 0.0)[:3] == ["step 0/6", "reward —", "0 tok/s"]
 
 
-def table_text(rows, max_rows=20) -> str:
+def test_progress_cells_show_the_groups_solved_and_the_trainers_mismatch_kl():
+    row = {**metrics_row(5, 1, 0.4567, 812.4), "solved_all": 0.25, "solved_none": 0.125}
+    cells = progress_cells(row, 6, 1.0, {"step": 4, "mismatch_kl": 0.00123})
+    assert cells[1:5] == ["reward 0.457", "solved all/none 0.25/0.12", "mismatch KL 0.0012", "812 tok/s"]
+    assert progress_cells(metrics_row(5, 1, 0.4567, 812.4), 6, 1.0)[1:3] == ["reward 0.457", "812 tok/s"]
+
+
+def table_text(rows, max_rows=20, trained=None) -> str:
     console = Console(file=io.StringIO(), width=200)
-    console.print(summary_table(rows, max_rows=max_rows))
+    console.print(summary_table(rows, max_rows=max_rows, trained=trained))
     return console.file.getvalue()
+
+
+def test_summary_table_shows_solved_truncated_and_the_mismatch_kl_of_each_step():
+    rows = [
+        {**metrics_row(s, 1, 0.5, 900.0, 1.0), "solved_all": s / 10, "solved_none": 0.5, "truncated_fraction": 0.25}
+        for s in (1, 2)
+    ]
+    label_restored(rows, set())
+    text = table_text(rows, max_rows=1, trained={1: {"mismatch_kl": 0.001}, 2: {"mismatch_kl": 0.003}})
+    header = " ".join(x for x in text.splitlines() if "┃" in x)
+    assert all(word in header for word in ("solved", "all/none", "trun-", "cated", "mismatch", "KL"))
+    cells = [c.strip() for c in next(x for x in text.splitlines() if "1–2" in x).split("│")]
+    assert cells[3:5] == ["0.15/0.50", "0.25"] and cells[-2] == "0.0020"
+
+
+def test_trackers_are_named_at_the_start_and_located_at_the_end(tmp_path):
+    logging = LoggingSpec.model_validate(
+        {"wandb": {"project": "p", "entity": "team", "mode": "offline"}, "tensorboard": {}}
+    )
+    run_dir = RunDir(tmp_path)
+    plan = tracker_plan(logging, run_dir)
+    assert plan[0].startswith("experiment trackers (each step once its checkpoint is complete): W&B (offline): ")
+    assert "project team/p" in plan[0] and plan[1] == f"TensorBoard: tensorboard --logdir {tmp_path}/tensorboard"
+    assert tracker_plan(LoggingSpec(), run_dir) == [] and tracker_lines(run_dir) == []
+    run_dir.tracking.write_text(json.dumps({"run_id": "x", "locations": ["/r/wandb/offline-run-1-x (upload: …)"]}))
+    assert tracker_lines(run_dir) == ["experiment tracker: /r/wandb/offline-run-1-x (upload: …)"]
 
 
 def test_summary_table_counts_restored_batches_in_neither_reward_nor_tokens_per_s():

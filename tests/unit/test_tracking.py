@@ -52,7 +52,7 @@ def test_two_attempts_log_each_step_once_with_its_final_values_to_tensorboard(tm
     assert [s for s, _ in tb["run/resumed_groups"]] == [5] and dict(tb["run/resumes"])[5] == 1
     assert [s for s, _ in tb["eval/greedy_solved"]] == [0, 10]  # at the step each evaluated
     state = read_state(run_dir)
-    assert (state["logged_step"], state["logged_version"], state["resumed_attempts"]) == (10, 10, [2])
+    assert (state["logged"], state["resumed_attempts"]) == ({"tensorboard": {"step": 10, "version": 10}}, [2])
 
 
 def test_steps_logged_but_not_recorded_by_a_killed_attempt_are_not_shown_twice(tmp_path):
@@ -63,7 +63,8 @@ def test_steps_logged_but_not_recorded_by_a_killed_attempt_are_not_shown_twice(t
     attempt_lines(run_dir, 1, range(1, 7))
     first.close()
     state = read_state(run_dir)
-    (run_dir.tracking).write_text(json.dumps({**state, "logged_step": 3}))  # killed before recording 4–6
+    state["logged"]["tensorboard"]["step"] = 3  # killed before recording 4–6
+    run_dir.tracking.write_text(json.dumps(state))
     second = publisher(run_dir, committed, attempt=2, logging={"tensorboard": {}})
     second.start(resume_report(6))
     attempt_lines(run_dir, 2, range(7, 9))
@@ -126,3 +127,48 @@ def test_a_bad_project_name_is_refused_naming_the_field():
     with pytest.raises(ManifestError) as err:
         parse_manifest(data)
     assert err.value.errors[0].startswith("spec.logging.wandb.project:")
+
+
+class Buffered:
+    """A tracker like W&B: what it is given is durable only once it has closed (here: closing fails, as a killed
+    process never closes)."""
+
+    name, location, durable_on_flush = "wandb", "fake", False
+
+    def __init__(self, logged: list[int], fail_close: bool) -> None:
+        self.logged, self.fail_close = logged, fail_close
+
+    def log(self, step, values):
+        self.logged.append(step)
+
+    def evaluation(self, step, version, values):
+        pass
+
+    def event(self, step, text):
+        pass
+
+    def flush(self):
+        pass
+
+    def close(self):
+        if self.fail_close:
+            raise RuntimeError("killed")
+
+
+def test_steps_a_tracker_never_confirmed_are_logged_again_by_the_next_attempt(tmp_path, monkeypatch):
+    run_dir = RunDir(tmp_path).ensure()
+    logged: list[int] = []
+    fail = [True]
+    monkeypatch.setattr("rlrun.tracking.publisher.open_trackers", lambda *args: [Buffered(logged, fail_close=fail[0])])
+    attempt_lines(run_dir, 1, range(1, 5))
+    first = publisher(run_dir, [4], 1, logging={"wandb": {"project": "p", "mode": "offline"}})
+    first.start(None)
+    first.close()
+    assert logged == [1, 2, 3, 4] and read_state(run_dir)["logged"]["wandb"]["step"] == 0  # never confirmed
+    fail[0] = False
+    attempt_lines(run_dir, 2, range(5, 7))
+    second = publisher(run_dir, [6], 2, logging={"wandb": {"project": "p", "mode": "offline"}})
+    second.start(resume_report(4))
+    second.close()
+    assert logged == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6]  # W&B keeps the first of each (a step not past its last)
+    assert read_state(run_dir)["logged"]["wandb"] == {"step": 6, "version": -1}

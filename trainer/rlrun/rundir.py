@@ -11,6 +11,7 @@ Layout (see ARCHITECTURE.md)::
       trainer_metrics.jsonl                         one line per step (trainer)
       eval.jsonl                                    one line per evaluation (orchestrator)
       spec.json                                     the spec each attempt started with (orchestrator)
+      tracking.json, tensorboard/, wandb/           the experiment trackers' record and files (orchestrator)
       logs/                                         one log per process (rlrun local)
       attempt_offsets.json                          run uid → attempt offset (:func:`run_dir_attempt`)
 

@@ -48,6 +48,8 @@ from rlrun.launcher.progress import (
     progress_cells,
     reward_gain,
     summary_table,
+    tracker_lines,
+    tracker_plan,
 )
 from rlrun.ledger import check_ledger
 from rlrun.model.resolve import resolve_model
@@ -194,6 +196,8 @@ class LocalLauncher:
         orch_env = {**env, roles.CONTROL_TOKEN_ENV: self.control_token}
         orch = self._start("orchestrator", self._orchestrator_command(resume, urls, port), orch_env)
         console.print(f"metrics (Prometheus): {self.control_url}/metrics, {self.trainer_metrics_url}/metrics")
+        for line in tracker_plan(self.spec.logging, self.run_dir):
+            console.print(line, markup=False)
         return trainer, orch
 
     def start_trainer(self, resume: bool) -> Child:
@@ -321,13 +325,14 @@ class LocalLauncher:
             self.stop_all()
             raise
         self.stop_all()
-        console.print(summary_table(rows))
+        trained = {r["step"]: r for r in read_jsonl(self.run_dir.trainer_metrics) if "step" in r}  # the last of each
+        console.print(summary_table(rows, trained=trained))
         gain = reward_gain(rows)
         if gain:
             console.print(
                 f"mean reward, first 10 steps {gain[0]:.3f} → last 10 steps {gain[1]:.3f} ({gain[1] - gain[0]:+.3f})"
             )
-        for line in eval_report(read_jsonl(self.run_dir.evaluations)):
+        for line in eval_report(read_jsonl(self.run_dir.evaluations)) + tracker_lines(self.run_dir):
             console.print(line, markup=False)
         report = check_ledger(self.run_dir.root / "ledger")
         console.print(
@@ -347,9 +352,11 @@ class LocalLauncher:
         )
         return 0 if report.ok else 1
 
-    def _progress(self, rows: list[dict], evaluations: list[dict], t0: float) -> Table:
+    def _progress(self, rows: list[dict], evaluations: list[dict], t0: float, trained: list[dict]) -> Table:
         table = Table.grid(padding=(0, 2))
-        cells = progress_cells(rows[-1] if rows else {}, self.max_steps, time.monotonic() - t0)
+        cells = progress_cells(
+            rows[-1] if rows else {}, self.max_steps, time.monotonic() - t0, trained[-1] if trained else None
+        )
         evaluated = eval_cell(evaluations)
         table.add_row(*cells, *([evaluated] if evaluated else []))
         return table
@@ -364,27 +371,31 @@ class LocalLauncher:
         rows: list[dict] = []
         offset = 0
         evaluations, eval_offset = read_metrics(self.run_dir.evaluations)  # an earlier attempt's: not shown again
+        trained, trained_offset = read_metrics(self.run_dir.trainer_metrics)
         t0 = time.monotonic()
         drill = self.drill
         # On a terminal the progress line updates in place; in a log (CI), one line every ~5% of the run.
         every = max(1, self.max_steps // 20)
-        live = Live(self._progress(rows, evaluations, t0), console=self.console, refresh_per_second=4, transient=False)
+        live = Live(self._progress(rows, evaluations, t0, trained), console=self.console, refresh_per_second=4)
 
         def take_new() -> None:
-            nonlocal offset, eval_offset
+            nonlocal offset, eval_offset, trained_offset
             new, offset = read_metrics(self.run_dir.metrics, offset)
+            lines, trained_offset = read_metrics(self.run_dir.trainer_metrics, trained_offset)
+            trained[:] = trained[-1:] + lines  # only the newest is shown
             label_restored(new, self._generating)
             rows.extend(new)
             landed, eval_offset = read_metrics(self.run_dir.evaluations, eval_offset)
             evaluations.extend(landed)
             if self.console.is_terminal:
-                live.update(self._progress(rows, evaluations, t0))
+                live.update(self._progress(rows, evaluations, t0, trained))
                 return
             for e in landed:  # each evaluation once, as it lands
                 self.console.print(eval_cell([e]), markup=False)
             for row in new:
                 if row["step"] % every == 0 or row["step"] == self.max_steps or row["restored"]:
-                    cells = progress_cells(row, self.max_steps, time.monotonic() - t0)
+                    latest = trained[-1] if trained else None
+                    cells = progress_cells(row, self.max_steps, time.monotonic() - t0, latest)
                     self.console.print("  ".join(cells), markup=False)
 
         with live if self.console.is_terminal else contextlib.nullcontext():

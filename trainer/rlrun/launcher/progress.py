@@ -1,7 +1,9 @@
 """What ``rlrun local`` shows of a run: metrics lines read as they grow, progress lines, the summary table.
 
 The orchestrator writes one line per shipped step to ``<run_dir>/metrics.jsonl``
-(:mod:`rlrun.orchestrator.metrics`). A **restored batch** — cut from the queue a resume put
+(:mod:`rlrun.orchestrator.metrics`), the trainer one per trained step to ``trainer_metrics.jsonl``: the headline
+numbers come from both (reward, the groups solved by all / by none, truncation, staleness; the trainer's
+mismatch KL, the first sign of a weight-sync bug). A **restored batch** — cut from the queue a resume put
 back, before its attempt generated anything — has no reward or throughput of its own, and is
 shown as restored rather than as zeros.
 """
@@ -9,6 +11,10 @@ shown as restored rather than as zeros.
 from __future__ import annotations
 
 from rich.table import Table
+
+from rlrun.api.tracking import LoggingSpec
+from rlrun.rundir import RunDir
+from rlrun.tracking.publisher import read_state
 
 
 def label_restored(rows: list[dict], generating: set[int]) -> None:
@@ -31,8 +37,10 @@ def label_restored(rows: list[dict], generating: set[int]) -> None:
         row["restored"] = attempt not in generating
 
 
-def summary_table(rows: list[dict], max_rows: int = 20) -> Table:
-    """Reward per step; consecutive steps are averaged into at most ``max_rows`` rows.
+def summary_table(rows: list[dict], max_rows: int = 20, trained: dict[int, dict] | None = None) -> Table:
+    """Reward per step, with the groups solved by all / by none, the truncated share, the staleness, tokens/s and
+    (from ``trained``: the trainer's metrics line of each step) the mismatch KL; consecutive steps are averaged
+    into at most ``max_rows`` rows.
 
     Restored batches (:func:`label_restored`) count in neither reward nor tokens/s: they
     scored and generated nothing. A row's tokens/s is the tokens generated over the time of
@@ -41,8 +49,10 @@ def summary_table(rows: list[dict], max_rows: int = 20) -> Table:
     restored batches only shows "—" for both.
     """
     table = Table(title="reward per step")
-    for col in ("steps", "reward", "completion len", "staleness", "tokens/s"):
-        table.add_column(col, justify="right")
+    # two-line headers: the table fits 80 columns (a log's width), values never wrapped
+    columns = ("steps", "reward", "solved\nall/none", "trun-\ncated", "compl.\nlen", "stale-\nness", "tokens/s")
+    for col in (*columns, *(("mismatch\nKL",) if trained else ())):
+        table.add_column(col, justify="right", no_wrap=True)
     if not rows:
         return table
     size = max(1, -(-len(rows) // max_rows))
@@ -58,12 +68,16 @@ def summary_table(rows: list[dict], max_rows: int = 20) -> Table:
             return none if value != value else format(value, spec)  # NaN: nothing to average
 
         steps = f"{chunk[0]['step']}" if len(chunk) == 1 else f"{chunk[0]['step']}–{chunk[-1]['step']}"
+        kl = [trained[r["step"]] for r in chunk if r["step"] in (trained or {})]
         table.add_row(
             steps,
             fmt(mean("reward_mean", measured), ".3f", "— (restored)" if not measured else "—"),
+            f"{fmt(mean('solved_all', measured), '.2f')}/{fmt(mean('solved_none', measured), '.2f')}",
+            fmt(mean("truncated_fraction", measured), ".2f"),
             f"{mean('completion_len_mean'):.1f}",
             f"{mean('staleness_mean'):.2f}",
             fmt(tokens_per_s(measured), ".0f"),
+            *((fmt(mean("mismatch_kl", kl), ".4f"),) if trained else ()),
         )
     return table
 
@@ -86,8 +100,9 @@ def reward_gain(rows: list[dict], window: int = 10) -> tuple[float, float] | Non
     return sum(rewards[:window]) / window, sum(rewards[-window:]) / window
 
 
-def progress_cells(row: dict, max_steps: int, elapsed_s: float) -> list[str]:
-    """The cells of a progress line for metrics ``row`` (``{}`` before the first step).
+def progress_cells(row: dict, max_steps: int, elapsed_s: float, trained: dict | None = None) -> list[str]:
+    """The cells of a progress line for metrics ``row`` (``{}`` before the first step) and ``trained``, the
+    trainer's newest metrics line (its mismatch KL; None before one).
 
     A restored batch (:func:`label_restored`) shows ``reward — (restored batch)`` and
     ``— tok/s``; another step with no episode scored since the one before, ``reward — (none scored)``.
@@ -98,9 +113,17 @@ def progress_cells(row: dict, max_steps: int, elapsed_s: float) -> list[str]:
         r = row.get("reward_mean")
         reward = f"reward {r:.3f}" if r is not None else ("reward — (none scored)" if row else "reward —")
         tokens = f"{row.get('rollout_tokens_per_s') or 0:.0f} tok/s"
+    solved = (
+        [f"solved all/none {row['solved_all']:.2f}/{row['solved_none']:.2f}"]
+        if row.get("solved_all") is not None and row.get("solved_none") is not None
+        else []
+    )
+    kl = [f"mismatch KL {trained['mismatch_kl']:.4f}"] if trained and trained.get("mismatch_kl") is not None else []
     return [
         f"step {row.get('step', 0)}/{max_steps}",
         reward,
+        *solved,
+        *kl,
         tokens,
         f"queue {row.get('queue', 0)}",
         f"staleness {row.get('staleness_mean', 0):.2f} (max {row.get('staleness_max', 0)})",
@@ -135,4 +158,23 @@ def eval_report(evaluations: list[dict]) -> list[str]:
     ):
         a, b = first[key], last[key]
         lines.append(f"  {label:<28} {a:.3f} → {b:.3f} ({b - a:+.3f})")
+    return lines
+
+
+def tracker_lines(run_dir: RunDir) -> list[str]:
+    """Where the experiment trackers' run is (``tracking.json``: :mod:`rlrun.tracking.publisher`): one line per
+    tracker, its URL or its directory and the command that shows or uploads it; none without trackers."""
+    return [f"experiment tracker: {where}" for where in read_state(run_dir).get("locations", []) if where]
+
+
+def tracker_plan(spec: LoggingSpec, run_dir: RunDir) -> list[str]:
+    """What ``spec.logging`` logs to, as the run starts: each step once a checkpoint holds it."""
+    lines = []
+    if spec.wandb is not None and spec.wandb.mode != "disabled":
+        entity = f"{spec.wandb.entity}/" if spec.wandb.entity else ""
+        lines.append(f"W&B ({spec.wandb.mode}): project {entity}{spec.wandb.project}, files in {run_dir.wandb}")
+    if spec.tensorboard is not None and spec.tensorboard.enabled:
+        lines.append(f"TensorBoard: tensorboard --logdir {run_dir.tensorboard}")
+    if lines:
+        lines[0] = "experiment trackers (each step once its checkpoint is complete): " + lines[0]
     return lines

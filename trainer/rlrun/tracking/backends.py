@@ -32,8 +32,12 @@ INSTALL = "pip install 'rlrun[tracking]'"
 class Tracker(Protocol):
     """What the publisher (:mod:`rlrun.tracking.publisher`) logs to."""
 
+    #: ``wandb`` or ``tensorboard``: its key in ``spec.logging`` and in ``tracking.json``
+    name: str
     #: where the run can be seen (a URL, or a directory and the command that shows or uploads it)
     location: str
+    #: what was logged is durable once :meth:`flush` returns (True), or only once :meth:`close` has (False)
+    durable_on_flush: bool
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Log ``values`` at ``step`` (steps only grow)."""
@@ -45,6 +49,9 @@ class Tracker(Protocol):
     def event(self, step: int, text: str) -> None:
         """Note an event (a resume) at ``step``."""
 
+    def flush(self) -> None:
+        """Make what was logged durable, where the tracker can (:attr:`durable_on_flush`)."""
+
     def close(self) -> None:
         """Flush and close."""
 
@@ -52,12 +59,8 @@ class Tracker(Protocol):
 def missing_packages(spec: LoggingSpec) -> list[str]:
     """``["spec.logging.wandb: wandb is not installed: pip install …", …]``: each configured tracker whose package
     this environment lacks (empty when all are there)."""
-    wanted = []
-    if spec.wandb is not None and spec.wandb.mode != "disabled":
-        wanted.append(("wandb", "wandb"))
-    if spec.tensorboard is not None and spec.tensorboard.enabled:
-        wanted.append(("tensorboard", "tensorboard"))
-    return [f"spec.logging.{field}: {m} is not installed: {INSTALL}" for field, m in wanted if find_spec(m) is None]
+    # each tracker's field, its name and its package's are the same word
+    return [f"spec.logging.{t}: {t} is not installed: {INSTALL}" for t in configured(spec) if find_spec(t) is None]
 
 
 class WandbTracker:
@@ -73,6 +76,9 @@ class WandbTracker:
     Raises:
         ImportError: wandb is not installed (:func:`missing_packages` says so first).
     """
+
+    name = "wandb"
+    durable_on_flush = False
 
     def __init__(self, spec: WandbSpec, run_dir: RunDir, run_id: str, name: str, config: dict[str, Any]) -> None:
         import wandb
@@ -109,6 +115,9 @@ class WandbTracker:
     def event(self, step: int, text: str) -> None:
         log.info("W&B run %s: %s", self.run.id, text)
 
+    def flush(self) -> None:
+        pass  # W&B's own process (wandb-core) buffers; only finish() says all is written, so durable at close
+
     def close(self) -> None:
         if self._pending:
             self.run.log(self._pending, step=self._step)
@@ -121,6 +130,9 @@ class TensorBoardTracker:
     Raises:
         ImportError: tensorboard is not installed (:func:`missing_packages` says so first).
     """
+
+    name = "tensorboard"
+    durable_on_flush = True
 
     def __init__(self, run_dir: RunDir, logged_step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
@@ -138,21 +150,31 @@ class TensorBoardTracker:
     def event(self, step: int, text: str) -> None:
         self.writer.add_text("run/events", text, step)
 
+    def flush(self) -> None:
+        self.writer.flush()  # its own thread writes every 120 s otherwise
+
     def close(self) -> None:
         self.writer.close()
 
 
+def configured(spec: LoggingSpec) -> list[str]:
+    """The names of the trackers ``spec`` turns on (a disabled W&B is none)."""
+    names = ["wandb"] if spec.wandb is not None and spec.wandb.mode != "disabled" else []
+    return names + (["tensorboard"] if spec.tensorboard is not None and spec.tensorboard.enabled else [])
+
+
 def open_trackers(
-    spec: LoggingSpec, run_dir: RunDir, run_id: str, logged_step: int, name: str, config: dict[str, Any]
+    spec: LoggingSpec, run_dir: RunDir, run_id: str, logged: dict[str, int], name: str, config: dict[str, Any]
 ) -> list[Tracker]:
-    """The trackers ``spec`` configures (none when it configures none or only a disabled W&B).
+    """The trackers ``spec`` turns on (:func:`configured`); ``logged``: the last step each has logged durably.
 
     Raises:
         ImportError: a configured tracker's package is not installed.
     """
     trackers: list[Tracker] = []
-    if spec.wandb is not None and spec.wandb.mode != "disabled":
-        trackers.append(WandbTracker(spec.wandb, run_dir, run_id, name, config))
-    if spec.tensorboard is not None and spec.tensorboard.enabled:
-        trackers.append(TensorBoardTracker(run_dir, logged_step))
+    for tracker in configured(spec):
+        if tracker == "wandb":
+            trackers.append(WandbTracker(spec.wandb, run_dir, run_id, name, config))  # type: ignore[arg-type]
+        else:
+            trackers.append(TensorBoardTracker(run_dir, logged.get(tracker, 0)))
     return trackers

@@ -3,10 +3,13 @@
 One writer, one tracker run. The orchestrator is the one process that logs (a run has one orchestrator per
 attempt), from a thread of its own, so its event loop never waits on a tracker: every ``poll_s`` the thread reads
 what the metrics files gained and logs the steps the newest complete checkpoint holds (final values:
-:mod:`rlrun.tracking.steps`), then records how far it got in ``<run_dir>/tracking.json``, which it alone
-writes: the tracker run's id, the last step and evaluated version logged, the attempts that resumed, and where
-the run can be seen. A killed attempt loses at most what it logged after its last record: the next attempt logs
-those steps again, which TensorBoard hides (``purge_step``) and W&B drops (a step not past the run's last).
+:mod:`rlrun.tracking.steps`), then records how far each tracker got **durably** in ``<run_dir>/tracking.json``,
+which it alone writes: the tracker run's id, each tracker's last step and evaluated version logged, the attempts
+that resumed, and where the run can be seen. TensorBoard's steps are durable once its writer is flushed (each
+look); W&B's only once ``finish()`` returns (its own process buffers what it is given), so they are recorded when
+the attempt closes. The next attempt logs again what a killed one had not recorded: TensorBoard hides the killed
+attempt's copies (``purge_step``), and W&B drops a step that is not past its run's last (``wandb sync`` of the
+offline files, or the server online), so every step is shown once.
 
 The tracker run's id derives from the run's identity: the RLRun's uid (``--run-uid``, the operator's), else
 (``rlrun local``) an id made once and kept in ``tracking.json``. Every attempt resumes that run, so charts
@@ -33,7 +36,7 @@ from typing import Any
 from rlrun.api.control import ResumeReport
 from rlrun.api.spec import RLRunSpec
 from rlrun.rundir import RunDir, write_file_atomic
-from rlrun.tracking.backends import Tracker, open_trackers
+from rlrun.tracking.backends import Tracker, configured, open_trackers
 from rlrun.tracking.steps import FinalSteps
 
 log = logging.getLogger(__name__)
@@ -43,8 +46,9 @@ POLL_S = 1.0
 
 
 def read_state(run_dir: RunDir) -> dict[str, Any]:
-    """``tracking.json`` (empty when missing or unreadable): ``run_id``, ``logged_step``, ``logged_version``,
-    ``resumed_attempts``, ``locations``."""
+    """``tracking.json`` (empty when missing or unreadable): ``run_id``, ``logged`` (each tracker's last step and
+    evaluated version logged durably: ``{"tensorboard": {"step": 10, "version": 10}}``), ``resumed_attempts``,
+    ``locations``."""
     try:
         state = json.loads(run_dir.tracking.read_text())
     except (OSError, ValueError):
@@ -101,9 +105,10 @@ class TrackerPublisher:
         run_id = tracker_run_id(self.run_uid, state)
         if state.get("run_id") != run_id:  # a new run (a new RLRun over a retained volume): a new tracker run
             state = {"run_id": run_id}
-        state.setdefault("logged_step", 0)
-        state.setdefault("logged_version", -1)
         state.setdefault("resumed_attempts", [])
+        logged = state.setdefault("logged", {})
+        for name in configured(self.spec.logging):
+            logged.setdefault(name, {"step": 0, "version": -1})
         if resumed is not None:
             if self.attempt not in state["resumed_attempts"]:
                 state["resumed_attempts"] = sorted({*state["resumed_attempts"], self.attempt})
@@ -133,11 +138,16 @@ class TrackerPublisher:
             log.warning("experiment trackers still closing after %.0f s; left to finish", timeout_s)
 
     def _run(self) -> None:
-        final = FinalSteps(self.run_dir, self.state["logged_step"], self.state["logged_version"])
+        logged = {name: self.state["logged"][name] for name in configured(self.spec.logging)}
+        final = FinalSteps(
+            self.run_dir, min(c["step"] for c in logged.values()), min(c["version"] for c in logged.values())
+        )
+        self._sent = {name: dict(c) for name, c in logged.items()}  # what each was given, durable or not
         try:
             config = self.spec.model_dump(mode="json")
+            steps = {name: c["step"] for name, c in logged.items()}
             self.trackers = open_trackers(
-                self.spec.logging, self.run_dir, self.state["run_id"], self.state["logged_step"], self.name, config
+                self.spec.logging, self.run_dir, self.state["run_id"], steps, self.name, config
             )
         except Exception as exc:  # never fails the run: the metrics files keep everything
             log.warning(
@@ -160,27 +170,38 @@ class TrackerPublisher:
                 tracker.close()
             except Exception as exc:
                 log.warning("closing %s failed: %s", tracker.location, exc)
+                continue
+            self.state["logged"][tracker.name] = dict(self._sent[tracker.name])  # all it was given is written
+        self._write_state()
 
     def _publish(self, final: FinalSteps) -> None:
         steps, evaluations = final.take(self.committed())
         if not steps and not evaluations:
             return
-        resumed = self.state["resumed_attempts"]
+        resumed, sent = self.state["resumed_attempts"], self._sent
         for version, values in evaluations:
             for tracker in self.trackers:
-                tracker.evaluation(final.logged_step, version, values)
+                if version > sent[tracker.name]["version"]:
+                    tracker.evaluation(final.logged_step, version, values)
+                    sent[tracker.name]["version"] = version
         for step, values in steps:
             attempt = values.get("run/attempt")
             if attempt is not None:
                 values["run/resumes"] = float(sum(1 for a in resumed if a <= attempt))
-            if self._marker and step > self._marker_after:
+            marked = bool(self._marker) and step > self._marker_after
+            if marked:
                 values.update(self._marker)
-                for tracker in self.trackers:
-                    tracker.event(step, self._event)
                 self._marker = {}
             for tracker in self.trackers:
-                tracker.log(step, values)
-        self.state["logged_step"], self.state["logged_version"] = final.logged_step, final.logged_version
+                if step > sent[tracker.name]["step"]:  # one that logged it durably already does not again
+                    tracker.log(step, values)
+                    if marked:
+                        tracker.event(step, self._event)
+                    sent[tracker.name]["step"] = step
+        for tracker in self.trackers:
+            if tracker.durable_on_flush:
+                tracker.flush()
+                self.state["logged"][tracker.name] = dict(sent[tracker.name])
         self._write_state()
 
     def _write_state(self) -> None:
