@@ -380,7 +380,7 @@ class Orchestrator:
             await self._begin()
             self.evaluation.start(self.policy_version)
             self.metrics.start()
-            self.tracking.start(self.resume_report)
+            await asyncio.to_thread(self.tracking.start, self.resume_report)  # its imports, before the loop is busy
             if not self.paused:  # a pause during set-up stands
                 self.phase = "running"
             follower = asyncio.create_task(self._follow_trainer())

@@ -29,6 +29,7 @@ import json
 import logging
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +37,7 @@ from typing import Any
 from rlrun.api.control import ResumeReport
 from rlrun.api.spec import RLRunSpec
 from rlrun.rundir import RunDir, write_file_atomic
-from rlrun.tracking.backends import Tracker, configured, open_trackers
+from rlrun.tracking.backends import Tracker, configured, open_trackers, preload
 from rlrun.tracking.steps import FinalSteps
 
 log = logging.getLogger(__name__)
@@ -92,13 +93,16 @@ class TrackerPublisher:
         self.trackers: list[Tracker] = []
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
+        #: CPU time the thread spent reading and logging steps (not opening or closing trackers), seconds
+        self.cpu_seconds = 0.0
         self._marker: dict[str, float] = {}  # what this attempt's resume put back: logged at the step after it
         self._marker_after = 0
         self._event = ""
 
     def start(self, resumed: ResumeReport | None) -> None:
-        """Start the thread (nothing when no tracker is configured); ``resumed``: what this attempt's resume put
-        back (None: it started fresh), marked at the first step logged."""
+        """Import the trackers' packages and start the thread (nothing when no tracker is configured; the
+        orchestrator calls it in a thread of its own, before it dispatches); ``resumed``: what this attempt's
+        resume put back (None: it started fresh), marked at the first step logged."""
         if not self.spec.logging.any:
             return
         state = read_state(self.run_dir)
@@ -124,6 +128,11 @@ class TrackerPublisher:
             )
         self.state = state
         self._write_state()  # the run id and the resume are recorded before anything is logged
+        try:
+            preload(self.spec.logging)
+        except ImportError as exc:  # refused with the manifest already; a broken install costs only the logging
+            log.warning("experiment trackers could not be imported (%s); this attempt logs to none", exc)
+            return
         self._thread = threading.Thread(target=self._run, name="tracker-publisher", daemon=True)
         self._thread.start()
 
@@ -159,10 +168,12 @@ class TrackerPublisher:
             log.info("logging steps to %s", tracker.location)
         while True:
             closing = self._closing.wait(self.poll_s)
+            cpu = time.thread_time()
             try:
                 self._publish(final)
             except Exception as exc:
                 log.warning("logging to the experiment trackers failed: %s: %s", type(exc).__name__, exc)
+            self.cpu_seconds += time.thread_time() - cpu
             if closing:
                 break
         for tracker in self.trackers:
