@@ -91,6 +91,8 @@ def test_frac_reward_zero_std_in_the_metrics_line(tmp_path):
     assert first["reward_mean"] == pytest.approx(mean)
     assert first["reward_std"] == pytest.approx((sum((r - mean) ** 2 for r in rewards) / 20) ** 0.5)
     assert (first["completion_len_max"], first["truncated_fraction"]) == (3, 0.0)  # the episodes all stopped
+    # the 4 samples left queued (version 0) would train 1 step off-policy in step 2, 2 in step 3
+    assert (first["queue"], first["queue_staleness_max"], second["queue_staleness_mean"]) == (4, 1, 2)
 
 
 def test_the_truncated_fraction_counts_episodes_cut_at_max_tokens():

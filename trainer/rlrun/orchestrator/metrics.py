@@ -8,7 +8,8 @@ rather than the batch selection; null when none was scored), ``episodes_scored``
 ``solved_all`` / ``solved_none`` (of the groups scored since the previous step, the share every member
 solved (reward 1) / every member scored 0: prime-rl's names), ``staleness_mean`` /
 ``staleness_max`` (steps off-policy in this batch: ``(step − 1) − policy version``),
-``queue`` (queued samples left), ``open_groups``, ``inflight`` (completions),
+``queue`` (queued samples left), ``queue_staleness_mean`` / ``queue_staleness_max`` (how off-policy they would
+train in the next step: ``step − policy version``; null with the queue empty), ``open_groups``, ``inflight`` (completions),
 ``groups_rejected`` (cumulative: too few fresh members, or zero reward spread), of them
 ``groups_rejected_solved`` (zero spread, every member at the top reward: solved by all) and
 ``groups_rejected_same_wrong`` (zero spread, not solved, every member the same completion tokens:
@@ -135,6 +136,7 @@ class StepMetrics:
         rewards = sink.drain_recent_rewards()
         groups_scored, groups_zero_std, solved_all, solved_none, truncated = sink.drain_recent_groups()
         staleness = [(step - 1) - s.policy_version for s in batch]
+        queued = [step - s.policy_version for s in sink.queue]  # as the next step would train them
         counters = sink.counters
         line = {
             "step": step,
@@ -150,6 +152,8 @@ class StepMetrics:
             "staleness_mean": sum(staleness) / len(staleness),
             "staleness_max": max(staleness),
             "queue": len(sink.queue),
+            "queue_staleness_mean": sum(queued) / len(queued) if queued else None,
+            "queue_staleness_max": max(queued, default=None),
             "open_groups": len(sink.open_groups),
             "inflight": dispatcher.inflight_samples,
             "groups_rejected": counters.groups_rejected,
