@@ -50,6 +50,7 @@ bench: setup
 	$(PY) benchmarks/snapshot.py
 	$(PY) benchmarks/operator.py
 	$(PY) benchmarks/liveness.py
+	$(PY) benchmarks/tracking.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
