@@ -87,6 +87,6 @@ def test_preempt_at_step_resumes_queued_samples_and_open_groups(tmp_path, cache_
     assert by_step[MAX_STEPS]["run/attempt"] == 2 and by_step[MAX_STEPS]["run/resumes"] == 1
     assert "run/resumed_groups" in by_step[record["next_step"]]  # the resume, marked at the step after it
     assert "train/mismatch_kl" in by_step[1] and "rollout/reward_mean" in by_step[MAX_STEPS]
-    tb = tensorboard_scalars(run_dir / "tensorboard")  # flushed at each look: durable, never logged twice
+    tb = tensorboard_scalars(RunDir(run_dir))  # flushed at each look: durable, never logged twice
     assert [step for step, _ in tb["train/loss"]] == list(range(1, MAX_STEPS + 1))
     assert "experiment tracker: " in out and "tensorboard --logdir" in out

@@ -22,7 +22,8 @@ def test_two_attempts_make_one_wandb_run_whose_steps_only_grow(tmp_path):
     assert by_step[5]["run/resumed_groups"] == 3 and by_step[5]["run/resumed_samples"] == 7
     assert "run/resumed_groups" not in by_step[6]
     evals = [(r["eval/policy_version"], r["eval/greedy_solved"]) for _, r in rows if "eval/greedy_solved" in r]
-    assert evals == [(0, 0.0), (10, 1.0)]  # with a later row; W&B plots them against eval/policy_version
-    assert [s for s, _ in tensorboard_scalars(run_dir.tensorboard)["rollout/reward_mean"]] == list(range(1, 11))
+    # each with a later row, one per row; W&B plots them against eval/policy_version. 6: the weights the run kept
+    assert evals == [(0, 1.0), (2, 1.02), (6, 2.06), (10, 2.1)]
+    assert [s for s, _ in tensorboard_scalars(run_dir)["rollout/reward_mean"]] == list(range(1, 11))
     state = read_state(run_dir)
     assert any("wandb sync" in where for where in state["locations"])

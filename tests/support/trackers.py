@@ -98,10 +98,12 @@ def wandb_history(run_dir: RunDir) -> list[tuple[int, dict[str, float]]]:
     return rows
 
 
-def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """``{tag: [(step, value)]}`` of every scalar under ``log_dir``, as TensorBoard shows them (purged steps gone)."""
+def tensorboard_scalars(run_dir: RunDir, run_id: str | None = None) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value)]}`` of every scalar of TensorBoard run ``run_id`` (default: the tracker run of
+    ``tracking.json``) as TensorBoard shows them (purged steps gone)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    log_dir = run_dir.tensorboard / (run_id or read_state(run_dir)["run_id"])
     acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
@@ -128,7 +130,8 @@ def attempt_lines(run_dir: RunDir, attempt: int, steps: range, evaluations: tupl
         [{"step": s, "attempt": attempt, "loss": -attempt - s / 100, "checkpoint": True} for s in steps],
     )
     _append(
-        run_dir.evaluations, [{"policy_version": v, "attempt": attempt, "greedy_solved": v / 10} for v in evaluations]
+        run_dir.evaluations,
+        [{"policy_version": v, "attempt": attempt, "greedy_solved": attempt + v / 100} for v in evaluations],
     )
 
 
@@ -150,16 +153,16 @@ def resume_report(from_step: int) -> ResumeReport:
 
 def two_attempts(run_dir: RunDir, logging: dict) -> None:
     """Attempt 1 trains to step 7 with its newest checkpoint at 4 and is lost abruptly; attempt 2 resumes from 4
-    and trains to 10 (its checkpoint). Evaluations of versions 0 and 10."""
+    and trains to 10 (its checkpoint). Attempt 1 evaluates versions 0, 2 and 6, attempt 2 versions 6 and 10."""
     committed = [-1]
     first = publisher(run_dir, committed, attempt=1, logging=logging)
     first.start(None)
-    attempt_lines(run_dir, 1, range(1, 8), evaluations=[0])
+    attempt_lines(run_dir, 1, range(1, 8), evaluations=[0, 2, 6])
     committed[0] = 4
     first.close()
     assert all(c["step"] == 4 for c in read_state(run_dir)["logged"].values())
     second = publisher(run_dir, committed, attempt=2, logging=logging)
     second.start(resume_report(4))
-    attempt_lines(run_dir, 2, range(5, 11), evaluations=[10])
+    attempt_lines(run_dir, 2, range(5, 11), evaluations=[6, 10])
     committed[0] = 10
     second.close()

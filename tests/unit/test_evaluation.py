@@ -88,6 +88,16 @@ async def test_scores_are_what_the_completions_earn(tmp_path, tiny_model, error_
     await client.aclose()
 
 
+def test_a_resume_evaluates_again_the_versions_past_its_checkpoint_and_ends_a_torn_line(tmp_path, tiny_model):
+    path = RunDir(tmp_path).evaluations
+    rows = [{"policy_version": v, "greedy_solved": 0.5} for v in (0, 2, 4)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"policy_version": 6, "gre')  # killed mid-line
+    ev = evaluator(tmp_path, tiny_model, interval=2)
+    assert path.read_text().endswith('"gre\n') and ev.evaluated == {0, 2, 4}
+    ev.resumed_at(2)  # the weights of 4 are trained again from the checkpoint of step 2
+    assert ev.evaluated == {0, 2} and ev.due(4, max_steps=10) and not ev.due(2, max_steps=10)
+
+
 async def test_a_run_evaluates_at_its_start_every_interval_and_its_end_and_trains_none_of_it(tmp_path, tiny_model):
     run_dir = RunDir(tmp_path)
     spec = parse(

@@ -21,8 +21,7 @@ from rlrun.launcher.progress import (
     tracker_lines,
     tracker_plan,
 )
-from rlrun.rundir import RunDir, read_metrics
-from rlrun.training.trainer import end_torn_line
+from rlrun.rundir import RunDir, end_torn_line, read_metrics
 
 from tests.support.launcher import complete_checkpoint, make_launcher, metrics_row, resume_report, write_ledger
 from tests.support.manifests import write_manifest
@@ -117,8 +116,12 @@ def test_trackers_are_named_at_the_start_and_located_at_the_end(tmp_path):
     assert plan[0].startswith("experiment trackers (each step once its checkpoint is complete): W&B (offline): ")
     assert "project team/p" in plan[0] and plan[1] == f"TensorBoard: tensorboard --logdir {tmp_path}/tensorboard"
     assert tracker_plan(LoggingSpec(), run_dir) == [] and tracker_lines(run_dir) == []
-    run_dir.tracking.write_text(json.dumps({"run_id": "x", "locations": ["/r/wandb/offline-run-1-x (upload: …)"]}))
-    assert tracker_lines(run_dir) == ["experiment tracker: /r/wandb/offline-run-1-x (upload: …)"]
+    state = {"run_id": "x", "locations": ["/r/tb/x (…)"], "errors": ["wandb could not start (RuntimeError: no key); …"]}
+    run_dir.tracking.write_text(json.dumps(state))
+    assert tracker_lines(run_dir) == [
+        "experiment tracker: /r/tb/x (…)",
+        "experiment tracker wandb could not start (RuntimeError: no key); …",
+    ]
 
 
 def test_summary_table_counts_restored_batches_in_neither_reward_nor_tokens_per_s():

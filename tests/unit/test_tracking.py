@@ -7,8 +7,10 @@ import json
 
 import pytest
 from rlrun.manifest import ManifestError, parse_manifest
+from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.rundir import RunDir
 from rlrun.tracking import backends
+from rlrun.tracking.backends import Cursor
 from rlrun.tracking.publisher import read_state, tracker_run_id
 from rlrun.tracking.steps import FinalSteps, scalars
 
@@ -18,41 +20,50 @@ from tests.support.trackers import LOGGING, attempt_lines, publisher, resume_rep
 
 def test_scalars_are_prefixed_flattened_and_numbers_only():
     line = {"step": 3, "reward_mean": 0.5, "reward/env": 1, "per_env": {"a": {"n": 2}}, "x": None, "ok": True}
-    assert scalars(line, "rollout", {"step"}) == {
+    assert scalars({**line, "huge": 10**400, "s": "text"}, "rollout", {"step"}) == {
         "rollout/reward_mean": 0.5, "reward/env": 1.0, "rollout/per_env/a/n": 2.0,
     }  # fmt: skip
 
 
 def test_a_step_is_taken_once_a_checkpoint_holds_it_with_the_last_lines_values(tmp_path):
     run_dir = RunDir(tmp_path).ensure()
-    attempt_lines(run_dir, 1, range(1, 7), evaluations=[0])  # attempt 1 trains to 6, its checkpoint is at 4
+    attempt_lines(run_dir, 1, range(1, 7), evaluations=[0, 6])  # attempt 1 trains to 6, its checkpoint is at 4
+    with open(run_dir.metrics, "a") as fh:
+        fh.write("[1, 2]\n")  # JSON, but no line of a step: skipped, nothing after it lost
     final = FinalSteps(run_dir)
     steps, evaluations = final.take(through=4)
-    assert [s for s, _ in steps] == [1, 2, 3, 4] and [v for v, _ in evaluations] == [0]
+    assert [s for s, _ in steps] == [1, 2, 3, 4] and [v for v, _ in evaluations] == [0]  # 6: not final yet
     assert steps[0][1] == {
         "rollout/reward_mean": 1.01, "reward/env": 0.5, "rollout/per_env/env/finished": 1.0, "train/loss": -1.01,
         "run/attempt": 1.0,
     }  # fmt: skip
-    attempt_lines(run_dir, 2, range(5, 9), evaluations=[5])  # lost abruptly: attempt 2 trains 5 and 6 again
+    attempt_lines(run_dir, 2, range(5, 11), evaluations=[6, 10, 2])  # lost abruptly: 5 and 6 trained again
     steps, evaluations = final.take(through=8)
     assert [(s, v["rollout/reward_mean"], v["train/loss"], v["run/attempt"]) for s, v in steps] == [
         (5, 2.05, -2.05, 2.0), (6, 2.06, -2.06, 2.0), (7, 2.07, -2.07, 2.0), (8, 2.08, -2.08, 2.0),
     ]  # fmt: skip
-    assert evaluations == [(5, {"eval/policy_version": 5.0, "eval/greedy_solved": 0.5})]
+    # the evaluation of 6 by the weights the run kept (attempt 2's); 2 came late, out of order, and is not lost
+    assert evaluations == [
+        (2, {"eval/policy_version": 2.0, "eval/greedy_solved": 2.02}),
+        (6, {"eval/policy_version": 6.0, "eval/greedy_solved": 2.06}),
+    ]
     assert final.take(through=8) == ([], [])
+    assert [v for v, _ in final.take(through=10)[1]] == [10]
 
 
 def test_two_attempts_log_each_step_once_with_its_final_values_to_tensorboard(tmp_path):
     run_dir = RunDir(tmp_path).ensure()
     two_attempts(run_dir, {"tensorboard": {}})
-    tb = tensorboard_scalars(run_dir.tensorboard)
+    tb = tensorboard_scalars(run_dir)
     assert [s for s, _ in tb["rollout/reward_mean"]] == list(range(1, 11))
     assert dict(tb["train/loss"])[6] == pytest.approx(-2.06)  # attempt 2's: attempt 1's step 6 never checkpointed
     assert [v for _, v in tb["run/attempt"]] == [1] * 4 + [2] * 6
     assert [s for s, _ in tb["run/resumed_groups"]] == [5] and dict(tb["run/resumes"])[5] == 1
-    assert [s for s, _ in tb["eval/greedy_solved"]] == [0, 10]  # at the step each evaluated
+    evaluated = [(s, round(v, 4)) for s, v in tb["eval/greedy_solved"]]  # float32 in the event file
+    assert evaluated == [(0, 1.0), (2, 1.02), (6, 2.06), (10, 2.1)]  # at the step each evaluated; 6: attempt 2's
     state = read_state(run_dir)
-    assert (state["logged"], state["resumed_attempts"]) == ({"tensorboard": {"step": 10, "version": 10}}, [2])
+    assert state["logged"] == {"tensorboard": {"step": 10, "versions": [0, 2, 6, 10]}}
+    assert state["resumed_attempts"] == [2] and state["errors"] == []
 
 
 def test_steps_logged_but_not_recorded_by_a_killed_attempt_are_not_shown_twice(tmp_path):
@@ -60,37 +71,54 @@ def test_steps_logged_but_not_recorded_by_a_killed_attempt_are_not_shown_twice(t
     committed = [6]
     first = publisher(run_dir, committed, attempt=1, logging={"tensorboard": {}})
     first.start(None)
-    attempt_lines(run_dir, 1, range(1, 7))
+    attempt_lines(run_dir, 1, range(1, 7), evaluations=[0, 5])
     first.close()
     state = read_state(run_dir)
-    state["logged"]["tensorboard"]["step"] = 3  # killed before recording 4–6
+    state["logged"]["tensorboard"] = {"step": 3, "versions": [0]}  # killed before recording 4–6 and version 5
     run_dir.tracking.write_text(json.dumps(state))
     second = publisher(run_dir, committed, attempt=2, logging={"tensorboard": {}})
     second.start(resume_report(6))
     attempt_lines(run_dir, 2, range(7, 9))
     committed[0] = 8
     second.close()
-    tb = tensorboard_scalars(run_dir.tensorboard)
+    tb = tensorboard_scalars(run_dir)
     assert [s for s, _ in tb["rollout/reward_mean"]] == list(range(1, 9))  # 4–6 again, purged once
+    assert [s for s, _ in tb["eval/greedy_solved"]] == [0, 5]
 
 
 def test_the_tracker_run_id_is_the_run_uid_or_one_kept_in_the_run_directory(tmp_path):
     assert tracker_run_id("0b6e2c1a-9f3e-4c1d-8a7b-1234567890ab", {}) == "0b6e2c1a-9f3e-4c1d-8a7b-1234567890ab"
     assert tracker_run_id("a/b:c", {"run_id": "x"}) == "a-b-c"
     assert tracker_run_id(None, {"run_id": "kept"}) == "kept"
-    assert len(tracker_run_id(None, {})) == 16
+    assert len(tracker_run_id(None, {})) == 16 and len(tracker_run_id(None, {"run_id": ["no"]})) == 16
     run_dir = RunDir(tmp_path).ensure()
+    attempt_lines(run_dir, 1, range(1, 3))
     ids = []
     for attempt in (1, 2):
-        p = publisher(run_dir, [0], attempt, logging={"tensorboard": {}})
+        p = publisher(run_dir, [2], attempt, logging={"tensorboard": {}})
         p.start(None)
         p.close()
         ids.append(read_state(run_dir)["run_id"])
     assert ids[0] == ids[1]  # rlrun local: made once, kept in tracking.json
-    p = publisher(run_dir, [0], 3, run_uid="new-uid", logging={"tensorboard": {}})
+    p = publisher(run_dir, [2], 3, run_uid="new-uid", logging={"tensorboard": {}})
     p.start(None)
     p.close()
-    assert read_state(run_dir)["run_id"] == "new-uid"  # a new RLRun over the same volume: a new tracker run
+    # a new RLRun over the same volume: a new tracker run, in a TensorBoard run of its own
+    assert read_state(run_dir)["run_id"] == "new-uid"
+    for run_id in (ids[0], "new-uid"):
+        assert [s for s, _ in tensorboard_scalars(run_dir, run_id)["rollout/reward_mean"]] == [1, 2]
+
+
+def test_a_tracking_file_of_the_wrong_shape_counts_as_new(tmp_path):
+    run_dir = RunDir(tmp_path).ensure()
+    attempt_lines(run_dir, 1, range(1, 3))
+    for bad in ('{"run_id": 5, "logged": [], "resumed_attempts": "x"}', "[]", "not json"):
+        run_dir.tracking.write_text(bad)
+        p = publisher(run_dir, [2], 1, run_uid="uid", logging={"tensorboard": {}})
+        p.start(resume_report(0))
+        p.close()
+        assert read_state(run_dir)["logged"]["tensorboard"]["step"] == 2, bad
+    assert Cursor.from_json({"step": "3", "versions": [1, "2", True]}) == Cursor(0, {1})
 
 
 def test_no_tracker_configured_starts_no_thread_and_writes_nothing(tmp_path):
@@ -101,16 +129,92 @@ def test_no_tracker_configured_starts_no_thread_and_writes_nothing(tmp_path):
     assert p._thread is None and not run_dir.tracking.exists()
 
 
-def test_a_tracker_that_fails_to_start_costs_only_the_logging(tmp_path, monkeypatch, caplog):
-    def broken(*args, **kwargs):
-        raise RuntimeError("no network")
+class Buffered:
+    """A tracker like W&B: what it is given is durable only once it has closed. ``fail`` makes one of its
+    calls raise (``close``: as a killed process never closes)."""
 
-    monkeypatch.setattr("rlrun.tracking.publisher.open_trackers", broken)
+    name, location, durable_on_flush = "wandb", "fake", False
+
+    def __init__(self, steps: list[int], logged: Cursor, fail: str | None) -> None:
+        self.steps, self.logged, self.fail = steps, Cursor(logged.step, set(logged.versions)), fail
+
+    def log(self, step, values):
+        if self.fail == "log" and step == 2:
+            raise RuntimeError("lost the network")
+        self.steps.append(step)
+        self.logged.step = step
+
+    def evaluation(self, version, values):
+        self.logged.versions.add(version)
+
+    def event(self, step, text):
+        pass
+
+    def flush(self):
+        pass
+
+    def close(self):
+        if self.fail == "close":
+            raise RuntimeError("killed")
+
+
+def fake_wandb(monkeypatch, steps: list[int], fail: str | None) -> None:
+    real = backends.open_tracker
+
+    def open_tracker(tracker, spec, run_dir, run_id, logged, name, config):
+        if tracker != "wandb":
+            return real(tracker, spec, run_dir, run_id, logged, name, config)
+        if fail == "start":
+            raise RuntimeError("no API key")
+        return Buffered(steps, logged, fail)
+
+    monkeypatch.setattr("rlrun.tracking.publisher.open_tracker", open_tracker)
+
+
+def test_steps_a_tracker_never_confirmed_are_logged_again_by_the_next_attempt(tmp_path, monkeypatch):
     run_dir = RunDir(tmp_path).ensure()
-    p = publisher(run_dir, [3], attempt=1)
+    steps: list[int] = []
+    fake_wandb(monkeypatch, steps, fail="close")
+    attempt_lines(run_dir, 1, range(1, 5))
+    wandb_only = {"wandb": {"project": "p", "mode": "offline"}}
+    first = publisher(run_dir, [4], 1, logging=wandb_only)
+    first.start(None)
+    first.close()
+    assert steps == [1, 2, 3, 4] and read_state(run_dir)["logged"]["wandb"]["step"] == 0  # never confirmed
+    fake_wandb(monkeypatch, steps, fail=None)
+    attempt_lines(run_dir, 2, range(5, 7))
+    second = publisher(run_dir, [6], 2, logging=wandb_only)
+    second.start(resume_report(4))
+    second.close()
+    assert steps == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6]  # W&B keeps the first of each (a step less than its current)
+    assert read_state(run_dir)["logged"]["wandb"] == {"step": 6, "versions": []}
+
+
+@pytest.mark.parametrize("fail", ["start", "log"])
+def test_a_failing_tracker_costs_neither_the_run_nor_the_other_tracker(tmp_path, monkeypatch, fail):
+    run_dir = RunDir(tmp_path).ensure()
+    steps: list[int] = []
+    fake_wandb(monkeypatch, steps, fail)
+    attempt_lines(run_dir, 1, range(1, 5), evaluations=[0])
+    p = publisher(run_dir, [4], 1)
     p.start(None)
     p.close()
-    assert "experiment trackers could not start (RuntimeError: no network)" in caplog.text
+    assert [s for s, _ in tensorboard_scalars(run_dir)["rollout/reward_mean"]] == [1, 2, 3, 4]
+    state = read_state(run_dir)
+    assert state["logged"]["tensorboard"] == {"step": 4, "versions": [0]}
+    assert state["logged"]["wandb"]["step"] == 0  # nothing confirmed: the next attempt logs it all again
+    what = "could not start (RuntimeError: no API key)" if fail == "start" else "failed to log (RuntimeError: lost"
+    assert len(state["errors"]) == 1 and state["errors"][0].startswith(f"wandb {what}")
+    assert len(state["locations"]) == (1 if fail == "start" else 2)
+
+
+def test_the_metrics_file_of_a_killed_attempt_gets_its_torn_line_ended(tmp_path):
+    run_dir = RunDir(tmp_path).ensure()
+    run_dir.metrics.write_text('{"step": 1, "attempt": 1}\n{"step": 2, "att')  # killed mid-line
+    metrics = StepMetrics(run_dir.metrics, attempt=2)
+    metrics.start()
+    metrics.close()
+    assert run_dir.metrics.read_text().endswith('"att\n')
 
 
 def test_a_configured_tracker_that_is_not_installed_is_refused_with_the_manifest(monkeypatch):
@@ -127,48 +231,3 @@ def test_a_bad_project_name_is_refused_naming_the_field():
     with pytest.raises(ManifestError) as err:
         parse_manifest(data)
     assert err.value.errors[0].startswith("spec.logging.wandb.project:")
-
-
-class Buffered:
-    """A tracker like W&B: what it is given is durable only once it has closed (here: closing fails, as a killed
-    process never closes)."""
-
-    name, location, durable_on_flush = "wandb", "fake", False
-
-    def __init__(self, logged: list[int], fail_close: bool) -> None:
-        self.logged, self.fail_close = logged, fail_close
-
-    def log(self, step, values):
-        self.logged.append(step)
-
-    def evaluation(self, step, version, values):
-        pass
-
-    def event(self, step, text):
-        pass
-
-    def flush(self):
-        pass
-
-    def close(self):
-        if self.fail_close:
-            raise RuntimeError("killed")
-
-
-def test_steps_a_tracker_never_confirmed_are_logged_again_by_the_next_attempt(tmp_path, monkeypatch):
-    run_dir = RunDir(tmp_path).ensure()
-    logged: list[int] = []
-    fail = [True]
-    monkeypatch.setattr("rlrun.tracking.publisher.open_trackers", lambda *args: [Buffered(logged, fail_close=fail[0])])
-    attempt_lines(run_dir, 1, range(1, 5))
-    first = publisher(run_dir, [4], 1, logging={"wandb": {"project": "p", "mode": "offline"}})
-    first.start(None)
-    first.close()
-    assert logged == [1, 2, 3, 4] and read_state(run_dir)["logged"]["wandb"]["step"] == 0  # never confirmed
-    fail[0] = False
-    attempt_lines(run_dir, 2, range(5, 7))
-    second = publisher(run_dir, [6], 2, logging={"wandb": {"project": "p", "mode": "offline"}})
-    second.start(resume_report(4))
-    second.close()
-    assert logged == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6]  # W&B keeps the first of each (a step not past its last)
-    assert read_state(run_dir)["logged"]["wandb"] == {"step": 6, "version": -1}

@@ -347,6 +347,21 @@ def read_json_part(path: Path) -> Any:
         raise CheckpointError(f"{path}: unreadable ({exc})") from None
 
 
+def end_torn_line(path: Path) -> None:
+    """Terminate a last line cut short by a kill, so the next writer's first line is not glued to it (a process
+    restarted appends to its predecessor's ledger and metrics: the trainer, the orchestrator's ``metrics.jsonl``
+    and ``eval.jsonl``)."""
+    try:
+        with open(path, "rb+") as fh:
+            if fh.seek(0, os.SEEK_END) == 0:
+                return
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                fh.write(b"\n")
+    except FileNotFoundError:
+        pass
+
+
 def read_metrics(path: Path, offset: int = 0) -> tuple[list[dict], int]:
     """Complete JSON lines of ``path`` from byte ``offset``; returns them and the new offset.
 

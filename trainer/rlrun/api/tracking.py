@@ -50,10 +50,12 @@ class WandbSpec(_Strict):
 
 
 class TensorBoardSpec(_Strict):
-    """TensorBoard: event files under ``<run_dir>/tensorboard/`` (``tensorboard --logdir`` it).
+    """TensorBoard: event files under ``<run_dir>/tensorboard/<tracker run id>/`` (``tensorboard --logdir
+    <run_dir>/tensorboard``).
 
     Attributes:
-        enabled: write them (``tensorboard: {}`` turns it on).
+        enabled: write them (``tensorboard: {}`` turns it on; a key with no value is absent, as Kubernetes prunes
+            a null).
     """
 
     enabled: bool = True

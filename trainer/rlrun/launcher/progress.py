@@ -162,9 +162,12 @@ def eval_report(evaluations: list[dict]) -> list[str]:
 
 
 def tracker_lines(run_dir: RunDir) -> list[str]:
-    """Where the experiment trackers' run is (``tracking.json``: :mod:`rlrun.tracking.publisher`): one line per
-    tracker, its URL or its directory and the command that shows or uploads it; none without trackers."""
-    return [f"experiment tracker: {where}" for where in read_state(run_dir).get("locations", []) if where]
+    """What the last attempt's experiment trackers did (``tracking.json``: :mod:`rlrun.tracking.publisher`): one
+    line per tracker, its URL or its directory and the command that shows or uploads it, or why it could not log;
+    none without trackers."""
+    state = read_state(run_dir)
+    lines = [f"experiment tracker: {where}" for where in state.get("locations") or [] if isinstance(where, str)]
+    return lines + [f"experiment tracker {error}" for error in state.get("errors") or [] if isinstance(error, str)]
 
 
 def tracker_plan(spec: LoggingSpec, run_dir: RunDir) -> list[str]:

@@ -48,7 +48,7 @@ from rlrun.envs.base import Env, Task
 from rlrun.orchestrator.episodes import EpisodeBuilder
 from rlrun.orchestrator.turns import Conversation, play_all
 from rlrun.rollout.client import Completion, RolloutClient, RolloutError
-from rlrun.rundir import read_jsonl
+from rlrun.rundir import end_torn_line, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ class Evaluator:
         self.spec, self.sampling, self.episodes, self.envs = spec, sampling, episodes, episodes.envs
         self.path, self.attempt = path, attempt
         self.tasks: list[Task] = [env.task(seed, i, "eval") for env in self.envs.values() for i in range(spec.tasks)]
+        end_torn_line(path)  # a line cut short by a kill would glue this attempt's first one to it
         self.evaluated = {row["policy_version"] for row in read_jsonl(path) if "policy_version" in row}
 
     @classmethod
@@ -110,6 +111,12 @@ class Evaluator:
             return None
         episodes = episodes or EpisodeBuilder.for_run(tokenizer, envs, spec)
         return cls(spec.evaluation, spec.sampling, episodes, spec.seed, path, attempt)
+
+    def resumed_at(self, version: int) -> None:
+        """An attempt resumed from the checkpoint of step ``version``: the versions past it that an earlier attempt
+        evaluated are evaluated again when reached (their weights are trained again, with other samples; the last
+        line of each version is the one the trackers keep, :mod:`rlrun.tracking.steps`)."""
+        self.evaluated = {v for v in self.evaluated if v <= version}
 
     def due(self, version: int, max_steps: int) -> bool:
         """Whether ``version`` should be evaluated: the start (0), each ``interval``-th step and the last one,
@@ -240,7 +247,10 @@ class EvalRounds:
         return self._round is not None and not self._round.done()
 
     def start(self, version: int) -> None:
-        """At an attempt's start, evaluate ``version`` (the servers hold it now) if due (:meth:`Evaluator.due_at_start`)."""
+        """At an attempt's start on ``version`` (the servers hold it now; the step resumed from): forget the
+        evaluations past it (:meth:`Evaluator.resumed_at`), and evaluate it if due (:meth:`Evaluator.due_at_start`)."""
+        if self.evaluator is not None:
+            self.evaluator.resumed_at(version)
         if self.evaluator is not None and not self.running and self.evaluator.due_at_start(version, self.max_steps):
             self._begin(version)
 

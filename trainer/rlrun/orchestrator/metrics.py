@@ -43,6 +43,7 @@ from pathlib import Path
 from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.sink import TrainSink
+from rlrun.rundir import end_torn_line
 from rlrun.samples import Episode, TrainingSample
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,8 @@ class StepMetrics:
             self._turns.setdefault(key, []).extend(values)
 
     def start(self) -> None:
-        """Open the file and start the clock of the first step."""
+        """Open the file (ending a line a killed attempt cut short) and start the clock of the first step."""
+        end_torn_line(self.path)
         self._fh = open(self.path, "a")  # noqa: SIM115 - open for the run
         self._since = time.monotonic()
 

@@ -4,20 +4,26 @@ Each package is imported only when its tracker is configured (``spec.logging``),
 needs neither installed; one configured but not installed is refused with the manifest (:func:`missing_packages`,
 checked by :func:`rlrun.manifest.parse_manifest`), naming the field and the install command.
 
+Each tracker knows what it has logged (:class:`Cursor`: the last step, the evaluated versions) and whether that is
+durable yet: the publisher records it in ``tracking.json`` only then, so the next attempt logs again whatever a
+killed one had not made durable.
+
 - **W&B**: one W&B run per rlrun run — its id is given, and each attempt resumes it (``resume="allow"``).
-  Steps are logged with an explicit ``step``. Evaluations are logged with the next step's row (W&B's steps only
-  grow), their x-axis the ``eval/policy_version`` they evaluated (``define_metric``). The console is not
-  captured (the orchestrator's log is its own) and system metrics are off (the orchestrator's pod holds no
-  accelerator; vLLM and the trainer report theirs).
-- **TensorBoard**: event files under ``<run_dir>/tensorboard/`` (``torch.utils.tensorboard``'s writer). Each
-  attempt opens its writer with ``purge_step`` one past the last step logged, so steps a killed attempt logged
-  past that point are hidden from TensorBoard (its own rule for restarted jobs); evaluations are written at
-  the step they evaluated.
+  Steps are logged with an explicit ``step``. An evaluation joins the next step's row (W&B's steps only grow;
+  one evaluation per row), its x-axis the ``eval/policy_version`` it evaluated (``define_metric``). What it is
+  given is durable only once ``finish()`` returns: W&B's own process (``wandb-core``) buffers it, and dies with
+  ours. The console is not captured (the orchestrator's log is its own) and system metrics are off (the
+  orchestrator's pod holds no accelerator; vLLM and the trainer report theirs).
+- **TensorBoard**: event files under ``<run_dir>/tensorboard/<tracker run id>/`` (``torch.utils.tensorboard``'s
+  writer), one event per step. Each attempt opens its writer with ``purge_step`` one past the last step
+  recorded, so what a killed attempt wrote past that point is hidden (TensorBoard's own rule for restarted
+  jobs); evaluations are written at the step they evaluated. Durable once flushed.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from importlib.util import find_spec
 from typing import Any, Protocol
 
@@ -29,6 +35,27 @@ log = logging.getLogger(__name__)
 INSTALL = "pip install 'rlrun[tracking]'"
 
 
+@dataclass
+class Cursor:
+    """What a tracker has logged: steps up to ``step``, and the evaluations of ``versions``."""
+
+    step: int = 0
+    versions: set[int] = field(default_factory=set)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "versions": sorted(self.versions)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Cursor:
+        """A cursor from ``tracking.json`` (a malformed entry reads as nothing logged)."""
+        if not isinstance(data, dict):
+            return cls()
+        step, versions = data.get("step"), data.get("versions")
+        step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0
+        versions = versions if isinstance(versions, list) else []
+        return cls(step, {v for v in versions if isinstance(v, int) and not isinstance(v, bool)})
+
+
 class Tracker(Protocol):
     """What the publisher (:mod:`rlrun.tracking.publisher`) logs to."""
 
@@ -36,15 +63,16 @@ class Tracker(Protocol):
     name: str
     #: where the run can be seen (a URL, or a directory and the command that shows or uploads it)
     location: str
+    #: what it was given (updated as it logs)
+    logged: Cursor
     #: what was logged is durable once :meth:`flush` returns (True), or only once :meth:`close` has (False)
     durable_on_flush: bool
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Log ``values`` at ``step`` (steps only grow)."""
 
-    def evaluation(self, step: int, version: int, values: dict[str, float]) -> None:
-        """Log an evaluation of policy ``version`` with the row of ``step`` (the last step logged, or the one
-        being logged)."""
+    def evaluation(self, version: int, values: dict[str, float]) -> None:
+        """Log the evaluation of policy ``version`` (now, or with the next step: :attr:`logged` says when)."""
 
     def event(self, step: int, text: str) -> None:
         """Note an event (a resume) at ``step``."""
@@ -56,13 +84,6 @@ class Tracker(Protocol):
         """Flush and close."""
 
 
-def missing_packages(spec: LoggingSpec) -> list[str]:
-    """``["spec.logging.wandb: wandb is not installed: pip install …", …]``: each configured tracker whose package
-    this environment lacks (empty when all are there)."""
-    # each tracker's field, its name and its package's are the same word
-    return [f"spec.logging.{t}: {t} is not installed: {INSTALL}" for t in configured(spec) if find_spec(t) is None]
-
-
 class WandbTracker:
     """A W&B run (``wandb.init(id=run_id, resume="allow")``) in ``spec.mode``, its files under ``<run_dir>/wandb/``.
 
@@ -72,15 +93,19 @@ class WandbTracker:
         run_id: the W&B run id (the same for every attempt).
         name: the display name when ``spec.name`` is None.
         config: the run's spec (W&B's ``config``).
+        logged: what earlier attempts logged durably.
 
     Raises:
         ImportError: wandb is not installed (:func:`missing_packages` says so first).
+        Exception: whatever ``wandb.init`` raises (no API key, an unknown entity, no network).
     """
 
     name = "wandb"
     durable_on_flush = False
 
-    def __init__(self, spec: WandbSpec, run_dir: RunDir, run_id: str, name: str, config: dict[str, Any]) -> None:
+    def __init__(
+        self, spec: WandbSpec, run_dir: RunDir, run_id: str, name: str, config: dict[str, Any], logged: Cursor
+    ) -> None:
         import wandb
 
         self.run = wandb.init(
@@ -100,32 +125,38 @@ class WandbTracker:
         self.run.define_metric("eval/*", step_metric="eval/policy_version")
         offline = f"{self.run.settings.sync_dir} (upload: wandb sync {run_dir.wandb}/offline-run-*-{run_id})"
         self.location = offline if spec.mode == "offline" else self.run.url
-        self._pending: dict[str, float] = {}  # an evaluation waiting for the next row
-        self._step = 0
+        self.logged = Cursor(logged.step, set(logged.versions))
+        self._pending: list[tuple[int, dict[str, float]]] = []  # evaluations waiting for a row, oldest first
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        self.run.log({**values, **self._pending}, step=step)
-        self._pending = {}
+        row = dict(values)
+        if self._pending:
+            version, evaluation = self._pending.pop(0)
+            row.update(evaluation)
+            self.logged.versions.add(version)
+        self.run.log(row, step=step)
+        self.logged.step = step
 
-    def evaluation(self, step: int, version: int, values: dict[str, float]) -> None:
-        # with the next row; logged at once only at the end (close): W&B merges a row of the same step
-        self._pending.update(values)
-        self._step = step
+    def evaluation(self, version: int, values: dict[str, float]) -> None:
+        self._pending.append((version, values))
 
     def event(self, step: int, text: str) -> None:
         log.info("W&B run %s: %s", self.run.id, text)
 
     def flush(self) -> None:
-        pass  # W&B's own process (wandb-core) buffers; only finish() says all is written, so durable at close
+        pass  # wandb-core buffers; only finish() says all is written
 
     def close(self) -> None:
-        if self._pending:
-            self.run.log(self._pending, step=self._step)
-        self.run.finish()
+        if self._pending and self.logged.step:  # W&B merges a row of the step it is on (the last evaluation)
+            version, evaluation = self._pending.pop(0)
+            self.run.log(evaluation, step=self.logged.step)
+            self.logged.versions.add(version)
+        self.run.finish()  # what is still pending is logged by the next attempt, if any
 
 
 class TensorBoardTracker:
-    """Event files under ``<run_dir>/tensorboard/``, steps past ``logged_step`` purged from earlier attempts' files.
+    """Event files under ``<run_dir>/tensorboard/<run_id>/``; steps past ``logged.step`` purged from earlier
+    attempts' files.
 
     Raises:
         ImportError: tensorboard is not installed (:func:`missing_packages` says so first).
@@ -134,21 +165,27 @@ class TensorBoardTracker:
     name = "tensorboard"
     durable_on_flush = True
 
-    def __init__(self, run_dir: RunDir, logged_step: int) -> None:
+    def __init__(self, run_dir: RunDir, run_id: str, logged: Cursor) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
-        self.writer = SummaryWriter(str(run_dir.tensorboard), purge_step=logged_step + 1 if logged_step else None)
-        self.location = f"{run_dir.tensorboard} (tensorboard --logdir {run_dir.tensorboard})"
+        # one directory per tracker run: a new run over a retained volume does not write over the old one's steps
+        purge = logged.step + 1 if logged.step else None
+        self.writer = SummaryWriter(str(run_dir.tensorboard / run_id), purge_step=purge)
+        self.location = f"{run_dir.tensorboard / run_id} (tensorboard --logdir {run_dir.tensorboard})"
+        self.logged = Cursor(logged.step, set(logged.versions))
         self._summary = Summary
 
     def log(self, step: int, values: dict[str, float]) -> None:
         # one event of every value (add_scalar makes one each: ~60 µs apiece, the GIL held, beside the run's loop)
         summary = self._summary(value=[self._summary.Value(tag=k, simple_value=v) for k, v in values.items()])
         self.writer.file_writer.add_summary(summary, step)
+        self.logged.step = step
 
-    def evaluation(self, step: int, version: int, values: dict[str, float]) -> None:
-        self.log(version, values)
+    def evaluation(self, version: int, values: dict[str, float]) -> None:
+        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+        self.writer.file_writer.add_summary(summary, version)
+        self.logged.versions.add(version)
 
     def event(self, step: int, text: str) -> None:
         self.writer.add_text("run/events", text, step)
@@ -166,6 +203,13 @@ def configured(spec: LoggingSpec) -> list[str]:
     return names + (["tensorboard"] if spec.tensorboard is not None and spec.tensorboard.enabled else [])
 
 
+def missing_packages(spec: LoggingSpec) -> list[str]:
+    """``["spec.logging.wandb: wandb is not installed: pip install …", …]``: each configured tracker whose package
+    this environment lacks (empty when all are there)."""
+    # each tracker's field, its name and its package's are the same word
+    return [f"spec.logging.{t}: {t} is not installed: {INSTALL}" for t in configured(spec) if find_spec(t) is None]
+
+
 def preload(spec: LoggingSpec) -> None:
     """Import the configured trackers' packages (a second or so of imports that hold the GIL: done before the run's
     loop is busy, not in the publisher's thread beside it).
@@ -177,18 +221,16 @@ def preload(spec: LoggingSpec) -> None:
         __import__("wandb" if tracker == "wandb" else "torch.utils.tensorboard")
 
 
-def open_trackers(
-    spec: LoggingSpec, run_dir: RunDir, run_id: str, logged: dict[str, int], name: str, config: dict[str, Any]
-) -> list[Tracker]:
-    """The trackers ``spec`` turns on (:func:`configured`); ``logged``: the last step each has logged durably.
+def open_tracker(
+    tracker: str, spec: LoggingSpec, run_dir: RunDir, run_id: str, logged: Cursor, name: str, config: dict[str, Any]
+) -> Tracker:
+    """Open ``tracker`` (a name of :func:`configured`); ``logged``: what earlier attempts logged to it durably.
 
     Raises:
-        ImportError: a configured tracker's package is not installed.
+        ImportError: its package is not installed.
+        Exception: whatever the tracker raises when it cannot start.
     """
-    trackers: list[Tracker] = []
-    for tracker in configured(spec):
-        if tracker == "wandb":
-            trackers.append(WandbTracker(spec.wandb, run_dir, run_id, name, config))  # type: ignore[arg-type]
-        else:
-            trackers.append(TensorBoardTracker(run_dir, logged.get(tracker, 0)))
-    return trackers
+    if tracker == "wandb":
+        assert spec.wandb is not None
+        return WandbTracker(spec.wandb, run_dir, run_id, name, config, logged)
+    return TensorBoardTracker(run_dir, run_id, logged)

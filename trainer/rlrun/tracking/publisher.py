@@ -2,14 +2,14 @@
 
 One writer, one tracker run. The orchestrator is the one process that logs (a run has one orchestrator per
 attempt), from a thread of its own, so its event loop never waits on a tracker: every ``poll_s`` the thread reads
-what the metrics files gained and logs the steps the newest complete checkpoint holds (final values:
-:mod:`rlrun.tracking.steps`), then records how far each tracker got **durably** in ``<run_dir>/tracking.json``,
-which it alone writes: the tracker run's id, each tracker's last step and evaluated version logged, the attempts
-that resumed, and where the run can be seen. TensorBoard's steps are durable once its writer is flushed (each
-look); W&B's only once ``finish()`` returns (its own process buffers what it is given), so they are recorded when
-the attempt closes. The next attempt logs again what a killed one had not recorded: TensorBoard hides the killed
-attempt's copies (``purge_step``), and W&B drops a step that is not past its run's last (``wandb sync`` of the
-offline files, or the server online), so every step is shown once.
+what the metrics files gained and logs the steps and evaluations the newest complete checkpoint holds (final
+values: :mod:`rlrun.tracking.steps`), then records what each tracker holds **durably** in
+``<run_dir>/tracking.json``, which it alone writes: the tracker run's id, each tracker's last step and evaluated
+versions, the attempts that resumed, and this attempt's trackers (where each can be seen, or why it could not
+log). TensorBoard's steps are durable once its writer is flushed (each look); W&B's only once ``finish()``
+returns, so they are recorded when the attempt closes. The next attempt logs again what a killed one had not
+recorded: TensorBoard hides the killed attempt's copies (``purge_step``), and W&B ignores a step less than its
+run's current one and merges one equal to it, so every step shows once.
 
 The tracker run's id derives from the run's identity: the RLRun's uid (``--run-uid``, the operator's), else
 (``rlrun local``) an id made once and kept in ``tracking.json``. Every attempt resumes that run, so charts
@@ -18,9 +18,11 @@ every step (it steps up at each resume), ``run/resumes`` counts the attempts tha
 ``run/resumed_groups``, ``run/resumed_samples`` and ``run/conversations_continued`` say what the resume put back
 (the numbers ``kubectl get rlrun`` shows); TensorBoard also gets a ``run/events`` text.
 
-Logging never fails or stalls the run: a tracker that cannot start or log is logged as a warning and left.
-Steps reach the trackers at checkpoint time, so ``checkpoint.interval`` bounds how far the charts lag the
-run; the live values are on ``/metrics`` and in ``metrics.jsonl``.
+Logging never fails or stalls the run: a tracker that cannot start or log is logged as a warning, recorded in
+``tracking.json`` (``rlrun local`` prints it at the end) and left for the rest of the attempt, without touching
+the other; a ``tracking.json`` that does not read as expected counts as new. Steps reach the trackers at
+checkpoint time, so ``checkpoint.interval`` bounds how far the charts lag the run; the live values are on
+``/metrics`` and in ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 from rlrun.api.control import ResumeReport
 from rlrun.api.spec import RLRunSpec
 from rlrun.rundir import RunDir, write_file_atomic
-from rlrun.tracking.backends import Tracker, configured, open_trackers, preload
+from rlrun.tracking.backends import Cursor, Tracker, configured, open_tracker, preload
 from rlrun.tracking.steps import FinalSteps
 
 log = logging.getLogger(__name__)
@@ -47,9 +49,10 @@ POLL_S = 1.0
 
 
 def read_state(run_dir: RunDir) -> dict[str, Any]:
-    """``tracking.json`` (empty when missing or unreadable): ``run_id``, ``logged`` (each tracker's last step and
-    evaluated version logged durably: ``{"tensorboard": {"step": 10, "version": 10}}``), ``resumed_attempts``,
-    ``locations``."""
+    """``tracking.json`` (empty when missing or not a JSON object): ``run_id``, ``logged`` (each tracker's
+    :class:`~rlrun.tracking.backends.Cursor` as JSON: ``{"tensorboard": {"step": 10, "versions": [0, 10]}}``),
+    ``resumed_attempts``, ``locations`` and ``errors`` (this attempt's trackers: where each can be seen; why one
+    could not log)."""
     try:
         state = json.loads(run_dir.tracking.read_text())
     except (OSError, ValueError):
@@ -62,7 +65,8 @@ def tracker_run_id(run_uid: str | None, state: dict[str, Any]) -> str:
     one ``state`` holds, else a new one."""
     if run_uid:
         return re.sub(r"[^A-Za-z0-9_-]", "-", run_uid)[:64]
-    return state.get("run_id") or uuid.uuid4().hex[:16]
+    kept = state.get("run_id")
+    return kept if isinstance(kept, str) and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", kept) else uuid.uuid4().hex[:16]
 
 
 class TrackerPublisher:
@@ -91,10 +95,11 @@ class TrackerPublisher:
         self.spec, self.run_dir, self.name, self.run_uid = spec, run_dir, name, run_uid
         self.attempt, self.committed, self.poll_s = attempt, committed, poll_s
         self.trackers: list[Tracker] = []
-        self._closing = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.state: dict[str, Any] = {}
         #: CPU time the thread spent reading and logging steps (not opening or closing trackers), seconds
         self.cpu_seconds = 0.0
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
         self._marker: dict[str, float] = {}  # what this attempt's resume put back: logged at the step after it
         self._marker_after = 0
         self._event = ""
@@ -102,20 +107,37 @@ class TrackerPublisher:
     def start(self, resumed: ResumeReport | None) -> None:
         """Import the trackers' packages and start the thread (nothing when no tracker is configured; the
         orchestrator calls it in a thread of its own, before it dispatches); ``resumed``: what this attempt's
-        resume put back (None: it started fresh), marked at the first step logged."""
+        resume put back (None: it started fresh), marked at the first step logged. Never raises: a failure costs
+        this attempt's logging only."""
         if not self.spec.logging.any:
             return
+        try:
+            self._begin(resumed)
+            preload(self.spec.logging)
+        except Exception as exc:
+            log.warning(
+                "experiment trackers could not start (%s: %s); this attempt logs to none", type(exc).__name__, exc
+            )
+            return
+        self._thread = threading.Thread(target=self._run, name="tracker-publisher", daemon=True)
+        self._thread.start()
+
+    def _begin(self, resumed: ResumeReport | None) -> None:
         state = read_state(self.run_dir)
         run_id = tracker_run_id(self.run_uid, state)
         if state.get("run_id") != run_id:  # a new run (a new RLRun over a retained volume): a new tracker run
             state = {"run_id": run_id}
-        state.setdefault("resumed_attempts", [])
-        logged = state.setdefault("logged", {})
-        for name in configured(self.spec.logging):
-            logged.setdefault(name, {"step": 0, "version": -1})
+        attempts = state.get("resumed_attempts")
+        attempts = [a for a in attempts if isinstance(a, int)] if isinstance(attempts, list) else []
+        logged = state.get("logged") if isinstance(state.get("logged"), dict) else {}
+        self.state = {
+            "run_id": run_id,
+            "logged": {t: Cursor.from_json(logged.get(t)).to_json() for t in configured(self.spec.logging)},
+            "resumed_attempts": sorted({*attempts, self.attempt}) if resumed is not None else attempts,
+            "locations": [],
+            "errors": [],
+        }
         if resumed is not None:
-            if self.attempt not in state["resumed_attempts"]:
-                state["resumed_attempts"] = sorted({*state["resumed_attempts"], self.attempt})
             self._marker = {
                 "run/resumed_groups": float(resumed.resumed_groups),
                 "run/resumed_samples": float(resumed.queued_traces),
@@ -126,53 +148,48 @@ class TrackerPublisher:
                 f"attempt {self.attempt} resumed from the checkpoint of step {resumed.from_step}: "
                 f"{resumed.resumed_groups} groups and {resumed.queued_traces} queued samples put back"
             )
-        self.state = state
         self._write_state()  # the run id and the resume are recorded before anything is logged
-        try:
-            preload(self.spec.logging)
-        except ImportError as exc:  # refused with the manifest already; a broken install costs only the logging
-            log.warning("experiment trackers could not be imported (%s); this attempt logs to none", exc)
-            return
-        self._thread = threading.Thread(target=self._run, name="tracker-publisher", daemon=True)
-        self._thread.start()
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Log what is final now, close the trackers and stop the thread (waiting at most ``timeout_s``: a
-        tracker still uploading then finishes in W&B's own process, and the next attempt logs what is left)."""
+        """Log what is final now, close the trackers and stop the thread, waiting at most ``timeout_s`` (a tracker
+        still closing then is abandoned: W&B's process dies with ours, and the next attempt logs again what it
+        had not confirmed)."""
         if self._thread is None:
             return
         self._closing.set()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
-            log.warning("experiment trackers still closing after %.0f s; left to finish", timeout_s)
+            log.warning("experiment trackers still closing after %.0f s; left unfinished", timeout_s)
 
     def _run(self) -> None:
-        logged = {name: self.state["logged"][name] for name in configured(self.spec.logging)}
-        final = FinalSteps(
-            self.run_dir, min(c["step"] for c in logged.values()), min(c["version"] for c in logged.values())
-        )
-        self._sent = {name: dict(c) for name, c in logged.items()}  # what each was given, durable or not
-        try:
-            config = self.spec.model_dump(mode="json")
-            steps = {name: c["step"] for name, c in logged.items()}
-            self.trackers = open_trackers(
-                self.spec.logging, self.run_dir, self.state["run_id"], steps, self.name, config
-            )
-        except Exception as exc:  # never fails the run: the metrics files keep everything
-            log.warning(
-                "experiment trackers could not start (%s: %s); this attempt logs to none", type(exc).__name__, exc
-            )
+        cursors = {t: Cursor.from_json(self.state["logged"][t]) for t in configured(self.spec.logging)}
+        config = self.spec.model_dump(mode="json")
+        for tracker, cursor in cursors.items():
+            try:
+                opened = open_tracker(
+                    tracker, self.spec.logging, self.run_dir, self.state["run_id"], cursor, self.name, config
+                )
+            except Exception as exc:  # never fails the run, nor the other tracker: the metrics files keep it all
+                self._failed(tracker, "could not start", exc)
+                continue
+            self.trackers.append(opened)
+            self.state["locations"].append(opened.location)
+            log.info("logging steps to %s", opened.location)
+        self._write_state()
+        if not self.trackers:
             return
-        self.state["locations"] = [t.location for t in self.trackers]
-        for tracker in self.trackers:
-            log.info("logging steps to %s", tracker.location)
+        final = FinalSteps(
+            self.run_dir,
+            min(t.logged.step for t in self.trackers),
+            set.intersection(*(t.logged.versions for t in self.trackers)),
+        )
         while True:
             closing = self._closing.wait(self.poll_s)
             cpu = time.thread_time()
             try:
                 self._publish(final)
-            except Exception as exc:
-                log.warning("logging to the experiment trackers failed: %s: %s", type(exc).__name__, exc)
+            except Exception as exc:  # reading the files: the next look tries again
+                log.warning("reading the metrics for the experiment trackers failed: %s: %s", type(exc).__name__, exc)
             self.cpu_seconds += time.thread_time() - cpu
             if closing:
                 break
@@ -180,40 +197,48 @@ class TrackerPublisher:
             try:
                 tracker.close()
             except Exception as exc:
-                log.warning("closing %s failed: %s", tracker.location, exc)
+                self._failed(tracker.name, "could not close", exc)
                 continue
-            self.state["logged"][tracker.name] = dict(self._sent[tracker.name])  # all it was given is written
+            self.state["logged"][tracker.name] = tracker.logged.to_json()  # all it was given is written
         self._write_state()
 
     def _publish(self, final: FinalSteps) -> None:
         steps, evaluations = final.take(self.committed())
         if not steps and not evaluations:
             return
-        resumed, sent = self.state["resumed_attempts"], self._sent
-        for version, values in evaluations:
-            for tracker in self.trackers:
-                if version > sent[tracker.name]["version"]:
-                    tracker.evaluation(final.logged_step, version, values)
-                    sent[tracker.name]["version"] = version
+        resumed, marked = self.state["resumed_attempts"], None
         for step, values in steps:
             attempt = values.get("run/attempt")
             if attempt is not None:
                 values["run/resumes"] = float(sum(1 for a in resumed if a <= attempt))
-            marked = bool(self._marker) and step > self._marker_after
-            if marked:
+            if self._marker and step > self._marker_after:
                 values.update(self._marker)
-                self._marker = {}
-            for tracker in self.trackers:
-                if step > sent[tracker.name]["step"]:  # one that logged it durably already does not again
-                    tracker.log(step, values)
-                    if marked:
-                        tracker.event(step, self._event)
-                    sent[tracker.name]["step"] = step
-        for tracker in self.trackers:
-            if tracker.durable_on_flush:
-                tracker.flush()
-                self.state["logged"][tracker.name] = dict(sent[tracker.name])
+                self._marker, marked = {}, step
+        for tracker in list(self.trackers):
+            try:
+                for version, values in evaluations:  # each final already: its step is logged in this look or was
+                    if version not in tracker.logged.versions:
+                        tracker.evaluation(version, values)
+                for step, values in steps:
+                    if step > tracker.logged.step:  # a tracker that holds it durably already does not again
+                        tracker.log(step, values)
+                        if step == marked:
+                            tracker.event(step, self._event)
+                if tracker.durable_on_flush:
+                    tracker.flush()
+                    self.state["logged"][tracker.name] = tracker.logged.to_json()
+            except Exception as exc:  # this tracker only: what it did not make durable is logged again next attempt
+                self.trackers.remove(tracker)
+                self._failed(tracker.name, "failed to log", exc)
         self._write_state()
 
+    def _failed(self, tracker: str, what: str, exc: Exception) -> None:
+        message = f"{tracker} {what} ({type(exc).__name__}: {exc}); this attempt logs nothing more to it"
+        log.warning("experiment tracker %s", message)
+        self.state["errors"].append(message)
+
     def _write_state(self) -> None:
-        write_file_atomic(self.run_dir.tracking, json.dumps(self.state, indent=1).encode(), fault_points=False)
+        try:
+            write_file_atomic(self.run_dir.tracking, json.dumps(self.state, indent=1).encode(), fault_points=False)
+        except OSError as exc:  # what it would have recorded is logged again by the next attempt
+            log.warning("could not write %s: %s", self.run_dir.tracking, exc)

@@ -7,17 +7,21 @@ and their lines appended again. A step's lines are **final** once a complete che
 later attempt resumes from that checkpoint or a newer one, so none trains the step again, and the last line of
 the step in each file is the one of the attempt that made the checkpoint. (The one exception: a newest
 checkpoint found corrupt and the one before it resumed from; the steps between were logged already and are not
-logged again — a tracker's steps never go backwards.)
+logged again — a tracker's steps never go backwards.) An evaluation of policy version ``v`` is final by the same
+rule once a complete checkpoint holds step ``v``: a resumed attempt evaluates again the versions past its
+checkpoint (their weights are trained again: :meth:`rlrun.orchestrator.evaluation.Evaluator.resumed_at`), so
+the last line of ``v`` is the one of the weights the run kept.
 
 A step's scalars are named by where they come from: ``rollout/<key>`` (``metrics.jsonl``; its ``reward/<series>``
 keys as they are, ``per_env`` as ``rollout/per_env/<env>/<key>``), ``train/<key>`` (``trainer_metrics.jsonl``)
 and ``eval/<key>`` (``eval.jsonl``, with ``eval/policy_version``); ``run/attempt`` is the attempt that wrote the
-step's lines. Non-numbers (None, booleans) are left out.
+step's lines. Non-numbers (None, booleans, strings, numbers no float holds) are left out, and so is a line that is
+no JSON object.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +46,10 @@ def scalars(line: dict[str, Any], prefix: str, skip: Iterable[str] = ()) -> dict
         if isinstance(value, dict):
             out.update(scalars(value, name))
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[name] = float(value)
+            try:
+                out[name] = float(value)
+            except OverflowError:  # an int past 1.8e308
+                continue
     return out
 
 
@@ -54,37 +61,37 @@ class _Lines:
         self.offset = 0
         self.last: dict[int, dict[str, Any]] = {}
 
-    def read(self, after: int) -> None:
+    def read(self, keep: Callable[[int], bool]) -> None:
+        """Read what was appended, keeping the lines of the steps (versions) ``keep`` accepts."""
         lines, self.offset = read_metrics(self.path, self.offset)
         for line in lines:
-            n = line.get(self.key)
-            if isinstance(n, int) and n > after:
+            n = line.get(self.key) if isinstance(line, dict) else None
+            if isinstance(n, int) and not isinstance(n, bool) and keep(n):
                 self.last[n] = line  # a later line of the same step replaces it: the last one is final
 
 
 class FinalSteps:
-    """The metrics files of ``run_dir``, read incrementally, and each step's merged scalars once final.
+    """The metrics files of ``run_dir``, read incrementally, and each step's and evaluation's scalars once final.
 
     Args:
         run_dir: the run directory.
         logged_step: steps up to this one were logged already (they are skipped).
-        logged_version: evaluations up to this policy version were logged already.
+        logged_versions: evaluated versions logged already (skipped).
     """
 
-    def __init__(self, run_dir: RunDir, logged_step: int = 0, logged_version: int = -1) -> None:
+    def __init__(self, run_dir: RunDir, logged_step: int = 0, logged_versions: Iterable[int] = ()) -> None:
         self.orchestrator = _Lines(run_dir.metrics, "step")
         self.trainer = _Lines(run_dir.trainer_metrics, "step")
         self.evaluations = _Lines(run_dir.evaluations, "policy_version")
-        self.logged_step, self.logged_version = logged_step, logged_version
+        self.logged_step, self.logged_versions = logged_step, set(logged_versions)
 
     def take(self, through: int) -> tuple[list[tuple[int, dict[str, float]]], list[tuple[int, dict[str, float]]]]:
-        """Read what was appended; return and forget ``(steps, evaluations)`` not yet taken: the steps up to
-        ``through`` (the newest complete checkpoint) as ``[(step, scalars)]`` in step order, and every
-        evaluation written as ``[(policy version, scalars)]`` in version order (an evaluation's line is written
-        once per version and never again, so it is final when it appears)."""
-        self.orchestrator.read(self.logged_step)
-        self.trainer.read(self.logged_step)
-        self.evaluations.read(self.logged_version)
+        """Read what was appended; return and forget ``(steps, evaluations)`` final and not yet taken: the steps
+        and the evaluated versions up to ``through`` (the newest complete checkpoint), as ``[(step or version,
+        scalars)]`` in order."""
+        self.orchestrator.read(lambda n: n > self.logged_step)
+        self.trainer.read(lambda n: n > self.logged_step)
+        self.evaluations.read(lambda n: n not in self.logged_versions)
         steps = []
         for step in sorted(set(self.orchestrator.last) | set(self.trainer.last)):
             if step > through:
@@ -101,7 +108,7 @@ class FinalSteps:
         evaluations = [
             (version, scalars(self.evaluations.last.pop(version), "eval", _SKIP["eval"]))
             for version in sorted(self.evaluations.last)
+            if version <= through
         ]
-        if evaluations:
-            self.logged_version = evaluations[-1][0]
+        self.logged_versions.update(version for version, _ in evaluations)
         return steps, evaluations

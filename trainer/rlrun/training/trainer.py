@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -66,7 +65,7 @@ from rlrun.api.spec import RLRunSpec
 from rlrun.batch import TrainBatch, read_batch
 from rlrun.checkpoint import WEIGHTS_FILE, check_compatible
 from rlrun.ledger import Ledger, LedgerEvent
-from rlrun.rundir import RunDir, publish_dir, run_dir_attempt, step_dirs, write_meta
+from rlrun.rundir import RunDir, end_torn_line, publish_dir, run_dir_attempt, step_dirs, write_meta
 from rlrun.training.batches import Noticed, batch_accepted, wait_for_batch
 from rlrun.training.distributed import (
     DataParallel,
@@ -90,20 +89,6 @@ from rlrun.training.parts import (
 from rlrun.training.prometheus import TrainerMetrics, serve_from_env
 
 log = logging.getLogger(__name__)
-
-
-def end_torn_line(path: Path) -> None:
-    """Terminate a last line cut short by a kill, so the next writer's first line is not glued to it
-    (a trainer restarted within its attempt appends to its predecessor's ledger and metrics)."""
-    try:
-        with open(path, "rb+") as fh:
-            if fh.seek(0, os.SEEK_END) == 0:
-                return
-            fh.seek(-1, os.SEEK_END)
-            if fh.read(1) != b"\n":
-                fh.write(b"\n")
-    except FileNotFoundError:
-        pass
 
 
 class Trainer:
