@@ -6,7 +6,15 @@ from __future__ import annotations
 from rlrun.rundir import RunDir
 from rlrun.tracking.publisher import read_state
 
-from tests.support.trackers import LOGGING, tensorboard_scalars, two_attempts, wandb_offline_runs
+from tests.support.polling import wait_for
+from tests.support.trackers import (
+    LOGGING,
+    attempt_lines,
+    publisher,
+    tensorboard_scalars,
+    two_attempts,
+    wandb_offline_runs,
+)
 
 
 def test_two_attempts_make_one_wandb_run_whose_steps_only_grow(tmp_path):
@@ -27,3 +35,17 @@ def test_two_attempts_make_one_wandb_run_whose_steps_only_grow(tmp_path):
     assert [s for s, _ in tensorboard_scalars(run_dir)["rollout/reward_mean"]] == list(range(1, 11))
     state = read_state(run_dir)
     assert any("wandb sync" in where for where in state["locations"])
+
+
+def test_the_last_evaluations_of_a_finished_run_get_rows_after_its_last_step(tmp_path):
+    run_dir = RunDir(tmp_path).ensure()
+    p = publisher(run_dir, [4], 1, logging={"wandb": LOGGING["wandb"]}, max_steps=4)
+    p.start(None)
+    attempt_lines(run_dir, 1, range(1, 5))
+    wait_for(lambda: read_state(run_dir)["logged"]["wandb"].get("given") == 4, timeout=30)
+    attempt_lines(run_dir, 1, range(0), evaluations=[2, 4])  # after the last checkpoint, as the final evaluation
+    p.close()
+    [(_, rows)] = wandb_offline_runs(run_dir)
+    assert [s for s, _ in rows] == [1, 2, 3, 4, 5, 6]
+    assert [(s, r["eval/policy_version"]) for s, r in rows if "eval/policy_version" in r] == [(5, 2), (6, 4)]
+    assert read_state(run_dir)["logged"]["wandb"] == {"step": 4, "versions": [2, 4], "given": 6}

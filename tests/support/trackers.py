@@ -83,18 +83,12 @@ def wandb_offline_runs(run_dir: RunDir) -> list[tuple[str, list[tuple[int, dict[
 
 
 def wandb_history(run_dir: RunDir) -> list[tuple[int, dict[str, float]]]:
-    """The rows of the W&B run as W&B keeps them from its offline files in order: a row whose step is less than
-    the run's current step is ignored ("Steps must be monotonically increasing, so this data will be ignored"),
-    one at the current step is merged into it."""
+    """The rows of the W&B run as W&B keeps them from its offline files in order: a resumed run starts past its
+    last step, and a row whose step is less than the run's current one is ignored ("Steps must be monotonically
+    increasing, so this data will be ignored"): a row not past the last one kept is ignored."""
     rows: list[tuple[int, dict[str, float]]] = []
     for _, history in wandb_offline_runs(run_dir):
-        for step, values in history:
-            if rows and step < rows[-1][0]:
-                continue
-            if rows and step == rows[-1][0]:
-                rows[-1][1].update(values)
-            else:
-                rows.append((step, dict(values)))
+        rows += [(step, dict(values)) for step, values in history if not rows or step > rows[-1][0]]
     return rows
 
 
@@ -136,11 +130,17 @@ def attempt_lines(run_dir: RunDir, attempt: int, steps: range, evaluations: tupl
 
 
 def publisher(
-    run_dir: RunDir, committed: list[int], attempt: int, run_uid: str | None = None, logging: dict = LOGGING
+    run_dir: RunDir,
+    committed: list[int],
+    attempt: int,
+    run_uid: str | None = None,
+    logging: dict = LOGGING,
+    max_steps: int = 100,
 ) -> TrackerPublisher:
-    """A publisher of a run with ``logging`` that reads the newest complete checkpoint from ``committed[0]``."""
+    """A publisher of a run of ``max_steps`` with ``logging`` that reads the newest complete checkpoint from
+    ``committed[0]``."""
     spec = RLRunSpec.model_validate(manifest(logging=logging)["spec"])
-    return TrackerPublisher(spec, run_dir, "my-run", run_uid, attempt, lambda: committed[0], poll_s=0.05)
+    return TrackerPublisher(spec, run_dir, "my-run", run_uid, attempt, lambda: committed[0], max_steps, poll_s=0.05)
 
 
 def resume_report(from_step: int) -> ResumeReport:

@@ -27,12 +27,12 @@ def test_scalars_are_prefixed_flattened_and_numbers_only():
 
 def test_a_step_is_taken_once_a_checkpoint_holds_it_with_the_last_lines_values(tmp_path):
     run_dir = RunDir(tmp_path).ensure()
-    attempt_lines(run_dir, 1, range(1, 7), evaluations=[0, 6])  # attempt 1 trains to 6, its checkpoint is at 4
+    attempt_lines(run_dir, 1, range(1, 7), evaluations=[0, 5, 6])  # attempt 1 trains to 6, its checkpoint is at 4
     with open(run_dir.metrics, "a") as fh:
         fh.write("[1, 2]\n")  # JSON, but no line of a step: skipped, nothing after it lost
     final = FinalSteps(run_dir)
     steps, evaluations = final.take(through=4)
-    assert [s for s, _ in steps] == [1, 2, 3, 4] and [v for v, _ in evaluations] == [0]  # 6: not final yet
+    assert [s for s, _ in steps] == [1, 2, 3, 4] and [v for v, _ in evaluations] == [0]  # 5, 6: not final yet
     assert steps[0][1] == {
         "rollout/reward_mean": 1.01, "reward/env": 0.5, "rollout/per_env/env/finished": 1.0, "train/loss": -1.01,
         "run/attempt": 1.0,
@@ -42,7 +42,8 @@ def test_a_step_is_taken_once_a_checkpoint_holds_it_with_the_last_lines_values(t
     assert [(s, v["rollout/reward_mean"], v["train/loss"], v["run/attempt"]) for s, v in steps] == [
         (5, 2.05, -2.05, 2.0), (6, 2.06, -2.06, 2.0), (7, 2.07, -2.07, 2.0), (8, 2.08, -2.08, 2.0),
     ]  # fmt: skip
-    # the evaluation of 6 by the weights the run kept (attempt 2's); 2 came late, out of order, and is not lost
+    # the evaluation of 6 by the weights the run kept (attempt 2's); 2 came late, out of order, and is not lost;
+    # 5 was evaluated by attempt 1 only, whose weights of step 5 attempt 2 trained again: never logged
     assert evaluations == [
         (2, {"eval/policy_version": 2.0, "eval/greedy_solved": 2.02}),
         (6, {"eval/policy_version": 6.0, "eval/greedy_solved": 2.06}),
@@ -62,7 +63,7 @@ def test_two_attempts_log_each_step_once_with_its_final_values_to_tensorboard(tm
     evaluated = [(s, round(v, 4)) for s, v in tb["eval/greedy_solved"]]  # float32 in the event file
     assert evaluated == [(0, 1.0), (2, 1.02), (6, 2.06), (10, 2.1)]  # at the step each evaluated; 6: attempt 2's
     state = read_state(run_dir)
-    assert state["logged"] == {"tensorboard": {"step": 10, "versions": [0, 2, 6, 10]}}
+    assert state["logged"] == {"tensorboard": {"step": 10, "versions": [0, 2, 6, 10], "given": 10}}
     assert state["resumed_attempts"] == [2] and state["errors"] == []
 
 
@@ -118,7 +119,7 @@ def test_a_tracking_file_of_the_wrong_shape_counts_as_new(tmp_path):
         p.start(resume_report(0))
         p.close()
         assert read_state(run_dir)["logged"]["tensorboard"]["step"] == 2, bad
-    assert Cursor.from_json({"step": "3", "versions": [1, "2", True]}) == Cursor(0, {1})
+    assert Cursor.from_json({"step": "3", "versions": [1, "2", True]}) == Cursor(0, {1}, 0)
 
 
 def test_no_tracker_configured_starts_no_thread_and_writes_nothing(tmp_path):
@@ -153,7 +154,7 @@ class Buffered:
     def flush(self):
         pass
 
-    def close(self):
+    def close(self, finished):
         if self.fail == "close":
             raise RuntimeError("killed")
 
@@ -187,7 +188,7 @@ def test_steps_a_tracker_never_confirmed_are_logged_again_by_the_next_attempt(tm
     second.start(resume_report(4))
     second.close()
     assert steps == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6]  # W&B keeps the first of each (a step less than its current)
-    assert read_state(run_dir)["logged"]["wandb"] == {"step": 6, "versions": []}
+    assert read_state(run_dir)["logged"]["wandb"] == {"step": 6, "versions": [], "given": 6}
 
 
 @pytest.mark.parametrize("fail", ["start", "log"])
@@ -201,7 +202,7 @@ def test_a_failing_tracker_costs_neither_the_run_nor_the_other_tracker(tmp_path,
     p.close()
     assert [s for s, _ in tensorboard_scalars(run_dir)["rollout/reward_mean"]] == [1, 2, 3, 4]
     state = read_state(run_dir)
-    assert state["logged"]["tensorboard"] == {"step": 4, "versions": [0]}
+    assert state["logged"]["tensorboard"] == {"step": 4, "versions": [0], "given": 4}
     assert state["logged"]["wandb"]["step"] == 0  # nothing confirmed: the next attempt logs it all again
     what = "could not start (RuntimeError: no API key)" if fail == "start" else "failed to log (RuntimeError: lost"
     assert len(state["errors"]) == 1 and state["errors"][0].startswith(f"wandb {what}")
@@ -231,3 +232,20 @@ def test_a_bad_project_name_is_refused_naming_the_field():
     with pytest.raises(ManifestError) as err:
         parse_manifest(data)
     assert err.value.errors[0].startswith("spec.logging.wandb.project:")
+
+
+def test_a_tracker_left_out_for_an_attempt_keeps_what_it_logged(tmp_path, monkeypatch):
+    run_dir = RunDir(tmp_path).ensure()
+    fake_wandb(monkeypatch, [], fail=None)
+    attempt_lines(run_dir, 1, range(1, 4))
+    for attempt, logging, committed in (
+        (1, {"tensorboard": {}}, 3),
+        (2, {"wandb": LOGGING["wandb"]}, 5),
+        (3, LOGGING, 7),
+    ):
+        attempt_lines(run_dir, attempt, range(committed - 1, committed + 1))
+        p = publisher(run_dir, [committed], attempt, logging=logging)
+        p.start(resume_report(committed - 2) if attempt > 1 else None)
+        p.close()
+    assert [s for s, _ in tensorboard_scalars(run_dir)["rollout/reward_mean"]] == list(range(1, 8))  # each once
+    assert read_state(run_dir)["logged"]["tensorboard"]["step"] == 7

@@ -127,7 +127,8 @@ class Orchestrator:
         )
         self.weights = WeightFollower(self.run_dir, attempt, reference=None)
         self.metrics = StepMetrics(self.run_dir.metrics, attempt, self.weights)
-        self.tracking = TrackerPublisher(spec, self.run_dir, name, run_uid, attempt, lambda: self.checkpoints.last_step)
+        committed = lambda: self.checkpoints.last_step  # noqa: E731 - read from the publisher's thread
+        self.tracking = TrackerPublisher(spec, self.run_dir, name, run_uid, attempt, committed, self.max_steps)
         self.results: asyncio.Queue[GroupResult | None] = asyncio.Queue()  # None: wake up, episodes admitted
         self.use_journal = journal
         self.journal: Journal | None = None  # opened once the attempt has begun (its base is known)

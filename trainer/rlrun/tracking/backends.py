@@ -9,10 +9,12 @@ durable yet: the publisher records it in ``tracking.json`` only then, so the nex
 killed one had not made durable.
 
 - **W&B**: one W&B run per rlrun run — its id is given, and each attempt resumes it (``resume="allow"``).
-  Steps are logged with an explicit ``step``. An evaluation joins the next step's row (W&B's steps only grow;
-  one evaluation per row), its x-axis the ``eval/policy_version`` it evaluated (``define_metric``). What it is
-  given is durable only once ``finish()`` returns: W&B's own process (``wandb-core``) buffers it, and dies with
-  ours. The console is not captured (the orchestrator's log is its own) and system metrics are off (the
+  Steps are logged with an explicit ``step``; W&B ignores a row whose step is less than its run's current one.
+  What it is given is durable only once ``finish()`` returns (W&B's own process, ``wandb-core``, buffers it and
+  dies with ours), so after an attempt that did not close, the next logs its rows again, and W&B keeps one of
+  each. An evaluation joins a following step's row (one per row), its x-axis the ``eval/policy_version`` it
+  evaluated (``define_metric``), and only a row past every step W&B was ever given, which W&B cannot ignore; the
+  evaluations left when the run ends get rows of their own after the last step. The console is not captured (the orchestrator's log is its own) and system metrics are off (the
   orchestrator's pod holds no accelerator; vLLM and the trainer report theirs).
 - **TensorBoard**: event files under ``<run_dir>/tensorboard/<tracker run id>/`` (``torch.utils.tensorboard``'s
   writer), one event per step. Each attempt opens its writer with ``purge_step`` one past the last step
@@ -35,25 +37,32 @@ log = logging.getLogger(__name__)
 INSTALL = "pip install 'rlrun[tracking]'"
 
 
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 @dataclass
 class Cursor:
-    """What a tracker has logged: steps up to ``step``, and the evaluations of ``versions``."""
+    """What a tracker has logged: steps up to ``step`` and the evaluations of ``versions`` (durably, in
+    ``tracking.json``); ``given``: the highest step it was ever given, durable or not (W&B: a row at or below it
+    may be one W&B ignores)."""
 
     step: int = 0
     versions: set[int] = field(default_factory=set)
+    given: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "versions": sorted(self.versions)}
+        return {"step": self.step, "versions": sorted(self.versions), "given": max(self.given, self.step)}
 
     @classmethod
     def from_json(cls, data: Any) -> Cursor:
         """A cursor from ``tracking.json`` (a malformed entry reads as nothing logged)."""
         if not isinstance(data, dict):
             return cls()
-        step, versions = data.get("step"), data.get("versions")
-        step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0
-        versions = versions if isinstance(versions, list) else []
-        return cls(step, {v for v in versions if isinstance(v, int) and not isinstance(v, bool)})
+        versions = data.get("versions") if isinstance(data.get("versions"), list) else []
+        step = _count(data.get("step"))
+        versions = {v for v in versions if isinstance(v, int) and not isinstance(v, bool)}
+        return cls(step, versions, max(step, _count(data.get("given"))))
 
 
 class Tracker(Protocol):
@@ -80,8 +89,8 @@ class Tracker(Protocol):
     def flush(self) -> None:
         """Make what was logged durable, where the tracker can (:attr:`durable_on_flush`)."""
 
-    def close(self) -> None:
-        """Flush and close."""
+    def close(self, finished: bool) -> None:
+        """Flush and close; ``finished``: the run is complete (no attempt comes after this one)."""
 
 
 class WandbTracker:
@@ -125,17 +134,18 @@ class WandbTracker:
         self.run.define_metric("eval/*", step_metric="eval/policy_version")
         offline = f"{self.run.settings.sync_dir} (upload: wandb sync {run_dir.wandb}/offline-run-*-{run_id})"
         self.location = offline if spec.mode == "offline" else self.run.url
-        self.logged = Cursor(logged.step, set(logged.versions))
+        self.logged = Cursor(logged.step, set(logged.versions), logged.given)
+        self._floor = logged.given  # rows up to it may be ignored: no evaluation rides on them
         self._pending: list[tuple[int, dict[str, float]]] = []  # evaluations waiting for a row, oldest first
 
     def log(self, step: int, values: dict[str, float]) -> None:
         row = dict(values)
-        if self._pending:
+        if self._pending and step > self._floor:
             version, evaluation = self._pending.pop(0)
             row.update(evaluation)
             self.logged.versions.add(version)
         self.run.log(row, step=step)
-        self.logged.step = step
+        self.logged.step, self.logged.given = step, max(self.logged.given, step)
 
     def evaluation(self, version: int, values: dict[str, float]) -> None:
         self._pending.append((version, values))
@@ -146,12 +156,15 @@ class WandbTracker:
     def flush(self) -> None:
         pass  # wandb-core buffers; only finish() says all is written
 
-    def close(self) -> None:
-        if self._pending and self.logged.step:  # W&B merges a row of the step it is on (the last evaluation)
+    def close(self, finished: bool) -> None:
+        # the run's last evaluations (the final one comes after the last checkpoint) get rows after its last step;
+        # otherwise what is pending is left to the next attempt's rows
+        while finished and self._pending:
             version, evaluation = self._pending.pop(0)
-            self.run.log(evaluation, step=self.logged.step)
+            self.logged.given += 1
+            self.run.log(evaluation, step=self.logged.given)
             self.logged.versions.add(version)
-        self.run.finish()  # what is still pending is logged by the next attempt, if any
+        self.run.finish()
 
 
 class TensorBoardTracker:
@@ -169,18 +182,19 @@ class TensorBoardTracker:
         from tensorboard.compat.proto.summary_pb2 import Summary
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
-        # one directory per tracker run: a new run over a retained volume does not write over the old one's steps
-        purge = logged.step + 1 if logged.step else None
+        # one directory per tracker run: a new run over a retained volume does not write over the old one's steps.
+        # Everything past what was recorded is hidden (an evaluation of version 0 is at step 0)
+        purge = logged.step + 1 if logged.step or 0 in logged.versions else 0
         self.writer = SummaryWriter(str(run_dir.tensorboard / run_id), purge_step=purge)
         self.location = f"{run_dir.tensorboard / run_id} (tensorboard --logdir {run_dir.tensorboard})"
-        self.logged = Cursor(logged.step, set(logged.versions))
+        self.logged = Cursor(logged.step, set(logged.versions), logged.given)
         self._summary = Summary
 
     def log(self, step: int, values: dict[str, float]) -> None:
         # one event of every value (add_scalar makes one each: ~60 µs apiece, the GIL held, beside the run's loop)
         summary = self._summary(value=[self._summary.Value(tag=k, simple_value=v) for k, v in values.items()])
         self.writer.file_writer.add_summary(summary, step)
-        self.logged.step = step
+        self.logged.step = self.logged.given = step
 
     def evaluation(self, version: int, values: dict[str, float]) -> None:
         summary = self._summary(value=[self._summary.Value(tag=k, simple_value=v) for k, v in values.items()])
@@ -193,7 +207,7 @@ class TensorBoardTracker:
     def flush(self) -> None:
         self.writer.flush()  # its own thread writes every 120 s otherwise
 
-    def close(self) -> None:
+    def close(self, finished: bool) -> None:
         self.writer.close()
 
 

@@ -79,6 +79,7 @@ class TrackerPublisher:
         run_uid: the run's uid (``--run-uid``; None under ``rlrun local``).
         attempt: this attempt's run-directory number.
         committed: the newest complete checkpoint's step (−1: none), read from the thread.
+        max_steps: the step the run ends at (a run whose checkpoint reached it is finished).
         poll_s: seconds between looks.
     """
 
@@ -90,15 +91,18 @@ class TrackerPublisher:
         run_uid: str | None,
         attempt: int,
         committed: Callable[[], int],
+        max_steps: int | None = None,
         poll_s: float = POLL_S,
     ) -> None:
         self.spec, self.run_dir, self.name, self.run_uid = spec, run_dir, name, run_uid
         self.attempt, self.committed, self.poll_s = attempt, committed, poll_s
+        self.max_steps = max_steps or spec.max_steps
         self.trackers: list[Tracker] = []
         self.state: dict[str, Any] = {}
         #: CPU time the thread spent reading and logging steps (not opening or closing trackers), seconds
         self.cpu_seconds = 0.0
         self._closing = threading.Event()
+        self._lock = threading.Lock()  # a close while start() runs in its thread: the publisher never starts
         self._thread: threading.Thread | None = None
         self._marker: dict[str, float] = {}  # what this attempt's resume put back: logged at the step after it
         self._marker_after = 0
@@ -119,8 +123,11 @@ class TrackerPublisher:
                 "experiment trackers could not start (%s: %s); this attempt logs to none", type(exc).__name__, exc
             )
             return
-        self._thread = threading.Thread(target=self._run, name="tracker-publisher", daemon=True)
-        self._thread.start()
+        with self._lock:
+            if self._closing.is_set():
+                return
+            self._thread = threading.Thread(target=self._run, name="tracker-publisher", daemon=True)
+            self._thread.start()
 
     def _begin(self, resumed: ResumeReport | None) -> None:
         state = read_state(self.run_dir)
@@ -132,7 +139,8 @@ class TrackerPublisher:
         logged = state.get("logged") if isinstance(state.get("logged"), dict) else {}
         self.state = {
             "run_id": run_id,
-            "logged": {t: Cursor.from_json(logged.get(t)).to_json() for t in configured(self.spec.logging)},
+            # every tracker's, configured or not: one left out for an attempt keeps what it holds
+            "logged": {t: Cursor.from_json(logged.get(t)).to_json() for t in {*configured(self.spec.logging), *logged}},
             "resumed_attempts": sorted({*attempts, self.attempt}) if resumed is not None else attempts,
             "locations": [],
             "errors": [],
@@ -154,11 +162,13 @@ class TrackerPublisher:
         """Log what is final now, close the trackers and stop the thread, waiting at most ``timeout_s`` (a tracker
         still closing then is abandoned: W&B's process dies with ours, and the next attempt logs again what it
         had not confirmed)."""
-        if self._thread is None:
+        with self._lock:
+            self._closing.set()
+            thread = self._thread
+        if thread is None:
             return
-        self._closing.set()
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
+        thread.join(timeout_s)
+        if thread.is_alive():
             log.warning("experiment trackers still closing after %.0f s; left unfinished", timeout_s)
 
     def _run(self) -> None:
@@ -193,9 +203,10 @@ class TrackerPublisher:
             self.cpu_seconds += time.thread_time() - cpu
             if closing:
                 break
+        finished = self.committed() >= self.max_steps
         for tracker in self.trackers:
             try:
-                tracker.close()
+                tracker.close(finished)
             except Exception as exc:
                 self._failed(tracker.name, "could not close", exc)
                 continue
@@ -227,6 +238,8 @@ class TrackerPublisher:
                 if tracker.durable_on_flush:
                     tracker.flush()
                     self.state["logged"][tracker.name] = tracker.logged.to_json()
+                else:  # not durable yet: only the highest step it was given (W&B may ignore rows up to it)
+                    self.state["logged"][tracker.name]["given"] = tracker.logged.given
             except Exception as exc:  # this tracker only: what it did not make durable is logged again next attempt
                 self.trackers.remove(tracker)
                 self._failed(tracker.name, "failed to log", exc)

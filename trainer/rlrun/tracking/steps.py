@@ -10,7 +10,9 @@ checkpoint found corrupt and the one before it resumed from; the steps between w
 logged again — a tracker's steps never go backwards.) An evaluation of policy version ``v`` is final by the same
 rule once a complete checkpoint holds step ``v``: a resumed attempt evaluates again the versions past its
 checkpoint (their weights are trained again: :meth:`rlrun.orchestrator.evaluation.Evaluator.resumed_at`), so
-the last line of ``v`` is the one of the weights the run kept.
+the last line of ``v`` is the one of the weights the run kept; a line older than the attempt that trained step
+``v`` for good (the resumed attempt did not evaluate ``v`` again: its weights skipped it, or its round failed)
+evaluated weights the run threw away and is never logged.
 
 A step's scalars are named by where they come from: ``rollout/<key>`` (``metrics.jsonl``; its ``reward/<series>``
 keys as they are, ``per_env`` as ``rollout/per_env/<env>/<key>``), ``train/<key>`` (``trainer_metrics.jsonl``)
@@ -60,13 +62,19 @@ class _Lines:
         self.path, self.key = path, key
         self.offset = 0
         self.last: dict[int, dict[str, Any]] = {}
+        #: the attempt of the last line of every step (version) read, kept or not
+        self.attempts: dict[int, int] = {}
 
     def read(self, keep: Callable[[int], bool]) -> None:
         """Read what was appended, keeping the lines of the steps (versions) ``keep`` accepts."""
         lines, self.offset = read_metrics(self.path, self.offset)
         for line in lines:
             n = line.get(self.key) if isinstance(line, dict) else None
-            if isinstance(n, int) and not isinstance(n, bool) and keep(n):
+            if not isinstance(n, int) or isinstance(n, bool):
+                continue
+            if isinstance(line.get("attempt"), int):
+                self.attempts[n] = line["attempt"]
+            if keep(n):
                 self.last[n] = line  # a later line of the same step replaces it: the last one is final
 
 
@@ -105,10 +113,12 @@ class FinalSteps:
                         merged["run/attempt"] = float(line["attempt"])
             steps.append((step, merged))
             self.logged_step = step
-        evaluations = [
-            (version, scalars(self.evaluations.last.pop(version), "eval", _SKIP["eval"]))
-            for version in sorted(self.evaluations.last)
-            if version <= through
-        ]
+        evaluations = []
+        for version in sorted(v for v in self.evaluations.last if v <= through):
+            line = self.evaluations.last.pop(version)
+            trained_by, evaluated_by = self.trainer.attempts.get(version), line.get("attempt")
+            if isinstance(evaluated_by, int) and trained_by is not None and evaluated_by < trained_by:
+                continue  # weights a later attempt trained again: its own evaluation of them, if any, is kept
+            evaluations.append((version, scalars(line, "eval", _SKIP["eval"])))
         self.logged_versions.update(version for version, _ in evaluations)
         return steps, evaluations
