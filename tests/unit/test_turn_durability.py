@@ -202,22 +202,24 @@ async def test_a_paused_conversation_is_continued_at_its_last_durable_turn(tmp_p
     resumed = latest_complete_checkpoint(run_dir).step  # parts saved after the pause are completed with its snapshot
     assert await run_to_the_end(second, run_dir, thinking_model, first_step=resumed) == 8
     report = second.resume_report
-    [continued] = events(run_dir, "continued")
-    turns = dict(zip(continued["ids"], continued["turns"], strict=True))
+    continued = events(run_dir, "continued")
+    turns = dict(zip(continued[0]["ids"], continued[0]["turns"], strict=True)) if continued else {}
+    replayed = {i for e in events(run_dir, "replayed") for i in e["ids"]}
     # every conversation the pause kept is continued, at its turn then or later (turns durable in the journal but
-    # not yet admitted when the pause came are kept too: they are after the snapshot's cut and replayed)
-    assert set(kept_then) <= set(turns) and all(turns[i] >= c.turns for i, c in kept_then.items())
-    assert (
-        report.conversations_continued == len(turns) and report.turns_kept == sum(turns.values()) >= paused.turns_kept
-    )
+    # not yet admitted when the pause came are kept too: they are after the snapshot's cut and replayed), or it had
+    # finished just before the pause (its episode not yet admitted, so the snapshot kept the conversation) and is
+    # replayed finished: seen in about 1 run in 8
+    assert all(turns[i] >= c.turns if i in turns else i in replayed for i, c in kept_then.items())
+    kept_turns = sum(c.turns for i, c in kept_then.items() if i in turns)
+    assert report.conversations_continued == len(turns) and report.turns_kept == sum(turns.values()) >= kept_turns
     # a continued episode's next turn is prompted with its kept stream, not sampled again from its prompt
-    streams = {tuple([*c.prompt_ids, *c.completion_ids]) for i, c in kept_then.items() if turns[i] == c.turns}
-    assert streams and streams <= {tuple(p) for p in server.prompts}
+    streams = {tuple([*c.prompt_ids, *c.completion_ids]) for i, c in kept_then.items() if turns.get(i) == c.turns}
+    assert (streams or not turns) and streams <= {tuple(p) for p in server.prompts}
     finished = {e["id"]: e for e in events(run_dir, "finished")}
-    assert set(kept_then) <= set(finished)  # the same episodes finished, with their ids
+    assert set(kept_then) <= set(finished) | replayed  # the same episodes finished, with their ids
     ledger = check_ledger(run_dir.root / "ledger")
     assert ledger.ok and ledger.steps == 8 and ledger.turns_lost == 0, ledger.problems
-    assert ledger.conversations_continued == len(kept_then) and ledger.turns_kept >= paused.turns_kept
+    assert ledger.conversations_continued == len(turns) and ledger.turns_kept >= paused.turns_kept
 
 
 async def test_a_run_ends_every_kept_conversation(tmp_path, thinking_model):
