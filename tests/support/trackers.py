@@ -63,8 +63,12 @@ def wandb_offline_runs(run_dir: RunDir) -> list[tuple[str, list[tuple[int, dict[
 
     runs = []
     for directory in sorted(run_dir.wandb.glob("offline-run-*")):
-        [path] = directory.glob("run-*.wandb")
+        paths = list(directory.glob("run-*.wandb"))
         run_id, rows = None, []
+        if not paths:  # W&B's process was killed before it wrote anything
+            runs.append((run_id, rows))
+            continue
+        [path] = paths
         for raw in _records(path):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(raw)

@@ -53,7 +53,8 @@ def test_the_doc_lists_every_metric_of_each_process():
 async def test_the_orchestrators_metrics_are_scraped_without_a_token_while_it_runs(tmp_path, tiny_model):
     run_dir = RunDir(tmp_path)
     orch = orchestrator(spec(), run_dir, tiny_model, Faults(), control_port=0, control_token="secret")
-    stop = start_fake_trainer(run_dir, tiny_model, orch.max_steps, 1, attempt=orch.attempt)
+    # the trainer trains step 1 only: the run cannot end (and close its control server) while it is scraped
+    stop = start_fake_trainer(run_dir, tiny_model, 1, 1, attempt=orch.attempt)
     run = asyncio.create_task(orch.run())
     try:
         while orch.checkpoints.last_step < 1:
@@ -63,6 +64,7 @@ async def test_the_orchestrators_metrics_are_scraped_without_a_token_while_it_ru
         async with httpx.AsyncClient() as client:
             answer = await client.get(f"{base}/metrics")
             refused = await client.get(f"{base}/status")  # the rest of the control server keeps its token
+        orch.request_stop()
         await asyncio.wait_for(run, 30)
     finally:
         stop.set()
