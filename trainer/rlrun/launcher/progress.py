@@ -14,6 +14,7 @@ from rich.table import Table
 
 from rlrun.api.tracking import LoggingSpec
 from rlrun.rundir import RunDir
+from rlrun.tracking.backends import configured
 from rlrun.tracking.publisher import read_state
 
 
@@ -173,11 +174,12 @@ def tracker_lines(run_dir: RunDir) -> list[str]:
 def tracker_plan(spec: LoggingSpec, run_dir: RunDir) -> list[str]:
     """What ``spec.logging`` logs to, as the run starts: each step once a checkpoint holds it."""
     lines = []
-    if spec.wandb is not None and spec.wandb.mode != "disabled":
-        entity = f"{spec.wandb.entity}/" if spec.wandb.entity else ""
-        lines.append(f"W&B ({spec.wandb.mode}): project {entity}{spec.wandb.project}, files in {run_dir.wandb}")
-    if spec.tensorboard is not None and spec.tensorboard.enabled:
-        lines.append(f"TensorBoard: tensorboard --logdir {run_dir.tensorboard}")
+    for tracker in configured(spec):
+        if tracker == "wandb" and spec.wandb is not None:
+            entity = f"{spec.wandb.entity}/" if spec.wandb.entity else ""
+            lines.append(f"W&B ({spec.wandb.mode}): project {entity}{spec.wandb.project}, files in {run_dir.wandb}")
+        elif tracker == "tensorboard":
+            lines.append(f"TensorBoard: tensorboard --logdir {run_dir.tensorboard}")
     if lines:
         lines[0] = "experiment trackers (each step once its checkpoint is complete): " + lines[0]
     return lines

@@ -190,15 +190,17 @@ class TensorBoardTracker:
         self.logged = Cursor(logged.step, set(logged.versions), logged.given)
         self._summary = Summary
 
-    def log(self, step: int, values: dict[str, float]) -> None:
+    def _write(self, step: int, values: dict[str, float]) -> None:
         # one event of every value (add_scalar makes one each: ~60 µs apiece, the GIL held, beside the run's loop)
         summary = self._summary(value=[self._summary.Value(tag=k, simple_value=v) for k, v in values.items()])
         self.writer.file_writer.add_summary(summary, step)
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        self._write(step, values)
         self.logged.step = self.logged.given = step
 
     def evaluation(self, version: int, values: dict[str, float]) -> None:
-        summary = self._summary(value=[self._summary.Value(tag=k, simple_value=v) for k, v in values.items()])
-        self.writer.file_writer.add_summary(summary, version)
+        self._write(version, values)
         self.logged.versions.add(version)
 
     def event(self, step: int, text: str) -> None:
