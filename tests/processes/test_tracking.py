@@ -3,6 +3,11 @@ whose steps only grow, each step once with its final values (rlrun.tracking)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import pytest
 from rlrun.rundir import RunDir
 from rlrun.tracking.publisher import read_state
 
@@ -15,6 +20,42 @@ from tests.support.trackers import (
     two_attempts,
     wandb_offline_runs,
 )
+
+# An attempt as the orchestrator runs it: one step logged to W&B run "run-1", then killed or closed.
+ATTEMPT = """
+import os, sys
+from rlrun.api.tracking import WandbSpec
+from rlrun.rundir import RunDir
+from rlrun.tracking.backends import Cursor, WandbTracker
+step, end = int(sys.argv[2]), sys.argv[3]
+tracker = WandbTracker(WandbSpec(project="p", mode="offline"), RunDir(sys.argv[1]), "run-1", "n", {}, Cursor())
+tracker.log(step, {"x": float(step)})
+if end == "killed":
+    os._exit(9)
+tracker.close(finished=True)
+"""
+
+
+@pytest.fixture
+def detached_wandb_service():
+    """A detached ``wandb-core`` (``wandb beta core start``): a service that outlives the processes using it."""
+    wandb = [sys.executable, "-m", "wandb", "beta", "core"]
+    token = subprocess.run([*wandb, "start", "--idle-timeout", "60s"], capture_output=True, text=True, check=True)
+    env = os.environ | {"WANDB_SERVICE": token.stdout.strip()}
+    yield env
+    subprocess.run([*wandb, "stop"], env=env, capture_output=True, check=True)
+
+
+def test_an_attempt_resumes_the_wandb_run_that_an_inherited_service_still_holds(tmp_path, detached_wandb_service):
+    # The killed attempt's stream stays open in the shared service, which refuses the run's id to anyone else
+    # ("run ID ... is in use"): each attempt starts a wandb-core of its own, so the next one resumes the run.
+    run_dir = RunDir(tmp_path).ensure()
+    for step, end in [(1, "killed"), (2, "closed")]:
+        attempt = [sys.executable, "-c", ATTEMPT, str(run_dir.root), str(step), end]
+        proc = subprocess.run(attempt, env=detached_wandb_service, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == (9 if end == "killed" else 0), proc.stderr[-3000:]
+    assert [run_id for run_id, _ in wandb_offline_runs(run_dir)][-1] == "run-1"
+    assert [step for step, _ in wandb_offline_runs(run_dir)[-1][1]] == [2]
 
 
 def test_two_attempts_make_one_wandb_run_whose_steps_only_grow(tmp_path):

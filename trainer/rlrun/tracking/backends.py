@@ -25,6 +25,7 @@ killed one had not made durable.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from typing import Any, Protocol
@@ -117,6 +118,10 @@ class WandbTracker:
     ) -> None:
         import wandb
 
+        # This process's own wandb-core, never one named by an inherited WANDB_SERVICE (a notebook's, a shell's
+        # detached service, the test runner's): a shared service outlives a killed attempt and keeps holding the
+        # run's id, so the next attempt's resume is refused ("run ID ... is in use"). Ours dies with us.
+        os.environ.pop("WANDB_SERVICE", None)
         self.run = wandb.init(
             project=spec.project,
             entity=spec.entity,
