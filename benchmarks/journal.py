@@ -152,7 +152,7 @@ def one_run(
         }
         if orch.journal is not None:
             out |= {"fsyncs": orch.journal.fsyncs, "bytes": orch.journal.bytes_written}
-        if spec.logging.any:  # benchmarks/tracking.py: what its trackers logged
+        if spec.logging.trackers:  # benchmarks/tracking.py: what its trackers logged
             out["logged_step"] = min(c["step"] for c in orch.tracking.state["logged"].values())
             out["publisher_cpu_s"] = orch.tracking.cpu_seconds
         return out

@@ -54,8 +54,8 @@ def test_an_attempt_resumes_the_wandb_run_that_an_inherited_service_still_holds(
         attempt = [sys.executable, "-c", ATTEMPT, str(run_dir.root), str(step), end]
         proc = subprocess.run(attempt, env=detached_wandb_service, capture_output=True, text=True, timeout=120)
         assert proc.returncode == (9 if end == "killed" else 0), proc.stderr[-3000:]
-    assert [run_id for run_id, _ in wandb_offline_runs(run_dir)][-1] == "run-1"
-    assert [step for step, _ in wandb_offline_runs(run_dir)[-1][1]] == [2]
+    run_id, rows = wandb_offline_runs(run_dir)[-1]
+    assert run_id == "run-1" and [step for step, _ in rows] == [2]
 
 
 def test_two_attempts_make_one_wandb_run_whose_steps_only_grow(tmp_path):

@@ -68,7 +68,8 @@ class LoggingSpec(_Strict):
     tensorboard: TensorBoardSpec | None = None
 
     @property
-    def any(self) -> bool:
-        """Whether a step is logged anywhere."""
-        wandb = self.wandb is not None and self.wandb.mode != "disabled"
-        return wandb or (self.tensorboard is not None and self.tensorboard.enabled)
+    def trackers(self) -> list[str]:
+        """The names of the trackers turned on (``["wandb", "tensorboard"]``, ``[]``: none; a disabled W&B is
+        none): each one's field here, its key in ``tracking.json`` and its package's name."""
+        names = ["wandb"] if self.wandb is not None and self.wandb.mode != "disabled" else []
+        return names + (["tensorboard"] if self.tensorboard is not None and self.tensorboard.enabled else [])

@@ -14,7 +14,6 @@ from rich.table import Table
 
 from rlrun.api.tracking import LoggingSpec
 from rlrun.rundir import RunDir
-from rlrun.tracking.backends import configured
 from rlrun.tracking.publisher import read_state
 
 
@@ -174,7 +173,7 @@ def tracker_lines(run_dir: RunDir) -> list[str]:
 def tracker_plan(spec: LoggingSpec, run_dir: RunDir) -> list[str]:
     """What ``spec.logging`` logs to, as the run starts: each step once a checkpoint holds it."""
     lines = []
-    for tracker in configured(spec):
+    for tracker in spec.trackers:
         if tracker == "wandb" and spec.wandb is not None:
             entity = f"{spec.wandb.entity}/" if spec.wandb.entity else ""
             lines.append(f"W&B ({spec.wandb.mode}): project {entity}{spec.wandb.project}, files in {run_dir.wandb}")

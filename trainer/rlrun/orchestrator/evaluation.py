@@ -249,9 +249,10 @@ class EvalRounds:
     def start(self, version: int) -> None:
         """At an attempt's start on ``version`` (the servers hold it now; the step resumed from): forget the
         evaluations past it (:meth:`Evaluator.resumed_at`), and evaluate it if due (:meth:`Evaluator.due_at_start`)."""
-        if self.evaluator is not None:
-            self.evaluator.resumed_at(version)
-        if self.evaluator is not None and not self.running and self.evaluator.due_at_start(version, self.max_steps):
+        if self.evaluator is None:
+            return
+        self.evaluator.resumed_at(version)
+        if not self.running and self.evaluator.due_at_start(version, self.max_steps):
             self._begin(version)
 
     def updated(self, before: int, after: int) -> None:

@@ -52,6 +52,10 @@ class Cursor:
     versions: set[int] = field(default_factory=set)
     given: int = 0
 
+    def copy(self) -> Cursor:
+        """A cursor of its own to update (the versions not shared)."""
+        return Cursor(self.step, set(self.versions), self.given)
+
     def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "versions": sorted(self.versions), "given": max(self.given, self.step)}
 
@@ -139,7 +143,7 @@ class WandbTracker:
         self.run.define_metric("eval/*", step_metric="eval/policy_version")
         offline = f"{self.run.settings.sync_dir} (upload: wandb sync {run_dir.wandb}/offline-run-*-{run_id})"
         self.location = offline if spec.mode == "offline" else self.run.url
-        self.logged = Cursor(logged.step, set(logged.versions), logged.given)
+        self.logged = logged.copy()
         self._floor = logged.given  # rows up to it may be ignored: no evaluation rides on them
         self._pending: list[tuple[int, dict[str, float]]] = []  # evaluations waiting for a row, oldest first
 
@@ -192,7 +196,7 @@ class TensorBoardTracker:
         purge = logged.step + 1 if logged.step or 0 in logged.versions else 0
         self.writer = SummaryWriter(str(run_dir.tensorboard / run_id), purge_step=purge)
         self.location = f"{run_dir.tensorboard / run_id} (tensorboard --logdir {run_dir.tensorboard})"
-        self.logged = Cursor(logged.step, set(logged.versions), logged.given)
+        self.logged = logged.copy()
         self._summary = Summary
 
     def _write(self, step: int, values: dict[str, float]) -> None:
@@ -218,17 +222,10 @@ class TensorBoardTracker:
         self.writer.close()
 
 
-def configured(spec: LoggingSpec) -> list[str]:
-    """The names of the trackers ``spec`` turns on (a disabled W&B is none)."""
-    names = ["wandb"] if spec.wandb is not None and spec.wandb.mode != "disabled" else []
-    return names + (["tensorboard"] if spec.tensorboard is not None and spec.tensorboard.enabled else [])
-
-
 def missing_packages(spec: LoggingSpec) -> list[str]:
     """``["spec.logging.wandb: wandb is not installed: pip install …", …]``: each configured tracker whose package
     this environment lacks (empty when all are there)."""
-    # each tracker's field, its name and its package's are the same word
-    return [f"spec.logging.{t}: {t} is not installed: {INSTALL}" for t in configured(spec) if find_spec(t) is None]
+    return [f"spec.logging.{t}: {t} is not installed: {INSTALL}" for t in spec.trackers if find_spec(t) is None]
 
 
 def preload(spec: LoggingSpec) -> None:
@@ -238,14 +235,14 @@ def preload(spec: LoggingSpec) -> None:
     Raises:
         ImportError: a configured tracker's package is not installed.
     """
-    for tracker in configured(spec):
+    for tracker in spec.trackers:
         __import__("wandb" if tracker == "wandb" else "torch.utils.tensorboard")
 
 
 def open_tracker(
     tracker: str, spec: LoggingSpec, run_dir: RunDir, run_id: str, logged: Cursor, name: str, config: dict[str, Any]
 ) -> Tracker:
-    """Open ``tracker`` (a name of :func:`configured`); ``logged``: what earlier attempts logged to it durably.
+    """Open ``tracker`` (a name of :attr:`LoggingSpec.trackers`); ``logged``: what earlier attempts logged to it durably.
 
     Raises:
         ImportError: its package is not installed.

@@ -39,7 +39,7 @@ from typing import Any
 from rlrun.api.control import ResumeReport
 from rlrun.api.spec import RLRunSpec
 from rlrun.rundir import RunDir, write_file_atomic
-from rlrun.tracking.backends import Cursor, Tracker, configured, open_tracker, preload
+from rlrun.tracking.backends import Cursor, Tracker, open_tracker, preload
 from rlrun.tracking.steps import FinalSteps
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class TrackerPublisher:
         orchestrator calls it in a thread of its own, before it dispatches); ``resumed``: what this attempt's
         resume put back (None: it started fresh), marked at the first step logged. Never raises: a failure costs
         this attempt's logging only."""
-        if not self.spec.logging.any:
+        if not self.spec.logging.trackers:
             return
         try:
             self._begin(resumed)
@@ -140,7 +140,7 @@ class TrackerPublisher:
         self.state = {
             "run_id": run_id,
             # every tracker's, configured or not: one left out for an attempt keeps what it holds
-            "logged": {t: Cursor.from_json(logged.get(t)).to_json() for t in {*configured(self.spec.logging), *logged}},
+            "logged": {t: Cursor.from_json(logged.get(t)).to_json() for t in {*self.spec.logging.trackers, *logged}},
             "resumed_attempts": sorted({*attempts, self.attempt}) if resumed is not None else attempts,
             "locations": [],
             "errors": [],
@@ -172,7 +172,7 @@ class TrackerPublisher:
             log.warning("experiment trackers still closing after %.0f s; left unfinished", timeout_s)
 
     def _run(self) -> None:
-        cursors = {t: Cursor.from_json(self.state["logged"][t]) for t in configured(self.spec.logging)}
+        cursors = {t: Cursor.from_json(self.state["logged"][t]) for t in self.spec.logging.trackers}
         config = self.spec.model_dump(mode="json")
         for tracker, cursor in cursors.items():
             try:
