@@ -245,10 +245,14 @@ class TrainerSpec(RoleSpec):
         processes_per_node: ranks (``torchrun --nproc-per-node``) in each trainer pod, one per GPU;
             at most ``gpus`` when the pod has GPUs (two ranks on one GPU is an NCCL error; fewer
             leaves GPUs idle), any number of CPU (gloo) ranks otherwise.
+        precision: the trainer's compute dtype: ``bfloat16`` computes in bf16 with float32 master weights and
+            optimizer state; ``float32`` computes in float32; ``auto`` (default) is ``bfloat16`` on a GPU that has
+            it and ``float32`` on a CPU. The rollout servers serve the dtype the trainer computes in.
     """
 
     nodes: int = Field(default=1, ge=1, le=256)
     processes_per_node: int = Field(default=1, ge=1, le=16)
+    precision: Literal["auto", "float32", "bfloat16"] = "auto"
 
     @field_validator("processes_per_node")
     @classmethod
