@@ -122,7 +122,7 @@ def test_a_reward_over_its_timeout_fails_every_member_and_the_loop_goes_on():
 
     scores, waited, ticks = asyncio.run(main())
     assert scores.rewards == [None, None]
-    assert scores.errors == ["rewards took longer than 0.2 s (spec.envs[].reward_timeout_seconds)"] * 2
+    assert scores.errors == ["rewards ran longer than 0.2 s (spec.envs[].reward_timeout_seconds)"] * 2
     assert waited < 0.9 and ticks >= 5  # the loop kept running while the reward slept in its thread
 
 
@@ -134,3 +134,59 @@ def test_an_env_without_rewards_is_scored_by_its_own_reward_named_after_it():
     assert score_group([own], task, [task.answer, "x"], [[1], [2]]).rewards == [1.0, 0.0]
     named = env_rewards(EnvSpec(name="reverse-text", rewards=[RewardSpec(name="lcs", weight=0.5, label="sim")]), env)
     assert [(r.series, r.weight, r.own) for r in named] == [("sim", 0.5, False)]
+
+
+def test_a_rewards_timeout_counts_its_own_run_time_not_its_wait_for_a_thread():
+    """Issue 36's run, 10× faster: 35 calls sleeping 4 s and every other call ≤ 8 ms, with a 1 s timeout, failed 164
+    requests ("took longer than 1 s") when the clock started as a call was queued. Here the 35 slow calls (0.4 s,
+    timeout 0.1 s) fail, each on its own run time, and none of the 200 quick ones (≤ 0.8 ms) does, although they
+    wait behind the slow ones for one of the 8 threads."""
+
+    def judge(completions, answer, **kwargs):
+        time.sleep(0.4 if answer[0] == "slow" else 0.0008)
+        return [1.0 for _ in completions]
+
+    slow = set(range(0, 6 * 35, 6))  # every 6th call
+    tasks = [Task("e", i, "p", "slow" if i in slow else "quick") for i in range(235)]
+
+    async def main():
+        scorer = RewardScorer(threads=8)
+        try:
+            calls = [scorer.score([fn("judge", judge)], t, ["a", "b"], [[1], [2]], timeout_s=0.1) for t in tasks]
+            return await asyncio.gather(*calls)
+        finally:
+            scorer.close()
+
+    results = asyncio.run(main())
+    failed = {t.index for t, s in zip(tasks, results, strict=True) if s.rewards != [1.0, 1.0]}
+    assert failed == slow
+    errors = {e for t, s in zip(tasks, results, strict=True) if t.index in slow for e in s.errors}
+    assert errors == {"rewards ran longer than 0.1 s (spec.envs[].reward_timeout_seconds)"}
+
+
+def test_a_call_that_gets_no_thread_because_hung_rewards_hold_them_all_says_so():
+    release = threading.Event()
+
+    def hangs(completions, answer, **kwargs):
+        if answer[0] == "hang":
+            release.wait(5)
+        return [1.0 for _ in completions]
+
+    async def main():
+        scorer = RewardScorer(threads=1, spare=1)  # two threads: the two hung calls hold both
+        try:
+            score = lambda answer: scorer.score([fn("r", hangs)], Task("e", 0, "p", answer), ["a"], [[1]], 0.1)  # noqa: E731
+            hung = await asyncio.gather(score("hang"), score("hang"))
+            return hung, await score("quick"), scorer.abandoned
+        finally:
+            release.set()
+            scorer.close()
+
+    hung, starved, abandoned = asyncio.run(main())
+    assert [s.errors for s in hung] == [["rewards ran longer than 0.1 s (spec.envs[].reward_timeout_seconds)"]] * 2
+    assert abandoned == 2
+    assert starved.errors == [
+        "no reward thread was free within 0.1 s: 2 reward calls past their timeout "
+        "(spec.envs[].reward_timeout_seconds) are still running and hold every spare thread; a reward that can "
+        "hang should bound its own work"
+    ]
