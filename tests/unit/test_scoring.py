@@ -12,7 +12,15 @@ import pytest
 from rlrun.api.spec import EnvSpec, RewardSpec
 from rlrun.envs.base import Task
 from rlrun.envs.reverse_text import ReverseTextEnv
-from rlrun.rewards.scoring import RewardFunction, RewardScorer, env_rewards, reward_kwargs, score_group
+from rlrun.rewards.scoring import (
+    RewardContext,
+    RewardFunction,
+    RewardScorer,
+    env_rewards,
+    reward_kwargs,
+    score_group,
+)
+from transformers import TrainerState
 
 TASK = Task(env="e", index=3, prompt="ab=", answer="ba", info={"level": 2, "prompts": "shadowed"})
 CHAT = Task(env="e", index=4, prompt=[{"role": "user", "content": "hi"}], answer="yo")
@@ -32,6 +40,7 @@ def test_a_reward_gets_trls_keyword_arguments_one_item_per_completion():
         "level": [2, 2],  # a task field; one named like a call argument ("prompts") is not passed
     }
     chat = reward_kwargs(CHAT, ["yo"], [[5]])
+    assert not {"trainer_state", "log_extra", "log_metric"} & set(chat)  # TRL's trainer arguments: with a context
     assert chat["prompts"] == [[{"role": "user", "content": "hi"}]]
     assert chat["completions"] == [[{"role": "assistant", "content": "yo"}]]  # TRL's conversational form
 
@@ -190,3 +199,30 @@ def test_a_call_that_gets_no_thread_because_hung_rewards_hold_them_all_says_so()
         "(spec.envs[].reward_timeout_seconds) are still running and hold every spare thread; a reward that can "
         "hang should bound its own work"
     ]
+
+
+def test_a_reward_gets_trls_trainer_state_log_metric_and_log_extra():
+    """TRL passes ``trainer_state`` (a ``TrainerState``: curricula read ``global_step`` / ``max_steps``),
+    ``log_metric(name, value)`` and ``log_extra(column, values)`` to every reward; so does rlrun."""
+    logged = []
+
+    def curriculum(completions, trainer_state, log_metric, log_extra, **kwargs):
+        progress = trainer_state.global_step / trainer_state.max_steps
+        log_metric("progress", progress)
+        log_extra("lengths", [len(c) for c in completions])
+        return [progress for _ in completions]
+
+    context = RewardContext(step=3, max_steps=12, log_metric=lambda name, value: logged.append((name, value)))
+    scores = score_group([fn("curriculum", curriculum)], TASK, ["ba", "b"], [[1], [2]], context)
+    assert scores.rewards == [0.25, 0.25] and scores.errors == [None, None]
+    assert logged == [("progress", 0.25)]
+    state = reward_kwargs(TASK, ["ba"], [[1]], context)["trainer_state"]
+    assert isinstance(state, TrainerState) and (state.global_step, state.max_steps) == (3, 12)
+    quiet = score_group([fn("curriculum", curriculum)], TASK, ["ba"], [[1]], RewardContext(3, 12, None))
+    assert quiet.rewards == [0.25]  # an evaluation's context drops the logged values, and the reward still runs
+
+
+def test_a_task_field_named_like_a_trainer_argument_is_not_passed():
+    task = Task("e", 0, "p", "a", {"trainer_state": "a column", "level": 1})
+    kwargs = reward_kwargs(task, ["x"], [[1]], RewardContext(1, 2))
+    assert isinstance(kwargs["trainer_state"], TrainerState) and kwargs["level"] == [1]

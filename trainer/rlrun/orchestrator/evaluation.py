@@ -172,7 +172,7 @@ class Evaluator:
         per_env: dict[str, dict[str, list[float]]] = {name: {} for name in self.envs}
         for task, (gc, gt), (sc, st) in zip(self.tasks, greedy_answers, sampled_answers, strict=True):
             stats = per_env[task.env]
-            reward, *sampled = await self._score(task, [*gc, *sc], None if gt is None else [*gt, *st])
+            reward, *sampled = await self._score(task, [*gc, *sc], None if gt is None else [*gt, *st], version)
             for key, value in (
                 ("greedy_reward", reward),
                 ("greedy_solved", float(reward >= SOLVED_REWARD)),
@@ -205,11 +205,12 @@ class Evaluator:
         return line
 
     async def _score(
-        self, task: Task, completions: list[Completion], conversations: list[Conversation] | None
+        self, task: Task, completions: list[Completion], conversations: list[Conversation] | None, version: int
     ) -> list[float]:
-        """The rewards of ``completions`` of ``task`` (a multi-turn env's: of its ``conversations``), as training
-        scores them; a failed reward counts 0 here (an evaluation has no member to ask again) and is logged."""
-        scores = await self.episodes.score(task, completions, conversations)
+        """The rewards of ``completions`` of ``task`` (a multi-turn env's: of its ``conversations``) sampled by policy
+        ``version``, as training scores them (their ``log_metric`` calls dropped); a failed reward counts 0 here (an
+        evaluation has no member to ask again) and is logged."""
+        scores = await self.episodes.score(task, completions, conversations, version, training=False)
         for error in {e for e in scores.errors if e is not None}:
             log.warning("evaluation: env %s task %d: %s (scored 0)", task.env, task.index, error)
         return [0.0 if r is None else r for r in scores.rewards]

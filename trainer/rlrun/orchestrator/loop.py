@@ -360,6 +360,8 @@ class Orchestrator:
         self.dispatcher = Dispatcher.for_tokenizer(
             tokenizer, self.rollout_urls, self.envs, self.spec, self.results, self.client_factory
         )
+        episodes = self.dispatcher.episodes  # what TRL tells a reward: trainer_state.max_steps, log_metric
+        episodes.max_steps, episodes.log_metric = self.max_steps, self.metrics.log_metric
         self.endpoints.bind(
             self.dispatcher, self.weights, self.client_factory, self._settle, self._dispatch_within_budget
         )

@@ -23,7 +23,9 @@ stale_wasted_fraction}}``, cumulative: where the waste falls), ``groups_cancelle
 ``groups_abandoned`` (cumulative: nothing of the group could still train, or its requests kept failing),
 ``reward/<env>`` (the mean reward of the env's episodes finished since the previous step) and
 ``reward/<series>`` (each reward function's mean score over them, where it applied: ``spec.envs[].rewards``;
-an env without ``rewards`` has one, named after it), ``episodes_reward_failed`` (cumulative over the attempt:
+an env without ``rewards`` has one, named after it), ``reward_metrics`` (``{name: mean}`` of what the rewards
+reported with TRL's ``log_metric(name, value)`` since the previous step; absent when none did),
+``episodes_reward_failed`` (cumulative over the attempt:
 members whose reward raised, timed out or was no number; requested again), ``num_turns``, ``tool_calls`` and
 ``tool_errors`` (multi-turn envs only: means per episode finished since the previous step: model turns, tool
 calls, tool calls that failed), ``rollout_tokens_per_s`` (sampled tokens) and ``step_time_s`` (since the
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -97,6 +100,8 @@ class StepMetrics:
         self._warned_starved: set[str] = set()
         self._scores: dict[str, list[float]] = {}  # series → scores of the episodes finished since the last step
         self._turns: dict[str, list[int]] = {}  # num_turns / tool_calls / tool_errors → per multi-turn episode
+        self._logged: dict[str, list[float]] = {}  # a reward's log_metric(name, value) calls since the last step
+        self._logged_lock = threading.Lock()  # log_metric is called from the reward threads
         #: members whose reward failed (cumulative over this attempt)
         self.reward_failed = 0
         #: the last line written (None before the first step): what ``/metrics`` reports of the last step
@@ -117,6 +122,12 @@ class StepMetrics:
             self._scores.setdefault(series, []).extend(x for x in scores if x is not None)
         for key, values in (turns or {}).items():
             self._turns.setdefault(key, []).extend(values)
+
+    def log_metric(self, name: str, value: float) -> None:
+        """A reward's TRL ``log_metric(name, value)`` (from a worker thread): averaged per step into
+        ``reward_metrics`` (TRL averages a name's values over each logging step too)."""
+        with self._logged_lock:
+            self._logged.setdefault(name, []).append(value)
 
     def start(self) -> None:
         """Open the file (ending a line a killed attempt cut short) and start the clock of the first step."""
@@ -173,6 +184,7 @@ class StepMetrics:
             },
             **{f"reward/{name}": sum(v) / len(v) if v else None for name, v in sorted(self._scores.items())},
             **{key: sum(v) / len(v) if v else None for key, v in sorted(self._turns.items())},
+            **self._reward_metrics(),
             "episodes_reward_failed": self.reward_failed,
             "groups_cancelled": dispatcher.cancelled_groups,
             "groups_abandoned": counters.groups_abandoned,
@@ -208,6 +220,12 @@ class StepMetrics:
             line["rollout_tokens_per_s"], elapsed,
         )  # fmt: skip
         return line
+
+    def _reward_metrics(self) -> dict[str, dict[str, float]]:
+        """``{"reward_metrics": {name: mean}}`` of the ``log_metric`` calls since the previous step (emptied), or {}."""
+        with self._logged_lock:
+            logged, self._logged = self._logged, {}
+        return {"reward_metrics": {k: sum(v) / len(v) for k, v in sorted(logged.items())}} if logged else {}
 
     def _weight_update_s(self) -> float | None:
         if self.weights is None:
