@@ -34,6 +34,7 @@ BUILTIN_MODELS = ("tiny-reverse", "tiny")
 #: Longest ``metadata.name`` of an RLRun, and its pattern (a DNS-1035 label; see :class:`ObjectMeta`).
 MAX_NAME_LENGTH = 50
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"  #: ``package.module:attr`` (``attr`` may be dotted)
 
 
 class _Strict(BaseModel):
@@ -90,7 +91,7 @@ class RewardSpec(_Strict):
     """
 
     name: str | None = Field(default=None, min_length=1)
-    function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+    function: str | None = Field(default=None, pattern=IMPORT_PATH_PATTERN)
     weight: float = Field(default=1.0, strict=False)
     args: dict[str, Any] = Field(default_factory=dict)
     label: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")

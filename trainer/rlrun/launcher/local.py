@@ -39,7 +39,9 @@ from rlrun import roles
 from rlrun.api.control import TERMINATION_LOG_ENV
 from rlrun.api.spec import RLRun
 from rlrun.checkpoint import latest_complete_checkpoint
+from rlrun.errors import classify_error
 from rlrun.launcher.preemption import LaunchError, PreemptionDrill, preemption_skip_reason
+from rlrun.launcher.preflight import resume_mismatch
 from rlrun.launcher.processes import Child, ChildDied, free_port, role_exit_code, wait_http_ok
 from rlrun.launcher.progress import (
     eval_cell,
@@ -292,6 +294,10 @@ class LocalLauncher:
         if complete:
             console.print(complete)
             return 0
+        mismatch = resume_mismatch(self.run_dir, self.spec, self._resumed_from) if self.resume else None
+        if mismatch:
+            console.print(f"[red]error:[/red] {mismatch}", markup=True, highlight=False)
+            return 2
         if self.drill is not None:
             skip = preemption_skip_reason(self.drill.at_step, self.max_steps, self._resumed_from)
             if skip:
@@ -302,8 +308,14 @@ class LocalLauncher:
             self.trainer_metrics_start = self.run_dir.trainer_metrics.stat().st_size
         t_start = time.monotonic()
         try:
-            with console.status("preparing the model (built once, then cached)…"):
-                model_path = resolve_model(self.spec.model, self.cache_dir, envs=self.spec.envs)
+            try:
+                with console.status("preparing the model (built once, then cached)…"):
+                    model_path = resolve_model(self.spec.model, self.cache_dir, envs=self.spec.envs)
+            except Exception as exc:  # a builtin model this manifest cannot have (permanent): said once, no process
+                if not classify_error(exc)[0]:
+                    raise
+                console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+                return 2
             console.print(f"model: {model_path}")
             trainer, orch = self.start_all(model_path, self.resume)
             rows = self._follow(trainer, orch, model_path)

@@ -168,6 +168,11 @@ class EpisodeBuilder:
         builder.max_steps = spec.max_steps
         return builder
 
+    def tell_rewards(self, max_steps: int, log_metric: Callable[[str, float], None] | None) -> None:
+        """What the rewards are told besides the data (TRL's trainer arguments): the run's last step, and where their
+        ``log_metric`` calls go (:class:`~rlrun.rewards.scoring.RewardContext`)."""
+        self.max_steps, self.log_metric = max_steps, log_metric
+
     def prompt_text(self, task: Task) -> str:
         """The text the model is prompted with: the prompt itself, or a chat prompt through the chat template
         (rendered once per distinct prompt).

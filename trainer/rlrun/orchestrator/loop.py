@@ -360,8 +360,7 @@ class Orchestrator:
         self.dispatcher = Dispatcher.for_tokenizer(
             tokenizer, self.rollout_urls, self.envs, self.spec, self.results, self.client_factory
         )
-        episodes = self.dispatcher.episodes  # what TRL tells a reward: trainer_state.max_steps, log_metric
-        episodes.max_steps, episodes.log_metric = self.max_steps, self.metrics.log_metric
+        self.dispatcher.episodes.tell_rewards(self.max_steps, self.metrics.log_metric)  # TRL's trainer arguments
         self.endpoints.bind(
             self.dispatcher, self.weights, self.client_factory, self._settle, self._dispatch_within_budget
         )
@@ -447,6 +446,3 @@ class Orchestrator:
             self.metrics.close()
             await asyncio.to_thread(self.tracking.close)  # logs what is final: the last steps, the last evaluation
             self.ledger.close()
-
-
-__all__ = ["Orchestrator"]

@@ -152,6 +152,19 @@ def task_fields(task: Task) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if k not in CALL_ARGUMENTS and k not in TRAINER_ARGUMENTS}
 
 
+def env_fields(env: Env, seed: int, tasks: int = 16) -> list[str]:
+    """The task fields ``env`` hands its rewards (:func:`task_fields`: ``answer`` and its ``info``), sorted: the union
+    over its first ``tasks`` train tasks of ``seed`` (a dataset's tasks all have the same fields: its columns).
+
+    Raises:
+        whatever the env's ``task`` raises.
+    """
+    names = {"answer"}
+    for i in range(tasks):
+        names.update(task_fields(env.task(seed, i, "train")))
+    return sorted(names)
+
+
 def reward_kwargs(
     task: Task, texts: list[str], completion_ids: list[list[int]], context: RewardContext | None = None
 ) -> dict[str, Any]:
