@@ -20,7 +20,6 @@ from pydantic import ValidationError
 
 from rlrun.api.spec import (
     DNS_LABEL_PATTERN,
-    IMPORT_PATH_PATTERN,
     NAME_PATTERN,
     QUANTITY_PATTERN,
     EnvSpec,
@@ -77,7 +76,6 @@ _REASONS = {
 
 #: What a value must look like, by the pattern it did not match (a regex alone says little to a user).
 _PATTERNS = {
-    IMPORT_PATH_PATTERN: "must be an import path module:attr (e.g. my_pkg.rewards:accuracy)",
     QUANTITY_PATTERN: "must be a Kubernetes quantity (e.g. 500m, 2, 16Gi)",
     DNS_LABEL_PATTERN: "must be a DNS label: lowercase letters, digits and '-', starting and ending alphanumeric",
     NAME_PATTERN: "must start with a lowercase letter, then lowercase letters, digits and '-', ending alphanumeric",
@@ -100,6 +98,8 @@ def format_validation_error(exc: ValidationError) -> list[str]:
         reason = fmt(err.get("ctx") or {}) if fmt else err["msg"]
         if err["type"] == "value_error":
             reason = str(err["ctx"]["error"]) if "ctx" in err else err["msg"]
+        elif err["type"] == "string_pattern_mismatch" and err["loc"][-1] == "function":  # a reward's import path
+            reason = f"must be an import path module:attr (e.g. my_pkg.rewards:accuracy), got {err['input']!r}"
         elif err["type"] == "string_pattern_mismatch" and err.get("ctx", {}).get("pattern") in _PATTERNS:
             reason = f"{_PATTERNS[err['ctx']['pattern']]}, got {err['input']!r}"
         lines.append(f"{path or '<root>'}: {reason}")

@@ -34,7 +34,6 @@ BUILTIN_MODELS = ("tiny-reverse", "tiny")
 #: Longest ``metadata.name`` of an RLRun, and its pattern (a DNS-1035 label; see :class:`ObjectMeta`).
 MAX_NAME_LENGTH = 50
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"  #: ``package.module:attr`` (``attr`` may be dotted)
 
 
 class _Strict(BaseModel):
@@ -91,7 +90,7 @@ class RewardSpec(_Strict):
     """
 
     name: str | None = Field(default=None, min_length=1)
-    function: str | None = Field(default=None, pattern=IMPORT_PATH_PATTERN)
+    function: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
     weight: float = Field(default=1.0, strict=False)
     args: dict[str, Any] = Field(default_factory=dict)
     label: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
@@ -282,6 +281,8 @@ class RolloutSpec(RoleSpec):
             when there is one, before the request itself fails.
         max_group_retries: times the members of a group whose request failed are requested again
             (same task and group id) before the group is abandoned (counted, in the ledger).
+        overlong_prompts: a prompt longer than the context less ``sampling.max_tokens``: ``filter`` skips its task
+            (ledger ``task_dropped``, metrics ``prompts_too_long``), ``refuse`` stops the run (a dataset: at its start).
     """
 
     replicas: int = Field(default=1, ge=1, le=256)
@@ -292,6 +293,7 @@ class RolloutSpec(RoleSpec):
     request_timeout_seconds: int = Field(default=300, ge=1)
     retry_window_seconds: int = Field(default=120, ge=1)
     max_group_retries: int = Field(default=2, ge=0, le=100)
+    overlong_prompts: Literal["filter", "refuse"] = "filter"
 
 
 class PreemptionSpec(_Strict):

@@ -41,7 +41,7 @@ from rlrun.api.spec import RLRun
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.errors import classify_error
 from rlrun.launcher.preemption import LaunchError, PreemptionDrill, preemption_skip_reason
-from rlrun.launcher.preflight import resume_mismatch
+from rlrun.launcher.preflight import check_prompts, resume_mismatch
 from rlrun.launcher.processes import Child, ChildDied, free_port, role_exit_code, wait_http_ok
 from rlrun.launcher.progress import (
     eval_cell,
@@ -317,6 +317,7 @@ class LocalLauncher:
                 console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
                 return 2
             console.print(f"model: {model_path}")
+            check_prompts(self.spec, model_path)  # rollout.overlong_prompts: refuse (LaunchError), before any process
             trainer, orch = self.start_all(model_path, self.resume)
             rows = self._follow(trainer, orch, model_path)
         except ChildDied as exc:

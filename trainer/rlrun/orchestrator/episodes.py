@@ -205,12 +205,27 @@ class EpisodeBuilder:
         """
         ids = self.encode(self.prompt_text(task))
         if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
-            raise PromptTooLongError(
-                f"env {task.env} task {task.index}: the prompt is {len(ids)} tokens, and at most "
-                f"{self.max_prompt_tokens} fit (the model's context less sampling.max_tokens); "
-                f"prompt starts {self.prompt_text(task)[:60]!r}"
-            )
+            raise self.too_long(task, len(ids))
         return ids
+
+    def prompt_overflow(self, task: Task) -> int | None:
+        """The length of ``task``'s prompt in tokens when it is longer than ``max_prompt_tokens``, else None.
+
+        Raises:
+            PromptError: a chat prompt and no chat template.
+        """
+        if self.max_prompt_tokens is None:
+            return None
+        n = len(self.encode(self.prompt_text(task)))
+        return n if n > self.max_prompt_tokens else None
+
+    def too_long(self, task: Task, tokens: int) -> PromptTooLongError:
+        """The error of ``task``'s prompt of ``tokens`` tokens, too long (names the env, the task and both lengths)."""
+        return PromptTooLongError(
+            f"env {task.env} task {task.index}: the prompt is {tokens} tokens, and at most "
+            f"{self.max_prompt_tokens} fit (the model's context less sampling.max_tokens); "
+            f"prompt starts {self.prompt_text(task)[:60]!r}"
+        )
 
     def multi_turn(self, task: Task) -> bool:
         """Whether ``task``'s env plays conversations (:func:`rlrun.envs.base.is_multi_turn`)."""

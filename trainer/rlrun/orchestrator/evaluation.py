@@ -46,6 +46,7 @@ from typing import Any
 from rlrun.api.spec import EvaluationSpec, RLRunSpec, SamplingSpec
 from rlrun.envs.base import Env, Task
 from rlrun.orchestrator.episodes import EpisodeBuilder
+from rlrun.orchestrator.prompts import Overlong, fitting_eval_tasks
 from rlrun.orchestrator.turns import Conversation, play_all
 from rlrun.rollout.client import Completion, RolloutClient, RolloutError
 from rlrun.rundir import end_torn_line, read_jsonl
@@ -78,6 +79,8 @@ class Evaluator:
         seed: the run's seed (the eval split's stream).
         path: ``eval.jsonl`` (appended to).
         attempt: written on each line.
+        overlong_prompts: ``spec.rollout.overlong_prompts``: a held-out task whose prompt does not fit is left out
+            (``filter``), or refused (``refuse``: :func:`~rlrun.orchestrator.prompts.fitting_eval_tasks`).
     """
 
     def __init__(
@@ -88,10 +91,12 @@ class Evaluator:
         seed: int,
         path: Path,
         attempt: int = 0,
+        overlong_prompts: Overlong = "filter",
     ) -> None:
         self.spec, self.sampling, self.episodes, self.envs = spec, sampling, episodes, episodes.envs
         self.path, self.attempt = path, attempt
-        self.tasks: list[Task] = [env.task(seed, i, "eval") for env in self.envs.values() for i in range(spec.tasks)]
+        tasks = [env.task(seed, i, "eval") for env in self.envs.values() for i in range(spec.tasks)]
+        self.tasks: list[Task] = fitting_eval_tasks(episodes, tasks, overlong_prompts)
         end_torn_line(path)  # a line cut short by a kill would glue this attempt's first one to it
         self.evaluated = {row["policy_version"] for row in read_jsonl(path) if "policy_version" in row}
 
@@ -110,7 +115,7 @@ class Evaluator:
         if not spec.evaluation.enabled:
             return None
         episodes = episodes or EpisodeBuilder.for_run(tokenizer, envs, spec)
-        return cls(spec.evaluation, spec.sampling, episodes, spec.seed, path, attempt)
+        return cls(spec.evaluation, spec.sampling, episodes, spec.seed, path, attempt, spec.rollout.overlong_prompts)
 
     def resumed_at(self, version: int) -> None:
         """An attempt resumed from the checkpoint of step ``version``: the versions past it that an earlier attempt

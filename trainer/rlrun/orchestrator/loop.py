@@ -41,6 +41,7 @@ from rlrun.orchestrator.journal_files import FRESH_BASE, journal_root
 from rlrun.orchestrator.liveness import LivenessGuard, stall_accounting
 from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.orchestrator.prometheus import registry_for
+from rlrun.orchestrator.prompts import PromptLimit
 from rlrun.orchestrator.resume import Stages, begin_attempt
 from rlrun.orchestrator.signals import TerminationHandler
 from rlrun.orchestrator.sink import TrainSink
@@ -375,6 +376,7 @@ class Orchestrator:
         )  # fmt: skip
         follower = None
         try:
+            await PromptLimit(self.spec, self.ledger, self.metrics).start(self.dispatcher.episodes, self.source)
             await wait_until_healthy(self.dispatcher, self.health_timeout_s, self._stop)
             if self._stop.is_set():  # stopped (SIGTERM after a pause) before it started
                 log.info("stopped before starting")

@@ -20,6 +20,8 @@ episodes that never trained because they grew too old — queued samples swept a
 of scoring or dropped at a cancel), ``stale_wasted_fraction`` (that ÷ the finished episodes, both
 cumulative; null before any), ``per_env`` (``{env: {finished, wasted_stale, abandoned,
 stale_wasted_fraction}}``, cumulative: where the waste falls), ``groups_cancelled`` (requests),
+``prompts_too_long`` (cumulative over the attempt: tasks passed over because their prompt does not fit the
+context less ``sampling.max_tokens``, ``rollout.overlong_prompts: filter``; also in ``per_env``),
 ``groups_abandoned`` (cumulative: nothing of the group could still train, or its requests kept failing),
 ``reward/<env>`` (the mean reward of the env's episodes finished since the previous step) and
 ``reward/<series>`` (each reward function's mean score over them, where it applied: ``spec.envs[].rewards``;
@@ -104,6 +106,8 @@ class StepMetrics:
         self._logged_lock = threading.Lock()  # log_metric is called from the reward threads
         #: members whose reward failed (cumulative over this attempt)
         self.reward_failed = 0
+        #: tasks passed over because their prompt does not fit, by env (cumulative over this attempt)
+        self.prompts_too_long: dict[str, int] = {}
         #: the last line written (None before the first step): what ``/metrics`` reports of the last step
         self.last_line: dict | None = None
 
@@ -122,6 +126,10 @@ class StepMetrics:
             self._scores.setdefault(series, []).extend(x for x in scores if x is not None)
         for key, values in (turns or {}).items():
             self._turns.setdefault(key, []).extend(values)
+
+    def prompt_too_long(self, env: str) -> None:
+        """Count a task of ``env`` passed over: its prompt does not fit (``prompts_too_long``)."""
+        self.prompts_too_long[env] = self.prompts_too_long.get(env, 0) + 1
 
     def log_metric(self, name: str, value: float) -> None:
         """A reward's TRL ``log_metric(name, value)`` (from a worker thread): averaged per step into
@@ -179,8 +187,12 @@ class StepMetrics:
             "episodes_wasted_stale": (wasted := counters.samples_dropped_stale + counters.members_left_out_stale),
             "stale_wasted_fraction": wasted / counters.episodes_finished if counters.episodes_finished else None,
             "per_env": {
-                env: {**c, "stale_wasted_fraction": c["wasted_stale"] / c["finished"] if c["finished"] else None}
-                for env, c in sorted(counters.per_env.items())
+                env: {
+                    **c,
+                    "stale_wasted_fraction": c["wasted_stale"] / c["finished"] if c.get("finished") else None,
+                    **({"prompts_too_long": self.prompts_too_long[env]} if env in self.prompts_too_long else {}),
+                }
+                for env, c in sorted({**{e: {} for e in self.prompts_too_long}, **counters.per_env}.items())
             },
             **{f"reward/{name}": sum(v) / len(v) if v else None for name, v in sorted(self._scores.items())},
             **{key: sum(v) / len(v) if v else None for key, v in sorted(self._turns.items())},
@@ -188,6 +200,7 @@ class StepMetrics:
             "episodes_reward_failed": self.reward_failed,
             "groups_cancelled": dispatcher.cancelled_groups,
             "groups_abandoned": counters.groups_abandoned,
+            "prompts_too_long": sum(self.prompts_too_long.values()),
             "rollout_tokens_per_s": self._tokens / elapsed,
             "step_time_s": elapsed,
             "weight_update_s": self._weight_update_s(),
