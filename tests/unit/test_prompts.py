@@ -81,10 +81,21 @@ def test_held_out_tasks_that_do_not_fit_are_left_out_or_refused(tmp_path, tiny_m
 
 
 def test_rlrun_local_refuses_before_any_process_starts(tmp_path, tiny_model):
-    """``rlrun local``'s preflight runs the orchestrator's scan before the rollout server and trainer start."""
-    from rlrun.launcher.preemption import LaunchError
-    from rlrun.launcher.preflight import check_prompts
+    """``rlrun local`` runs the orchestrator's scan once the model is known, before the rollout server and trainer."""
+    from rlrun.orchestrator.prompts import check_prompts
 
-    with pytest.raises(LaunchError, match=r"^3 of 12 train prompts of env dataset are longer than 40 tokens"):
-        check_prompts(spec(tmp_path, overlong_prompts="refuse"), str(tiny_model))
+    from tests.support.launcher import make_launcher
+
+    data = spec(tmp_path).envs[0].args["path"]
+    envs = [{"name": "dataset", "args": {"path": data, "shuffle": False}}]
+    launcher, out = make_launcher(
+        tmp_path, envs=envs, rollout={"overlong_prompts": "refuse"}, sampling={"max_tokens": 24}
+    )
+    launcher.check_model = lambda run, _: check_prompts(run, str(tiny_model))  # the tiny model's tokenizer
+    launcher.spec = launcher.spec.model_copy(
+        update={"model": launcher.spec.model.model_copy(update={"builtin": None, "name": str(tiny_model)})}
+    )
+    assert launcher.run() == 2
+    assert out.getvalue().startswith("error: 3 of 12 train prompts of env dataset are longer than 40 tokens")
+    assert launcher.children == []
     check_prompts(spec(tmp_path), str(tiny_model))  # filter: the orchestrator passes them over, nothing to refuse

@@ -98,6 +98,7 @@ def local(
 ) -> None:
     """Run a manifest on this machine: rollout server(s), trainer and orchestrator as local processes."""
     from rlrun.launcher.local import LocalLauncher
+    from rlrun.orchestrator.prompts import check_prompts
 
     run = _load(manifest)
     if only is not PreemptOnly.all and preempt_at_step is None:
@@ -106,6 +107,7 @@ def local(
     launcher = LocalLauncher(
         manifest, run, run_dir=run_dir or Path("runs") / run.metadata.name, max_steps=max_steps,
         resume=resume, cache_dir=cache_dir, preempt_at_step=preempt_at_step, preempt_only=only.value,
+        check_model=check_prompts,
     )  # fmt: skip
     raise typer.Exit(launcher.run())
 
@@ -312,12 +314,14 @@ def eval_(
 ) -> None:
     """Evaluate a saved checkpoint on each env's held-out tasks (greedy and sampled), on a rollout server of its own."""
     from rlrun.launcher.evaluate import EvalError, evaluate_checkpoint
+    from rlrun.orchestrator.evaluation import evaluate_weights
+    from rlrun.rollout.client import RolloutError
 
     _setup_logging("eval")
     overrides = {k: v for k, v in (("tasks", tasks), ("samples_per_task", samples)) if v is not None}
     try:
-        line = evaluate_checkpoint(run_dir, step, cache_dir, **overrides)
-    except EvalError as exc:
+        line = evaluate_checkpoint(run_dir, step, cache_dir, evaluate_weights, **overrides)
+    except (EvalError, RolloutError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     if as_json:

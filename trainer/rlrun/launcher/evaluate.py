@@ -15,7 +15,9 @@ import contextlib
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -70,15 +72,17 @@ def evaluable_steps(run_dir: RunDir) -> list[int]:
     ]
 
 
-def evaluate_checkpoint(run_dir: Path, step: int | None, cache_dir: Path | None, **overrides: int) -> dict:
+def evaluate_checkpoint(
+    run_dir: Path, step: int | None, cache_dir: Path | None, evaluate: Callable[..., Any], **overrides: int
+) -> dict:
     """What ``rlrun eval RUN_DIR [--step N]`` does: the run's spec (:func:`run_spec`), the checkpoint
-    (:func:`checkpoint_step`), a rollout server of its own (:func:`eval_server`), the evaluation
-    (:func:`rlrun.orchestrator.evaluation.evaluate_weights`, ``overrides``: ``tasks``, ``samples_per_task``); returns
-    its ``eval.jsonl`` line.
+    (:func:`checkpoint_step`), a rollout server of its own (:func:`eval_server`), and ``evaluate`` — the evaluation
+    a run makes, :func:`rlrun.orchestrator.evaluation.evaluate_weights`, which the command passes (a process
+    package imports no other) — with ``overrides`` (``tasks``, ``samples_per_task``); returns its ``eval.jsonl`` line.
 
     Raises:
-        EvalError: anything that stops it (no spec or checkpoint, the server failed or timed out, weights the server
-            refused, a request failed), said in one line.
+        EvalError: no spec or checkpoint, the server failed or timed out, weights that do not fit, an HTTP error.
+        whatever ``evaluate`` raises of its own (``RolloutError``).
     """
     import asyncio
 
@@ -87,8 +91,6 @@ def evaluate_checkpoint(run_dir: Path, step: int | None, cache_dir: Path | None,
     from rlrun.errors import WeightsError
     from rlrun.launcher.processes import ChildDied
     from rlrun.model.resolve import resolve_model
-    from rlrun.orchestrator.evaluation import evaluate_weights
-    from rlrun.rollout.client import RolloutError
 
     try:
         rd = RunDir(run_dir)
@@ -97,9 +99,8 @@ def evaluate_checkpoint(run_dir: Path, step: int | None, cache_dir: Path | None,
         model_path = resolve_model(spec.model, cache_dir, envs=spec.envs)
         weights = rd.trainer_checkpoint(step) if step > 0 else None
         with eval_server(spec, rd, cache_dir) as url, tempfile.TemporaryDirectory() as tmp:
-            evaluate = evaluate_weights(url, spec, model_path, weights, step, Path(tmp) / "eval.jsonl", **overrides)
-            return asyncio.run(evaluate)
-    except (ChildDied, TimeoutError, WeightsError, RolloutError, httpx.HTTPError) as exc:
+            return asyncio.run(evaluate(url, spec, model_path, weights, step, Path(tmp) / "eval.jsonl", **overrides))
+    except (ChildDied, TimeoutError, WeightsError, httpx.HTTPError) as exc:
         raise EvalError(str(exc)) from exc
 
 

@@ -3,8 +3,9 @@
 A refusal a user can cause is one message naming what to change, printed before a rollout server, trainer or
 orchestrator starts — not a traceback in a role's log minutes later. These checks are the roles' own, run early:
 a resume whose checkpoint belongs to other settings or data (:func:`resume_mismatch`, the orchestrator's
-:func:`~rlrun.checkpoint.check_compatible`); with ``rollout.overlong_prompts: refuse``, a dataset prompt that does
-not fit the context (:func:`check_prompts`, the orchestrator's :func:`~rlrun.orchestrator.prompts.scan`).
+:func:`~rlrun.checkpoint.check_compatible`). A check that is another process package's code (a dataset's prompts,
+:func:`rlrun.orchestrator.prompts.check_prompts`) is handed to the launcher by ``rlrun local``
+(``LocalLauncher.check_model``): process packages import none of each other.
 """
 
 from __future__ import annotations
@@ -33,30 +34,3 @@ def resume_mismatch(run_dir: RunDir, spec: RLRunSpec, step: int | None) -> str |
     except CheckpointError:
         return None
     return None
-
-
-def check_prompts(spec: RLRunSpec, model_path: str) -> None:
-    """With ``rollout.overlong_prompts: refuse``: refuse a dataset prompt that does not fit the context less
-    ``sampling.max_tokens``, as the orchestrator would at its start (:class:`~rlrun.orchestrator.prompts.PromptLimit`),
-    before any process starts. ``filter`` (the default) checks nothing here: the orchestrator says how many it skips.
-
-    Raises:
-        LaunchError: a prompt does not fit (the message names how many, the longest, and what to change).
-    """
-    if spec.rollout.overlong_prompts != "refuse":
-        return
-    from transformers import AutoTokenizer
-
-    from rlrun.envs import make_env
-    from rlrun.launcher.preemption import LaunchError
-    from rlrun.orchestrator.episodes import EpisodeBuilder
-    from rlrun.orchestrator.prompts import refusal, scan
-
-    envs = {e.name: make_env(e) for e in spec.envs}
-    episodes = EpisodeBuilder.for_run(AutoTokenizer.from_pretrained(model_path), envs, spec)
-    try:
-        problem = refusal(scan(episodes, spec.seed), episodes.max_prompt_tokens)
-    finally:
-        episodes.close()
-    if problem is not None:
-        raise LaunchError(problem)

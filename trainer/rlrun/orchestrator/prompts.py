@@ -209,3 +209,27 @@ def fitting_eval_tasks(episodes: EpisodeBuilder, tasks: list[Task], mode: Overlo
             n, env, episodes.max_prompt_tokens,
         )  # fmt: skip
     return kept
+
+
+def check_prompts(spec: RLRunSpec, model_path: str) -> None:
+    """With ``rollout.overlong_prompts: refuse``, the orchestrator's refusal at its start, made before any process starts
+    (``rlrun local``): every dataset prompt measured with the model's tokenizer (:func:`scan`). ``filter`` (the
+    default) checks nothing here: the orchestrator says how many it passes over.
+
+    Raises:
+        PromptTooLongError: a prompt does not fit (how many, the longest, what to change).
+    """
+    if spec.rollout.overlong_prompts != "refuse":
+        return
+    from transformers import AutoTokenizer
+
+    from rlrun.envs import make_env
+
+    envs = {e.name: make_env(e) for e in spec.envs}
+    episodes = EpisodeBuilder.for_run(AutoTokenizer.from_pretrained(model_path), envs, spec)
+    try:
+        problem = refusal(scan(episodes, spec.seed), episodes.max_prompt_tokens)
+    finally:
+        episodes.close()
+    if problem is not None:
+        raise PromptTooLongError(problem)
