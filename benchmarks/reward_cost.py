@@ -66,7 +66,7 @@ def builder(variant: str, inline: bool):
     )
     if inline:  # the reward on the loop itself, as before rewards moved to worker threads
 
-        async def score(rewards, task, texts, completion_ids, timeout_s) -> GroupScores:
+        async def score(rewards, task, texts, completion_ids, timeout_s, context=None) -> GroupScores:
             return score_group(rewards, task, texts, completion_ids)
 
         b.scorer.score = score

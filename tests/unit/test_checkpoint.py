@@ -176,3 +176,26 @@ async def test_a_paused_manager_pairs_its_pause_snapshot_with_each_newer_trainer
         json.loads(line) for line in (rd.root / "ledger" / "attempt-1.orchestrator.jsonl").read_text().splitlines()
     ]
     assert [(e["step"], e["reason"]) for e in events if e["e"] == "checkpoint"] == [(0, "pause"), (4, "pause")]
+
+
+def _directory_for_progress(root):
+    (root / "progress.json").unlink()
+    (root / "progress.json").mkdir()
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda root: (root / "model.safetensors").unlink(), "missing"),
+        (_directory_for_progress, "unreadable (Is a directory)"),
+    ],
+)
+def test_a_damaged_trainer_part_is_named_once_with_its_reason(tmp_path, damage, reason, caplog):
+    """Issue 36: "…/model.safetensors: unreadable (No such file or directory: …/model.safetensors)" said the path twice."""
+    rd = RunDir(tmp_path)
+    complete_step(rd, 10)
+    damage(rd.trainer_checkpoint(10))
+    with caplog.at_level(logging.WARNING):
+        assert latest_complete_checkpoint(rd) is None
+    (record,) = caplog.records
+    assert record.getMessage().endswith(f": {reason}") and record.getMessage().count(str(tmp_path)) == 1

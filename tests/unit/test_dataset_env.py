@@ -322,7 +322,11 @@ def test_fingerprint_follows_the_files_bytes_and_stream_args_not_their_location_
         ({"d.jsonl": "", "e.csv": "p\n"}, {"path": "."}, r"mixes formats \['csv', 'json'\]"),
         ({"d.jsonl": ""}, {"path": "d.jsonl"}, r"path 'd\.jsonl' has no rows"),
         ({"d.csv": "prompt,answer\n"}, {"path": "d.csv"}, r"path 'd\.csv' has no rows"),
-        ({"d.jsonl": '{"prompt": "a"}\n{"prompt": \n'}, {"path": "d.jsonl"}, r"path 'd\.jsonl': cannot read as json"),
+        (
+            {"d.jsonl": '{"prompt": "a"}\n{"prompt": \n'},
+            {"path": "d.jsonl"},
+            r"path 'd\.jsonl': line 2, column 12: not valid JSON \(Expecting value\)",
+        ),
         (
             {"d.jsonl": '{"question": "a", "id": 1}\n'},
             {"path": "d.jsonl"},
@@ -368,6 +372,31 @@ def test_fingerprint_follows_the_files_bytes_and_stream_args_not_their_location_
         ({"d.jsonl": '{"prompt": "a"}\n'}, {"path": "d.jsonl", "format": "xml"}, "format must be one of"),
         ({"d.jsonl": '{"prompt": "a"}\n'}, {"path": "d.jsonl", "info_columns": ["id"]}, r"info_columns: 'id'"),
         ({}, {"path": "hf://datasets/gsm8k"}, "only local files"),
+        (
+            {"d.jsonl": '{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c" "answer": "d"}\n'},
+            {"path": "d.jsonl"},
+            r"^dataset: path 'd\.jsonl': line 3, column 16: not valid JSON \(Expecting ',' delimiter\)$",
+        ),
+        (
+            {"a.jsonl": '{"prompt": "a"}\n', "b.jsonl": '{"prompt": "b"}\n\n{"prompt": }\n'},
+            {"path": "*.jsonl"},
+            r"^dataset: path '\*\.jsonl': b\.jsonl line 3, column 12: not valid JSON \(Expecting value\)$",
+        ),
+        (
+            {"d.json": '[\n  {"prompt": "a"},\n  {"prompt" "b"}\n]\n'},
+            {"path": "d.json"},
+            r"^dataset: path 'd\.json': line 3, column 13: not valid JSON \(Expecting ':' delimiter\)$",
+        ),
+        (
+            {"d.jsonl": '{"prompt": "a", "solution": "b"}\n'},
+            {"path": "d.jsonl", "demonstration": "solutions"},
+            r"demonstration column 'solutions' is not in path 'd\.jsonl'; its columns: \['prompt', 'solution'\]",
+        ),
+        (
+            {"d.jsonl": '{"prompt": "a", "solution": "b", "level": 1}\n'},
+            {"path": "d.jsonl", "demonstration": "solution", "info_columns": ["level"]},
+            r"demonstration column 'solution' is left out of info_columns: add it",
+        ),
     ],
 )
 def test_each_refusal_names_the_arg(tmp_path, monkeypatch, files, args, message):
@@ -378,6 +407,34 @@ def test_each_refusal_names_the_arg(tmp_path, monkeypatch, files, args, message)
         DatasetEnv(**args)
     with pytest.raises(EnvArgsError, match=message):
         make_env(EnvSpec(name="dataset", args=args))
+
+
+def test_a_malformed_line_is_said_once_without_the_loaders_own_log(tmp_path, capfd):
+    write_jsonl(tmp_path / "d.jsonl", problems(3))
+    with open(tmp_path / "d.jsonl", "a") as f:
+        f.write('{"prompt": "x",}\n')
+    with pytest.raises(ValueError, match=r"line 4, column 16: not valid JSON"):
+        DatasetEnv(path=str(tmp_path / "d.jsonl"))
+    assert "Failed to load JSON" not in capfd.readouterr().err  # datasets' ERROR line before it raises
+
+
+# A TRL-format dataset: prompt and solution (issue 36)
+
+
+def test_demonstration_names_the_warm_starts_column_and_the_rewards_still_get_it_by_name(tmp_path):
+    """TRL's format has ``prompt`` and ``solution``: the rewards read ``solution``, and the builtin tiny model's warm
+    start needs a completion to teach. ``demonstration: solution`` gives it one without renaming the column
+    (``answer: solution`` would hand it to the rewards as ``answer``)."""
+    from rlrun.rewards.scoring import reward_kwargs
+
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+1="}], "solution": str(i + 1)} for i in range(5)]
+    env = DatasetEnv(path=str(write_jsonl(tmp_path / "d.jsonl", rows)), demonstration="solution")
+    task = env.task(0, 0)
+    assert task.answer is None and env.demonstration(task) == task.info["solution"]
+    assert reward_kwargs(task, ["2"], [[1]])["solution"] == [task.info["solution"]]
+    plain = DatasetEnv(path=str(write_jsonl(tmp_path / "a.jsonl", problems(3))))
+    assert plain.demonstration(plain.task(0, 0)) == plain.task(0, 0).answer  # default: the answer
+    assert plain.fingerprint() == DatasetEnv(path=str(tmp_path / "a.jsonl"), demonstration="answer").fingerprint()
 
 
 # The example file

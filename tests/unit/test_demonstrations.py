@@ -108,6 +108,29 @@ def test_an_env_without_answers_is_no_longer_drawn_and_none_at_all_is_refused():
         next(stream([CountEnv(answered=lambda i: False)]))
 
 
+def test_an_env_without_answers_is_reported_once_not_by_the_check_stream_too(caplog):
+    """Issue 36: "no answer in 64 tasks" was printed twice, by the stream of the check tasks and the warm start's."""
+    envs = [CountEnv(answered=lambda i: False), ReverseTextEnv()]
+    with caplog.at_level("WARNING", logger="rlrun.model.demonstrations"):
+        list(itertools.islice(stream(envs, namespace=CHECKS), 100))
+        list(itertools.islice(stream(envs), 100))
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["warm start: env count gave no answer in 64 tasks in a row; not drawing from it"]
+
+
+def test_probe_finds_what_the_warm_start_would_refuse_before_it_starts(caplog):
+    from rlrun.model.demonstrations import probe_demonstrations
+
+    tokenizer = build_chat_tokenizer()
+    with caplog.at_level("WARNING"):
+        none = probe_demonstrations([("count", CountEnv(answered=lambda i: False))], tokenizer, 512, 1234)
+        some = probe_demonstrations(
+            [("count", CountEnv(answered=lambda i: False)), ("reverse-text", ReverseTextEnv())], tokenizer, 512, 1234
+        )
+    assert isinstance(none, NoDemonstrationsError) and "count: 64 of 64 tasks without an answer" in str(none)
+    assert some is None and not caplog.records  # silent: validate says it in its own words
+
+
 def test_check_prompts_are_not_trained_on_unless_they_are_nearly_all_the_env_has():
     held = {f"<|user|>{n}+1<|end|><|assistant|>" for n in range(0, 1000, 2)}
     s = stream([CountEnv()], exclude=[held])

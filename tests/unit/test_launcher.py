@@ -255,3 +255,42 @@ def test_the_summary_shows_held_out_evaluation_first_to_last():
     assert "greedy solved (exact match)" in lines[1] and lines[1].endswith("0.110 → 0.400 (+0.290)")
     assert lines[4].strip().startswith("pass@2")
     assert eval_cell([first, last]) == "held-out solved 0.400 (v120)"
+
+
+# -- refusals said once, before any process starts (issue 36) -----------------------------------------
+
+
+def test_eval_of_a_step_without_a_checkpoint_lists_the_steps_it_can_evaluate(tmp_path):
+    from rlrun.launcher.evaluate import EvalError, checkpoint_step
+
+    rd = RunDir(tmp_path)
+    complete_checkpoint(rd, 3)
+    complete_checkpoint(rd, 6)
+    assert checkpoint_step(rd, 6) == 6 and checkpoint_step(rd, None) == 6 and checkpoint_step(rd, 0) == 0
+    with pytest.raises(EvalError) as exc:
+        checkpoint_step(rd, 5)
+    assert (
+        str(exc.value) == f"no checkpoint of step 5 in {rd.checkpoints}; --step can be 0, 3, 6 (0: the starting model)"
+    )
+
+
+def test_a_resume_over_changed_data_is_refused_before_any_process_starts(tmp_path):
+    """Issue 36: the refusal came from the orchestrator, after the rollout server and the trainer had started."""
+    from rlrun.checkpoint import run_identity, save_orchestrator_progress
+    from rlrun.envs import make_env
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}=", "answer": str(i)}) + "\n" for i in range(8)))
+    launcher, out = make_launcher(
+        tmp_path, max_steps=8, resume=True, envs=[{"name": "dataset", "args": {"path": str(data)}}]
+    )
+    rd = RunDir(tmp_path / "run")
+    complete_checkpoint(rd, 3)
+    identity = run_identity(launcher.spec, {e.name: make_env(e) for e in launcher.spec.envs})
+    save_orchestrator_progress(rd, 3, {"step": 3, "shipped": 3, "source": {"cursor": 30}, "identity": identity})
+    data.write_text(data.read_text().replace('"7"', '"seven"'))  # one answer edited since the checkpoint
+    assert launcher.run() == 2
+    text = out.getvalue()
+    assert text.startswith("error: ") and "belongs to a run with different settings; refusing to resume" in text
+    assert "env dataset: its data changed since the checkpoint" in text and "Traceback" not in text
+    assert launcher.children == [] and not (rd.root / "attempts.jsonl").exists()

@@ -45,6 +45,13 @@ async def columns(completions, answer, level, **kwargs):
     ]
 
 
+def curriculum(completions, answer, trainer_state, log_metric, **kwargs):
+    """A TRL curriculum reward: what it reads of ``trainer_state``, and one ``log_metric`` per call."""
+    log_metric("max_steps", trainer_state.max_steps)
+    log_metric("global_step", trainer_state.global_step)
+    return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+
 def spec(**overrides):
     base = dict(
         group_size=4, batch_size=8, max_off_policy_steps=1, max_steps=2, checkpoint={"interval": 1, "keep_last": 2}
@@ -120,4 +127,17 @@ async def test_a_trl_style_async_reward_gets_the_datasets_other_columns(tmp_path
     assert {e["reward"] for e in finished} <= {0.0, 0.5, 1.0} and len({e["reward"] for e in finished}) > 1
     metrics = [json.loads(line) for line in run_dir.metrics.read_text().splitlines()]
     assert all("reward/graded" in r and "reward/dataset" in r for r in metrics)
+    assert check_ledger(run_dir.root / "ledger").ok
+
+
+async def test_a_trl_reward_reads_trainer_state_and_its_log_metric_lands_in_metrics(tmp_path, tiny_model):
+    run_dir = RunDir(tmp_path)
+    envs = [{"name": "reverse-text", "rewards": [{"function": "tests.unit.test_rewards_in_a_run:curriculum"}]}]
+    orch = orchestrator(spec(envs=envs, max_steps=3), run_dir, tiny_model, Faults())
+    assert await run_to_the_end(orch, run_dir, tiny_model) == 3
+    assert events(run_dir, "reward_failed") == []
+    rows = [json.loads(line) for line in run_dir.metrics.read_text().splitlines()]
+    assert [r["reward_metrics"]["max_steps"] for r in rows] == [3.0, 3.0, 3.0]
+    # global_step: the policy version that sampled the group (≤ max_off_policy_steps behind the step trained)
+    assert all(r["step"] - 2 <= r["reward_metrics"]["global_step"] <= r["step"] - 1 for r in rows), rows
     assert check_ledger(run_dir.root / "ledger").ok

@@ -12,7 +12,15 @@ import pytest
 from rlrun.api.spec import EnvSpec, RewardSpec
 from rlrun.envs.base import Task
 from rlrun.envs.reverse_text import ReverseTextEnv
-from rlrun.rewards.scoring import RewardFunction, RewardScorer, env_rewards, reward_kwargs, score_group
+from rlrun.rewards.scoring import (
+    RewardContext,
+    RewardFunction,
+    RewardScorer,
+    env_rewards,
+    reward_kwargs,
+    score_group,
+)
+from transformers import TrainerState
 
 TASK = Task(env="e", index=3, prompt="ab=", answer="ba", info={"level": 2, "prompts": "shadowed"})
 CHAT = Task(env="e", index=4, prompt=[{"role": "user", "content": "hi"}], answer="yo")
@@ -32,6 +40,7 @@ def test_a_reward_gets_trls_keyword_arguments_one_item_per_completion():
         "level": [2, 2],  # a task field; one named like a call argument ("prompts") is not passed
     }
     chat = reward_kwargs(CHAT, ["yo"], [[5]])
+    assert not {"trainer_state", "log_extra", "log_metric"} & set(chat)  # TRL's trainer arguments: with a context
     assert chat["prompts"] == [[{"role": "user", "content": "hi"}]]
     assert chat["completions"] == [[{"role": "assistant", "content": "yo"}]]  # TRL's conversational form
 
@@ -122,7 +131,7 @@ def test_a_reward_over_its_timeout_fails_every_member_and_the_loop_goes_on():
 
     scores, waited, ticks = asyncio.run(main())
     assert scores.rewards == [None, None]
-    assert scores.errors == ["rewards took longer than 0.2 s (spec.envs[].reward_timeout_seconds)"] * 2
+    assert scores.errors == ["rewards ran longer than 0.2 s (spec.envs[].reward_timeout_seconds)"] * 2
     assert waited < 0.9 and ticks >= 5  # the loop kept running while the reward slept in its thread
 
 
@@ -134,3 +143,86 @@ def test_an_env_without_rewards_is_scored_by_its_own_reward_named_after_it():
     assert score_group([own], task, [task.answer, "x"], [[1], [2]]).rewards == [1.0, 0.0]
     named = env_rewards(EnvSpec(name="reverse-text", rewards=[RewardSpec(name="lcs", weight=0.5, label="sim")]), env)
     assert [(r.series, r.weight, r.own) for r in named] == [("sim", 0.5, False)]
+
+
+def test_a_rewards_timeout_counts_its_own_run_time_not_its_wait_for_a_thread():
+    """Issue 36's run, 10× faster: 35 calls sleeping 4 s and every other call ≤ 8 ms, with a 1 s timeout, failed 164
+    requests ("took longer than 1 s") when the clock started as a call was queued. Here the 35 slow calls (0.4 s,
+    timeout 0.1 s) fail, each on its own run time, and none of the 200 quick ones (≤ 0.8 ms) does, although they
+    wait behind the slow ones for one of the 8 threads."""
+
+    def judge(completions, answer, **kwargs):
+        time.sleep(0.4 if answer[0] == "slow" else 0.0008)
+        return [1.0 for _ in completions]
+
+    slow = set(range(0, 6 * 35, 6))  # every 6th call
+    tasks = [Task("e", i, "p", "slow" if i in slow else "quick") for i in range(235)]
+
+    async def main():
+        scorer = RewardScorer(threads=8)
+        try:
+            calls = [scorer.score([fn("judge", judge)], t, ["a", "b"], [[1], [2]], timeout_s=0.1) for t in tasks]
+            return await asyncio.gather(*calls)
+        finally:
+            scorer.close()
+
+    results = asyncio.run(main())
+    failed = {t.index for t, s in zip(tasks, results, strict=True) if s.rewards != [1.0, 1.0]}
+    assert failed == slow
+    errors = {e for t, s in zip(tasks, results, strict=True) if t.index in slow for e in s.errors}
+    assert errors == {"rewards ran longer than 0.1 s (spec.envs[].reward_timeout_seconds)"}
+
+
+def test_a_call_that_gets_no_thread_because_hung_rewards_hold_them_all_says_so():
+    release = threading.Event()
+
+    def hangs(completions, answer, **kwargs):
+        if answer[0] == "hang":
+            release.wait(5)
+        return [1.0 for _ in completions]
+
+    async def main():
+        scorer = RewardScorer(threads=1, spare=1)  # two threads: the two hung calls hold both
+        try:
+            score = lambda answer: scorer.score([fn("r", hangs)], Task("e", 0, "p", answer), ["a"], [[1]], 0.1)  # noqa: E731
+            hung = await asyncio.gather(score("hang"), score("hang"))
+            return hung, await score("quick"), scorer.abandoned
+        finally:
+            release.set()
+            scorer.close()
+
+    hung, starved, abandoned = asyncio.run(main())
+    assert [s.errors for s in hung] == [["rewards ran longer than 0.1 s (spec.envs[].reward_timeout_seconds)"]] * 2
+    assert abandoned == 2
+    assert starved.errors == [
+        "no reward thread was free within 0.1 s: 2 reward calls past their timeout "
+        "(spec.envs[].reward_timeout_seconds) are still running and hold every spare thread; a reward that can "
+        "hang should bound its own work"
+    ]
+
+
+def test_a_reward_gets_trls_trainer_state_log_metric_and_log_extra():
+    """TRL passes ``trainer_state`` (a ``TrainerState``: curricula read ``global_step`` / ``max_steps``),
+    ``log_metric(name, value)`` and ``log_extra(column, values)`` to every reward; so does rlrun."""
+    logged = []
+
+    def curriculum(completions, trainer_state, log_metric, log_extra, **kwargs):
+        progress = trainer_state.global_step / trainer_state.max_steps
+        log_metric("progress", progress)
+        log_extra("lengths", [len(c) for c in completions])
+        return [progress for _ in completions]
+
+    context = RewardContext(step=3, max_steps=12, log_metric=lambda name, value: logged.append((name, value)))
+    scores = score_group([fn("curriculum", curriculum)], TASK, ["ba", "b"], [[1], [2]], context)
+    assert scores.rewards == [0.25, 0.25] and scores.errors == [None, None]
+    assert logged == [("progress", 0.25)]
+    state = reward_kwargs(TASK, ["ba"], [[1]], context)["trainer_state"]
+    assert isinstance(state, TrainerState) and (state.global_step, state.max_steps) == (3, 12)
+    quiet = score_group([fn("curriculum", curriculum)], TASK, ["ba"], [[1]], RewardContext(3, 12, None))
+    assert quiet.rewards == [0.25]  # an evaluation's context drops the logged values, and the reward still runs
+
+
+def test_a_task_field_named_like_a_trainer_argument_is_not_passed():
+    task = Task("e", 0, "p", "a", {"trainer_state": "a column", "level": 1})
+    kwargs = reward_kwargs(task, ["x"], [[1]], RewardContext(1, 2))
+    assert isinstance(kwargs["trainer_state"], TrainerState) and kwargs["level"] == [1]

@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,96 @@ class Picky:
 def test_env_errors_are_placed_by_their_type_not_their_message():
     (error,) = errors_of(manifest(envs=[{"name": "tests.unit.test_spec:Picky"}]))
     assert error == "spec.envs[0].args: picky: unknown env level 1"
+
+
+# A user's own task: what validate finds before anything starts (issues 35, 36)
+
+
+def needs_ground_truth(completions, ground_truth, **kwargs):
+    """A TRL-style reward reading a column the dataset may lack."""
+    return [float(c == g) for c, g in zip(completions, ground_truth, strict=True)]
+
+
+def accuracy(completions, solution, trainer_state=None, **kwargs):
+    """TRL's ``accuracy_reward`` signature: the ``solution`` column."""
+    return [float(c[0]["content"] == s) for c, s in zip(completions, solution, strict=True)]
+
+
+def no_kwargs(completions, answer):
+    """A reward without ``**kwargs``: every call passes it arguments it does not take."""
+    return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+
+def trl_rows(path: Path, n: int = 8) -> Path:
+    """TRL's conversational format: ``prompt`` (messages) and ``solution``, no ``answer`` column."""
+    rows = [{"prompt": [{"role": "user", "content": f"{i}+1="}], "solution": str(i + 1)} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def dataset_env(path: Path, rewards: list[str], **args) -> dict:
+    return {"name": "dataset", "args": {"path": str(path), **args}, "rewards": [{"function": r} for r in rewards]}
+
+
+def test_a_reward_needing_a_column_the_dataset_lacks_is_refused_naming_the_columns(tmp_path):
+    """Issue 35: the run generated, failed 64 requests in a row and stopped 20 s in; validate said nothing."""
+    data = trl_rows(tmp_path / "d.jsonl")
+    (error,) = errors_of(manifest(envs=[dataset_env(data, ["tests.unit.test_spec:needs_ground_truth"])]))
+    assert error == (
+        "spec.envs[0].rewards[0].function: reward function tests.unit.test_spec:needs_ground_truth requires argument "
+        "'ground_truth', which env dataset does not pass; it passes prompts, completions, completion_ids, "
+        "trainer_state, log_extra, log_metric and its task fields answer, solution "
+        f"(path '{data}' has the columns ['prompt', 'solution']: rewards get the answer column as answer and every "
+        "other column (args.info_columns) by its name); or give the parameter a default"
+    )
+    assert parse_manifest(manifest(envs=[dataset_env(data, ["tests.unit.test_spec:accuracy"])]))  # it has solution
+
+
+def test_a_reward_reading_the_answer_column_by_its_own_name_is_told_it_arrives_as_answer(tmp_path):
+    data = trl_rows(tmp_path / "d.jsonl")
+    (error,) = errors_of(manifest(envs=[dataset_env(data, ["tests.unit.test_spec:accuracy"], answer="solution")]))
+    assert "requires argument 'solution'" in error
+    assert "column 'solution' is the answer column: rewards get it as answer" in error
+    assert "args.demonstration: solution" in error
+
+
+def test_a_reward_without_kwargs_is_refused_naming_what_every_call_passes():
+    (error,) = errors_of(
+        manifest(envs=[{"name": "reverse-text", "rewards": [{"function": "tests.unit.test_spec:no_kwargs"}]}])
+    )
+    assert error.startswith("spec.envs[0].rewards[0].function: reward function tests.unit.test_spec:no_kwargs takes no")
+    assert "prompts, completion_ids, trainer_state, log_extra, log_metric" in error and "**kwargs" in error
+
+
+def test_an_import_path_without_its_colon_says_the_form_it_needs():
+    (error,) = errors_of(
+        manifest(envs=[{"name": "reverse-text", "rewards": [{"function": "my_pkg.rewards.accuracy"}]}])
+    )
+    assert error == (
+        "spec.envs[0].rewards[0].function: must be an import path module:attr (e.g. my_pkg.rewards:accuracy), "
+        "got 'my_pkg.rewards.accuracy'"
+    )
+    (error,) = errors_of(manifest(envs=[{"name": "my_pkg.envs.SpellingEnv"}]))
+    assert error.startswith(
+        "spec.envs[0].name: unknown env 'my_pkg.envs.SpellingEnv': an import path names the module and the "
+        "attribute, module:attr (e.g. my_pkg.envs:SpellingEnv)"
+    )
+
+
+def test_an_unknown_env_name_gets_a_did_you_mean():
+    (error,) = errors_of(manifest(envs=[{"name": "reasoning_gym"}]))
+    assert error.startswith("spec.envs[0].name: unknown env 'reasoning_gym'; did you mean 'reasoning-gym'? installed")
+
+
+def test_the_tiny_model_on_trl_format_data_is_told_which_column_to_name_and_then_validates(tmp_path):
+    """Issue 36: prompt + solution and no answer column validated, then the run died with NoDemonstrationsError in a
+    79-line traceback. Now validate says what to set, and with it the manifest is valid."""
+    data = trl_rows(tmp_path / "d.jsonl")
+    tiny = {"model": {"builtin": "tiny"}}
+    (error,) = errors_of(manifest(**tiny, envs=[dataset_env(data, ["tests.unit.test_spec:accuracy"])]))
+    assert error.startswith("spec.model.builtin: the builtin model 'tiny' is warm-started on the envs' answers")
+    assert "dataset: 64 of 64 tasks without an answer" in error
+    assert "set args.demonstration to the column holding the completion to teach" in error
+    assert "(e.g. demonstration: solution)" in error
+    env = dataset_env(data, ["tests.unit.test_spec:accuracy"], demonstration="solution")
+    assert parse_manifest(manifest(**tiny, envs=[env])).spec.envs[0].args["demonstration"] == "solution"

@@ -149,14 +149,17 @@ def load_trainer_progress(run_dir: RunDir, step: int) -> dict[str, Any]:
         # A part written by several ranks: its DCP shards must be whole too (the full weights file
         # beside them, checked below, is what the orchestrator loads into vLLM).
         verify_sharded(root)
+    weights = root / WEIGHTS_FILE
+    if not weights.is_file():  # safetensors' own message would name the file a second time
+        raise CheckpointError(f"{weights}: missing")
     try:
-        with safe_open(str(root / WEIGHTS_FILE), framework="pt") as fh:
+        with safe_open(str(weights), framework="pt") as fh:
             if not list(fh.keys()):
-                raise CheckpointError(f"{root / WEIGHTS_FILE}: holds no tensors")
+                raise CheckpointError(f"{weights}: holds no tensors")
     except CheckpointError:
         raise
     except Exception as exc:
-        raise CheckpointError(f"{root / WEIGHTS_FILE}: unreadable ({exc})") from None
+        raise CheckpointError(f"{weights}: unreadable ({str(exc).replace(str(weights), 'the file')})") from None
     return data
 
 

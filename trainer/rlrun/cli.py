@@ -98,6 +98,7 @@ def local(
 ) -> None:
     """Run a manifest on this machine: rollout server(s), trainer and orchestrator as local processes."""
     from rlrun.launcher.local import LocalLauncher
+    from rlrun.orchestrator.prompts import check_prompts
 
     run = _load(manifest)
     if only is not PreemptOnly.all and preempt_at_step is None:
@@ -106,6 +107,7 @@ def local(
     launcher = LocalLauncher(
         manifest, run, run_dir=run_dir or Path("runs") / run.metadata.name, max_steps=max_steps,
         resume=resume, cache_dir=cache_dir, preempt_at_step=preempt_at_step, preempt_only=only.value,
+        check_model=check_prompts,
     )  # fmt: skip
     raise typer.Exit(launcher.run())
 
@@ -311,30 +313,15 @@ def eval_(
     as_json: bool = typer.Option(False, "--json", help="Print the evaluation as one JSON line."),
 ) -> None:
     """Evaluate a saved checkpoint on each env's held-out tasks (greedy and sampled), on a rollout server of its own."""
-    import tempfile
-
-    import httpx
-
-    from rlrun.errors import WeightsError
-    from rlrun.launcher.evaluate import EvalError, checkpoint_step, eval_server, run_spec
-    from rlrun.launcher.processes import ChildDied
-    from rlrun.model.resolve import resolve_model
+    from rlrun.launcher.evaluate import EvalError, evaluate_checkpoint
     from rlrun.orchestrator.evaluation import evaluate_weights
     from rlrun.rollout.client import RolloutError
-    from rlrun.rundir import RunDir
 
     _setup_logging("eval")
     overrides = {k: v for k, v in (("tasks", tasks), ("samples_per_task", samples)) if v is not None}
     try:
-        rd = RunDir(run_dir)
-        spec = run_spec(rd)
-        step = checkpoint_step(rd, step)
-        model_path = resolve_model(spec.model, cache_dir, envs=spec.envs)
-        weights = rd.trainer_checkpoint(step) if step > 0 else None
-        with eval_server(spec, rd, cache_dir) as url, tempfile.TemporaryDirectory() as tmp:
-            evaluate = evaluate_weights(url, spec, model_path, weights, step, Path(tmp) / "eval.jsonl", **overrides)
-            line = asyncio.run(evaluate)
-    except (EvalError, ChildDied, TimeoutError, WeightsError, RolloutError, httpx.HTTPError) as exc:
+        line = evaluate_checkpoint(run_dir, step, cache_dir, evaluate_weights, **overrides)
+    except (EvalError, RolloutError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     if as_json:
@@ -438,7 +425,12 @@ def model_init(
     """Build tiny-reverse, or the manifest's builtin model (tiny: for its envs), into OUT_DIR or the model cache."""
     _setup_logging("model")
     spec = _load(manifest).spec if manifest is not None else None
-    typer.echo(json.dumps(init_builtin_model(spec, out_dir, sft_steps, cache_dir), indent=2))
+    try:
+        report = init_builtin_model(spec, out_dir, sft_steps, cache_dir)
+    except (ValueError, FileExistsError) as exc:  # what to change, said once (no envs' answers, a non-builtin model…)
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(report, indent=2))
 
 
 def main() -> None:

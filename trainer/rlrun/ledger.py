@@ -79,6 +79,9 @@ class LedgerEvent(str, Enum):
     #: ids, turns, v, floor — kept conversations a resume continues at their last durable turn (each ``v`` ≥ the
     #: staleness floor ``floor`` of the resumed step)
     CONTINUED = "continued"
+    #: env, index, reason — a task the cursor passed without rolling it out (``prompt_too_long``: its prompt does not
+    #: fit the context less ``sampling.max_tokens``, ``spec.rollout.overlong_prompts: filter``)
+    TASK_DROPPED = "task_dropped"
     #: ids — still queued or in open groups when the run ended
     LEFTOVER = "leftover"
     #: step, ids — the trainer trained batch ``step`` (trainer ledger)

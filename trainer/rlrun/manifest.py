@@ -18,9 +18,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from rlrun.api.spec import EnvSpec, RLRun, RLRunSpec
-from rlrun.envs import BUILTIN_ENVS, EnvArgsError, UnknownEnvError, make_env, resolve_env
-from rlrun.rewards.loading import RewardArgsError, load_reward
+from rlrun.api.spec import (
+    DNS_LABEL_PATTERN,
+    NAME_PATTERN,
+    QUANTITY_PATTERN,
+    EnvSpec,
+    RLRun,
+    RLRunSpec,
+)
+from rlrun.envs import BUILTIN_ENVS, Env, EnvArgsError, UnknownEnvError, make_env, resolve_env
+from rlrun.rewards.loading import RewardArgsError, argument_problems, load_reward
 from rlrun.tracking.backends import missing_packages
 
 #: How far a manifest's envs and rewards are checked (:func:`env_errors`): ``full`` (where the run's env code and
@@ -67,6 +74,14 @@ _REASONS = {
 }
 
 
+#: What a value must look like, by the pattern it did not match (a regex alone says little to a user).
+_PATTERNS = {
+    QUANTITY_PATTERN: "must be a Kubernetes quantity (e.g. 500m, 2, 16Gi)",
+    DNS_LABEL_PATTERN: "must be a DNS label: lowercase letters, digits and '-', starting and ending alphanumeric",
+    NAME_PATTERN: "must start with a lowercase letter, then lowercase letters, digits and '-', ending alphanumeric",
+}
+
+
 def format_validation_error(exc: ValidationError) -> list[str]:
     """``["spec.group_size: must be ≥ 2", …]`` from a pydantic error (paths dotted, list indices in brackets)."""
     lines = []
@@ -83,6 +98,10 @@ def format_validation_error(exc: ValidationError) -> list[str]:
         reason = fmt(err.get("ctx") or {}) if fmt else err["msg"]
         if err["type"] == "value_error":
             reason = str(err["ctx"]["error"]) if "ctx" in err else err["msg"]
+        elif err["type"] == "string_pattern_mismatch" and err["loc"][-1] == "function":  # a reward's import path
+            reason = f"must be an import path module:attr (e.g. my_pkg.rewards:accuracy), got {err['input']!r}"
+        elif err["type"] == "string_pattern_mismatch" and err.get("ctx", {}).get("pattern") in _PATTERNS:
+            reason = f"{_PATTERNS[err['ctx']['pattern']]}, got {err['input']!r}"
         lines.append(f"{path or '<root>'}: {reason}")
     return lines
 
@@ -114,6 +133,10 @@ def env_errors(spec: RLRunSpec, checks: Checks = "full") -> list[str]:
     """``["spec.envs[0].name: unknown env …", …]``: every env of ``spec`` built once and its rewards loaded; empty
     when all are fine.
 
+    ``checks="full"`` also checks each reward function's signature against what its env passes (TRL's arguments
+    and the env's task fields, e.g. a dataset's columns: :func:`reward_argument_error`), and, for the builtin
+    ``tiny`` model, that the warm start will find demonstrations (:func:`warm_start_error`).
+
     ``checks="static"``: the operator's image holds neither the user's env packages nor their data (those
     reach the orchestrator pod: a custom image, a mounted volume), nor do the trainer and rollout pods need
     them, so it checks the builtin envs' ``args`` against their constructors without building those that
@@ -122,15 +145,20 @@ def env_errors(spec: RLRunSpec, checks: Checks = "full") -> list[str]:
     """
     errors = []
     envs = {e.name for e in spec.envs}
+    built: list[tuple[str, Env]] = []
     for i, env_spec in enumerate(spec.envs):
         at = f"spec.envs[{i}]"
+        env = None
         try:
             if checks == "full" or env_spec.name in BUILTIN_ENVS:
-                _check_env(env_spec, checks)
+                env = _check_env(env_spec, checks)
         except UnknownEnvError as exc:
             errors.append(f"{at}.name: {exc}")
         except EnvArgsError as exc:
             errors.append(f"{at}.args: {exc}")
+        if env is not None:
+            built.append((env_spec.name, env))
+        fields: list[str] | None = None
         for j, reward in enumerate(env_spec.rewards):
             field = "name" if reward.name is not None else "function"
             if reward.series in envs - {env_spec.name}:
@@ -138,16 +166,79 @@ def env_errors(spec: RLRunSpec, checks: Checks = "full") -> list[str]:
             if checks == "static" and reward.function is not None:
                 continue
             try:
-                load_reward(reward)
+                func = load_reward(reward)
             except RewardArgsError as exc:
                 errors.append(f"{at}.rewards[{j}].args: {exc}")
+                continue
             except ValueError as exc:
                 errors.append(f"{at}.rewards[{j}].{field}: {exc}")
+                continue
+            if checks == "full" and env is not None:
+                if fields is None:
+                    fields = _env_fields(env, spec.seed)
+                problem = reward_argument_error(func, reward.name or reward.function, env_spec.name, env, fields)
+                if problem:
+                    errors.append(f"{at}.rewards[{j}].{field}: {problem}")
+    if checks == "full" and spec.model.builtin == "tiny" and len(built) == len(spec.envs):
+        problem = warm_start_error(built)
+        if problem:
+            errors.append(f"spec.model.builtin: {problem}")
     return errors
 
 
-def _check_env(spec: EnvSpec, checks: Checks) -> None:
-    """Build the env of ``spec`` (``static``: only bind its args when it reads run data)."""
+def _env_fields(env: Env, seed: int) -> list[str] | None:
+    """The task fields ``env`` hands its rewards (None: its tasks cannot be made here; the run will say why)."""
+    from rlrun.rewards.scoring import env_fields
+
+    try:
+        return env_fields(env, seed)
+    except Exception:
+        return None
+
+
+def reward_argument_error(func: Any, what: str, env_name: str, env: Env, fields: list[str] | None) -> str | None:
+    """Why every call of reward ``func`` would fail for env ``env`` — a parameter it requires that the env does not
+    pass, or (without ``**kwargs``) an argument it does not take — or None. ``fields``: the env's task fields
+    (:func:`rlrun.rewards.scoring.env_fields`; None: unknown, not checked)."""
+    from rlrun.rewards.scoring import CALL_ARGUMENTS, TRAINER_ARGUMENTS
+
+    if fields is None:
+        return None
+    passed = [*CALL_ARGUMENTS, *TRAINER_ARGUMENTS, *fields]
+    missing, refused = argument_problems(func, passed)
+    label = f"reward function {what}" if ":" in what else f"reward {what!r}"
+    if missing:
+        names = ", ".join(repr(m) for m in missing)
+        hint = getattr(env, "field_hint", None)
+        return (
+            f"{label} requires {'argument' if len(missing) == 1 else 'arguments'} {names}, which env {env_name} does "
+            f"not pass; it passes {', '.join(CALL_ARGUMENTS + TRAINER_ARGUMENTS)} and its task fields "
+            f"{', '.join(fields)}"
+            + (f" ({hint(missing[0])})" if callable(hint) else "")
+            + "; or give the parameter a default"
+        )
+    if refused:
+        return (
+            f"{label} takes no **kwargs and no parameter for {', '.join(refused)}, which every call passes: end its "
+            "signature with **kwargs (TRL's convention)"
+        )
+    return None
+
+
+def warm_start_error(envs: list[tuple[str, Env]]) -> str | None:
+    """Why the builtin ``tiny`` model's warm start would find nothing to teach on ``envs`` (no env gives a usable
+    demonstration), with what to set; None when it will find some."""
+    from rlrun.model.chat_tokenizer import build_chat_tokenizer
+    from rlrun.model.demonstrations import probe_demonstrations
+    from rlrun.model.recipe import TinyEnvsRecipe
+
+    recipe = TinyEnvsRecipe()
+    error = probe_demonstrations(envs, build_chat_tokenizer(), recipe.max_position_embeddings, recipe.seed)
+    return str(error) if error is not None else None
+
+
+def _check_env(spec: EnvSpec, checks: Checks) -> Env | None:
+    """Build the env of ``spec`` (``static``: only bind its args when it reads run data; None then)."""
     if checks == "static":
         factory = resolve_env(spec.name)
         if getattr(factory, "reads_run_data", False):
@@ -155,8 +246,8 @@ def _check_env(spec: EnvSpec, checks: Checks) -> None:
                 inspect.signature(factory).bind(**spec.args)
             except TypeError as exc:
                 raise EnvArgsError(f"env {spec.name!r}: bad args {spec.args}: {exc}") from None
-            return
-    make_env(spec)
+            return None
+    return make_env(spec)
 
 
 def load_manifest(path: str | Path, checks: Checks = "full") -> RLRun:

@@ -343,7 +343,9 @@ def read_json_part(path: Path) -> Any:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:  # its message repeats the path: the reason alone
+        raise CheckpointError(f"{path}: unreadable ({exc.strerror or type(exc).__name__})") from None
+    except ValueError as exc:
         raise CheckpointError(f"{path}: unreadable ({exc})") from None
 
 

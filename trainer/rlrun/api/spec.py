@@ -281,6 +281,8 @@ class RolloutSpec(RoleSpec):
             when there is one, before the request itself fails.
         max_group_retries: times the members of a group whose request failed are requested again
             (same task and group id) before the group is abandoned (counted, in the ledger).
+        overlong_prompts: a prompt longer than the context less ``sampling.max_tokens``: ``filter`` skips its task
+            (ledger ``task_dropped``, metrics ``prompts_too_long``), ``refuse`` stops the run (a dataset: at its start).
     """
 
     replicas: int = Field(default=1, ge=1, le=256)
@@ -291,6 +293,7 @@ class RolloutSpec(RoleSpec):
     request_timeout_seconds: int = Field(default=300, ge=1)
     retry_window_seconds: int = Field(default=120, ge=1)
     max_group_retries: int = Field(default=2, ge=0, le=100)
+    overlong_prompts: Literal["filter", "refuse"] = "filter"
 
 
 class PreemptionSpec(_Strict):

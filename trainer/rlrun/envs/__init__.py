@@ -22,6 +22,7 @@ refuses. Both are ``ValueError`` s.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import importlib
 import logging
@@ -95,9 +96,18 @@ def resolve_env(name: str) -> Any:
     """
     entry = installed_envs().get(name)
     if entry is None and ":" not in name:
+        close = difflib.get_close_matches(name, list(installed_envs()), n=1)
+        if "." in name and not close:  # a module path without its attribute
+            module, _, last = name.rpartition(".")
+            guess = f"{name}:MyEnv" if last.islower() else f"{module}:{last}"  # a class's name is capitalised
+            raise UnknownEnvError(
+                f"unknown env {name!r}: an import path names the module and the attribute, module:attr (e.g. "
+                f"{guess}); installed envs: {sorted(installed_envs())}"
+            )
         raise UnknownEnvError(
-            f"unknown env {name!r}; installed envs: {sorted(installed_envs())} "
-            "(or give an import path package.module:attr)"
+            f"unknown env {name!r}; "
+            + (f"did you mean {close[0]!r}? " if close else "")
+            + f"installed envs: {sorted(installed_envs())} (or give an import path package.module:attr)"
         )
     target = entry.target if entry is not None else name
     try:

@@ -58,6 +58,9 @@ class DatasetEnv:
         info_columns: the columns that go into ``Task.info`` (None: every column but prompt and answer).
             Values must be JSON-compatible: timestamps and dates become ISO 8601 strings, a NaN (a missing
             number) None, and what JSON cannot hold (bytes, decimals, images) is refused.
+        demonstration: the column holding the completion that solves a row — what the builtin ``tiny`` model's
+            warm start teaches (:meth:`demonstration`) — when it is not the answer column: e.g. TRL's ``solution``,
+            which the rewards must keep receiving by its name (a column of ``info``). None: the answer.
 
     Raises:
         ValueError: an arg the files cannot satisfy, the message naming it: no file matches, an unsupported
@@ -81,8 +84,11 @@ class DatasetEnv:
         format: str | None = None,
         max_rows: int | None = None,
         info_columns: list[str] | None = None,
+        demonstration: str | None = None,
     ) -> None:
         _check_args(prompt, answer, system_prompt, eval_fraction, eval_path, shuffle, max_rows, info_columns)
+        if demonstration is not None and (not isinstance(demonstration, str) or not demonstration):
+            raise ValueError(f"dataset: demonstration must be a column name or null, got {demonstration!r}")
         self.files = find_files(path, format, "path")
         self.eval_files = find_files(eval_path, format, "eval_path") if eval_path is not None else None
         self.shuffle = shuffle
@@ -98,6 +104,17 @@ class DatasetEnv:
         )
 
         rows = self.row_format.read(self.files, max_rows)
+        self.columns, self.answer_column = rows.columns, rows.answer
+        self.demonstration_column = demonstration
+        if demonstration is not None and demonstration != rows.answer and demonstration not in rows.info_columns:
+            if demonstration in rows.columns:
+                raise ValueError(
+                    f"dataset: demonstration column {demonstration!r} is left out of info_columns: add it (the warm "
+                    "start reads it from the task's info)"
+                )
+            raise ValueError(
+                f"dataset: demonstration column {demonstration!r} is not in {self.files.arg}; its columns: {rows.columns}"
+            )
         eval_rows = None
         if self.eval_files is not None:
             eval_rows = self.row_format.read(self.eval_files, max_rows)
@@ -198,6 +215,43 @@ class DatasetEnv:
     def fingerprint(self) -> str:
         """SHA-256 (hex) of the files' relative names and bytes, and of the args that shape the task stream."""
         return self._fingerprint
+
+    def demonstration(self, task: Task) -> str | None:
+        """The completion that solves ``task`` (the builtin ``tiny`` model's warm start teaches it): its
+        ``demonstration`` column's cell as text, else its answer; None for an empty or missing cell."""
+        if self.demonstration_column is None or self.demonstration_column == self.answer_column:
+            return task.answer
+        cell = task.info.get(self.demonstration_column)
+        if cell is None or isinstance(cell, (dict, list, bool)) or cell == "":
+            return None
+        return str(cell)
+
+    def field_hint(self, name: str) -> str:
+        """Why no reward gets the task field ``name``, and what to set (a message's end)."""
+        columns = f"{self.files.arg} has the columns {self.columns}"
+        if name == self.answer_column:
+            return (
+                f"column {name!r} is the answer column: rewards get it as answer. To pass it by its name, leave it "
+                f"out of args.answer (and set args.demonstration: {name} for the builtin tiny model's warm start)"
+            )
+        if name == self.row_format.prompt:
+            return f"column {name!r} is the prompt column: rewards get it as prompts"
+        if name in self.columns:
+            return f"column {name!r} is left out of args.info_columns; {columns}"
+        return (
+            f"{columns}: rewards get the answer column as answer and every other column (args.info_columns) by its name"
+        )
+
+    def demonstration_hint(self) -> str:
+        """What to set when no row gives the warm start a completion (a message's end)."""
+        if self.demonstration_column is not None:
+            return f"its demonstration column {self.demonstration_column!r} has no usable cell"
+        others = [c for c in self.columns if c != self.row_format.prompt]
+        return (
+            f"{self.files.arg} has no answer column (args.answer: {self.row_format.answer!r}); set args.demonstration "
+            f"to the column holding the completion to teach — its columns: {self.columns}"
+            + (f" (e.g. demonstration: {others[0]})" if others else "")
+        )
 
 
 def _check_args(

@@ -15,7 +15,7 @@ import logging
 import math
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +148,8 @@ def load(files: FileSet, text_columns: tuple[str, ...]) -> Any:
     kwargs: dict[str, Any] = {}
     if files.loader == "csv":
         kwargs = {"converters": dict.fromkeys(text_columns, str), "keep_default_na": False, "na_values": [""]}
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its loaders log an error they raise: said once, below
     with tempfile.TemporaryDirectory(prefix="rlrun-dataset-") as cache_dir:
         try:
             dataset = datasets.load_dataset(
@@ -161,15 +163,49 @@ def load(files: FileSet, text_columns: tuple[str, ...]) -> Any:
         except Exception as exc:  # datasets' own types, pyarrow's, pandas', a StopIteration for an empty file…
             if isinstance(exc, StopIteration) or "corresponds to no data" in str(exc):
                 raise ValueError(f"dataset: {files.arg} has no rows") from None
+            for name, file in zip(files.names, files.files, strict=True) if files.loader == "json" else ():
+                where = bad_json_line(file)  # pyarrow counts rows from 0, or bytes in large files: say the line
+                if where is not None:
+                    of = "" if len(files.files) == 1 else f"{name} "
+                    raise ValueError(f"dataset: {files.arg}: {of}{where}") from None
             cause = exc
             while cause.__cause__ is not None:
                 cause = cause.__cause__
             raise ValueError(
                 f"dataset: {files.arg}: cannot read as {files.loader}: {type(cause).__name__}: {cause}"
             ) from exc
+        finally:
+            datasets.logging.set_verbosity(verbosity)
     if len(dataset) == 0:
         raise ValueError(f"dataset: {files.arg} has no rows")
     return dataset
+
+
+def bad_json_line(path: Path) -> str | None:
+    """``"line N, column C: not valid JSON (reason)"`` for the first line of JSON Lines file ``path`` that does not
+    parse (a file holding one document over several lines: where the document breaks); None when it parses."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    first = next((line for line in lines if line.strip()), "")
+    try:
+        json.loads(first)
+        one_document = False
+    except ValueError:
+        one_document = True  # a document over several lines ("[", "{"): its parser says where it breaks
+    if one_document:
+        try:
+            json.loads(text)
+            return None
+        except json.JSONDecodeError as exc:
+            return f"line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg})"
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+        except json.JSONDecodeError as exc:
+            return f"line {n}, column {exc.colno}: not valid JSON ({exc.msg})"
+    return None
 
 
 def json_value(value: Any, where: str) -> Any:
@@ -220,16 +256,25 @@ class Rows:
         keys: ``keys[i]``, the :func:`prompt_key` of row ``i``'s prompt cell (before ``system_prompt``).
         rows: ``rows[i]``, row ``i``'s ``[prompt, answer, info]`` as JSON text (decoded afresh per task, so
             a caller may mutate its task).
+        columns: the files' columns, in their order.
+        answer: the answer column used (None: none).
+        info_columns: the columns that go into ``info``.
     """
 
     keys: list[str]
     rows: list[str]
+    columns: list[str] = field(default_factory=list)
+    answer: str | None = None
+    info_columns: list[str] = field(default_factory=list)
 
     def where(self, keep: list[bool]) -> Rows:
         """The rows ``i`` with ``keep[i]``, in order."""
         return Rows(
             [k for k, w in zip(self.keys, keep, strict=True) if w],
             [r for r, w in zip(self.rows, keep, strict=True) if w],
+            self.columns,
+            self.answer,
+            self.info_columns,
         )
 
 
@@ -266,7 +311,7 @@ class RowFormat:
                 raise ValueError(f"dataset: {files.row(i)}: {exc}") from None
             keys.append(prompt_key(prompt))
             rows.append(json.dumps(task, ensure_ascii=False))
-        return Rows(keys, rows)
+        return Rows(keys, rows, list(dataset.column_names), answer, info_columns)
 
     def columns(self, files: FileSet, present: list[str]) -> tuple[str | None, list[str]]:
         """The answer column used (None: none) and the info columns, given the files' columns ``present``.

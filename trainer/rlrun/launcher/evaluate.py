@@ -2,8 +2,8 @@
 
 The launcher's part: which spec and checkpoint (:func:`run_spec`, :func:`checkpoint_step`) and a rollout server
 of its own (:func:`eval_server`: vLLM, or the fake with ``$RLRUN_FAKE_ROLLOUT``). The evaluation itself is the one
-a run makes while it trains (:func:`rlrun.orchestrator.evaluation.evaluate_weights`); the ``rlrun eval``
-command joins the two. The spec is the one the run's last attempt started with (``<run_dir>/spec.json``, written
+a run makes while it trains (:func:`rlrun.orchestrator.evaluation.evaluate_weights`);
+:func:`evaluate_checkpoint` joins the two. The spec is the one the run's last attempt started with (``<run_dir>/spec.json``, written
 by the orchestrator), the weights those of the checkpoint's trainer part (step 0: the model the run started
 from). Nothing is written into the run directory but the server's log (``logs/eval-rollout.log``):
 ``eval.jsonl`` has one writer, the orchestrator.
@@ -15,15 +15,17 @@ import contextlib
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from rlrun import roles
 from rlrun.api.spec import RLRunSpec
-from rlrun.checkpoint import latest_complete_checkpoint
+from rlrun.checkpoint import WEIGHTS_FILE, latest_complete_checkpoint
 from rlrun.launcher.processes import Child, free_port, wait_http_ok
-from rlrun.rundir import RunDir
+from rlrun.rundir import RunDir, step_dirs
 
 
 class EvalError(RuntimeError):
@@ -52,11 +54,54 @@ def checkpoint_step(run_dir: RunDir, step: int | None) -> int:
         if newest is None:
             raise EvalError(f"{run_dir.root} holds no complete checkpoint; --step 0 evaluates the starting model")
         return newest.step
-    if step > 0 and not (run_dir.trainer_checkpoint(step) / "model.safetensors").is_file():
+    if step > 0 and step not in evaluable_steps(run_dir):
+        steps = ", ".join(str(s) for s in evaluable_steps(run_dir))
         raise EvalError(
-            f"no checkpoint of step {step} in {run_dir.checkpoints} (newest complete: {newest and newest.step})"
+            f"no checkpoint of step {step} in {run_dir.checkpoints}; --step can be {steps} (0: the starting model)"
         )
     return step
+
+
+def evaluable_steps(run_dir: RunDir) -> list[int]:
+    """The steps ``rlrun eval --step`` can evaluate, ascending: 0 (the starting model) and every step whose trainer
+    part holds its weights (``model.safetensors``)."""
+    return [0] + [
+        n
+        for n in sorted(step_dirs(run_dir.checkpoints))
+        if n > 0 and (run_dir.trainer_checkpoint(n) / WEIGHTS_FILE).is_file()
+    ]
+
+
+def evaluate_checkpoint(
+    run_dir: Path, step: int | None, cache_dir: Path | None, evaluate: Callable[..., Any], **overrides: int
+) -> dict:
+    """What ``rlrun eval RUN_DIR [--step N]`` does: the run's spec (:func:`run_spec`), the checkpoint
+    (:func:`checkpoint_step`), a rollout server of its own (:func:`eval_server`), and ``evaluate`` — the evaluation
+    a run makes, :func:`rlrun.orchestrator.evaluation.evaluate_weights`, which the command passes (a process
+    package imports no other) — with ``overrides`` (``tasks``, ``samples_per_task``); returns its ``eval.jsonl`` line.
+
+    Raises:
+        EvalError: no spec or checkpoint, the server failed or timed out, weights that do not fit, an HTTP error.
+        whatever ``evaluate`` raises of its own (``RolloutError``).
+    """
+    import asyncio
+
+    import httpx
+
+    from rlrun.errors import WeightsError
+    from rlrun.launcher.processes import ChildDied
+    from rlrun.model.resolve import resolve_model
+
+    try:
+        rd = RunDir(run_dir)
+        spec = run_spec(rd)
+        step = checkpoint_step(rd, step)
+        model_path = resolve_model(spec.model, cache_dir, envs=spec.envs)
+        weights = rd.trainer_checkpoint(step) if step > 0 else None
+        with eval_server(spec, rd, cache_dir) as url, tempfile.TemporaryDirectory() as tmp:
+            return asyncio.run(evaluate(url, spec, model_path, weights, step, Path(tmp) / "eval.jsonl", **overrides))
+    except (ChildDied, TimeoutError, WeightsError, httpx.HTTPError) as exc:
+        raise EvalError(str(exc)) from exc
 
 
 @contextlib.contextmanager

@@ -28,18 +28,22 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from rlrun import roles
 from rlrun.api.control import TERMINATION_LOG_ENV
-from rlrun.api.spec import RLRun
+from rlrun.api.spec import RLRun, RLRunSpec
 from rlrun.checkpoint import latest_complete_checkpoint
+from rlrun.errors import classify_error
 from rlrun.launcher.preemption import LaunchError, PreemptionDrill, preemption_skip_reason
+from rlrun.launcher.preflight import resume_mismatch
 from rlrun.launcher.processes import Child, ChildDied, free_port, role_exit_code, wait_http_ok
 from rlrun.launcher.progress import (
     eval_cell,
@@ -70,6 +74,7 @@ class LocalLauncher:
         drill: the ``--preempt-at-step`` drill (None without one).
         trainer_grace_s: seconds the trainer gets from its notice (SIGTERM) to its exit before SIGKILL.
         trainer_metrics_start: bytes of ``trainer_metrics.jsonl`` written before this launcher started.
+        check_model: ``check_model(spec, model_path)``, before any process starts: a permanent error refuses the run.
     """
 
     def __init__(
@@ -84,7 +89,9 @@ class LocalLauncher:
         health_timeout_s: float = 600.0,
         preempt_at_step: int | None = None,
         preempt_only: Literal["all", "trainer"] = "all",
+        check_model: Callable[[RLRunSpec, str], None] = lambda spec, model_path: None,
     ) -> None:
+        self.check_model = check_model
         self.manifest_path = Path(manifest_path).absolute()
         self.manifest = run
         self.spec = run.spec
@@ -284,11 +291,12 @@ class LocalLauncher:
     def run(self) -> int:
         """Start everything, show progress, stop everything; returns 0 on success."""
         console = self.console
+        complete = self._already_complete()  # first: it finds the checkpoint a --resume starts from
         problem = self._trainer_shape_problem() or self._check_run_dir()
+        problem = problem or (not complete and resume_mismatch(self.run_dir, self.spec, self._resumed_from))
         if problem:
-            console.print(f"[red]error:[/red] {problem}")
+            console.print(f"[red]error:[/red] {escape(problem)}")
             return 2
-        complete = self._already_complete()
         if complete:
             console.print(complete)
             return 0
@@ -302,8 +310,15 @@ class LocalLauncher:
             self.trainer_metrics_start = self.run_dir.trainer_metrics.stat().st_size
         t_start = time.monotonic()
         try:
-            with console.status("preparing the model (built once, then cached)…"):
-                model_path = resolve_model(self.spec.model, self.cache_dir, envs=self.spec.envs)
+            try:
+                with console.status("preparing the model (built once, then cached)…"):
+                    model_path = resolve_model(self.spec.model, self.cache_dir, envs=self.spec.envs)
+                self.check_model(self.spec, model_path)
+            except Exception as exc:  # what this manifest cannot have (permanent): said once, before any process
+                if not classify_error(exc)[0]:
+                    raise
+                console.print(f"[red]error:[/red] {escape(str(exc))}")
+                return 2
             console.print(f"model: {model_path}")
             trainer, orch = self.start_all(model_path, self.resume)
             rows = self._follow(trainer, orch, model_path)

@@ -135,6 +135,8 @@ class DemonstrationStream:
         seed: the recipe's seed.
         namespace: :data:`WARM_START`, or :data:`CHECKS` for the tasks progress is checked on.
         exclude: per env, rendered prompts not to train on (the check tasks'); none: exclude nothing.
+        quiet: no warning when it stops drawing from an env. Default: only the :data:`WARM_START` stream warns (the
+            check stream draws from the same envs and would say it again).
     """
 
     def __init__(
@@ -146,10 +148,12 @@ class DemonstrationStream:
         seed: int,
         namespace: str = WARM_START,
         exclude: Sequence[set[str]] | None = None,
+        quiet: bool | None = None,
     ) -> None:
         self.envs = [env for _, env in envs]
         self.weights = list(weights)
         self.draws = [EnvDraws(name) for name, _ in envs]
+        self.quiet = namespace != WARM_START if quiet is None else quiet
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.env_seed = env_seed(namespace, seed)
@@ -182,7 +186,7 @@ class DemonstrationStream:
         if completion is None:
             draws.no_answer += 1
             draws.unusable_in_a_row += 1
-            if draws.exhausted:
+            if draws.exhausted and not self.quiet:
                 log.warning(
                     "warm start: env %s gave no answer in %d tasks in a row; not drawing from it",
                     draws.name,
@@ -207,7 +211,7 @@ class DemonstrationStream:
         if tokens > self.max_tokens:
             draws.too_long += 1
             draws.unusable_in_a_row += 1
-            if draws.exhausted:
+            if draws.exhausted and not self.quiet:
                 log.warning(
                     "warm start: env %s gave %d tasks in a row longer than the context (%d tokens); not drawing from it",
                     draws.name, PROBE_LIMIT, self.max_tokens,
@@ -218,16 +222,39 @@ class DemonstrationStream:
         return Row(i, task, prompt, completion, tokens)
 
     def _why_none(self) -> str:
-        parts = [
-            f"{d.name}: {d.no_answer} of {d.asked} tasks without an answer, {d.too_long} longer than "
-            f"{self.max_tokens} tokens"
-            for d in self.draws
-        ]
-        return (
-            "the builtin model 'tiny' warm-starts on the envs' answers (task.answer, or env.demonstration(task)) "
-            f"and no env of spec.envs gives usable ones ({'; '.join(parts)}); give the env answers, or use "
-            "model.builtin: tiny-reverse or a model by name"
-        )
+        return why_no_demonstrations(self.envs, self.draws, self.max_tokens)
+
+
+def why_no_demonstrations(envs: Sequence[Env], draws: Sequence[EnvDraws], max_tokens: int) -> str:
+    """The message of :class:`NoDemonstrationsError`: what each env lacked, and what to set (an env's own
+    ``demonstration_hint()`` when it has one, e.g. the dataset env's: which column to name)."""
+    parts = []
+    for env, d in zip(envs, draws, strict=True):
+        hint = getattr(env, "demonstration_hint", None)
+        lacked = f"{d.no_answer} of {d.asked} tasks without an answer, {d.too_long} longer than {max_tokens} tokens"
+        parts.append(f"{d.name}: {lacked}" + (f"; {hint()}" if callable(hint) and d.no_answer else ""))
+    return (
+        "the builtin model 'tiny' is warm-started on the envs' answers (task.answer, or env.demonstration(task)) "
+        f"and no env of spec.envs gives usable ones ({'; '.join(parts)}). Give the env answers, or use "
+        "model.builtin: tiny-reverse or a model by name"
+    )
+
+
+def probe_demonstrations(
+    envs: Sequence[tuple[str, Env]], tokenizer: Any, max_tokens: int, seed: int
+) -> NoDemonstrationsError | None:
+    """What the warm start would refuse, found before it starts (``rlrun validate``): None when some env gives a
+    usable demonstration among its first :data:`PROBE_LIMIT` warm-start tasks, else the error it would raise.
+    Draws silently, and each env only until its first usable row."""
+    streams = [DemonstrationStream([e], [1.0], tokenizer, max_tokens, seed, quiet=True) for e in envs]
+    for stream in streams:
+        try:
+            next(stream)
+            return None
+        except NoDemonstrationsError:
+            continue
+    draws = [s.draws[0] for s in streams]
+    return NoDemonstrationsError(why_no_demonstrations([env for _, env in envs], draws, max_tokens))
 
 
 def packed(rows: Iterator[Row], max_rows: int, max_tokens: int) -> Iterator[list[Row]]:

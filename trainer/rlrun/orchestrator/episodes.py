@@ -23,7 +23,7 @@ from rlrun.envs.base import Env, Messages, Task, is_multi_turn
 from rlrun.envs.replies import answer_text, reply_renderer
 from rlrun.orchestrator.groups import GroupRequest
 from rlrun.orchestrator.turns import Conversation, TurnIO
-from rlrun.rewards.scoring import GroupScores, RewardFunction, RewardScorer, env_rewards, own_reward
+from rlrun.rewards.scoring import GroupScores, RewardContext, RewardFunction, RewardScorer, env_rewards, own_reward
 from rlrun.rollout.client import Completion
 from rlrun.samples import Episode
 
@@ -101,6 +101,12 @@ class EpisodeBuilder:
         render_reply: ``render_reply(messages, tools) -> str``, a multi-turn env's answer to a chat prompt as the
             chat template renders it after an assistant turn (:func:`rlrun.envs.replies.reply_renderer`;
             None: chat answers are refused).
+
+    Attributes:
+        max_steps: the run's last step, TRL's ``trainer_state.max_steps`` for the rewards
+            (:class:`~rlrun.rewards.scoring.RewardContext`).
+        log_metric: ``log_metric(name, value)``: where a reward's ``log_metric`` calls of a training group go
+            (:meth:`rlrun.orchestrator.metrics.StepMetrics.log_metric`; None: dropped).
     """
 
     def __init__(
@@ -125,6 +131,8 @@ class EpisodeBuilder:
         self.max_prompt_tokens = max_prompt_tokens
         self.render_reply = render_reply
         self.scorer = RewardScorer()
+        self.max_steps = 0
+        self.log_metric: Callable[[str, float], None] | None = None
         self._rendered: dict[str, str] = {}  # chat prompt (as JSON) → its text: each rendered once
 
     @classmethod
@@ -149,7 +157,7 @@ class EpisodeBuilder:
 
         context = spec.rollout.max_model_len or getattr(tokenizer, "model_max_length", None)
         limit = context - spec.sampling.max_tokens if context and context < UNLIMITED_CONTEXT else None
-        return cls(
+        builder = cls(
             encode, decode, eos_id, envs,
             rewards={e.name: env_rewards(e, envs[e.name]) for e in spec.envs if e.name in envs},
             reward_timeout_s={e.name: e.reward_timeout_seconds for e in spec.envs},
@@ -157,6 +165,13 @@ class EpisodeBuilder:
             max_prompt_tokens=limit,
             render_reply=render_reply,
         )  # fmt: skip
+        builder.max_steps = spec.max_steps
+        return builder
+
+    def tell_rewards(self, max_steps: int, log_metric: Callable[[str, float], None] | None) -> None:
+        """What the rewards are told besides the data (TRL's trainer arguments): the run's last step, and where their
+        ``log_metric`` calls go (:class:`~rlrun.rewards.scoring.RewardContext`)."""
+        self.max_steps, self.log_metric = max_steps, log_metric
 
     def prompt_text(self, task: Task) -> str:
         """The text the model is prompted with: the prompt itself, or a chat prompt through the chat template
@@ -190,12 +205,27 @@ class EpisodeBuilder:
         """
         ids = self.encode(self.prompt_text(task))
         if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
-            raise PromptTooLongError(
-                f"env {task.env} task {task.index}: the prompt is {len(ids)} tokens, and at most "
-                f"{self.max_prompt_tokens} fit (the model's context less sampling.max_tokens); "
-                f"prompt starts {self.prompt_text(task)[:60]!r}"
-            )
+            raise self.too_long(task, len(ids))
         return ids
+
+    def prompt_overflow(self, task: Task) -> int | None:
+        """The length of ``task``'s prompt in tokens when it is longer than ``max_prompt_tokens``, else None.
+
+        Raises:
+            PromptError: a chat prompt and no chat template.
+        """
+        if self.max_prompt_tokens is None:
+            return None
+        n = len(self.encode(self.prompt_text(task)))
+        return n if n > self.max_prompt_tokens else None
+
+    def too_long(self, task: Task, tokens: int) -> PromptTooLongError:
+        """The error of ``task``'s prompt of ``tokens`` tokens, too long (names the env, the task and both lengths)."""
+        return PromptTooLongError(
+            f"env {task.env} task {task.index}: the prompt is {tokens} tokens, and at most "
+            f"{self.max_prompt_tokens} fit (the model's context less sampling.max_tokens); "
+            f"prompt starts {self.prompt_text(task)[:60]!r}"
+        )
 
     def multi_turn(self, task: Task) -> bool:
         """Whether ``task``'s env plays conversations (:func:`rlrun.envs.base.is_multi_turn`)."""
@@ -245,7 +275,7 @@ class EpisodeBuilder:
         episode keeps its member number (``request.resume_from``; the dispatcher passes its first turn's version).
         """
         task = request.task
-        scores = await self.score(task, completions or [], conversations)
+        scores = await self.score(task, completions or [], conversations, policy_version)
         prompt = array("q", prompt_ids)
         out = ScoredRequest([], [], {series: [] for series in scores.parts})
         for k in range(len(conversations) if conversations is not None else len(completions or [])):
@@ -277,19 +307,27 @@ class EpisodeBuilder:
         return out
 
     async def score(
-        self, task: Task, completions: list[Completion], conversations: list[Conversation] | None = None
+        self,
+        task: Task,
+        completions: list[Completion],
+        conversations: list[Conversation] | None = None,
+        policy_version: int = 0,
+        training: bool = True,
     ) -> GroupScores:
         """``completions`` of ``task`` scored by its env's rewards on their texts up to EOS, in a worker thread.
 
         ``conversations`` (a multi-turn env's, one per completion: :mod:`.turns`): each is scored on its last turn's
         text and whole completion ids, plus the env's per-turn rewards; one the env failed is a failed member.
+        ``policy_version``: the version that sampled them (the rewards' ``trainer_state.global_step``); ``training``
+        False (an evaluation): the rewards' ``log_metric`` calls are dropped.
         """
         if conversations is None:
             texts, ids = [self.text(c) for c in completions], [list(c.token_ids) for c in completions]
         else:
             texts, ids = [c.last_text for c in conversations], [c.completion_ids for c in conversations]
+        context = RewardContext(policy_version, self.max_steps, self.log_metric if training else None)
         scores = await self.scorer.score(
-            self.rewards[task.env], task, texts, ids, self.reward_timeout_s.get(task.env, 60.0)
+            self.rewards[task.env], task, texts, ids, self.reward_timeout_s.get(task.env, 60.0), context
         )
         for k, conv in enumerate(conversations or []):
             if conv.error is not None:

@@ -46,6 +46,7 @@ from typing import Any
 from rlrun.api.spec import EvaluationSpec, RLRunSpec, SamplingSpec
 from rlrun.envs.base import Env, Task
 from rlrun.orchestrator.episodes import EpisodeBuilder
+from rlrun.orchestrator.prompts import Overlong, fitting_eval_tasks
 from rlrun.orchestrator.turns import Conversation, play_all
 from rlrun.rollout.client import Completion, RolloutClient, RolloutError
 from rlrun.rundir import end_torn_line, read_jsonl
@@ -78,6 +79,8 @@ class Evaluator:
         seed: the run's seed (the eval split's stream).
         path: ``eval.jsonl`` (appended to).
         attempt: written on each line.
+        overlong_prompts: ``spec.rollout.overlong_prompts``: a held-out task whose prompt does not fit is left out
+            (``filter``), or refused (``refuse``: :func:`~rlrun.orchestrator.prompts.fitting_eval_tasks`).
     """
 
     def __init__(
@@ -88,10 +91,12 @@ class Evaluator:
         seed: int,
         path: Path,
         attempt: int = 0,
+        overlong_prompts: Overlong = "filter",
     ) -> None:
         self.spec, self.sampling, self.episodes, self.envs = spec, sampling, episodes, episodes.envs
         self.path, self.attempt = path, attempt
-        self.tasks: list[Task] = [env.task(seed, i, "eval") for env in self.envs.values() for i in range(spec.tasks)]
+        tasks = [env.task(seed, i, "eval") for env in self.envs.values() for i in range(spec.tasks)]
+        self.tasks: list[Task] = fitting_eval_tasks(episodes, tasks, overlong_prompts)
         end_torn_line(path)  # a line cut short by a kill would glue this attempt's first one to it
         self.evaluated = {row["policy_version"] for row in read_jsonl(path) if "policy_version" in row}
 
@@ -110,7 +115,7 @@ class Evaluator:
         if not spec.evaluation.enabled:
             return None
         episodes = episodes or EpisodeBuilder.for_run(tokenizer, envs, spec)
-        return cls(spec.evaluation, spec.sampling, episodes, spec.seed, path, attempt)
+        return cls(spec.evaluation, spec.sampling, episodes, spec.seed, path, attempt, spec.rollout.overlong_prompts)
 
     def resumed_at(self, version: int) -> None:
         """An attempt resumed from the checkpoint of step ``version``: the versions past it that an earlier attempt
@@ -172,7 +177,7 @@ class Evaluator:
         per_env: dict[str, dict[str, list[float]]] = {name: {} for name in self.envs}
         for task, (gc, gt), (sc, st) in zip(self.tasks, greedy_answers, sampled_answers, strict=True):
             stats = per_env[task.env]
-            reward, *sampled = await self._score(task, [*gc, *sc], None if gt is None else [*gt, *st])
+            reward, *sampled = await self._score(task, [*gc, *sc], None if gt is None else [*gt, *st], version)
             for key, value in (
                 ("greedy_reward", reward),
                 ("greedy_solved", float(reward >= SOLVED_REWARD)),
@@ -205,11 +210,12 @@ class Evaluator:
         return line
 
     async def _score(
-        self, task: Task, completions: list[Completion], conversations: list[Conversation] | None
+        self, task: Task, completions: list[Completion], conversations: list[Conversation] | None, version: int
     ) -> list[float]:
-        """The rewards of ``completions`` of ``task`` (a multi-turn env's: of its ``conversations``), as training
-        scores them; a failed reward counts 0 here (an evaluation has no member to ask again) and is logged."""
-        scores = await self.episodes.score(task, completions, conversations)
+        """The rewards of ``completions`` of ``task`` (a multi-turn env's: of its ``conversations``) sampled by policy
+        ``version``, as training scores them (their ``log_metric`` calls dropped); a failed reward counts 0 here (an
+        evaluation has no member to ask again) and is logged."""
+        scores = await self.episodes.score(task, completions, conversations, version, training=False)
         for error in {e for e in scores.errors if e is not None}:
             log.warning("evaluation: env %s task %d: %s (scored 0)", task.env, task.index, error)
         return [0.0 if r is None else r for r in scores.rewards]

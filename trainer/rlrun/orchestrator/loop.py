@@ -41,6 +41,7 @@ from rlrun.orchestrator.journal_files import FRESH_BASE, journal_root
 from rlrun.orchestrator.liveness import LivenessGuard, stall_accounting
 from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.orchestrator.prometheus import registry_for
+from rlrun.orchestrator.prompts import PromptLimit
 from rlrun.orchestrator.resume import Stages, begin_attempt
 from rlrun.orchestrator.signals import TerminationHandler
 from rlrun.orchestrator.sink import TrainSink
@@ -360,6 +361,7 @@ class Orchestrator:
         self.dispatcher = Dispatcher.for_tokenizer(
             tokenizer, self.rollout_urls, self.envs, self.spec, self.results, self.client_factory
         )
+        self.dispatcher.episodes.tell_rewards(self.max_steps, self.metrics.log_metric)  # TRL's trainer arguments
         self.endpoints.bind(
             self.dispatcher, self.weights, self.client_factory, self._settle, self._dispatch_within_budget
         )
@@ -374,6 +376,7 @@ class Orchestrator:
         )  # fmt: skip
         follower = None
         try:
+            await PromptLimit(self.spec, self.ledger, self.metrics).start(self.dispatcher.episodes, self.source)
             await wait_until_healthy(self.dispatcher, self.health_timeout_s, self._stop)
             if self._stop.is_set():  # stopped (SIGTERM after a pause) before it started
                 log.info("stopped before starting")
@@ -445,6 +448,3 @@ class Orchestrator:
             self.metrics.close()
             await asyncio.to_thread(self.tracking.close)  # logs what is final: the last steps, the last evaluation
             self.ledger.close()
-
-
-__all__ = ["Orchestrator"]

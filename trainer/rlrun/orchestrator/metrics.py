@@ -20,10 +20,14 @@ episodes that never trained because they grew too old — queued samples swept a
 of scoring or dropped at a cancel), ``stale_wasted_fraction`` (that ÷ the finished episodes, both
 cumulative; null before any), ``per_env`` (``{env: {finished, wasted_stale, abandoned,
 stale_wasted_fraction}}``, cumulative: where the waste falls), ``groups_cancelled`` (requests),
+``prompts_too_long`` (cumulative over the attempt: tasks passed over because their prompt does not fit the
+context less ``sampling.max_tokens``, ``rollout.overlong_prompts: filter``; also in ``per_env``),
 ``groups_abandoned`` (cumulative: nothing of the group could still train, or its requests kept failing),
 ``reward/<env>`` (the mean reward of the env's episodes finished since the previous step) and
 ``reward/<series>`` (each reward function's mean score over them, where it applied: ``spec.envs[].rewards``;
-an env without ``rewards`` has one, named after it), ``episodes_reward_failed`` (cumulative over the attempt:
+an env without ``rewards`` has one, named after it), ``reward_metrics`` (``{name: mean}`` of what the rewards
+reported with TRL's ``log_metric(name, value)`` since the previous step; absent when none did),
+``episodes_reward_failed`` (cumulative over the attempt:
 members whose reward raised, timed out or was no number; requested again), ``num_turns``, ``tool_calls`` and
 ``tool_errors`` (multi-turn envs only: means per episode finished since the previous step: model turns, tool
 calls, tool calls that failed), ``rollout_tokens_per_s`` (sampled tokens) and ``step_time_s`` (since the
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -97,8 +102,12 @@ class StepMetrics:
         self._warned_starved: set[str] = set()
         self._scores: dict[str, list[float]] = {}  # series → scores of the episodes finished since the last step
         self._turns: dict[str, list[int]] = {}  # num_turns / tool_calls / tool_errors → per multi-turn episode
+        self._logged: dict[str, list[float]] = {}  # a reward's log_metric(name, value) calls since the last step
+        self._logged_lock = threading.Lock()  # log_metric is called from the reward threads
         #: members whose reward failed (cumulative over this attempt)
         self.reward_failed = 0
+        #: tasks passed over because their prompt does not fit, by env (cumulative over this attempt)
+        self.prompts_too_long: dict[str, int] = {}
         #: the last line written (None before the first step): what ``/metrics`` reports of the last step
         self.last_line: dict | None = None
 
@@ -117,6 +126,16 @@ class StepMetrics:
             self._scores.setdefault(series, []).extend(x for x in scores if x is not None)
         for key, values in (turns or {}).items():
             self._turns.setdefault(key, []).extend(values)
+
+    def prompt_too_long(self, env: str) -> None:
+        """Count a task of ``env`` passed over: its prompt does not fit (``prompts_too_long``)."""
+        self.prompts_too_long[env] = self.prompts_too_long.get(env, 0) + 1
+
+    def log_metric(self, name: str, value: float) -> None:
+        """A reward's TRL ``log_metric(name, value)`` (from a worker thread): averaged per step into
+        ``reward_metrics`` (TRL averages a name's values over each logging step too)."""
+        with self._logged_lock:
+            self._logged.setdefault(name, []).append(value)
 
     def start(self) -> None:
         """Open the file (ending a line a killed attempt cut short) and start the clock of the first step."""
@@ -168,14 +187,20 @@ class StepMetrics:
             "episodes_wasted_stale": (wasted := counters.samples_dropped_stale + counters.members_left_out_stale),
             "stale_wasted_fraction": wasted / counters.episodes_finished if counters.episodes_finished else None,
             "per_env": {
-                env: {**c, "stale_wasted_fraction": c["wasted_stale"] / c["finished"] if c["finished"] else None}
-                for env, c in sorted(counters.per_env.items())
+                env: {
+                    **c,
+                    "stale_wasted_fraction": c["wasted_stale"] / c["finished"] if c.get("finished") else None,
+                    **({"prompts_too_long": self.prompts_too_long[env]} if env in self.prompts_too_long else {}),
+                }
+                for env, c in sorted({**{e: {} for e in self.prompts_too_long}, **counters.per_env}.items())
             },
             **{f"reward/{name}": sum(v) / len(v) if v else None for name, v in sorted(self._scores.items())},
             **{key: sum(v) / len(v) if v else None for key, v in sorted(self._turns.items())},
+            **self._reward_metrics(),
             "episodes_reward_failed": self.reward_failed,
             "groups_cancelled": dispatcher.cancelled_groups,
             "groups_abandoned": counters.groups_abandoned,
+            "prompts_too_long": sum(self.prompts_too_long.values()),
             "rollout_tokens_per_s": self._tokens / elapsed,
             "step_time_s": elapsed,
             "weight_update_s": self._weight_update_s(),
@@ -208,6 +233,12 @@ class StepMetrics:
             line["rollout_tokens_per_s"], elapsed,
         )  # fmt: skip
         return line
+
+    def _reward_metrics(self) -> dict[str, dict[str, float]]:
+        """``{"reward_metrics": {name: mean}}`` of the ``log_metric`` calls since the previous step (emptied), or {}."""
+        with self._logged_lock:
+            logged, self._logged = self._logged, {}
+        return {"reward_metrics": {k: sum(v) / len(v) for k, v in sorted(logged.items())}} if logged else {}
 
     def _weight_update_s(self) -> float | None:
         if self.weights is None:

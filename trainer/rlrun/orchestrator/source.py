@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlrun.envs.base import Env, Task
@@ -52,6 +52,8 @@ class TrainSource:
         self.resume_requests: deque[GroupRequest] = deque()
         self._next_member: dict[int, int] = {}  # groups with members out → first unused member number
         self._retries: dict[int, int] = {}  # groups requested again after failed requests → how often
+        #: ``admit(task) -> bool``: False passes a fresh task over (the caller records why); None: every task is admitted
+        self.admit: Callable[[Task], bool] | None = None
 
     def task_at(self, index: int) -> Task:
         """Task number ``index`` (pure; does not move the cursor)."""
@@ -62,12 +64,17 @@ class TrainSource:
         return env.task(self.seed, index)
 
     def next_group(self, group_size: int) -> GroupRequest:
-        """The next request to roll out: a pending resume request, else a new task with ``group_size`` members."""
+        """The next request to roll out: a pending resume request, else the next new task :attr:`admit` admits, with
+        ``group_size`` members."""
         if self.resume_requests:
             return self.resume_requests.popleft()
-        index = self.cursor
-        self.cursor += 1
-        request = GroupRequest(group_id=index, task=self.task_at(index), members=group_size)
+        while True:  # a task admit refuses is passed over: the cursor moves on, the caller has recorded it
+            index = self.cursor
+            self.cursor += 1
+            task = self.task_at(index)
+            if self.admit is None or self.admit(task):
+                break
+        request = GroupRequest(group_id=index, task=task, members=group_size)
         self.note_members(index, request.next_member)
         return request
 

@@ -10,7 +10,7 @@ three ``ValueError`` s, so callers (``rlrun.manifest``, naming the field) match 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from rlrun.api.spec import RewardSpec
@@ -84,6 +84,31 @@ def _load_function(path: str) -> Callable[..., Any]:
         ) from exc
     except TypeError as exc:  # the path's shape is checked above: here the object is not callable
         raise RewardImportError(f"reward function {path} is not callable: {exc}") from exc
+
+
+def argument_problems(func: Callable[..., Any], passed: Collection[str]) -> tuple[list[str], list[str]]:
+    """What a call of ``func`` with the keyword arguments ``passed`` would refuse, read from its signature
+    (``inspect.signature``): the parameters it requires that are not passed (a parameter without a default, or a
+    positional-only one), and — when it takes no ``**kwargs`` (TRL's convention asks for them) — the arguments
+    passed that it does not name. ``([], [])`` when the call fits, or when the signature cannot be read (a C
+    function)."""
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return [], []
+    required = [
+        p.name
+        for p in params
+        if p.default is p.empty
+        and (
+            p.kind is p.POSITIONAL_ONLY
+            or (p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in passed)
+        )
+    ]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return required, []
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return required, [a for a in passed if a not in named]
 
 
 def is_async_reward(func: Callable[..., Any]) -> bool:
