@@ -109,8 +109,10 @@ def reporting(role: Literal["orchestrator", "trainer"]) -> Iterator[RoleExit]:
         permanent, reason = classify_error(exc)
         if isinstance(exc, ManifestError):
             typer.echo(str(exc), err=True)
+        elif permanent:  # a refusal the user can act on (the message says what): a traceback adds nothing
+            log.error("%s failed (permanent: retrying cannot heal it): %s: %s", role, reason, exc)
         else:
-            log.exception("%s failed%s", role, " (permanent: retrying cannot heal it)" if permanent else "")
+            log.exception("%s failed", role)
         exit_.report("error", f"{type(exc).__name__}: {exc}", permanent, reason)
         exiting()
         raise typer.Exit(EXIT_PERMANENT if permanent else 1) from None

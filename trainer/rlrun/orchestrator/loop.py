@@ -136,7 +136,7 @@ class Orchestrator:
         self.kept = KeptConversations(self.ledger)  # multi-turn episodes at their last durable turn
         self.retries = spec.rollout.max_group_retries
         self.endpoints = EndpointMembership()
-        self.liveness = LivenessGuard()
+        self.liveness = LivenessGuard(spec)  # and the guard of a run whose groups all have zero reward spread
         self.evaluation = EvalRounds()
         self.dispatcher: Dispatcher | None = None
         self.shipped = 0
@@ -345,7 +345,7 @@ class Orchestrator:
         """Run until batch ``max_steps`` is shipped and checkpointed, or a pause then stop; returns the step.
 
         Raises:
-            OrchestratorError: unusable run dir or rollout servers that never get healthy.
+            OrchestratorError: unusable run dir, rollout servers that never get healthy, or no batch can form.
             CheckpointMismatch: ``--resume`` against a checkpoint of a different run.
             WeightsError, RolloutError: weights that cannot be loaded into the rollout servers.
         """
@@ -367,7 +367,7 @@ class Orchestrator:
             self.spec, self.envs, tokenizer, self.run_dir.evaluations, self.attempt, self.dispatcher.episodes
         )
         self.evaluation.bind(evaluator, self._clients, self.max_steps)
-        self.liveness.bind(self.dispatcher, self._settle, self._progress, lambda: stall_accounting(self))
+        self.liveness.bind(self.dispatcher, self._settle, self._progress, lambda: stall_accounting(self), self.sink)
         self.admission.bind(
             self.sink, self.source, self.dispatcher, self.ledger, self.metrics, self.results, self._settle,
             next_step=lambda: self.cut + 1, holding=lambda: self.paused or self.phase == "done", kept=self.kept,
@@ -445,6 +445,3 @@ class Orchestrator:
             self.metrics.close()
             await asyncio.to_thread(self.tracking.close)  # logs what is final: the last steps, the last evaluation
             self.ledger.close()
-
-
-__all__ = ["Orchestrator"]
