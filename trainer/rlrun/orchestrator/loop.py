@@ -48,7 +48,7 @@ from rlrun.orchestrator.source import TrainSource
 from rlrun.orchestrator.weights import weights_signature
 from rlrun.rollout.client import RolloutClient
 from rlrun.rundir import RunDir, run_dir_attempt, write_file_atomic
-from rlrun.tracking.publisher import TrackerPublisher
+from rlrun.tracking.publisher import AT_PAUSE_S, TrackerPublisher
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,7 @@ class Orchestrator:
         checkpoint stays what a next attempt resumes from, and the answer says so (``step`` None).
         While paused (until stopped), every newer trainer part of this attempt — the trainer's save on
         notice — is completed with this same snapshot (:mod:`.checkpointing`), so it is the one resumed from.
+        The experiment trackers close before it answers (:mod:`rlrun.tracking.publisher`).
 
         Raises:
             OrchestratorError: no trainer part to pair the snapshot with.
@@ -200,6 +201,7 @@ class Orchestrator:
                     log.info("%s: no snapshot needed", note)
                 else:
                     result = PauseResult.of_checkpoint(await self.checkpoints.save_pause())
+                    await asyncio.to_thread(self.tracking.close, AT_PAUSE_S)  # what W&B holds, recorded (publisher.py)
                 self.last_pause = result
                 self.phase = "done" if before == "done" else "paused"
                 self._pause_result.set_result(result)
