@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 from rlrun.api.control import ExitReport, write_exit_report
 from rlrun.errors import classify_error
-from rlrun.launcher.processes import EXIT_REPORTS, ChildDied, death_report
+from rlrun.launcher.processes import ChildDied, death_report
 from rlrun.orchestrator.journal_files import journal_root
 from rlrun.orchestrator.no_signal import NoLearningSignal, NoSignalGuard
 from rlrun.orchestrator.sink import SinkCounters
@@ -110,11 +110,11 @@ def test_the_launcher_says_a_permanent_error_as_one_message_not_a_traceback(tmp_
     report = ExitReport(
         role="orchestrator", outcome="error", permanent=True, reason="NoLearningSignal", message=message
     )
-    assert write_exit_report(report, tmp_path / EXIT_REPORTS["orchestrator"])
+    assert write_exit_report(report, tmp_path / "orchestrator-exit.json")
     log = tmp_path / "orchestrator.log"
     log.write_text("Traceback (most recent call last):\n  File …\n")
     child = SimpleNamespace(
-        name="orchestrator", pid=4242, log_path=log, exit_report=tmp_path / EXIT_REPORTS["orchestrator"],
+        name="orchestrator", pid=4242, log_path=log, exit_report=tmp_path / "orchestrator-exit.json",
         tail=lambda n: log.read_text().splitlines()[-n:],
     )  # fmt: skip
     out = io.StringIO()

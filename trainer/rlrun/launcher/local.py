@@ -162,7 +162,7 @@ class LocalLauncher:
     # -- starting and stopping ------------------------------------------------------------------------
 
     def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        child = Child(name, argv, self.run_dir.logs / f"{name}.log", env=env)
+        child = Child(name, argv, self.run_dir.logs / f"{name}.log", env, self.run_dir.logs / f"{name}-exit.json")
         self.children.append(child)
         return child
 

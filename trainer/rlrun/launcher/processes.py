@@ -7,9 +7,9 @@ child also gets ``PR_SET_PDEATHSIG``: if the launcher is killed outright, the
 kernel sends the child SIGTERM, so no orphan keeps a port or a CPU.
 
 A role's exit status is read as ``rlrun`` gives it (:func:`role_exit_code`: torchrun's own status
-replaced by what rank 0 reported, :mod:`rlrun.role_exit`). A role writes its exit report beside its log
-(:data:`EXIT_REPORTS`), so a permanent error (exit 78: a setting or the data to change) is said as its
-message alone when the role dies (:func:`death_report`), not as a traceback or the log's last lines.
+replaced by what rank 0 reported, :mod:`rlrun.role_exit`). A child told where to write its exit report
+(``Child.exit_report``) that dies of a permanent error (exit 78: a setting or the data to change) is said
+as that error's message alone (:func:`death_report`), not as a traceback or its log's last lines.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from rich.text import Text
 from rlrun.api.control import TERMINATION_LOG_ENV, ExitReport
 
 _PR_SET_PDEATHSIG = 1
-#: The exit report (:mod:`rlrun.role_exit`) each role child writes beside its log, by child name.
-EXIT_REPORTS = {"trainer": "trainer-exit.json", "orchestrator": "orchestrator-exit.json"}
 
 
 def _die_with_parent() -> None:
@@ -41,20 +39,31 @@ def _die_with_parent() -> None:
 class Child:
     """One named child process whose stdout and stderr go to ``log_path``.
 
+    ``exit_report``: tell the child to write its exit report there (``$RLRUN_TERMINATION_LOG``, :mod:`rlrun.role_exit`),
+    cleared first so a report found there is this process's.
+
     Attributes:
-        exit_report: where a role (:data:`EXIT_REPORTS`) writes its exit report (``$RLRUN_TERMINATION_LOG``),
-            cleared before it starts, so a report found there is its own; None for other children.
+        exit_report: where the child writes its exit report: ``exit_report``, else what its ``env`` names (None:
+            nowhere).
     """
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        exit_report: Path | None = None,
+    ) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.exit_report = log_path.parent / EXIT_REPORTS[name] if name in EXIT_REPORTS else None
-        if self.exit_report is not None:
-            self.exit_report.unlink(missing_ok=True)
-            env = {**(os.environ if env is None else env), TERMINATION_LOG_ENV: str(self.exit_report)}
+        if exit_report is not None:
+            exit_report.unlink(missing_ok=True)
+            env = {**(os.environ if env is None else env), TERMINATION_LOG_ENV: str(exit_report)}
+        named = (env or {}).get(TERMINATION_LOG_ENV)
+        self.exit_report = exit_report if exit_report is not None else Path(named) if named else None
         self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the child
         self.proc = subprocess.Popen(
             argv,
