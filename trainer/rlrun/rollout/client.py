@@ -320,11 +320,11 @@ class RolloutClient:
 
         The wait for answers lasts as long as the longest completion out, at most :attr:`drain_s` (then the
         pause goes ahead, as vLLM's ``mode=wait`` waits for the requests it runs; a completion answered after
-        the pause is refused: :class:`ServerReloading`). The server is resumed even when the reload fails, so it never stays
-        paused. Updates of one server never overlap: a second waits for the first (else one's ``/resume``
-        would un-pause the server during the other's reload), and an update to a version older than the
-        server then holds does nothing (a catch-up to ``v`` that waited behind the update to ``v + 1`` must not
-        take the server back).
+        the pause is refused: :class:`ServerReloading`). The server is resumed even when the reload fails, so
+        it never stays paused. Updates of one server never overlap: a second waits for the first (else one's
+        ``/resume`` would un-pause the server during the other's reload), and an update to a version older than
+        the server then holds does nothing (a catch-up to ``v`` that waited behind the update to ``v + 1`` must
+        not take the server back).
 
         Raises:
             RolloutError: the server refused a step or a worker failed to reload.
