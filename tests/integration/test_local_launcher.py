@@ -108,6 +108,25 @@ def test_local_runs_the_whole_stack(tmp_path, cache_dir, tiny_model):
     assert alive(seen) == [], "processes left behind"
 
 
+def test_a_run_that_can_form_no_batch_stops_with_one_clear_message(tmp_path, cache_dir, tiny_model):
+    # issue 36.1: a constant reward rejects every group; the orchestrator warns, then exits 78, and the launcher
+    # says why in one message (from its exit report), not a traceback or the log's last lines
+    envs = [{"name": "reverse-text", "rewards": [{"function": "tests.unit.test_no_signal:half"}]}]
+    manifest = write_manifest(tmp_path / "m.yaml", base=SHORT_RUN, envs=envs, max_zero_spread_groups=30)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(local_argv(manifest, run_dir, cache_dir), capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    [error] = [line for line in out.splitlines() if "error:" in line]
+    assert "error: orchestrator stopped: NoLearningSignal: no batch can form: " in error, out
+    assert "100 % every member scored the same without solving it" in error and "group_size (4" in error
+    assert "Traceback" not in out and "last lines of" not in out
+    log = (run_dir / "logs" / "orchestrator.log").read_text()
+    assert log.count("no batch can form") == 2 and "Traceback" not in log  # the warning, then the error
+    report = json.loads((run_dir / "logs" / "orchestrator-exit.json").read_text())
+    assert (report["outcome"], report["permanent"], report["reason"]) == ("error", True, "NoLearningSignal")
+
+
 def test_local_refuses_a_used_run_dir_without_resume(tmp_path, cache_dir):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints" / "step_3").mkdir(parents=True)

@@ -76,11 +76,11 @@ def test_preempt_at_step_resumes_queued_samples_and_open_groups(tmp_path, cache_
     )
     assert check.returncode == 0 and json.loads(check.stdout)["ok"] is True
     # The experiment trackers: one W&B run across both attempts, each step once, steps only growing. The drill
-    # SIGKILLs attempt 1 after its pause, before W&B confirmed anything (only finish() does): attempt 2 logs again
-    # from W&B's last confirmed step, and W&B keeps each step once.
+    # SIGKILLs attempt 1 after its pause, and the pause closed its trackers first (W&B's finish() confirmed what it
+    # holds): attempt 2 logs from there, so the offline files themselves hold each step once (issue 36.5).
     runs = wandb_offline_runs(RunDir(run_dir))
-    assert len(runs) == 2 and runs[1][0] == json.loads((run_dir / "tracking.json").read_text())["run_id"]
-    assert runs[0][0] in (None, runs[1][0])  # attempt 1's may hold nothing, or no file: its W&B process was killed
+    assert len(runs) == 2 and runs[0][0] == runs[1][0] == json.loads((run_dir / "tracking.json").read_text())["run_id"]
+    assert [step for _, rows in runs for step, _ in rows] == list(range(1, MAX_STEPS + 1))
     history = wandb_history(RunDir(run_dir))
     assert [step for step, _ in history] == list(range(1, MAX_STEPS + 1)), [s for s, _ in history]
     by_step = dict(history)

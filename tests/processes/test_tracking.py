@@ -3,9 +3,11 @@ whose steps only grow, each step once with its final values (rlrun.tracking)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from rlrun.rundir import RunDir
@@ -16,6 +18,7 @@ from tests.support.trackers import (
     LOGGING,
     attempt_lines,
     publisher,
+    resume_report,
     tensorboard_scalars,
     two_attempts,
     wandb_offline_runs,
@@ -90,3 +93,56 @@ def test_the_last_evaluations_of_a_finished_run_get_rows_after_its_last_step(tmp
     assert [s for s, _ in rows] == [1, 2, 3, 4, 5, 6]
     assert [(s, r["eval/policy_version"]) for s, r in rows if "eval/policy_version" in r] == [(5, 2), (6, 4)]
     assert read_state(run_dir)["logged"]["wandb"] == {"step": 4, "versions": [2, 4], "given": 6}
+
+
+# An orchestrator attempt (fake rollouts, the fake trainer) logging to W&B offline that pauses once W&B was given 2
+# steps, then is SIGKILLed with its wandb-core, as `rlrun local --preempt-at-step` kills a paused attempt's processes.
+PAUSED_THEN_KILLED = """
+import asyncio, json, os, signal, sys
+from pathlib import Path
+import psutil
+from rlrun.orchestrator.loop import Orchestrator
+from rlrun.rollout.fake import fake_client_factory
+from rlrun.rundir import RunDir
+from rlrun.training.fake import start_fake_trainer
+from rlrun.tracking.publisher import read_state
+from tests.support.manifests import parse
+from tests.support.trackers import LOGGING
+run_dir, model = RunDir(sys.argv[1]), Path(sys.argv[2])
+spec = parse("paused", group_size=4, batch_size=8, max_steps=8, logging={"wandb": LOGGING["wandb"]},
+             checkpoint={"interval": 1, "keep_last": 2}).spec
+orch = Orchestrator(spec, run_dir, ["http://fake:1"], str(model), attempt=1, poll_s=0.01,
+                    client_factory=fake_client_factory(samples_per_s=8))
+stop = start_fake_trainer(run_dir, model, 8, 1, attempt=1)
+
+async def main():
+    run = asyncio.create_task(orch.run())
+    while read_state(run_dir).get("logged", {}).get("wandb", {}).get("given", 0) < 2:
+        assert not run.done(), run.exception() if run.done() else None
+        await asyncio.sleep(0.05)
+    paused = await orch.pause()
+    print(json.dumps({"pause_step": paused.step}), flush=True)
+    for p in psutil.Process().children(recursive=True):
+        p.kill()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(main())
+"""
+
+
+def test_an_attempt_killed_after_its_pause_leaves_each_step_once_in_the_wandb_files(tmp_path, tiny_model):
+    # issue 36.5: the pause did not record what W&B held, so the next attempt gave it steps 1–7 again
+    run_dir = RunDir(tmp_path).ensure()
+    attempt = [sys.executable, "-c", PAUSED_THEN_KILLED, str(run_dir.root), str(tiny_model)]
+    proc = subprocess.run(attempt, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+    assert proc.returncode == -9, proc.stderr[-3000:]
+    pause_step = json.loads(proc.stdout.strip().splitlines()[-1])["pause_step"]
+    assert read_state(run_dir)["logged"]["wandb"]["step"] == pause_step >= 2  # the pause recorded what W&B holds
+    committed = [pause_step]
+    second = publisher(run_dir, committed, attempt=2, logging={"wandb": LOGGING["wandb"]}, max_steps=8)
+    second.start(resume_report(pause_step))
+    attempt_lines(run_dir, 2, range(pause_step + 1, 9))
+    committed[0] = 8
+    second.close()
+    rows = [step for _, history in wandb_offline_runs(run_dir) for step, _ in history]
+    assert rows == list(range(1, 9))  # in the files, across both attempts: each step once

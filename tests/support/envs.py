@@ -1,10 +1,12 @@
 """Scripted envs for tests and benchmarks, named in a manifest by import path (``tests.support.envs:UntilOne``).
 
-Used by ``tests/integration/test_crash_injection.py`` and ``benchmarks/turn_durability.py``, whose fake servers
-answer each turn ``1`` or ``2``.
+Used by ``tests/integration/test_crash_injection.py``, ``tests/unit/test_turn_durability.py`` and
+``benchmarks/turn_durability.py``, whose fake servers answer each turn ``1`` or ``2``.
 """
 
 from __future__ import annotations
+
+import threading
 
 from rlrun.envs.base import Reply, Task
 
@@ -37,3 +39,34 @@ class UntilOne:
 
     def reward(self, task: Task, completion: str) -> float:
         return 1.0 if completion == "1" else 0.0
+
+
+class InPlace(UntilOne):
+    """:class:`UntilOne` whose ``respond`` records each model turn in its state **in place** (``state["moves"]``
+    appended, the same dict returned), as a user's env may: the kept state must still be the state as of the kept
+    turn (one move per turn played). While :attr:`gate` is clear, a ``respond`` after a conversation's first waits
+    for it once it has recorded its move (a pause then finds conversations in the middle of a ``respond``), at most
+    :attr:`most_held` at once (each holds one of the event loop's worker threads, which the orchestrator's file
+    writes need too); :attr:`held` counts those waiting."""
+
+    gate = threading.Event()
+    held = 0
+    most_held = 2
+    _lock = threading.Lock()
+
+    def start(self, task: Task) -> dict:
+        return {"moves": []}
+
+    def respond(self, task: Task, state: dict, completion: str) -> Reply:
+        state["moves"].append(completion)
+        with InPlace._lock:
+            hold = len(state["moves"]) > 1 and not InPlace.gate.is_set() and InPlace.held < InPlace.most_held
+            InPlace.held += hold
+        if hold:
+            InPlace.gate.wait()
+            with InPlace._lock:
+                InPlace.held -= 1
+        return Reply(None if completion == "1" else "no=", completion == "1", state)
+
+
+InPlace.gate.set()

@@ -72,7 +72,8 @@ def test_crd_shape_for_kubectl():
     assert version["subresources"] == {"status": {}}
     shown = [c["name"] for c in PRINTER_COLUMNS if "priority" not in c]
     assert shown == ["Phase", "Step", "Progress", "ETA", "Resumed", "Preemptions", "Age"]
-    assert SPEC_SCHEMA["properties"]["suspend"] == {"type": "boolean", "default": False}
+    suspend = SPEC_SCHEMA["properties"]["suspend"]  # described for kubectl explain
+    assert (suspend["type"], suspend["default"]) == ("boolean", False) and "Kueue" in suspend["description"]
     envs = SPEC_SCHEMA["properties"]["envs"]  # the API server keeps env names unique
     assert envs["x-kubernetes-list-type"] == "map" and envs["x-kubernetes-list-map-keys"] == ["name"]
 

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
 import pytest
+import torch
 from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.endpoints import DispatchError, wait_until_healthy
 from rlrun.orchestrator.groups import GroupRequest, GroupResult
+from rlrun.orchestrator.weights import push_weights
 from rlrun.rollout.client import RolloutClient
 from rlrun.rollout.fake import fake_vllm_transport
+from safetensors.torch import save_file
 
 from tests.support.dispatcher import CHARS, ENV, make_dispatcher
 from tests.support.samples import task
@@ -292,3 +296,81 @@ def test_a_run_encodes_prompts_through_the_fast_backend_like_the_tokenizer_and_o
     encode = d.episodes.encode
     assert [list(encode(p)) for p in prompts] == [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
     assert encode(prompts[0]) is encode(prompts[0])  # cached: the same ids object
+
+
+async def test_no_completion_is_sent_to_a_server_in_its_reload_window_nor_out_when_it_pauses(tmp_path):
+    # Issue 35.4: a server that had begun its reload was given requests (and requests out on it were paused over),
+    # so completions came from weights other than those it held when they were sent. Two servers, one reloading
+    # ten times slower; requests keep coming before, during and after the update.
+    weights = tmp_path / "step_1"
+    weights.mkdir()
+    save_file({"w": torch.zeros(2)}, str(weights / "model.safetensors"))
+    servers = {
+        "http://fast": fake_vllm_transport(samples_per_s=40, error_rate=0.0, reload_s=0.05),
+        "http://slow": fake_vllm_transport(samples_per_s=40, error_rate=0.0, reload_s=0.5),
+    }
+    dispatcher, results = make_dispatcher(servers, members_per_request=1)
+    for g in range(4):  # 16 requests out on both servers when the update begins
+        dispatcher.dispatch(GroupRequest(g, task(g), members=4), policy_version=0)
+    await asyncio.sleep(0.05)
+    update = asyncio.create_task(push_weights(list(dispatcher.clients.values()), weights, 1, None))
+    await asyncio.sleep(0.01)
+    for g in range(4, 8):  # dispatched while the servers reload, labelled with the policy they held (the follower's)
+        dispatcher.dispatch(GroupRequest(g, task(g), members=4), policy_version=0)
+    got = []
+    while not update.done():  # answered during the update: on the fast server, once it has resumed
+        with contextlib.suppress(asyncio.TimeoutError):
+            got.append(await asyncio.wait_for(results.get(), 0.02))
+    assert (await update).unreachable == {}
+    for g in range(8, 10):
+        dispatcher.dispatch(GroupRequest(g, task(g), members=4), policy_version=1)
+    during = {r.request.group_id for r in got if r.request.group_id >= 4}
+    got += await drain(results, 40 - len(got))
+    assert all(r.error is None for r in got) and len(got) == 40
+    assert [(s.counts.sent_in_reload, s.counts.in_flight_at_pause, s.counts.reloads) for s in servers.values()] == [
+        (0, 0, 1),
+        (0, 0, 1),
+    ]
+    assert during  # the fast server served while the slow one still reloaded
+    assert {c.loaded_version for c in dispatcher.clients.values()} == {1}
+    await dispatcher.aclose()
+
+
+class QueuedAcrossPause(httpx.AsyncBaseTransport):
+    """vLLM with a request waiting in its queue: ``/pause`` answers at once (nothing is running), and the first
+    completion is generated only after the ``/resume``, by the new weights; later ones at once."""
+
+    def __init__(self) -> None:
+        self.inner = fake_vllm_transport(error_rate=0.0)
+        self.resumed = asyncio.Event()
+        self.completions = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/resume":
+            self.resumed.set()
+        elif request.url.path == "/v1/completions":
+            self.completions += 1
+            if self.completions == 1:
+                await self.resumed.wait()
+        elif request.url.path == "/pause":
+            return httpx.Response(200, json={})
+        return await self.inner.handle_async_request(request)
+
+
+async def test_a_completion_answered_after_its_servers_pause_is_asked_again_and_does_not_hold_the_update(tmp_path):
+    weights = tmp_path / "step_1"
+    weights.mkdir()
+    save_file({"w": torch.zeros(2)}, str(weights / "model.safetensors"))
+    server = QueuedAcrossPause()
+    dispatcher, results = make_dispatcher({"http://a": server})
+    [client] = dispatcher.clients.values()
+    client.drain_s = 0.2  # the update waits this long for the answer, then pauses anyway
+    dispatcher.dispatch(GroupRequest(1, task(1), members=4), policy_version=0)
+    await asyncio.sleep(0.05)
+    t0 = asyncio.get_running_loop().time()
+    await asyncio.wait_for(push_weights([client], weights, 1, None), 5)
+    assert asyncio.get_running_loop().time() - t0 < 1.0
+    [result] = await drain(results, 1)
+    # its first answer came after the pause (generated by the new weights): discarded, the request asked again
+    assert result.error is None and server.completions == 2 and client.loaded_version == 1
+    await dispatcher.aclose()

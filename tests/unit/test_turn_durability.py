@@ -11,20 +11,25 @@ import math
 import random
 
 import httpx
-from rlrun.checkpoint import latest_complete_checkpoint
-from rlrun.envs.base import Reply, Task
+import pytest
+from rlrun.checkpoint import latest_complete_checkpoint, load_orchestrator_progress
+from rlrun.envs.base import EnvStateError, Reply, Task
+from rlrun.errors import classify_error
 from rlrun.ledger import Ledger, LedgerEvent, check_ledger
 from rlrun.orchestrator.groups import KeptConversation
 from rlrun.orchestrator.journal import Journal
 from rlrun.orchestrator.journal_files import journal_root, read_records
 from rlrun.orchestrator.snapshot import SinkSnapshot, pack, restore_plan, unpack, with_journal
+from rlrun.orchestrator.turns import Conversation
 from rlrun.rollout.fake import fake_vllm_transport
 from rlrun.rundir import RunDir
 from rlrun.samples import Episode, QueuedTrace, TrainingSample
 from rlrun.training.fake import start_fake_trainer
 from transformers import AutoTokenizer
 
+from tests.support.envs import InPlace
 from tests.support.manifests import parse
+from tests.support.polling import wait_for_async
 from tests.unit.test_rollout_faults import events, orchestrator, run_to_the_end
 
 NAN = math.nan
@@ -243,3 +248,68 @@ def test_the_resume_messages_say_how_many_episodes_resumed_at_a_later_turn():
     assert resume_line(report).endswith("; 7 multi-turn episodes resumed at turn > 1 (12 turns kept)")
     assert resume_message(report).endswith("; 7 multi-turn episodes resumed at turn > 1 (12 turns kept)")
     assert "multi-turn" not in resume_line(ResumeReport(**counts))  # said only when there were some
+
+
+class OneOrTwo(httpx.AsyncBaseTransport):
+    """Answers each turn of a plain-text prompt ``1`` (a third of the time) or ``2``, then EOS."""
+
+    def __init__(self, tokenizer, seed: int = 0) -> None:
+        self.inner = fake_vllm_transport()
+        self.ids = {d: tokenizer.convert_tokens_to_ids(d) for d in "12"}
+        self.eos = tokenizer.eos_token_id
+        self.rng = random.Random(seed)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/completions":
+            return await self.inner.handle_async_request(request)
+        choices = [
+            {"index": i, "token_ids": [self.ids["1" if self.rng.random() < 0.3 else "2"], self.eos],
+             "logprobs": {"token_logprobs": [-1.0, -0.1]}, "finish_reason": "stop"}
+            for i in range(json.loads(request.content)["n"])
+        ]  # fmt: skip
+        return httpx.Response(200, json={"choices": choices})
+
+
+async def test_a_pause_during_a_respond_that_changes_the_state_in_place_keeps_the_state_of_the_kept_turn(
+    tmp_path, tiny_model
+):
+    # issue 35.5: the kept state was the env's own object, which its next respond changed while the pause saved it.
+    # max_off_policy_steps 8: the held conversations' requests stay fresh (none cancelled stale) until the pause
+    run_dir = RunDir(tmp_path / "run")
+    envs = [{"name": "tests.support.envs:InPlace", "args": {"prompts": 5}}]
+    spec = parse(
+        "in-place", envs=envs, group_size=4, batch_size=8, max_off_policy_steps=8, max_steps=50,
+        sampling={"max_tokens": 4}, checkpoint={"interval": 1, "keep_last": 3}, rollout={"members_per_request": 2},
+    ).spec  # fmt: skip
+    orch = orchestrator(spec, run_dir, tiny_model, OneOrTwo(AutoTokenizer.from_pretrained(tiny_model)))
+    stop = start_fake_trainer(run_dir, tiny_model, 50, 1, attempt=1)
+    run = asyncio.create_task(orch.run())
+    try:
+        await wait_for_async(lambda: orch.checkpoints.last_step >= 1 or run.done(), 30, "checkpoint 1")
+        assert not run.done(), run.exception()
+        InPlace.gate.clear()  # from now on a respond after a conversation's first waits, its move recorded
+        held = lambda: InPlace.held == InPlace.most_held and len(orch.kept) >= InPlace.most_held  # noqa: E731
+        await wait_for_async(lambda: held() or run.done(), 30, "responds in progress")
+        assert not run.done(), run.exception()
+        paused = await orch.pause()
+        orch.request_stop()
+    finally:
+        InPlace.gate.set()
+        stop.set()
+    await asyncio.wait_for(run, 30)
+    state = load_orchestrator_progress(run_dir, paused.step)
+    kept = unpack(state["sink"], state.get("tensors", {})).conversations
+    assert paused.conversations_kept == len(kept) >= InPlace.most_held
+    # one move per turn played: the state as of the kept turn, not the one its respond was changing at the pause
+    assert [len(c.state["moves"]) for c in kept] == [c.turns for c in kept]
+    # the copy reads as a resume reads it, and a continued conversation plays on a copy of its own
+    resumed = Conversation.from_kept(kept[0])
+    resumed.state["moves"].append("2")
+    assert len(kept[0].state["moves"]) == kept[0].turns
+
+
+def test_a_resumable_env_whose_state_is_not_json_is_refused_naming_it():
+    conv = Conversation(2, [5, 6, 7], [-0.5], state={"seen": {1, 2}}, turns=1)  # a set: no JSON
+    with pytest.raises(EnvStateError, match=r"env chatter: resumable = True, but its state is not plain JSON"):
+        conv.kept(3, 1, Chatter().task(0, 3), 0)
+    assert classify_error(EnvStateError("x")) == (True, "EnvStateNotJSON")  # the orchestrator exits 78

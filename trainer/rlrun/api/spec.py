@@ -374,9 +374,11 @@ class SchedulingSpec(_Strict):
 class RLRunSpec(_Strict):
     """``RLRun.spec``: everything that defines a training run.
 
-    ``suspend: true`` (Kueue's convention) has the operator pause the orchestrator (a
-    snapshot is written) and remove the pods; ``false`` again starts the next attempt
-    from that snapshot.
+    Attributes:
+        max_zero_spread_groups: groups since the last batch whose members all got the same reward (no gradient) at
+            which the run stops, ``NoLearningSignal`` (a warning at a fifth). Unset: 50 × batch_size / group_size.
+        suspend: ``true`` (Kueue's convention) has the operator pause the orchestrator (a snapshot is written)
+            and remove the pods; ``false`` again starts the next attempt from that snapshot.
     """
 
     model: ModelSpec
@@ -385,6 +387,7 @@ class RLRunSpec(_Strict):
     batch_size: int = Field(default=64, ge=2)
     max_off_policy_steps: int = Field(default=1, ge=0)
     max_steps: int = Field(default=100, ge=1)
+    max_zero_spread_groups: int | None = Field(default=None, ge=1, le=100_000_000)
     seed: int = Field(default=0, ge=0)
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)

@@ -157,7 +157,9 @@ class MultiTurnEnv(Env, Protocol):
         resumable: optional (default False): whether :meth:`start`'s and :meth:`respond`'s state is all the env
             needs to go on (plain JSON, no process, sandbox or connection behind it). Then each turn is journaled
             and a preempted episode is continued at its last durable turn (:mod:`rlrun.orchestrator.conversations`);
-            else it starts over from its first turn, as a single-turn request in flight does.
+            else it starts over from its first turn, as a single-turn request in flight does. The state kept is a
+            copy taken when the turn is kept, so :meth:`respond` may change its state in place; a state that is
+            not plain JSON stops the run with :class:`EnvStateError`.
     """
 
     max_turns: int
@@ -170,6 +172,14 @@ class MultiTurnEnv(Env, Protocol):
         """Answer model turn ``completion`` (its text up to EOS) given ``state``. Runs in a worker thread, never on
         the orchestrator's loop; a tool call is the env's to bound (:mod:`rlrun.envs.tools`)."""
         ...
+
+
+class EnvStateError(ValueError):
+    """A ``resumable`` env's state that is not plain JSON (message names the env and what to do). Retrying cannot
+    heal it (``permanent``; the orchestrator exits 78 with ``reason``)."""
+
+    permanent = True
+    reason = "EnvStateNotJSON"
 
 
 def is_multi_turn(env: Env) -> bool:

@@ -44,7 +44,7 @@ from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.errors import classify_error
 from rlrun.launcher.preemption import LaunchError, PreemptionDrill, preemption_skip_reason
 from rlrun.launcher.preflight import resume_mismatch
-from rlrun.launcher.processes import Child, ChildDied, free_port, role_exit_code, wait_http_ok
+from rlrun.launcher.processes import Child, ChildDied, death_report, free_port, role_exit_code, wait_http_ok
 from rlrun.launcher.progress import (
     eval_cell,
     eval_report,
@@ -169,7 +169,7 @@ class LocalLauncher:
     # -- starting and stopping ------------------------------------------------------------------------
 
     def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
-        child = Child(name, argv, self.run_dir.logs / f"{name}.log", env=env)
+        child = Child(name, argv, self.run_dir.logs / f"{name}.log", env, self.run_dir.logs / f"{name}-exit.json")
         self.children.append(child)
         return child
 
@@ -323,9 +323,8 @@ class LocalLauncher:
             trainer, orch = self.start_all(model_path, self.resume)
             rows = self._follow(trainer, orch, model_path)
         except ChildDied as exc:
-            console.print(f"[red]error:[/red] {exc}; last lines of {exc.child.log_path}:")
-            for line in exc.child.tail(20):
-                console.print(f"  {line}", markup=False, highlight=False)
+            for line in death_report(exc):  # a permanent error: its message alone; else the log's last lines
+                console.print(line)
             self.stop_all()
             return 1
         except (LaunchError, TimeoutError) as exc:

@@ -7,7 +7,9 @@ child also gets ``PR_SET_PDEATHSIG``: if the launcher is killed outright, the
 kernel sends the child SIGTERM, so no orphan keeps a port or a CPU.
 
 A role's exit status is read as ``rlrun`` gives it (:func:`role_exit_code`: torchrun's own status
-replaced by what rank 0 reported, :mod:`rlrun.role_exit`).
+replaced by what rank 0 reported, :mod:`rlrun.role_exit`). A child told where to write its exit report
+(``Child.exit_report``) that dies of a permanent error (exit 78: a setting or the data to change) is said
+as that error's message alone (:func:`death_report`), not as a traceback or its log's last lines.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from collections import deque
 from pathlib import Path
 
 import psutil
+from rich.text import Text
 
-from rlrun.api.control import ExitReport
+from rlrun.api.control import TERMINATION_LOG_ENV, ExitReport
 
 _PR_SET_PDEATHSIG = 1
 
@@ -34,13 +37,33 @@ def _die_with_parent() -> None:
 
 
 class Child:
-    """One named child process whose stdout and stderr go to ``log_path``."""
+    """One named child process whose stdout and stderr go to ``log_path``.
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+    ``exit_report``: tell the child to write its exit report there (``$RLRUN_TERMINATION_LOG``, :mod:`rlrun.role_exit`),
+    cleared first so a report found there is this process's.
+
+    Attributes:
+        exit_report: where the child writes its exit report: ``exit_report``, else what its ``env`` names (None:
+            nowhere).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        exit_report: Path | None = None,
+    ) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        if exit_report is not None:
+            exit_report.unlink(missing_ok=True)
+            env = {**(os.environ if env is None else env), TERMINATION_LOG_ENV: str(exit_report)}
+        named = (env or {}).get(TERMINATION_LOG_ENV)
+        self.exit_report = exit_report if exit_report is not None else Path(named) if named else None
         self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the child
         self.proc = subprocess.Popen(
             argv,
@@ -199,6 +222,31 @@ def role_exit_code(code: int | None, report_path: Path, under_torchrun: bool) ->
     if report.outcome == "interrupted" and under_torchrun:
         return 128 + signal.SIGTERM
     return code
+
+
+def permanent_error(report_path: Path | None) -> str | None:
+    """The message of the permanent error a role reported at ``report_path`` (:mod:`rlrun.role_exit`: exit 78),
+    or None: no report, one that does not read, or no permanent error."""
+    try:
+        report = ExitReport.model_validate_json(report_path.read_text()) if report_path is not None else None
+    except (OSError, ValueError):
+        return None
+    return report.message if report is not None and report.outcome == "error" and report.permanent else None
+
+
+def death_report(exc: ChildDied) -> list[Text]:
+    """What to say of a child that died, line by line: a role's permanent error as its message alone (what to
+    change is in it; a traceback or the log's tail would add nothing), else the exit and the log's last 20 lines."""
+    child = exc.child
+    message = permanent_error(child.exit_report)
+    if message is not None:
+        return [
+            Text.assemble(("error:", "red"), f" {child.name} stopped: {message}"),
+            Text(f"(exit {exc.code}: retrying cannot heal it; its log: {child.log_path})"),
+        ]
+    return [Text.assemble(("error:", "red"), f" {exc}; last lines of {child.log_path}:")] + [
+        Text(f"  {line}") for line in child.tail(20)
+    ]
 
 
 def exits_cleanly(child: Child, within_s: float) -> bool:

@@ -8,10 +8,12 @@ policy version that was current when its group was dispatched. No request waits 
 One request with ``n = members`` samples a whole group (they share the prompt) unless
 ``rollout.members_per_request`` splits it, so that members finish at different times.
 Requests go to the least-loaded endpoint among those holding at least the version the request
-is labelled with (``RolloutClient.loaded_version``, set when a reload is confirmed): the label
-is never newer than the weights that produce the tokens, whatever the order of weight updates
-and endpoint changes. A request that fails on a server — a transport error, an error answer,
-or no answer within ``rollout.request_timeout_seconds`` — is retried (tenacity), on a server
+is labelled with (``RolloutClient.loaded_version``, set when a reload is confirmed) and not in a
+weight update's reload window (:mod:`rlrun.rollout.client`): the label is never newer than the
+weights that produce the tokens, and those are the weights the server held when it was sent,
+whatever the order of weight updates and endpoint changes (while every server holding the version
+reloads, a request waits for the first to resume). A request that fails on a server — a transport
+error, an error answer, or no answer within ``rollout.request_timeout_seconds`` — is retried (tenacity), on a server
 that has not failed recently when there is one, for up to ``rollout.retry_window_seconds``;
 then its result carries the error, so the orchestrator can request the members again or
 abandon the group (:mod:`~rlrun.orchestrator.cancellation`). An answer with a completion that
@@ -43,12 +45,15 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 from rlrun.api.spec import RLRunSpec, SamplingSpec
 from rlrun.envs.base import Env
 from rlrun.orchestrator.episodes import EpisodeBuilder
-from rlrun.orchestrator.groups import GroupCancellation, GroupRequest, GroupResult, KeptConversation
+from rlrun.orchestrator.groups import EndpointChange, GroupCancellation, GroupRequest, GroupResult, KeptConversation
 from rlrun.orchestrator.turns import Conversation, TurnIO, go_on, play_all, sum_sampled
-from rlrun.rollout.client import Completion, RolloutClient, RolloutError, UnusableCompletion
+from rlrun.rollout.client import Completion, RolloutClient, RolloutError, ServerReloading, UnusableCompletion
 
 log = logging.getLogger(__name__)
 
+
+#: Most seconds a request waiting for a server to end its reload waits before it looks at the endpoints again.
+RELOAD_LOOK_S = 1.0
 
 #: What a failed try of a request raises: the server is gone, answered an error, or took too long.
 _REQUEST_ERRORS = (httpx.TransportError, RolloutError, asyncio.TimeoutError)
@@ -70,22 +75,6 @@ class _Inflight:  # a request in flight: its task, what it asks, its label, and 
     policy_version: int
     url: str | None = None  # the endpoint its current try waits on (None between tries)
     sent_at: float = 0.0  # when its current try was sent (monotonic seconds)
-
-
-@dataclass(frozen=True)
-class EndpointChange:
-    """What :meth:`Dispatcher.set_endpoints` changed.
-
-    Attributes:
-        added: clients of the endpoints that are new (they need the current weights).
-        removed: the endpoints dropped, sorted.
-        lost: one ``lost`` cancellation per request that was in flight on a removed endpoint
-            (already cancelled; the caller settles them, :func:`~rlrun.orchestrator.cancellation.settle`).
-    """
-
-    added: list[RolloutClient]
-    removed: list[str]
-    lost: list[GroupCancellation]
 
 
 class Dispatcher:
@@ -283,23 +272,33 @@ class Dispatcher:
         if not task.cancelled() and task.exception() is not None:
             self.failures.append(task.exception())
 
-    def _pick(self, failed: set[str], policy_version: int) -> str:
+    async def _pick(self, failed: set[str], policy_version: int) -> str:
         """The least-loaded endpoint holding at least ``policy_version`` (the version the request is labelled
-        with: a label never newer than the weights that produce the tokens), avoiding those that failed this
-        request or failed recently (within the retry window) while others remain.
+        with: a label never newer than the weights that produce the tokens) and not reloading, avoiding those that
+        failed this request or failed recently (within the retry window) while others remain; while every endpoint
+        holding it reloads (all are given new weights at once), the first to resume.
 
         Raises:
             RolloutError: no endpoints, or none holds ``policy_version`` yet (one joining is being caught up):
                 the request's next try asks again.
         """
-        if not self.clients:
-            raise RolloutError("no rollout endpoints")
-        holding = [u for u in self.load if self.clients[u].loaded_version >= policy_version]
-        if not holding:
-            raise RolloutError(f"no rollout server holds policy {policy_version} yet")
+        while True:
+            if not self.clients:
+                raise RolloutError("no rollout endpoints")
+            holding = [u for u in self.load if self.clients[u].loaded_version >= policy_version]
+            if not holding:
+                raise RolloutError(f"no rollout server holds policy {policy_version} yet")
+            if serving := [u for u in holding if not self.clients[u].reloading]:
+                break
+            waits = [asyncio.ensure_future(self.clients[u].wait_serving()) for u in holding]
+            try:  # looked at again after RELOAD_LOOK_S whatever happens: the endpoints may change meanwhile
+                await asyncio.wait(waits, timeout=RELOAD_LOOK_S, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
         recent = time.monotonic() - self.retry_window_s
-        healthy = [u for u in holding if u not in failed and self.last_failure.get(u, -1e18) < recent]
-        candidates = healthy or [u for u in holding if u not in failed] or holding
+        healthy = [u for u in serving if u not in failed and self.last_failure.get(u, -1e18) < recent]
+        candidates = healthy or [u for u in serving if u not in failed] or serving
         return min(candidates, key=self.load.__getitem__)
 
     async def _sample(
@@ -320,26 +319,31 @@ class Dispatcher:
             reraise=True,
         ):
             with attempt:
-                url = self._pick(failed, policy_version)
-                self.load[url] += n
-                if entry is not None:  # a multi-turn request's members share it: the latest try is shown
-                    entry.url, entry.sent_at = url, time.monotonic()
-                try:
-                    return await asyncio.wait_for(
-                        self.clients[url].complete(prompt_ids, self.sampling, n=n), self.request_timeout_s
-                    )
-                except UnusableCompletion:
-                    raise  # the server works; the answer is what cannot be used
-                except _REQUEST_ERRORS as exc:
-                    failed.add(url)
-                    self.last_failure[url] = time.monotonic()
-                    log.warning("%s failed on %s: %s", members, url, _describe(exc, self.request_timeout_s))
-                    raise
-                finally:
-                    if entry is not None and entry.url == url:
-                        entry.url = None
-                    if url in self.load:
-                        self.load[url] -= n
+                while True:
+                    url = await self._pick(failed, policy_version)
+                    self.load[url] += n
+                    if entry is not None:  # a multi-turn request's members share it: the latest try is shown
+                        entry.url, entry.sent_at = url, time.monotonic()
+                    try:
+                        return await asyncio.wait_for(
+                            self.clients[url].complete(prompt_ids, self.sampling, n=n), self.request_timeout_s
+                        )
+                    except ServerReloading as exc:  # not the server's failure: ask again at once
+                        if exc.answered_after_pause:
+                            log.info("%s: %s; asked again", members, exc)
+                        continue
+                    except UnusableCompletion:
+                        raise  # the server works; the answer is what cannot be used
+                    except _REQUEST_ERRORS as exc:
+                        failed.add(url)
+                        self.last_failure[url] = time.monotonic()
+                        log.warning("%s failed on %s: %s", members, url, _describe(exc, self.request_timeout_s))
+                        raise
+                    finally:
+                        if entry is not None and entry.url == url:
+                            entry.url = None
+                        if url in self.load:
+                            self.load[url] -= n
 
     async def _run(self, request: GroupRequest, policy_version: int) -> None:
         kept = request.resume_from  # a multi-turn episode continued at its last durable turn

@@ -1,7 +1,8 @@
 """Endpoint membership: which rollout servers get requests, as servers come, go, miss and regain weights.
 
-Guarantee: a rollout server gets a request only while it holds the current weights (the dispatcher
-checks each server's confirmed version, :attr:`~rlrun.rollout.client.RolloutClient.loaded_version`). A
+Guarantee: a rollout server gets a request only while it holds the current weights and is not reloading (the
+dispatcher checks each server's confirmed version, :attr:`~rlrun.rollout.client.RolloutClient.loaded_version`, and
+its reload window, :attr:`~rlrun.rollout.client.RolloutClient.reloading`). A
 server added (``PUT /rollout-endpoints``) gets no request until it is caught up; one that missed an
 update while it was being caught up (the update's server list was made before it joined) is caught up
 again at the next look (:meth:`EndpointMembership.catch_up_lagging`); one that cannot be reached during a weight

@@ -20,8 +20,8 @@ evaluated (trainer steps: the weights after that step; 0 is the model the run st
 How it runs without stalling training: the eval requests go to the rollout servers beside the training
 requests (vLLM batches them together), and the weights are held for their duration — the next weight push
 waits until the round is answered, so every eval completion comes from the version it is labelled with
-(a push pauses a server only after the requests it runs finish, ``pause?mode=wait``, and requests still
-queued would run on the new weights). Training goes on meanwhile: the trainer trains on what is queued,
+(a push pauses a server once the requests out are answered, at most :data:`rlrun.rollout.client.DRAIN_S`;
+one answered after the pause is refused, and the round fails). Training goes on meanwhile: the trainer trains on what is queued,
 and the rollout servers keep generating with the held version, within ``max_off_policy_steps``. The cost is
 the servers' time on ``tasks × (1 + k)`` completions per round (``benchmarks/learning.py`` measures the
 step time with evaluation on and off). Eval work never enters the dispatcher, the sink, the journal or the

@@ -2,13 +2,14 @@
 
 The trainer publishes ``broadcasts/step_N/`` after step N; the follower loads the newest
 one into every rollout server (:func:`~rlrun.orchestrator.weights.push_weights`: validate,
-then pause → reload → reset prefix cache → resume) and removes the older broadcasts.
+then drain → pause → reload → reset prefix cache → resume) and removes the older broadcasts.
 
 Guarantees: the policy version only goes up; only broadcasts written by this attempt's
 trainer are loaded (a dead attempt's may hold weights the resumed run never trained);
 weights that do not match the model are refused before any server is touched; the version
-recorded at dispatch is never newer than the weights that produce the tokens (servers
-finish in-flight requests on the old weights before reloading). A server that cannot be
+recorded at dispatch is never newer than the weights that produce the tokens, and those are the
+weights the server held when the request was sent (a server gets no request while it reloads, and
+reloads once the requests out are answered: :mod:`rlrun.rollout.client`). A server that cannot be
 reached during an update (its node is going away) is returned as unreachable rather than
 failing the run: the orchestrator benches it until it answers again and has caught up.
 """

@@ -32,7 +32,9 @@ requested, a batch never filled) — the stall report names: when the run has ne
 finished an episode for :data:`STALL_REPORT_S` while running, it logs once (per stall) the whole accounting
 the loop holds (queue, open groups with their finished members and the requests out for them, what is
 requested, in flight, journaled and not yet admitted, the flow budget). The stall of issue 26 could not be
-reproduced (``docs/design.md``, "Rollout liveness"); the next one says where its work went.
+reproduced (``docs/design.md``, "Rollout liveness"); the next one says where its work went. A run whose episodes
+keep finishing while no batch forms (every group rejected for zero reward spread) never stalls by this measure:
+at each :meth:`LivenessGuard.check` the guard of :mod:`.no_signal` looks at the sink's counters, warns, then stops it.
 
 A policy object like :mod:`.endpoints`: it owns no task; the orchestrator's follower loop calls
 :meth:`LivenessGuard.check`, and what it takes out of use comes back for the loop to settle.
@@ -46,8 +48,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rlrun.api.spec import RLRunSpec
 from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.groups import GroupCancellation
+from rlrun.orchestrator.no_signal import NoSignalGuard
+from rlrun.orchestrator.sink import TrainSink
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +72,14 @@ WARMUP_CONFIRM_S = 30.0
 
 
 class LivenessGuard:
-    """Finds requests a rollout server is not working on (module docstring); :meth:`bind` before use."""
+    """Finds requests a rollout server is not working on (module docstring); :meth:`bind` before use.
 
-    def __init__(self) -> None:
+    Args:
+        spec: the run's spec, for its :class:`~rlrun.orchestrator.no_signal.NoSignalGuard` (None: none).
+    """
+
+    def __init__(self, spec: RLRunSpec | None = None) -> None:
+        self.no_signal = NoSignalGuard(spec) if spec is not None else None
         self._last_check = -1e18
         #: server → (when it was first seen idle with requests out, the requests out then)
         self._idle: dict[str, tuple[float, set[tuple[int, int]]]] = {}
@@ -83,14 +93,17 @@ class LivenessGuard:
         settle: Callable[[list[GroupCancellation]], None],
         progress: Callable[[], object] = lambda: None,
         accounting: Callable[[], dict] = dict,
+        sink: TrainSink | None = None,
     ) -> None:
         """Wire it to the ``dispatcher`` whose requests it watches and ``settle`` for those it cancels; for the
         stall report, ``progress()`` (a value that changes whenever the run moves, None while it is not
-        running: paused, done) and ``accounting()`` (what the report logs)."""
+        running: paused, done) and ``accounting()`` (what the report logs); the ``sink`` whose counters the
+        no-signal guard reads."""
         self.dispatcher = dispatcher
         self.settle = settle
         self.progress = progress
         self.accounting = accounting
+        self.sink = sink
 
     def check_stall(self) -> bool:
         """Log the stall report when the run has not moved for :data:`STALL_REPORT_S` (once per stall);
@@ -119,7 +132,13 @@ class LivenessGuard:
         return out
 
     async def check(self) -> int:
-        """Look at the servers (at most every :data:`CHECK_EVERY_S`); returns how many requests it asked again."""
+        """Look at the servers (at most every :data:`CHECK_EVERY_S`); returns how many requests it asked again.
+
+        Raises:
+            NoLearningSignal: the sink's groups kept having zero reward spread and no batch formed (:mod:`.no_signal`).
+        """
+        if self.no_signal is not None and self.sink is not None:
+            self.no_signal.check(self.sink.counters)
         now = time.monotonic()
         if now - self._last_check < CHECK_EVERY_S:
             return 0

@@ -49,7 +49,7 @@ from rlrun.orchestrator.source import TrainSource
 from rlrun.orchestrator.weights import weights_signature
 from rlrun.rollout.client import RolloutClient
 from rlrun.rundir import RunDir, run_dir_attempt, write_file_atomic
-from rlrun.tracking.publisher import TrackerPublisher
+from rlrun.tracking.publisher import AT_PAUSE_S, TrackerPublisher
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class Orchestrator:
         self.kept = KeptConversations(self.ledger)  # multi-turn episodes at their last durable turn
         self.retries = spec.rollout.max_group_retries
         self.endpoints = EndpointMembership()
-        self.liveness = LivenessGuard()
+        self.liveness = LivenessGuard(spec)  # and the guard of a run whose groups all have zero reward spread
         self.evaluation = EvalRounds()
         self.dispatcher: Dispatcher | None = None
         self.shipped = 0
@@ -184,6 +184,7 @@ class Orchestrator:
         checkpoint stays what a next attempt resumes from, and the answer says so (``step`` None).
         While paused (until stopped), every newer trainer part of this attempt — the trainer's save on
         notice — is completed with this same snapshot (:mod:`.checkpointing`), so it is the one resumed from.
+        The experiment trackers close before it answers (:mod:`rlrun.tracking.publisher`).
 
         Raises:
             OrchestratorError: no trainer part to pair the snapshot with.
@@ -201,6 +202,7 @@ class Orchestrator:
                     log.info("%s: no snapshot needed", note)
                 else:
                     result = PauseResult.of_checkpoint(await self.checkpoints.save_pause())
+                    await asyncio.to_thread(self.tracking.close, AT_PAUSE_S)  # what W&B holds, recorded (publisher.py)
                 self.last_pause = result
                 self.phase = "done" if before == "done" else "paused"
                 self._pause_result.set_result(result)
@@ -346,7 +348,7 @@ class Orchestrator:
         """Run until batch ``max_steps`` is shipped and checkpointed, or a pause then stop; returns the step.
 
         Raises:
-            OrchestratorError: unusable run dir or rollout servers that never get healthy.
+            OrchestratorError: unusable run dir, rollout servers that never get healthy, or no batch can form.
             CheckpointMismatch: ``--resume`` against a checkpoint of a different run.
             WeightsError, RolloutError: weights that cannot be loaded into the rollout servers.
         """
@@ -369,7 +371,7 @@ class Orchestrator:
             self.spec, self.envs, tokenizer, self.run_dir.evaluations, self.attempt, self.dispatcher.episodes
         )
         self.evaluation.bind(evaluator, self._clients, self.max_steps)
-        self.liveness.bind(self.dispatcher, self._settle, self._progress, lambda: stall_accounting(self))
+        self.liveness.bind(self.dispatcher, self._settle, self._progress, lambda: stall_accounting(self), self.sink)
         self.admission.bind(
             self.sink, self.source, self.dispatcher, self.ledger, self.metrics, self.results, self._settle,
             next_step=lambda: self.cut + 1, holding=lambda: self.paused or self.phase == "done", kept=self.kept,

@@ -72,6 +72,7 @@ class SinkCounters:
     episodes_finished: int = 0  # every finished episode that reached the sink (an abandoned group's too)
     groups_scored: int = 0
     groups_rejected: int = 0  # too few fresh members, or zero reward spread
+    groups_rejected_zero_spread: int = 0  # of groups_rejected: zero reward spread (what NoSignalGuard watches)
     groups_rejected_solved: int = 0  # of groups_rejected: zero spread, every member at SOLVED_REWARD
     groups_rejected_same_wrong: int = 0  # of groups_rejected: zero spread, not solved, identical completions
     samples_queued: int = 0
@@ -188,7 +189,8 @@ class TrainSink:
         return samples
 
     def _count_zero_spread(self, members: list[Episode]) -> None:
-        """Count why a group rejected for zero reward spread had it: solved by all, or the same wrong answer."""
+        """Count a group rejected for zero reward spread, and why it had it: solved by all, or the same wrong answer."""
+        self.counters.groups_rejected_zero_spread += 1
         if all(e.reward >= SOLVED_REWARD for e in members):
             self.counters.groups_rejected_solved += 1
         elif len({tuple(e.completion_ids) for e in members}) == 1:

@@ -26,22 +26,46 @@ sampled turn — what the staleness rule reads (``docs/envs.md``).
 Durability: after each env answer the episode goes on from, the conversation is handed to ``TurnIO.keep``
 (the orchestrator journals it: :mod:`.conversations`), and a resumed attempt continues it from there
 (:func:`go_on` from a :class:`~rlrun.orchestrator.groups.KeptConversation`) instead of from its first turn.
+The kept state is the env's state **as of the kept turn**: a copy in its JSON form taken when the turn is kept
+(:func:`kept_state`), never the object the conversation goes on with — an env whose ``respond`` changes its state
+in place would otherwise move the kept state a move past its kept stream while the next turn is played (and a
+pause would save, and a resume continue, a conversation whose state is ahead of its tokens). The same holds the
+other way: a continued conversation plays on a copy of its kept state.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlrun.envs.base import Messages, MultiTurnEnv, Task
+from rlrun.envs.base import EnvStateError, Messages, MultiTurnEnv, Task
 from rlrun.orchestrator.groups import KeptConversation, count_sampled
 from rlrun.rollout.client import Completion
 
 #: The logprob an env token carries in an episode: none (it was not sampled); the loss mask is 0 there.
 ENV_TOKEN_LOGPROB = float("nan")
+
+
+def kept_state(state: Any, env: str) -> Any:
+    """A resumable env's ``state`` as of now, in the JSON form a journal record and a snapshot keep (a copy: nothing
+    the env does to ``state`` afterwards reaches it; tuples read back as lists, dict keys as strings, as a resume
+    would read them).
+
+    Raises:
+        EnvStateError: ``state`` is not plain JSON (a ``resumable`` env promises it is).
+    """
+    try:
+        return json.loads(json.dumps(state))
+    except (TypeError, ValueError) as exc:
+        raise EnvStateError(
+            f"env {env}: resumable = True, but its state is not plain JSON ({exc}); the state a resumable env's "
+            "start and respond return is journaled after each turn: make it JSON (dicts with string keys, lists, "
+            "strings, numbers, booleans, None), or drop resumable (a preempted episode then starts over)"
+        ) from None
 
 
 def sampled_mask(logprobs: Sequence[float]) -> list[bool]:
@@ -91,18 +115,25 @@ class Conversation:
         return len(self.logprobs) - count_sampled(self.logprobs)
 
     def kept(self, group_id: int, member: int, task: Task, policy_version: int) -> KeptConversation:
-        """This conversation as member ``member`` of group ``group_id`` keeps it (ready for its next turn)."""
+        """This conversation as member ``member`` of group ``group_id`` keeps it (ready for its next turn): its stream
+        and its env state as of now (:func:`kept_state`: a copy, so a ``respond`` that changes the state in place
+        while the next turn is played leaves the kept one as it was).
+
+        Raises:
+            EnvStateError: the env's state is not plain JSON.
+        """
         return KeptConversation(
             group_id, member, task, policy_version, self.ids[: self.prompt_len], self.completion_ids,
-            list(self.logprobs), self.state, self.turns, self.reward, self.tool_calls, self.tool_errors,
+            list(self.logprobs), kept_state(self.state, task.env), self.turns, self.reward, self.tool_calls,
+            self.tool_errors,
         )  # fmt: skip
 
     @classmethod
     def from_kept(cls, kept: KeptConversation) -> Conversation:
-        """The conversation ``kept`` holds, ready for its next turn."""
+        """The conversation ``kept`` holds, ready for its next turn (on a copy of its state: ``kept`` stays as kept)."""
         ids = [*kept.prompt_ids, *kept.completion_ids]
-        return cls(len(kept.prompt_ids), ids, list(kept.logprobs), kept.state, kept.turns, kept.reward,
-                   kept.tool_calls, kept.tool_errors)  # fmt: skip
+        return cls(len(kept.prompt_ids), ids, list(kept.logprobs), kept_state(kept.state, kept.task.env), kept.turns,
+                   kept.reward, kept.tool_calls, kept.tool_errors)  # fmt: skip
 
 
 @dataclass(frozen=True)

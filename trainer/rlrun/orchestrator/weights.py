@@ -3,7 +3,9 @@
 vLLM kills the whole server when a ``collective_rpc`` method raises, so weights
 are validated here first: every ``*.safetensors`` file must parse and hold exactly
 the tensor names, dtypes and shapes of the reference (the initial model). Only
-then does every server run pause(wait) → reload → reset prefix cache → resume.
+then does every server run its update (:meth:`~rlrun.rollout.client.RolloutClient.update_weights`: no
+completion sent from its start to its resume; the completions out answered first; pause(wait) → reload →
+reset prefix cache → resume).
 
 A server that cannot be reached during its update (a transport error: its node is going
 away, or its endpoint was removed and its client closed meanwhile) does not fail the

@@ -7,10 +7,18 @@ then EOS, cut at the request's ``max_tokens`` (``finish_reason: "length"``), so 
 group rejections resemble a real run's. With ``samples_per_s`` set, completions are served
 at that aggregate rate (a model of a real server's throughput); without it they are
 instant. ``GET /metrics`` reports the completions being generated as vLLM's
-``vllm:num_requests_running`` (and ``vllm:num_requests_waiting`` 0). A weight reload (``POST /collective_rpc`` with ``rlrun_reload_weights``) answers
-as the worker extension does: ``ok`` when the directory holds ``*.safetensors`` files, an
-error naming the directory otherwise (nothing is loaded: the answers do not depend on the
-weights).
+``vllm:num_requests_running`` (and ``vllm:num_requests_waiting`` 0). A weight reload (``POST /collective_rpc`` with
+``rlrun_reload_weights``) answers as the worker extension does: ``ok`` when the directory holds ``*.safetensors``
+files, an error naming the directory otherwise (nothing is loaded: the answers do not depend on the weights); it
+takes ``reload_s`` seconds (a slow reload: a large model, a loaded machine).
+
+A weight update keeps vLLM's semantics: ``POST /pause`` holds the completions that arrive until ``POST /resume``
+and answers once those in flight are answered (``mode=wait``), ``POST /update_weight_version`` sets the version
+served. What an orchestrator must never do is counted (:class:`ReloadCounts`, the transport's ``counts``; also
+on ``/metrics`` as ``rlrun_fake_*``): a completion that arrives in a reload window (between ``/pause`` and
+``/resume``: vLLM would generate it after the resume, on weights other than those the server held when it was
+sent) and one still in flight when ``/pause`` arrives (vLLM answers it on the old weights only if it is already
+running, else after the resume).
 
 :func:`serve_fake_vllm` serves the same answers over real HTTP, in a process of its own as a
 real vLLM is; ``rlrun rollout --fake`` runs it in place of vLLM (what a rollout pod or
@@ -26,11 +34,29 @@ import multiprocessing
 import random
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
 from rlrun.rollout.client import RolloutClient
+
+
+@dataclass
+class ReloadCounts:
+    """What a fake server saw of weight updates (module docstring).
+
+    Attributes:
+        reloads: weight reloads done.
+        sent_in_reload: completions that arrived between a ``/pause`` and its ``/resume``.
+        in_flight_at_pause: completions still being answered when a ``/pause`` arrived.
+        version: the weight version served (the last ``/update_weight_version``).
+    """
+
+    reloads: int = 0
+    sent_in_reload: int = 0
+    in_flight_at_pause: int = 0
+    version: str = "0"
 
 
 def fake_vllm_transport(
@@ -39,9 +65,10 @@ def fake_vllm_transport(
     eos_id: int = 0,
     vocab: range = range(2, 97),
     seed: int = 0,
+    reload_s: float = 0.0,
 ) -> httpx.MockTransport:
     """A transport answering ``/v1/completions``, ``/collective_rpc`` and the admin routes (see the module
-    docstring).
+    docstring); its ``counts`` attribute is its :class:`ReloadCounts`.
 
     Args:
         samples_per_s: aggregate completion rate (completions per second over all requests); None: instant.
@@ -49,47 +76,88 @@ def fake_vllm_transport(
         eos_id: the token that ends a completion.
         vocab: the token ids an error is drawn from.
         seed: seed of the errors (the same requests in the same order get the same answers).
+        reload_s: seconds a weight reload takes.
     """
     rng = random.Random(seed)
     clock = {"free_at": 0.0, "running": 0}
+    counts = ReloadCounts()
+    state: dict = {"in_flight": 0, "loop": None}  # the events are made in (and for) the loop serving
+
+    def events() -> tuple[asyncio.Event, asyncio.Event]:
+        if state["loop"] is not asyncio.get_running_loop():  # a transport a test reuses in a later loop
+            state["loop"] = asyncio.get_running_loop()
+            state["resumed"], state["answered"] = asyncio.Event(), asyncio.Event()
+            state["resumed"].set()
+            state["answered"].set()
+        return state["resumed"], state["answered"]
+
+    async def complete(body: dict) -> httpx.Response:
+        n = body.get("n", 1)
+        if samples_per_s:
+            loop = asyncio.get_running_loop()
+            clock["free_at"] = max(clock["free_at"], loop.time()) + n / samples_per_s
+            clock["running"] += n
+            try:
+                await asyncio.sleep(clock["free_at"] - loop.time())
+            finally:
+                clock["running"] -= n
+        answer = body["prompt"][-2::-1]
+        max_tokens = body.get("max_tokens") or len(answer) + 1
+        choices = []
+        for i in range(n):
+            ids = [rng.choice(vocab) if rng.random() < error_rate else t for t in answer] + [eos_id]
+            finish = "stop" if len(ids) <= max_tokens else "length"
+            ids = ids[:max_tokens]
+            choices.append(
+                {
+                    "index": i,
+                    "token_ids": ids,
+                    "logprobs": {"token_logprobs": [-0.1] * len(ids)},
+                    "finish_reason": finish,
+                }
+            )
+        return httpx.Response(200, json={"choices": choices})
 
     async def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/metrics":  # what the orchestrator's liveness guard reads, as vLLM names it
+        path = request.url.path
+        resumed, answered = events()
+        if path == "/metrics":  # what the orchestrator's liveness guard reads, as vLLM names it
             text = f'vllm:num_requests_running{{model_name="policy"}} {clock["running"]}\n'
             text += 'vllm:num_requests_waiting{model_name="policy"} 0\n'
+            text += f"rlrun_fake_completions_sent_in_reload_total {counts.sent_in_reload}\n"
+            text += f"rlrun_fake_completions_in_flight_at_pause_total {counts.in_flight_at_pause}\n"
             return httpx.Response(200, text=text)
-        if request.url.path == "/v1/completions":
-            body = json.loads(request.content)
-            n = body.get("n", 1)
-            if samples_per_s:
-                loop = asyncio.get_running_loop()
-                clock["free_at"] = max(clock["free_at"], loop.time()) + n / samples_per_s
-                clock["running"] += n
-                try:
-                    await asyncio.sleep(clock["free_at"] - loop.time())
-                finally:
-                    clock["running"] -= n
-            answer = body["prompt"][-2::-1]
-            max_tokens = body.get("max_tokens") or len(answer) + 1
-            choices = []
-            for i in range(n):
-                ids = [rng.choice(vocab) if rng.random() < error_rate else t for t in answer] + [eos_id]
-                finish = "stop" if len(ids) <= max_tokens else "length"
-                ids = ids[:max_tokens]
-                choices.append(
-                    {
-                        "index": i,
-                        "token_ids": ids,
-                        "logprobs": {"token_logprobs": [-0.1] * len(ids)},
-                        "finish_reason": finish,
-                    }
-                )
-            return httpx.Response(200, json={"choices": choices})
-        if request.url.path == "/collective_rpc":
-            return httpx.Response(200, json={"results": [_rpc_result(json.loads(request.content or b"{}"))]})
+        if path == "/v1/completions":
+            if not resumed.is_set():
+                counts.sent_in_reload += 1
+                await resumed.wait()  # vLLM holds it until the resume
+            state["in_flight"] += 1
+            answered.clear()
+            try:
+                return await complete(json.loads(request.content))
+            finally:
+                state["in_flight"] -= 1
+                if not state["in_flight"]:
+                    answered.set()
+        if path == "/pause":
+            counts.in_flight_at_pause += state["in_flight"]
+            resumed.clear()
+            await answered.wait()  # mode=wait: those in flight are answered first
+        elif path == "/resume":
+            resumed.set()
+        elif path == "/update_weight_version":
+            counts.version = str(json.loads(request.content or b"{}").get("new_version"))
+        elif path == "/collective_rpc":
+            body = json.loads(request.content or b"{}")
+            if body.get("method") == "rlrun_reload_weights":
+                await asyncio.sleep(reload_s)
+                counts.reloads += 1
+            return httpx.Response(200, json={"results": [_rpc_result(body)]})
         return httpx.Response(200, json={})
 
-    return httpx.MockTransport(handler)
+    transport = httpx.MockTransport(handler)
+    transport.counts = counts  # type: ignore[attr-defined]
+    return transport
 
 
 def _rpc_result(body: dict) -> dict:

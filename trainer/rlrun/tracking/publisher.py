@@ -7,9 +7,15 @@ values: :mod:`rlrun.tracking.steps`), then records what each tracker holds **dur
 ``<run_dir>/tracking.json``, which it alone writes: the tracker run's id, each tracker's last step and evaluated
 versions, the attempts that resumed, and this attempt's trackers (where each can be seen, or why it could not
 log). TensorBoard's steps are durable once its writer is flushed (each look); W&B's only once ``finish()``
-returns, so they are recorded when the attempt closes. The next attempt logs again what a killed one had not
-recorded: TensorBoard hides the killed attempt's copies (``purge_step``), and W&B ignores a step less than its
-run's current one and merges one equal to it, so every step shows once.
+returns, so they are recorded when the attempt closes: at its end, or at its **pause** — the orchestrator closes
+the trackers after writing the pause's snapshot and before it answers (at most :data:`AT_PAUSE_S`), so a pause
+followed by a SIGKILL (a node lost with its pods, ``rlrun local --preempt-at-step``) leaves ``tracking.json``
+saying what W&B holds, and the next attempt gives W&B no step twice (issue 36.5: its offline files held steps
+1–7 twice). Steps that become final after the pause (the trainer's save on notice paired with it) are logged by
+the next attempt. The next attempt logs again what a killed one had not recorded (killed without a pause, or a
+W&B that took longer than :data:`AT_PAUSE_S` to finish): TensorBoard hides the killed attempt's copies
+(``purge_step``), and W&B ignores a step less than its run's current one and merges one equal to it, so every
+step shows once in the run W&B keeps — its offline files then hold those steps twice, the second copies ignored.
 
 The tracker run's id derives from the run's identity: the RLRun's uid (``--run-uid``, the operator's), else
 (``rlrun local``) an id made once and kept in ``tracking.json``. Every attempt resumes that run, so charts
@@ -46,6 +52,8 @@ log = logging.getLogger(__name__)
 
 #: How often the thread looks for new final steps, seconds.
 POLL_S = 1.0
+#: Most seconds a pause waits for the trackers to close (W&B's ``finish()``) before it answers.
+AT_PAUSE_S = 10.0
 
 
 def read_state(run_dir: RunDir) -> dict[str, Any]:
