@@ -66,8 +66,8 @@ class TrainSource:
         if self.resume_requests:
             return self.resume_requests.popleft()
         index = self.cursor
-        self.cursor += 1
         request = GroupRequest(group_id=index, task=self.task_at(index), members=group_size)
+        self.cursor += 1  # only past a task that was made: one whose env raised is not passed over
         self.note_members(index, request.next_member)
         return request
 
