@@ -17,6 +17,10 @@ reports how much. With the episode journal (:mod:`rlrun.orchestrator.journal`) a
 ``finished`` event of a journaled episode (``j``) must come back as ``replayed`` in a later
 attempt that counts: :func:`check_ledger` reports each one that does not as lost, and each
 episode finished (or replayed) more than once in the final history as doubled.
+
+Stops (version 2, :mod:`rlrun.ledger_events`): every attempt starts with ``started`` and, unless killed, ends
+with ``leftover`` (what it still held: episodes and tasks) and ``stopped``, so the check passes after any stop
+and verifies tasks too (:mod:`rlrun.ledger_checks`); a killed last attempt's work is pending, not lost.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from rlrun.api.control import TERMINATION_LOG_ENV
 from rlrun.api.spec import RLRun
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.launcher.preemption import LaunchError, PreemptionDrill, preemption_skip_reason
-from rlrun.launcher.processes import Child, ChildDied, free_port, role_exit_code, wait_http_ok
+from rlrun.launcher.processes import Child, ChildDied, free_port, role_exit_code, stop_together, wait_http_ok
 from rlrun.launcher.progress import (
     eval_cell,
     eval_report,
@@ -237,9 +237,9 @@ class LocalLauncher:
         return code, time.monotonic() - t0
 
     def stop_all(self) -> None:
-        """Stop every child (orchestrator first, rollout servers last)."""
-        for child in reversed(self.children):
-            child.stop()
+        """Stop every child together (:func:`~rlrun.launcher.processes.stop_together`): a paused orchestrator pairs the
+        trainer's save on notice before it exits."""
+        stop_together(self.children)
 
     # -- before anything starts -------------------------------------------------------------------------
 

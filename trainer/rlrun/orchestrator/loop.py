@@ -150,7 +150,10 @@ class Orchestrator:
         self.control: ControlServer | None = None
         if control_port is not None:
             self.control = ControlServer(self, control_host, control_port, control_token or "", registry_for(self))
-        self.termination = TerminationHandler(self.pause, self.request_stop, spec.preemption.snapshot_timeout_seconds)
+        deadline = spec.preemption.snapshot_timeout_seconds
+        # paused, it pairs the trainer's save on notice before it stops, leaving a margin for that write
+        pair = lambda left: self.checkpoints.pair_notice_save(left - max(1.0, 0.1 * deadline))  # noqa: E731
+        self.termination = TerminationHandler(self.pause, self.request_stop, deadline, pair)
         self._pause_result: asyncio.Future[PauseResult] | None = None
         self._stop = asyncio.Event()
 
