@@ -10,7 +10,9 @@ batches. New groups are dispatched only while the samples committed — queued, 
 open groups, and dispatched but not yet consumed — stay below that many batches' worth,
 and while the completions in flight stay within ``rollout.max_inflight``. The rest of a
 group already counted (a resume request) needs only a batch left to fill and room in flight
-(:meth:`FlowControl.may_complete`).
+(:meth:`FlowControl.may_complete`). After a resume from a trainer checkpoint older than the policy its
+snapshot was taken at, nothing is dispatched until the servers hold that policy again (:func:`dispatch_round`'s
+``hold_below``).
 
 Guarantee: the orchestrator never dispatches work that is stale on arrival, and
 ``max_off_policy_steps = 0`` is synchronous on-policy RL (each batch is generated
