@@ -315,14 +315,18 @@ def journal_trial(tmp_path, model, crash_env=None, kill_at=None, kills=1, multi_
     code = run_attempt(root, model, 1, False, crash_env, kill_at, multi_turn)
     log1 = (root / "orchestrator-1.log").read_text()
     assert code == -signal.SIGKILL, log1[-3000:]  # killed, not finished first
+    killed = check_ledger(root / "ledger")  # what the kill left is pending for the next attempt, not lost
+    assert killed.ok and killed.interrupted and killed.tasks_checked, killed.problems
     for attempt in range(2, kills + 1):
         again = (1, kill_at[1] if kill_at else 0.0)
         assert run_attempt(root, model, attempt, True, None, again, multi_turn) == -signal.SIGKILL
+        killed = check_ledger(root / "ledger")
+        assert killed.ok and killed.interrupted, killed.problems
     last = kills + 1
     code = run_attempt(root, model, last, True, multi_turn=multi_turn)
     assert code == 0, (root / f"orchestrator-{last}.log").read_text()[-3000:]
     report = check_ledger(root / "ledger")
-    assert report.ok, report.problems
+    assert report.ok and report.tasks_checked and not report.interrupted, report.problems
     assert report.steps == JOURNAL_STEPS and report.trained > 0 and report.journaled > 0
     assert report.journal_lost == 0 and report.doubled == 0 and report.turns_lost == 0
     assert complete_steps(RunDir(root))[-1] == JOURNAL_STEPS

@@ -1,7 +1,9 @@
-"""Scripted envs for tests and benchmarks, named in a manifest by import path (``tests.support.envs:UntilOne``).
+"""Scripted envs for tests and benchmarks, named in a manifest by import path (``tests.support.envs:UntilOne``,
+``tests.support.envs:Faulty``).
 
-Used by ``tests/integration/test_crash_injection.py``, ``tests/unit/test_turn_durability.py`` and
-``benchmarks/turn_durability.py``, whose fake servers answer each turn ``1`` or ``2``.
+``UntilOne`` (and ``InPlace``, its state changed in place) are used by ``tests/integration/test_crash_injection.py``,
+``tests/unit/test_turn_durability.py`` and ``benchmarks/turn_durability.py``, whose fake servers answer each turn ``1``
+or ``2``; ``Faulty`` by the tests of how a run stops (``tests/unit/test_stops.py``).
 """
 
 from __future__ import annotations
@@ -70,3 +72,32 @@ class InPlace(UntilOne):
 
 
 InPlace.gate.set()
+
+
+class Faulty:
+    """A single-turn env whose task ``i`` is prompted ``t<i>=`` (the fake server answers the prompt reversed; reward 1
+    for ``<i>t`` exactly, else 0), with the faults that stop a run at a chosen task.
+
+    Args:
+        long_at: task index whose prompt is too long for the context (``PromptTooLongError`` when it is dispatched).
+        raise_at: task index whose ``task()`` raises (the env's data source failing).
+        reward_fails_from: from this task index on, the reward raises (``RewardsFailing`` after 64 requests).
+    """
+
+    name = "faulty"
+
+    def __init__(self, long_at: int | None = None, raise_at: int | None = None, reward_fails_from: int | None = None):
+        self.long_at = long_at
+        self.raise_at = raise_at
+        self.reward_fails_from = reward_fails_from
+
+    def task(self, seed: int, index: int, split: str = "train") -> Task:
+        if index == self.raise_at:
+            raise RuntimeError(f"task {index}: the env's data source is gone")
+        prompt = ("x" * 100 if index == self.long_at else f"t{index}") + "="
+        return Task(self.name, index, prompt, prompt[-2::-1])
+
+    def reward(self, task: Task, completion: str) -> float:
+        if self.reward_fails_from is not None and task.index >= self.reward_fails_from:
+            raise ConnectionError("the judge is unreachable")
+        return 1.0 if completion == task.answer else 0.0

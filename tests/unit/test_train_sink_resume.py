@@ -180,7 +180,8 @@ def test_restored_sink_holds_the_fresh_work_and_records_what_aged_out():
     assert [e.episode_id for e in sink.open_groups[7].episodes] == ["7/1"]
     assert sink.counters.groups_scored == 5 and sink.counters.samples_dropped_stale == 3
     assert sink.counters.members_left_out_stale == 1
-    assert recorded == [("dropped_stale", ["1/0", "7/0"], {"step": 4, "at": "resume"})]
+    # each too old by the policy that generated it: v below the floor of the resumed step, said in the ledger
+    assert recorded == [("dropped_stale", ["1/0", "7/0"], {"step": 4, "at": "resume", "floor": 2, "v": [1, 1]})]
     with pytest.raises(RuntimeError, match="empty sink"):
         sink.restore(plan, {}, next_step=4)
 

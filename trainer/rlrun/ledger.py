@@ -17,6 +17,10 @@ reports how much. With the episode journal (:mod:`rlrun.orchestrator.journal`) a
 ``finished`` event of a journaled episode (``j``) must come back as ``replayed`` in a later
 attempt that counts: :func:`check_ledger` reports each one that does not as lost, and each
 episode finished (or replayed) more than once in the final history as doubled.
+
+Stops (version 2, :mod:`rlrun.ledger_events`): every attempt starts with ``started`` and, unless killed, ends
+with ``leftover`` (what it still held: episodes and tasks) and ``stopped``, so the check passes after any stop
+and verifies tasks too (:mod:`rlrun.ledger_checks`); a killed last attempt's work is pending, not lost.
 """
 
 from __future__ import annotations
@@ -27,65 +31,22 @@ import re
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from rlrun.ledger_checks import check_tasks, check_turns
+from rlrun.ledger_events import LEDGER_VERSION, LedgerEvent
 
-class LedgerEvent(str, Enum):
-    """The ``"e"`` of a ledger line, and the fields each event carries."""
-
-    #: group, task, env, first_member, members, v (policy version at dispatch)
-    DISPATCHED = "dispatched"
-    #: id (episode), reward, v, and j (its record's number in the attempt's episode journal) when it was
-    #: journaled: written only once the record is durable, so ``j`` marks an *acknowledged* episode
-    FINISHED = "finished"
-    #: ids, group — scored and queued for a batch
-    QUEUED = "queued"
-    #: ids, group, reason (``zero_advantage`` or ``too_few_fresh_members``)
-    REJECTED = "rejected"
-    #: ids, and step (queue sweep), group (left out of scoring) or at (``cancel``, ``resume``)
-    DROPPED_STALE = "dropped_stale"
-    #: group, first_member, members, reason (``stale``: could no longer train; ``failed``: no server
-    #: answered it, or the answer held a completion that cannot be trained (``abort``, no tokens…), with
-    #: the error; ``lost``: its rollout endpoint was removed, with the endpoint in
-    #: ``error``) — a request that ended without members
-    CANCELLED = "cancelled"
-    #: ids, group, env, task (its index), error — members sampled whose reward failed (raised, timed out, not a
-    #: number): they never finished and are requested again (``rlrun.rewards.scoring``)
-    REWARD_FAILED = "reward_failed"
-    #: ids (its finished episodes, possibly none), group, reason — a group given up (counted)
-    ABANDONED = "abandoned"
-    #: step, ids — a batch published for the trainer
-    SHIPPED = "shipped"
-    #: step, reason, ledger_line — the orchestrator part of checkpoint ``step`` is written and durable
-    #: (checkpoint ``step`` is complete); its sink snapshot refers to this file up to ``ledger_line``
-    CHECKPOINT = "checkpoint"
-    #: from_attempt, snapshot_line, step, report (the resume report, ``rlrun.api.control.ResumeReport``)
-    #: — events of ``from_attempt`` after ``snapshot_line`` are rolled back (line −1: the whole attempt,
-    #: a start-over from step 0, which has no report)
-    RESUMED = "resumed"
-    #: ids, attempts, records — journaled episodes of earlier attempts put back by a resume (after the
-    #: snapshot's cut): they count as finished in this attempt, which decides their fate
-    REPLAYED = "replayed"
-    #: group, members, first_member — members of a restored group requested again
-    REDISPATCH_REQUESTED = "redispatch_requested"
-    #: id, k (model turns played), j (its turn record in the attempt's journal), v — a multi-turn episode's turn
-    #: kept: written once the record is durable (``rlrun.orchestrator.conversations``)
-    TURN = "turn"
-    #: ids, reason — kept conversations ended without an episode (their request cancelled, group abandoned, run
-    #: done; at a resume: stale, surplus, group_scored)
-    TURNS_DROPPED = "turns_dropped"
-    #: ids, turns, v, floor — kept conversations a resume continues at their last durable turn (each ``v`` ≥ the
-    #: staleness floor ``floor`` of the resumed step)
-    CONTINUED = "continued"
-    #: env, index, reason — a task the cursor passed without rolling it out (``prompt_too_long``: its prompt does not
-    #: fit the context less ``sampling.max_tokens``, ``spec.rollout.overlong_prompts: filter``)
-    TASK_DROPPED = "task_dropped"
-    #: ids — still queued or in open groups when the run ended
-    LEFTOVER = "leftover"
-    #: step, ids — the trainer trained batch ``step`` (trainer ledger)
-    TRAINED = "trained"
+__all__ = [
+    "LEDGER_VERSION",
+    "Ledger",
+    "LedgerEvent",
+    "LedgerReport",
+    "check_ledger",
+    "has_stopped",
+    "ledger_attempts",
+    "read_ledger",
+]
 
 
 _FILE_RE = re.compile(r"^attempt-(\d+)\.(orchestrator|trainer)\.jsonl$")
@@ -149,6 +110,25 @@ def ledger_attempts(root: Path, role: str) -> list[int]:
     return sorted(int(m.group(1)) for m in found if m and m.group(2) == role)
 
 
+def has_stopped(root: Path, attempt: int, role: str) -> bool | None:
+    """Whether the ``role`` process of ``attempt`` has stopped: the last line of its ledger is a ``stopped`` event.
+
+    None when it has no ledger (it never started); False while its last line is another event (it runs, or was
+    killed). Reads the file's last 4 KiB only: a long run's ledger is long, and a ``stopped`` line is short.
+    """
+    path = root / f"attempt-{attempt}.{role}.jsonl"
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
+            tail = fh.read().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(tail).get("e") == LedgerEvent.STOPPED.value
+    except ValueError:  # a torn or cut line: not a stop
+        return False
+
+
 def read_ledger(root: Path) -> dict[tuple[int, str], list[dict]]:
     """``{(attempt, role): [event, …]}``; a torn last line (crash mid-write) is ignored."""
     out: dict[tuple[int, str], list[dict]] = {}
@@ -190,6 +170,16 @@ class LedgerReport:
     conversations_continued: int = 0
     turns_lost: int = 0
     steps: int = 0
+    #: the last attempt was killed (it started and never stopped): what it held is pending, not lost
+    interrupted: bool = False
+    pending: int = 0  # finished episodes the interrupted run still holds (its checkpoint and journal)
+    #: tasks are checked for ledgers of version 2 (``rlrun.ledger_checks``); older ones check episodes only
+    tasks_checked: bool = False
+    tasks: int = 0
+    tasks_trained: int = 0
+    tasks_dropped: int = 0  # rejected, abandoned or dropped stale (the ledger says why), none trained
+    tasks_leftover: int = 0
+    tasks_pending: int = 0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -206,37 +196,6 @@ _FATES = tuple(
 )
 
 
-def _check_turns(orch: dict[int, list[dict]], finished: set[str], report: LedgerReport) -> None:
-    """Multi-turn episodes' kept turns (``rlrun.orchestrator.conversations``): a resume continues a conversation at
-    no fewer turns than were kept before it (else turns were lost), with a policy version within the staleness
-    bound; and every conversation with a kept turn ends — its episode finished in the final history (and so was
-    trained once, or dropped, by the episode checks) or the conversation was dropped (``turns_dropped``)."""
-    kept: dict[str, int] = {}  # episode → most turns kept so far, over the attempts read so far
-    ended: set[str] = set()
-    for a in sorted(orch):
-        for ev in orch[a]:
-            if ev["e"] == LedgerEvent.TURN:
-                kept[ev["id"]] = max(kept.get(ev["id"], 0), ev["k"])
-                report.turns_kept += 1
-            elif ev["e"] == LedgerEvent.TURNS_DROPPED:
-                ended.update(ev["ids"])
-            elif ev["e"] == LedgerEvent.CONTINUED:
-                for eid, k, v in zip(ev["ids"], ev["turns"], ev["v"], strict=True):
-                    report.conversations_continued += 1
-                    if k < kept.get(eid, 0):
-                        report.turns_lost += kept[eid] - k
-                        report.problems.append(
-                            f"episode {eid} was continued at turn {k} (attempt {a}) although turn {kept[eid]} was kept"
-                        )
-                    if v < ev["floor"]:
-                        report.problems.append(
-                            f"episode {eid} was continued with policy version {v}, below the staleness floor "
-                            f"{ev['floor']} of its step (attempt {a})"
-                        )
-    for eid in sorted(set(kept) - finished - ended):
-        report.problems.append(f"episode {eid} kept {kept[eid]} turns but neither finished nor was dropped")
-
-
 def check_ledger(root: Path) -> LedgerReport:
     """Prove invariant 1 on a finished run from its ledger.
 
@@ -245,8 +204,14 @@ def check_ledger(root: Path) -> LedgerReport:
     end of the run; no episode may be trained twice; every step 1..last must be trained
     exactly once in the final history; and no attempt may resume from a step older than a
     checkpoint an earlier attempt completed (trained steps lost, e.g. to a pruned or
-    damaged checkpoint). Turn-level durability (:func:`_check_turns`): no kept turn lost, none
-    continued past the staleness bound.
+    damaged checkpoint). Turn-level durability (:func:`~rlrun.ledger_checks.check_turns`): no kept turn lost,
+    none continued past the staleness bound. Tasks (ledger version 2, :func:`~rlrun.ledger_checks.check_tasks`):
+    every task the cursor passed is trained, dropped with a reason, or left over.
+
+    A run whose last attempt was killed (a ``started`` line and no ``stopped``: SIGKILL, OOM, a lost node) is
+    ``interrupted``: what that attempt still held — finished episodes not yet trained, tasks out, kept
+    conversations — is ``pending`` (the next ``--resume`` puts it back from the checkpoint and the journal), not a
+    problem. Every other way an attempt stops (done, paused, an error) writes ``leftover`` for what it held.
     """
     ledger = read_ledger(root)
     attempts = sorted({a for a, _ in ledger})
@@ -255,6 +220,17 @@ def check_ledger(root: Path) -> LedgerReport:
         report.problems.append(f"{root}: no ledger files")
         return report
     orch = {a: ledger.get((a, "orchestrator"), []) for a in attempts}
+    began = [a for a in attempts if orch[a]]
+    versioned = bool(began) and all(
+        any(ev["e"] == LedgerEvent.STARTED and ev.get("ledger_version", 1) >= 2 for ev in orch[a]) for a in began
+    )
+    # The work is held by the last attempt that did more than start and stop (one stopped while waiting for its
+    # rollout servers took nothing over): killed, it holds it still.
+    lifecycle = (LedgerEvent.STARTED.value, LedgerEvent.STOPPED.value)
+    holders = [a for a in began if any(ev["e"] not in lifecycle for ev in orch[a])]
+    report.interrupted = (
+        versioned and bool(holders) and not any(ev["e"] == LedgerEvent.STOPPED for ev in orch[holders[-1]])
+    )
     # How far each attempt's orchestrator events count: up to the snapshot a later attempt resumed from.
     cutoff: dict[int, int] = {a: len(orch[a]) for a in attempts}
     restored_step: dict[int, int] = {}
@@ -336,7 +312,9 @@ def check_ledger(root: Path) -> LedgerReport:
     counts = Counter()
     for eid in finished:
         f = fates.get(eid, [])
-        if not f:
+        if not f and report.interrupted:
+            report.pending += 1
+        elif not f:
             report.problems.append(f"episode {eid} finished but was never trained, rejected, dropped or left over")
         elif len(f) > 1:
             report.problems.append(f"episode {eid} has {len(f)} fates: {f}")
@@ -345,7 +323,10 @@ def check_ledger(root: Path) -> LedgerReport:
     for eid, f in fates.items():
         if eid not in finished and any(x.startswith(LedgerEvent.TRAINED.value) for x in f):
             report.problems.append(f"episode {eid} was trained but its finish was rolled back or never recorded")
-    _check_turns(orch, finished, report)
+    check_turns(orch, finished, report, report.interrupted)
+    if versioned:
+        report.tasks_checked = True
+        check_tasks(orch, cutoff, fates, report, report.interrupted)
     report.finished = len(finished)
     report.trained = counts[LedgerEvent.TRAINED.value]
     report.rejected = counts[LedgerEvent.REJECTED.value]

@@ -300,8 +300,9 @@ class PreemptionSpec(_Strict):
     """How a run is stopped for preemption.
 
     Attributes:
-        snapshot_timeout_seconds: most time the orchestrator spends pausing and writing its
-            snapshot after SIGTERM before it exits anyway (files stay consistent either way).
+        snapshot_timeout_seconds: most time the orchestrator spends after SIGTERM pausing, writing its
+            snapshot and pairing it with the trainer's save on notice (it waits for the trainer to stop,
+            until 10 % of this before the end) before it exits anyway (files stay consistent either way).
         termination_grace_period_seconds: the pods' grace period; must exceed the snapshot timeout.
     """
 

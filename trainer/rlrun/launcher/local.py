@@ -42,6 +42,7 @@ from rlrun.api.control import TERMINATION_LOG_ENV
 from rlrun.api.spec import RLRun, RLRunSpec
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.errors import classify_error
+from rlrun.launcher import processes
 from rlrun.launcher.preemption import LaunchError, PreemptionDrill, preemption_skip_reason
 from rlrun.launcher.preflight import resume_mismatch
 from rlrun.launcher.processes import Child, ChildDied, death_report, free_port, role_exit_code, wait_http_ok
@@ -244,9 +245,9 @@ class LocalLauncher:
         return code, time.monotonic() - t0
 
     def stop_all(self) -> None:
-        """Stop every child (orchestrator first, rollout servers last)."""
-        for child in reversed(self.children):
-            child.stop()
+        """Stop every child together (:func:`~rlrun.launcher.processes.stop_together`): a paused orchestrator pairs the
+        trainer's save on notice before it exits."""
+        processes.stop_together(self.children)
 
     # -- before anything starts -------------------------------------------------------------------------
 

@@ -149,6 +149,23 @@ class Child:
             return []
 
 
+def stop_together(children: list[Child], timeout_s: float = 15.0) -> None:
+    """SIGTERM every child's tree at once, as deleting an attempt's pods signals every container, wait up to
+    ``timeout_s`` for all of them, then SIGKILL whatever is left and reap each child.
+
+    Together matters: a paused orchestrator told to stop waits for the trainer's save on notice to pair it
+    (:meth:`rlrun.orchestrator.checkpointing.CheckpointManager.pair_notice_save`); stopped one after the other, it
+    would wait for a trainer not yet told.
+    """
+    trees = [child.tree() for child in children]
+    for child, procs in zip(children, trees, strict=True):
+        if procs:
+            child.signal_group(signal.SIGTERM)
+    psutil.wait_procs([p for procs in trees for p in procs], timeout=timeout_s)
+    for child in children:
+        child.kill()  # SIGKILLs what is left of its tree (nothing, usually), reaps it, closes its log
+
+
 def _alive(p: psutil.Process) -> bool:
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE

@@ -23,9 +23,11 @@ valid because the snapshot's ``shipped = M ≥ S`` (nothing ships after a pause)
 from ``S`` trains ``S+1 … M`` from the kept files and recomputes no trainer step. A part with
 ``S > M`` cannot be paired and is left alone. Each pairing is its own atomic write, so a kill
 at any moment leaves the previous complete checkpoint (at worst the pause's own step) usable;
-writing the same pairing twice writes the same content (idempotent). The launcher and operator
-stop the orchestrator after the trainer has exited, and the orchestrator pairs what is there
-once more as it stops (``Orchestrator.run``).
+writing the same pairing twice writes the same content (idempotent). ``rlrun local`` stops the
+orchestrator after the trainer has exited, and the orchestrator pairs what is there once more as it
+stops (``Orchestrator.run``); the operator deletes every pod at once, so a paused orchestrator told
+to stop (SIGTERM) first waits, within its deadline, for the trainer to stop and pairs the part it
+saved (:meth:`CheckpointManager.pair_notice_save`).
 
 Guarantees:
 
@@ -66,7 +68,7 @@ from rlrun.checkpoint import (
     usable_steps,
 )
 from rlrun.errors import OrchestratorError
-from rlrun.ledger import Ledger, LedgerEvent
+from rlrun.ledger import Ledger, LedgerEvent, has_stopped
 from rlrun.orchestrator import snapshot as sink_snapshot
 from rlrun.orchestrator.journal import Journal
 from rlrun.rundir import RunDir, step_dirs, written_by
@@ -152,6 +154,37 @@ class CheckpointManager:
                 await self.save(step, "periodic")
             elif step <= self.paused_capture[0]["shipped"]:
                 await self.save(step, "pause")
+
+    async def pair_notice_save(self, within_s: float, poll_s: float = 0.05) -> int | None:
+        """Paused and told to stop (SIGTERM): wait up to ``within_s`` seconds for this attempt's trainer to stop — it
+        got its notice with this process, finishes its step and saves it — pairing each new part it writes with the
+        pause snapshot, so the next attempt resumes from the step saved on notice and recomputes none.
+
+        The trainer has stopped when its ledger's last line is ``stopped`` (:func:`rlrun.ledger.has_stopped`): a
+        trainer that has none (never started) or stopped already is not waited for; one killed without a save is
+        waited for until ``within_s``, then the pause's own step stands. Returns the newest step this attempt has
+        completed, or None when not paused.
+        """
+        if self.paused_capture is None:
+            return None
+        loop = asyncio.get_running_loop()
+        until, waited = loop.time() + within_s, False
+        while True:
+            await self.complete_new_trainer_parts()
+            stopped = has_stopped(self.ledger.path.parent, self.attempt, "trainer")
+            if stopped is not False:
+                break
+            if loop.time() >= until:
+                log.warning("SIGTERM: the trainer did not stop within %.0f s; the snapshot stays paired with step %d "
+                            "(the next attempt retrains the steps after it)", within_s, self.last_step)  # fmt: skip
+                break
+            if not waited:
+                log.info("SIGTERM: waiting up to %.0f s for the trainer's save on notice, to pair it with the pause "
+                         "snapshot", within_s)  # fmt: skip
+                waited = True
+            await asyncio.sleep(poll_s)
+        await self.complete_new_trainer_parts()  # a part published just before its stopped line
+        return self.last_step
 
     async def save(self, step: int, reason: Literal["periodic", "pause"]) -> CheckpointWritten:
         """Capture now and write ``checkpoints/step_N/orchestrator/progress.pt``, then prune.

@@ -267,9 +267,10 @@ class Dispatcher:
 
     def _done(self, key: tuple[int, int], task: asyncio.Task) -> None:
         entry = self.inflight.get(key)
-        if entry is not None and entry.task is task:
+        raised = not task.cancelled() and task.exception() is not None
+        if entry is not None and entry.task is task and not raised:
             del self.inflight[key]
-        if not task.cancelled() and task.exception() is not None:
+        if raised:  # the run stops on it; listed until then, so the stop records its group as left over
             self.failures.append(task.exception())
 
     async def _pick(self, failed: set[str], policy_version: int) -> str:

@@ -10,7 +10,9 @@ batches. New groups are dispatched only while the samples committed — queued, 
 open groups, and dispatched but not yet consumed — stay below that many batches' worth,
 and while the completions in flight stay within ``rollout.max_inflight``. The rest of a
 group already counted (a resume request) needs only a batch left to fill and room in flight
-(:meth:`FlowControl.may_complete`).
+(:meth:`FlowControl.may_complete`). After a resume from a trainer checkpoint older than the policy its
+snapshot was taken at, nothing is dispatched until the servers hold that policy again (:func:`dispatch_round`'s
+``hold_below``).
 
 Guarantee: the orchestrator never dispatches work that is stale on arrival, and
 ``max_off_policy_steps = 0`` is synchronous on-policy RL (each batch is generated
@@ -22,6 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlrun.api.spec import RLRunSpec
+from rlrun.ledger import Ledger, LedgerEvent
+from rlrun.orchestrator.dispatcher import Dispatcher
+from rlrun.orchestrator.sink import TrainSink
+from rlrun.orchestrator.source import TrainSource
 from rlrun.orchestrator.staleness import last_useful_step
 
 
@@ -75,3 +81,51 @@ class FlowControl:
         staleness bound (a batch left to fill: budget > 0) and the in-flight limit apply.
         """
         return self.budget(policy_version, shipped) > 0 and inflight + members <= self.max_inflight
+
+
+def dispatch_round(
+    flow: FlowControl,
+    source: TrainSource,
+    sink: TrainSink,
+    dispatcher: Dispatcher,
+    ledger: Ledger,
+    policy_version: int,
+    cut: int,
+    hold_below: int = 0,
+) -> int:
+    """Dispatch groups — the source's resume requests first — while ``flow`` allows; returns how many.
+
+    Nothing while the rollout servers hold a policy older than ``hold_below``: a resume from a trainer checkpoint
+    older than the policy its snapshot was taken at waits until the trainer has retrained up to it (from the kept
+    batch files), so the saved groups' members are asked of weights at least as new as they were before (a request
+    labelled with the restored, older policy would be stale almost at once, and its group abandoned). Each request
+    dispatched gets a ``dispatched`` ledger line (one write for the round), also when a task cannot be made.
+
+    Args:
+        policy_version: the policy the rollout servers hold (what a request is labelled with).
+        cut: batches shipped or being written (:meth:`FlowControl.budget`).
+    """
+    if policy_version < hold_below:
+        return 0
+    committed = len(sink.queue) + sink.finished_episodes_kept + dispatcher.outstanding_samples
+    rows = []
+    try:
+        while True:
+            pending = source.resume_requests[0] if source.resume_requests else None
+            allowed = (  # a resume request completes a group already counted in `committed`
+                flow.may_complete(pending.members, dispatcher.inflight_samples, policy_version, cut)
+                if pending is not None
+                else flow.may_dispatch(committed, dispatcher.inflight_samples, policy_version, cut)
+            )
+            if not allowed:
+                return len(rows)
+            r = source.next_group(flow.group_size)
+            rows.append(
+                {"group": r.group_id, "task": r.task.index, "env": r.task.env, "first_member": r.first_member,
+                 "members": r.members, "v": policy_version}
+            )  # fmt: skip
+            dispatcher.dispatch(r, policy_version)  # only schedules the request: it is sent after this returns
+            committed += r.members
+    finally:
+        if rows:  # one write for the round (each system call on the loop lets another thread take the GIL)
+            ledger.write_each(LedgerEvent.DISPATCHED, rows)

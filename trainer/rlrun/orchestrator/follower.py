@@ -57,6 +57,12 @@ class WeightFollower:
                 return p
         return None
 
+    def newest_broadcast(self) -> int | None:
+        """The newest broadcast this attempt's trainer published (None: none is there)."""
+        return max(
+            (n for n, p in step_dirs(self.run_dir.broadcasts).items() if written_by(p, self.attempt)), default=None
+        )
+
     async def load(self, clients: list[RolloutClient], path: str | Path, version: int) -> WeightPush:
         """Load the weights in ``path`` into ``clients`` as policy ``version`` (the version moves even
         when some servers were unreachable: they must catch up before serving again).

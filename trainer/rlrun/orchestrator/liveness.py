@@ -192,7 +192,18 @@ def stall_accounting(orch: Any) -> dict:
     out: dict[int, list[tuple[int, int, str | None]]] = {}
     for (group, first), entry in d.inflight.items():
         out.setdefault(group, []).append((first, entry.request.members, entry.url))
+    budget, v = orch.flow.budget(orch.policy_version, orch.cut), orch.policy_version
+    newest = orch.weights.newest_broadcast()
+    need = max(orch.hold_below, orch.cut - orch.flow.max_off_policy_steps)  # the least policy that may dispatch
+    waiting = None
+    if budget <= 0 or v < orch.hold_below:  # nothing may be dispatched until the servers hold a newer policy
+        waiting = (
+            f"policy {need}: the servers hold {v}; newest broadcast of this attempt: {newest}"
+            f"{' (weight pushes held by an evaluation round)' if orch.evaluation.holding else ''}; the trainer "
+            f"publishes {need} after training batch {need} (shipped: {orch.shipped})"
+        )
     return {
+        "waiting_for": waiting,
         "step_shipped": orch.shipped,
         "cut": orch.cut,
         "policy_version": orch.policy_version,
@@ -202,6 +213,6 @@ def stall_accounting(orch: Any) -> dict:
         "delivered_not_taken": sorted(d.undelivered),
         "requested": [(r.group_id, r.first_member, r.members) for r in source.resume_requests],
         "journaled_not_admitted": orch.admission.unadmitted,
-        "budget": orch.flow.budget(orch.policy_version, orch.cut),
+        "budget": budget,
         "committed": len(sink.queue) + sink.finished_episodes_kept + d.outstanding_samples,
     }

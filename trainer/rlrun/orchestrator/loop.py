@@ -23,7 +23,7 @@ from rlrun.api.spec import RLRunSpec
 from rlrun.batch import write_batch
 from rlrun.checkpoint import run_identity
 from rlrun.envs import make_env
-from rlrun.ledger import Ledger, LedgerEvent
+from rlrun.ledger import LEDGER_VERSION, Ledger, LedgerEvent
 from rlrun.orchestrator import snapshot as sink_snapshot
 from rlrun.orchestrator.admission import Admission
 from rlrun.orchestrator.cancellation import settle
@@ -33,7 +33,7 @@ from rlrun.orchestrator.conversations import KeptConversations
 from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.endpoints import EndpointMembership, wait_until_healthy
 from rlrun.orchestrator.evaluation import EvalRounds, Evaluator
-from rlrun.orchestrator.flow import FlowControl
+from rlrun.orchestrator.flow import FlowControl, dispatch_round
 from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.groups import GroupCancellation, GroupResult
 from rlrun.orchestrator.journal import Journal
@@ -42,7 +42,7 @@ from rlrun.orchestrator.liveness import LivenessGuard, stall_accounting
 from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.orchestrator.prometheus import registry_for
 from rlrun.orchestrator.prompts import PromptLimit
-from rlrun.orchestrator.resume import Stages, begin_attempt
+from rlrun.orchestrator.resume import Stages, begin_attempt, record_stop
 from rlrun.orchestrator.signals import TerminationHandler
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.source import TrainSource
@@ -141,6 +141,7 @@ class Orchestrator:
         self.evaluation = EvalRounds()
         self.dispatcher: Dispatcher | None = None
         self.shipped = 0
+        self.hold_below = 0  # nothing is dispatched while the servers hold an older policy (a resume's: _begin)
         #: the last batch cut from the queue, shipped or being written: flow control counts it shipped (it trains)
         self.cut = 0
         self.phase: OrchestratorPhase = "starting"
@@ -150,7 +151,10 @@ class Orchestrator:
         self.control: ControlServer | None = None
         if control_port is not None:
             self.control = ControlServer(self, control_host, control_port, control_token or "", registry_for(self))
-        self.termination = TerminationHandler(self.pause, self.request_stop, spec.preemption.snapshot_timeout_seconds)
+        deadline = spec.preemption.snapshot_timeout_seconds
+        # paused, it pairs the trainer's save on notice before it stops, leaving a margin for that write
+        pair = lambda left: self.checkpoints.pair_notice_save(left - max(1.0, 0.1 * deadline))  # noqa: E731
+        self.termination = TerminationHandler(self.pause, self.request_stop, deadline, pair)
         self._pause_result: asyncio.Future[PauseResult] | None = None
         self._stop = asyncio.Event()
 
@@ -237,32 +241,10 @@ class Orchestrator:
     # -- the work -----------------------------------------------------------------------------
 
     def _dispatch_within_budget(self) -> None:
-        """Dispatch groups (resume requests first) while :class:`FlowControl` allows."""
-        if self.paused:
-            return
-        d = self.dispatcher
-        committed = len(self.sink.queue) + self.sink.finished_episodes_kept + d.outstanding_samples
-        rows = []
-        try:
-            while True:
-                pending = self.source.resume_requests[0] if self.source.resume_requests else None
-                allowed = (  # a resume request completes a group already counted in `committed`
-                    self.flow.may_complete(pending.members, d.inflight_samples, self.policy_version, self.cut)
-                    if pending is not None
-                    else self.flow.may_dispatch(committed, d.inflight_samples, self.policy_version, self.cut)
-                )
-                if not allowed:
-                    break
-                r, v = self.source.next_group(self.spec.group_size), self.policy_version
-                rows.append(
-                    {"group": r.group_id, "task": r.task.index, "env": r.task.env, "first_member": r.first_member,
-                     "members": r.members, "v": v}
-                )  # fmt: skip
-                d.dispatch(r, v)  # only schedules the request: it is sent after this returns, recorded below
-                committed += r.members
-        finally:
-            if rows:  # one write for the round (each system call on the loop lets another thread take the GIL)
-                self.ledger.write_each(LedgerEvent.DISPATCHED, rows)
+        """Dispatch groups (resume requests first) while :class:`FlowControl` allows (:func:`.flow.dispatch_round`)."""
+        if not self.paused:
+            dispatch_round(self.flow, self.source, self.sink, self.dispatcher, self.ledger, self.policy_version,
+                           self.cut, self.hold_below)  # fmt: skip
 
     def _settle(self, cancellations: list[GroupCancellation]) -> None:
         settle(cancellations, self.sink, self.source, self.dispatcher, self.ledger, self.retries, self.kept)
@@ -339,6 +321,12 @@ class Orchestrator:
             self.shipped, self.resume_report = restored.shipped, restored.report
             self.cut = self.shipped
             self.checkpoints.resumed_from(restored.step)
+            self.hold_below = restored.policy_version
+            if self.hold_below > restored.step:
+                log.info("resume: the snapshot was taken at policy %d and the servers start on %d (the trainer's "
+                         "checkpoint): nothing is dispatched until the trainer has retrained steps %d–%d from the kept "
+                         "batches, so the saved groups are asked of weights as new as before", self.hold_below,
+                         restored.step, restored.step + 1, self.hold_below)  # fmt: skip
             weights = self.run_dir.trainer_checkpoint(restored.step)
             self.endpoints.bench((await self.weights.load(self._clients(), weights, restored.step)).unreachable)
         elif self.weights.reference is not None:  # servers may hold another run's weights: start from ours
@@ -353,6 +341,7 @@ class Orchestrator:
             WeightsError, RolloutError: weights that cannot be loaded into the rollout servers.
         """
         sys.setswitchinterval(LOOP_SWITCH_INTERVAL_S)
+        self.ledger.write(LedgerEvent.STARTED, role="orchestrator", ledger_version=LEDGER_VERSION)
         self.termination.install()
         if self.control is not None:
             await self.control.start()
@@ -376,7 +365,7 @@ class Orchestrator:
             self.sink, self.source, self.dispatcher, self.ledger, self.metrics, self.results, self._settle,
             next_step=lambda: self.cut + 1, holding=lambda: self.paused or self.phase == "done", kept=self.kept,
         )  # fmt: skip
-        follower = None
+        follower, error = None, None
         try:
             await PromptLimit(self.spec, self.ledger, self.metrics).start(self.dispatcher.episodes, self.source)
             await wait_until_healthy(self.dispatcher, self.health_timeout_s, self._stop)
@@ -419,14 +408,14 @@ class Orchestrator:
                 self._dispatch_within_budget()
             if self._done():
                 self.phase = "done"
-                self.kept.drop_all("done")
-                leftover = self.sink.unfinished_episode_ids()
-                if leftover:
-                    self.ledger.write(LedgerEvent.LEFTOVER, ids=leftover)
                 log.info("orchestrator done: %d steps shipped and checkpointed", self.shipped)
                 await self.evaluation.finish(self.policy_version, self._load_last)
             return self.shipped
+        except BaseException as exc:
+            error = exc
+            raise
         finally:
+            self.admission.stopped = True  # nothing counts from here: the next attempt replays what is journaled
             self.evaluation.cancel()
             if follower is not None:
                 follower.cancel()
@@ -439,10 +428,12 @@ class Orchestrator:
                     await self.checkpoints.complete_new_trainer_parts()
                 except Exception as exc:  # the pause's own checkpoint stands
                     log.warning("could not pair the pause snapshot with a newer trainer part: %s", exc)
+            out = self.dispatcher.emitted_requests() if self.dispatcher is not None else []  # before it forgets them
+            outcome = "complete" if self.phase == "done" else "paused" if self.paused else None
+            record_stop(Stages(self.source, self.sink, self.ledger, self.kept), out, self.shipped, outcome, error)
             await self.dispatcher.aclose()
             if self.control is not None:
                 await self.control.stop()
-            self.admission.stopped = True  # no ledger line after this attempt's last
             if self.journal is not None:  # what is pending becomes durable: the next attempt replays it
                 await asyncio.to_thread(self.journal.close)
                 j = self.journal

@@ -1,4 +1,4 @@
-"""How an orchestrator attempt begins: a fresh run, a resume, or a start-over.
+"""How an orchestrator attempt begins — a fresh run, a resume, or a start-over — and what it records as it stops.
 
 - **Fresh** (no ``--resume``): the run directory must hold no run yet.
 - **Resume** (:func:`restore`): from the newest complete checkpoint (both parts verify;
@@ -9,6 +9,11 @@
 - **Start-over** (``--resume`` with no complete checkpoint, :func:`start_over`): what dead
   attempts left past step 0 is discarded and their ledger events rolled back, so the
   operator can pass ``--resume`` to every attempt.
+
+**Stop** (:func:`record_stop`): every way an attempt stops but a kill — done, paused, an error — ends its ledger
+with ``leftover`` (the episodes it still holds, and the tasks with work out or requested) and ``stopped`` (the
+outcome), so ``rlrun ledger check`` finds a fate for every episode and task; a later resume from an earlier snapshot
+rolls them back with the rest. A killed attempt writes neither: the check then counts what it held as pending.
 
 Both put back the episode journal's records after the cut of what they start from
 (:func:`rlrun.orchestrator.journal_files.replay`) before the staleness sweep and group completion, so
@@ -23,7 +28,7 @@ import asyncio
 import logging
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlrun.api.control import ResumeReport
 from rlrun.api.spec import RLRunSpec
@@ -31,6 +36,7 @@ from rlrun.checkpoint import check_compatible, latest_complete_checkpoint
 from rlrun.errors import OrchestratorError
 from rlrun.ledger import Ledger, LedgerEvent, ledger_attempts
 from rlrun.orchestrator.conversations import KeptConversations
+from rlrun.orchestrator.groups import GroupRequest
 from rlrun.orchestrator.journal_files import FRESH_BASE, JournalRecord, journal_root, replay
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.snapshot import RestorePlan, SinkSnapshot, restore_plan, unpack, with_journal
@@ -106,22 +112,36 @@ class ResumePlan:
         records: the journal records read after the cut.
         plan: the staleness rule of the next step applied, every group's missing members
             (:func:`~rlrun.orchestrator.snapshot.restore_plan`).
+        unjournaled: tasks drawn after the snapshot with nothing journaled (:func:`unjournaled_tasks`), requested
+            again whole.
     """
 
     snapshot: SinkSnapshot
     replayed: list[Episode]
     records: list[JournalRecord]
     plan: RestorePlan
+    unjournaled: list[int] = field(default_factory=list)
+
+
+def unjournaled_tasks(cursor: int, records: list[JournalRecord]) -> list[int]:
+    """Tasks a dead attempt drew after the snapshot (``cursor``: the snapshot's task cursor) that the journal ``records``
+    hold nothing of, below the newest task they hold: the cursor moves past them with the replay, so they must be
+    requested again (their requests were in flight, or their episodes not yet durable, when the attempt died)."""
+    drawn = {r.group_id for r in records if r.group_id >= cursor}
+    return sorted(set(range(cursor, max(drawn) + 1)) - drawn) if drawn else []
 
 
 def plan_resume(
     snap: SinkSnapshot, records: list[JournalRecord], spec: RLRunSpec, source: TrainSource, shipped: int
 ) -> ResumePlan:
     """``snap`` plus the journal ``records``, with the staleness rule of step ``shipped + 1`` applied and every
-    group completed against ``source``'s pending requests (its state already loaded). Changes nothing."""
+    group completed against ``source``'s pending requests (its state already loaded), and every task the replay moves
+    the cursor past with nothing journaled (:func:`unjournaled_tasks`) requested again whole. Changes nothing."""
     merged, added = with_journal(snap, records)
-    plan = restore_plan(merged, list(source.resume_requests), shipped + 1, spec.max_off_policy_steps, spec.group_size)
-    return ResumePlan(merged, added, records, plan)
+    unjournaled = unjournaled_tasks(source.cursor, records)
+    pending = [*source.resume_requests, *(GroupRequest(g, source.task_at(g), spec.group_size) for g in unjournaled)]
+    plan = restore_plan(merged, pending, shipped + 1, spec.max_off_policy_steps, spec.group_size)
+    return ResumePlan(merged, added, records, plan, unjournaled)
 
 
 def put_back(resume: ResumePlan, stages: Stages, shipped: int) -> None:
@@ -139,6 +159,9 @@ def put_back(resume: ResumePlan, stages: Stages, shipped: int) -> None:
         ids = [e.episode_id for e in resume.replayed]
         ledger.write(LedgerEvent.REPLAYED, ids=ids, attempts=attempts, records=len(records))
         source.cursor = max(source.cursor, max(r.group_id for r in records) + 1)
+    if resume.unjournaled:  # passed by the cursor above: requested again whole (restore_plan's to_complete)
+        log.info("resume: tasks %s were drawn after the snapshot and nothing of them was journaled: requested again",
+                 resume.unjournaled)  # fmt: skip
     sink.restore(resume.plan, resume.snapshot.counters, shipped + 1)
     plan = resume.plan
     source.restore(list(resume.snapshot.taken_members()), plan.to_complete, plan.continued)
@@ -187,6 +210,8 @@ class Restored:
         report: the resume report (``GET /status``'s ``resume``).
         journal_base: where this attempt's journal begins (``base.json``, :func:`~rlrun.orchestrator.journal_files.replay`).
         replayed: journaled episodes put back.
+        policy_version: the policy the rollout servers held when the snapshot was taken (≥ ``step`` when the
+            trainer had trained past its checkpoint; the step itself for a checkpoint written before it was kept).
     """
 
     step: int
@@ -194,6 +219,7 @@ class Restored:
     report: ResumeReport
     journal_base: dict | None = None
     replayed: int = 0
+    policy_version: int = 0
 
 
 async def restore(run_dir: RunDir, spec: RLRunSpec, stages: Stages) -> Restored | None:
@@ -268,4 +294,24 @@ async def restore(run_dir: RunDir, spec: RLRunSpec, stages: Stages) -> Restored 
     if records:
         log.info("resume: replayed %d journaled episodes (%d records of attempts %s after the cut %s)",
                  replayed, len(records), sorted({r.attempt for r in records}), base)  # fmt: skip
-    return Restored(ckpt.step, shipped, report, base, replayed)
+    policy = min(int(state.get("policy_version", ckpt.step)), shipped)  # a policy is never newer than its batches
+    return Restored(ckpt.step, shipped, report, base, replayed, policy)
+
+
+def record_stop(
+    stages: Stages, out: list[GroupRequest], step: int, outcome: str | None, error: BaseException | None
+) -> None:
+    """The attempt's last ledger lines (module docstring): its kept conversations end (``turns_dropped``, reason
+    ``done`` or the outcome), ``leftover`` names the episodes queued or in open groups and the groups of the requests
+    ``out`` (in flight, delivered not taken) or requested again, and ``stopped`` says the outcome at ``step`` batches
+    shipped: ``outcome`` (``complete``, ``paused``) or, when None, ``error`` (with it) or ``interrupted`` (cancelled,
+    or stopped without a pause)."""
+    outcome = outcome or ("error" if isinstance(error, Exception) else "interrupted")
+    if stages.kept is not None:
+        stages.kept.drop_all("done" if outcome == "complete" else outcome)
+    ids = stages.sink.unfinished_episode_ids()
+    groups = sorted({r.group_id for r in [*stages.source.resume_requests, *out]})
+    if ids or groups:
+        stages.ledger.write(LedgerEvent.LEFTOVER, ids=ids, groups=groups, reason=outcome)
+    fields = {"error": f"{type(error).__name__}: {error}"[:500]} if outcome == "error" and error is not None else {}
+    stages.ledger.write(LedgerEvent.STOPPED, outcome=outcome, step=step, **fields)

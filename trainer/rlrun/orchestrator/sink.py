@@ -203,7 +203,8 @@ class TrainSink:
             self.counters.samples_dropped_stale += len(stale)
             for s in stale:
                 self.counters.count_env(s.trace.env, "wasted_stale")
-            self._record(LedgerEvent.DROPPED_STALE, [s.trace.episode_id for s in stale], step=step)
+            self._record(LedgerEvent.DROPPED_STALE, [s.trace.episode_id for s in stale], step=step,
+                         floor=self.min_fresh(step), v=[s.trace.policy_version for s in stale])  # fmt: skip
         return stale
 
     def take_batch(self, step: int) -> list[TrainingSample] | None:
@@ -245,7 +246,8 @@ class TrainSink:
         if stale:
             self.counters.members_left_out_stale += len(stale)
             self.counters.count_env(group.task.env, "wasted_stale", len(stale))
-            self._record(LedgerEvent.DROPPED_STALE, [e.episode_id for e in stale], group=group.group_id, **fields)
+            ids, versions = [e.episode_id for e in stale], [e.policy_version for e in stale]
+            self._record(LedgerEvent.DROPPED_STALE, ids, group=group.group_id, floor=floor, v=versions, **fields)
         group.episodes = fresh
         return fresh
 
@@ -311,8 +313,11 @@ class TrainSink:
         for env in [s.trace.env for s in plan.dropped_samples] + [e.task.env for e in plan.dropped_episodes]:
             self.counters.count_env(env, "wasted_stale")
         dropped = [s.trace.episode_id for s in plan.dropped_samples] + [e.episode_id for e in plan.dropped_episodes]
-        if dropped:
-            self._record(LedgerEvent.DROPPED_STALE, dropped, step=next_step, at="resume")
+        if dropped:  # too old by the policy that generated them (v), not by anything the resume did
+            versions = [s.trace.policy_version for s in plan.dropped_samples] + [
+                e.policy_version for e in plan.dropped_episodes
+            ]
+            self._record(LedgerEvent.DROPPED_STALE, dropped, step=next_step, at="resume", floor=plan.floor, v=versions)
         # A group the journal replay completed (its last members finished after the snapshot) is scored now,
         # as it was before the crash; it is not requested again (the plan lists it with no missing member).
         for group_id in [g for g, group in self.open_groups.items() if len(group.episodes) >= self.group_size]:

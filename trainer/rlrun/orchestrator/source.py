@@ -70,8 +70,8 @@ class TrainSource:
             return self.resume_requests.popleft()
         while True:  # a task admit refuses is passed over: the cursor moves on, the caller has recorded it
             index = self.cursor
-            self.cursor += 1
             task = self.task_at(index)
+            self.cursor += 1  # only past a task that was made: one whose env raised is not passed over
             if self.admit is None or self.admit(task):
                 break
         request = GroupRequest(group_id=index, task=task, members=group_size)

@@ -5,7 +5,10 @@ for each batch ``rollouts/step_N/`` that appears it records ``trained`` in its o
 (``attempt-<K>.trainer.jsonl``), publishes ``broadcasts/step_N/`` with the initial weights,
 and every ``interval`` steps (and at the last) a trainer checkpoint part. So the real
 orchestrator can run to ``max_steps`` against fake rollout endpoints
-(:mod:`rlrun.rollout.fake`) and the ledger check applies to the result.
+(:mod:`rlrun.rollout.fake`) and the ledger check applies to the result. Like the trainer it writes ``started``
+and, once done, ``stopped`` in its ledger; given a ``notice`` it saves a part of the step it has (after
+``notice_s``, the rest of a step) and stops as the trainer's save on notice does; ``stop`` ends it as a kill
+would (no more lines).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ def fake_trainer(
     stop: threading.Event,
     attempt: int = 0,
     first_step: int = 0,
+    notice: threading.Event | None = None,
+    notice_s: float = 0.0,
 ) -> None:
     """Publish broadcasts and trainer checkpoints for batches ``first_step + 1 … steps`` as they appear.
 
@@ -40,34 +45,49 @@ def fake_trainer(
         stop: set it to make the function return early.
         attempt: stamped into what it publishes and names its ledger file.
         first_step: the step it starts after (a resumed run's checkpoint step).
+        notice: set it to have it save the step it has (a part, unless there is one) after ``notice_s`` seconds
+            and stop, writing ``stopped`` (the trainer's save on notice).
     """
     weights = model_dir / WEIGHTS_FILE
     ledger = Ledger(run_dir.root / "ledger", attempt, "trainer")
+    ledger.write(LedgerEvent.STARTED, role="trainer", step=first_step)
     step = first_step
     try:
         while step < steps and not stop.is_set():
+            if notice is not None and notice.is_set():
+                time.sleep(notice_s)
+                saved = None if run_dir.trainer_checkpoint(step).is_dir() else step
+                if saved is not None:
+                    _publish(run_dir, weights, step, attempt, part=True)
+                ledger.write(LedgerEvent.STOPPED, outcome="interrupted", step=step, saved=saved)
+                return
             if not run_dir.rollout_batch(step + 1).is_dir():
                 time.sleep(0.002)
                 continue
             step += 1
             traces = json.loads((run_dir.rollout_batch(step) / META_FILE).read_text())["traces"]
             ledger.write(LedgerEvent.TRAINED, step=step, ids=[t["episode_id"] for t in traces])
-
-            def broadcast(tmp: Path, step: int = step) -> None:
-                shutil.copy(weights, tmp / WEIGHTS_FILE)
-                write_meta(tmp, step, attempt)
-
-            publish_dir(run_dir.broadcast(step), broadcast)
+            _publish(run_dir, weights, step, attempt, part=False)
             if step % interval == 0 or step == steps:
-
-                def part(tmp: Path, step: int = step) -> None:
-                    broadcast(tmp, step)
-                    (tmp / TRAINER_PROGRESS_FILE).write_text(json.dumps({"step": step}))
-
-                run_dir.checkpoint(step).mkdir(parents=True, exist_ok=True)
-                publish_dir(run_dir.trainer_checkpoint(step), part)
+                _publish(run_dir, weights, step, attempt, part=True)
+        if step >= steps:
+            ledger.write(LedgerEvent.STOPPED, outcome="complete", step=step)
     finally:
         ledger.close()
+
+
+def _publish(run_dir: RunDir, weights: Path, step: int, attempt: int, part: bool) -> None:
+    """``broadcasts/step_N/`` (``part``: ``checkpoints/step_N/trainer/``) with the initial weights."""
+
+    def fill(tmp: Path) -> None:
+        shutil.copy(weights, tmp / WEIGHTS_FILE)
+        write_meta(tmp, step, attempt)
+        if part:
+            (tmp / TRAINER_PROGRESS_FILE).write_text(json.dumps({"step": step}))
+
+    if part:
+        run_dir.checkpoint(step).mkdir(parents=True, exist_ok=True)
+    publish_dir(run_dir.trainer_checkpoint(step) if part else run_dir.broadcast(step), fill)
 
 
 def start_fake_trainer(run_dir: RunDir, model_dir: Path, steps: int, interval: int, **kwargs) -> threading.Event:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ from rlrun.checkpoint import (
 )
 from rlrun.dcp_format import SHARDED_FORMAT
 from rlrun.errors import CheckpointError, WeightsMismatch
-from rlrun.rundir import RunDir, fault_point, publish_dir, read_attempt, step_dirs, write_meta
+from rlrun.rundir import RunDir, fault_point, publish_dir, read_attempt, step_dirs, write_meta, written_by
 from rlrun.training.distributed import DataParallel, full_state_dict
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,34 @@ def clear_after(run_dir: RunDir, step: int, attempt: int) -> None:
     removed = run_dir.remove_steps_after(run_dir.checkpoints, step)
     if removed:
         log.info("removed trainer parts %s not completed by an orchestrator (past step %d)", removed, step)
+
+
+def republish(run_dir: RunDir, step: int, attempt: int) -> bool:
+    """Publish ``broadcasts/step_N/`` from the trainer part of step ``N`` a start resumed from, unless this attempt's
+    is there (idempotent); returns whether it wrote one.
+
+    The weight follower loads broadcasts only, and a trainer that resumes at ``N`` publishes ``N + 1`` only once it
+    has a batch for it — which a live orchestrator holding an older policy may never ship (issue 35: weight pushes
+    held by an evaluation round, the orchestrator at policy 3, the trainer restarted from checkpoint 4 after
+    broadcasts 4 and 5 were removed: the flow budget 0, the trainer waiting for batch 5, the weights on disk only in
+    the checkpoint). Every part holds the full ``model.safetensors`` (a sharded one: rank 0's), so rank 0 alone
+    publishes it, no collective: a hard link where the filesystem allows, else a copy.
+    """
+    final = run_dir.broadcast(step)
+    if final.is_dir() and written_by(final, attempt):
+        return False
+    source = run_dir.trainer_checkpoint(step) / WEIGHTS_FILE
+
+    def fill(tmp: Path) -> None:
+        try:
+            os.link(source, tmp / WEIGHTS_FILE)
+        except OSError:  # another filesystem, or links not allowed
+            shutil.copyfile(source, tmp / WEIGHTS_FILE)
+        write_meta(tmp, step, attempt)
+
+    publish_dir(final, fill)
+    log.info("resume: published broadcast %d from its checkpoint (the weights the followers load)", step)
+    return True
 
 
 def wait_for_pairing(run_dir: RunDir, attempt: int, pair_wait_s: float = PAIR_WAIT_S) -> None:

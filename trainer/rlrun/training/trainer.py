@@ -82,6 +82,7 @@ from rlrun.training.parts import (
     choose_checkpoint,
     clear_after,
     new_optimizer,
+    republish,
     restore_part,
     save_weights,
     write_part,
@@ -171,10 +172,13 @@ class Trainer:
                 self.checkpoint(0)
             return
         clear_after(run_dir, self.step, self.attempt)
+        if restored:  # the followers load broadcasts only: the resumed step's weights must be one
+            republish(run_dir, self.step, self.attempt)
         ledger_root = run_dir.root / "ledger"
         for path in (ledger_root / f"attempt-{self.attempt}.trainer.jsonl", run_dir.trainer_metrics):
             end_torn_line(path)
         self.ledger = Ledger(ledger_root, self.attempt, "trainer")
+        self.ledger.write(LedgerEvent.STARTED, role="trainer", step=self.step)  # running until its `stopped` line
         self.dp.barrier()  # the other ranks wait for the clean-up above
         if not restored:
             self.checkpoint(0)
@@ -353,9 +357,23 @@ class Trainer:
         self.saved_on_notice = self.step
         return self.step
 
+    def record_stop(self, outcome: str, **fields: object) -> None:
+        """The ledger's last line, ``stopped`` (``outcome``, the step it has, ``fields``): what a paused orchestrator
+        told to stop waits for before it pairs the part saved on notice (rank 0 writes it)."""
+        if self.ledger is not None:
+            self.ledger.write(LedgerEvent.STOPPED, outcome=outcome, step=self.step, **fields)
+
     def run(self) -> int:
         """Train until ``max_steps``, or until a :meth:`notice`: then checkpoint the step it has
-        (:meth:`save_on_notice`) and stop. Returns the last step trained."""
+        (:meth:`save_on_notice`) and stop. Returns the last step trained. Its ledger's last line says how it stopped
+        (:meth:`record_stop`), an error included."""
+        try:
+            return self._train()
+        except Exception as exc:
+            self.record_stop("error", error=f"{type(exc).__name__}: {exc}"[:500])
+            raise
+
+    def _train(self) -> int:
         log.info("trainer starting at step %d, training to step %d", self.step, self.max_steps)
         interval = self.spec.checkpoint.interval
         gauges = TrainerMetrics() if self.dp.is_main else None  # /metrics on $RLRUN_METRICS_PORT (rank 0)
@@ -394,8 +412,9 @@ class Trainer:
             server.shutdown()
         if self._stop_requested():
             self.noticed.set()  # a notice seen by another rank: this rank saves with them
-            self.save_on_notice()
+            self.record_stop("interrupted", saved=self.save_on_notice())
             log.info("trainer stopped on notice at step %d", self.step)
             return self.step
+        self.record_stop("complete")
         log.info("trainer done at step %d", self.step)
         return self.step

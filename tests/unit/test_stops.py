@@ -1,0 +1,107 @@
+"""Every way a run stops leaves a consistent ledger (issue 35, item 8): an error (an overlong prompt, rewards that
+always fail, an env that raises) ends the attempt with what it held recorded as left over, and a kill leaves what it
+held pending for the next attempt; ``rlrun ledger check`` passes after each, tasks included. The real Orchestrator
+with fake rollout endpoints and the fake trainer."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import pytest
+from rlrun.ledger import check_ledger, read_ledger
+from rlrun.orchestrator.admission import RewardsFailing
+from rlrun.orchestrator.episodes import PromptTooLongError
+from rlrun.orchestrator.loop import Orchestrator
+from rlrun.rollout.client import RolloutClient
+from rlrun.rollout.fake import fake_vllm_transport
+from rlrun.rundir import RunDir
+from rlrun.training.fake import start_fake_trainer
+
+from tests.support.manifests import parse
+from tests.support.polling import wait_for_async
+
+
+def spec(max_steps: int = 4, **faults):
+    return parse(
+        "stops",
+        envs=[{"name": "tests.support.envs:Faulty", "args": faults}],
+        group_size=4,
+        batch_size=6,  # groups of 4: a batch leaves samples queued, which a stop must account for
+        max_off_policy_steps=1,
+        max_steps=max_steps,
+        checkpoint={"interval": 2, "keep_last": 2},
+        rollout={"members_per_request": 2, "max_inflight": 64},
+    ).spec
+
+
+def orchestrator(run_spec, run_dir: RunDir, model) -> Orchestrator:
+    transport = fake_vllm_transport(error_rate=0.3)
+    return Orchestrator(
+        run_spec, run_dir, ["http://fake-rollout:1"], str(model), attempt=1, poll_s=0.01,
+        client_factory=lambda url: RolloutClient(url, transport=transport),
+    )  # fmt: skip
+
+
+def events(run_dir: RunDir, kind: str) -> list[dict]:
+    return [e for evs in read_ledger(run_dir.root / "ledger").values() for e in evs if e["e"] == kind]
+
+
+async def stopped_by(error: type[BaseException], run_spec, run_dir: RunDir, model) -> Orchestrator:
+    orch = orchestrator(run_spec, run_dir, model)
+    stop = start_fake_trainer(run_dir, model, orch.max_steps, 2, attempt=1)
+    try:
+        with pytest.raises(error):
+            await asyncio.wait_for(orch.run(), 60)
+    finally:
+        stop.set()
+    return orch
+
+
+@pytest.mark.parametrize(
+    ("faults", "error", "says"),
+    [
+        ({"long_at": 9}, PromptTooLongError, "task 9: the prompt is 101 tokens"),
+        ({"raise_at": 9}, RuntimeError, "task 9: the env's data source is gone"),
+        ({"reward_fails_from": 6}, RewardsFailing, "the judge is unreachable"),
+    ],
+    ids=["prompt_too_long", "env_raises", "rewards_failing"],
+)
+async def test_an_error_stop_records_what_the_attempt_held_and_the_ledger_checks(
+    tmp_path, tiny_model, faults, error, says
+):
+    run_dir = RunDir(tmp_path)
+    orch = await stopped_by(error, spec(max_steps=20, **faults), run_dir, tiny_model)
+    [stopped] = events(run_dir, "stopped")
+    assert stopped["outcome"] == "error" and says in stopped["error"] and stopped["step"] == orch.shipped
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok, report.problems
+    assert report.tasks_checked and not report.interrupted and report.tasks >= 8
+    # what the attempt held when it stopped is accounted for as left over: episodes and tasks
+    [leftover] = events(run_dir, "leftover")
+    assert leftover["reason"] == "error" and leftover["ids"] == sorted(leftover["ids"], key=leftover["ids"].index)
+    assert report.leftover == len(leftover["ids"]) and report.finished > report.trained
+    assert report.tasks_leftover + report.tasks_trained + report.tasks_dropped == report.tasks
+
+
+async def test_a_killed_run_holds_its_unfinished_work_pending_and_checks(tmp_path, tiny_model):
+    """A SIGKILL writes nothing more: the ledger as it is at any instant of a run is what a kill leaves. The check
+    counts what the attempt held as pending (the next attempt resumes it), not lost; after the run ends it is ok."""
+    run_dir = RunDir(tmp_path / "run")
+    orch = orchestrator(spec(max_steps=6), run_dir, tiny_model)
+    stop = start_fake_trainer(run_dir, tiny_model, orch.max_steps, 2, attempt=1)
+    run = asyncio.create_task(orch.run())
+    try:
+        held = lambda: orch.shipped >= 2 and orch.sink.finished_episodes_kept + len(orch.sink.queue) > 0  # noqa: E731
+        await wait_for_async(held, 30, what="a step shipped with episodes queued or kept", every=0.001)
+        killed = tmp_path / "killed"
+        shutil.copytree(run_dir.root / "ledger", killed)  # on the loop: the files as a kill now would leave them
+        assert await asyncio.wait_for(run, 60) == 6
+    finally:
+        stop.set()
+    report = check_ledger(killed)
+    assert report.ok and report.interrupted, report.problems
+    assert report.pending > 0 and report.tasks_pending > 0 and report.tasks_checked
+    done = check_ledger(run_dir.root / "ledger")
+    assert done.ok and not done.interrupted and done.pending == 0 and done.steps == 6, done.problems
+    assert done.tasks == done.tasks_trained + done.tasks_dropped + done.tasks_leftover
