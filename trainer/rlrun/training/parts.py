@@ -33,7 +33,7 @@ from rlrun.checkpoint import (
 from rlrun.dcp_format import SHARDED_FORMAT
 from rlrun.errors import CheckpointError, WeightsMismatch
 from rlrun.rundir import RunDir, fault_point, publish_dir, read_attempt, step_dirs, write_meta
-from rlrun.training.distributed import DataParallel, full_state_dict
+from rlrun.training.distributed import DataParallel, full_state_dict, tied_weights, untied
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +46,29 @@ PAIR_WAIT_S = 30.0
 
 
 def save_weights(model: torch.nn.Module, path: Path) -> None:
-    """Write the model's state dict (Hugging Face names) as one safetensors file."""
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    """Write the model's state dict (Hugging Face names, a tied weight once: :func:`~rlrun.training.distributed.untied`)
+    as one safetensors file."""
+    state = untied({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, model)
     save_file(state, str(path), metadata={"format": "pt"})
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load ``model.safetensors`` at ``path`` into ``model``: every tensor name must be the model's, and every
+    parameter must be there but a tied one whose source is (:func:`~rlrun.training.distributed.tied_weights`: it
+    is that tensor).
+
+    Raises:
+        WeightsMismatch: missing, unexpected or reshaped tensors (torch names each).
+    """
+    state = load_file(str(path))
+    tied = tied_weights(model)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a shape mismatch: torch names every reshaped tensor
+        raise WeightsMismatch(f"{path}: weights do not fit the model: {exc}") from None
+    missing = [k for k in missing if not (k in tied and tied[k] in state)]
+    if missing or unexpected:
+        raise WeightsMismatch(f"{path}: weights do not fit the model: missing {missing}, unexpected {unexpected}")
 
 
 def clear_after(run_dir: RunDir, step: int, attempt: int) -> None:
@@ -154,10 +174,7 @@ def restore_part(
     elif dp.distributed:
         _load_unsharded_into_shards(root, model, optimizer, spec, dp)
     else:
-        try:
-            model.load_state_dict(load_file(str(root / WEIGHTS_FILE)))
-        except RuntimeError as exc:  # torch names every missing, unexpected and reshaped tensor
-            raise WeightsMismatch(f"{root / WEIGHTS_FILE}: weights do not fit the model: {exc}") from None
+        load_weights(model, root / WEIGHTS_FILE)
         optimizer.load_state_dict(torch.load(root / OPTIMIZER_FILE, weights_only=True))
 
 
@@ -181,10 +198,7 @@ def _load_unsharded_into_shards(
     )
 
     plain = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
-    try:
-        plain.load_state_dict(load_file(str(root / WEIGHTS_FILE)))
-    except RuntimeError as exc:
-        raise WeightsMismatch(f"{root / WEIGHTS_FILE}: weights do not fit the model: {exc}") from None
+    load_weights(plain, root / WEIGHTS_FILE)
     plain_opt = _adamw(plain.parameters(), spec)
     plain_opt.load_state_dict(torch.load(root / OPTIMIZER_FILE, weights_only=True))
     if not plain_opt.state:  # never stepped (step 0): keep the fresh optimizer, as one process does
