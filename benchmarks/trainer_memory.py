@@ -181,7 +181,10 @@ def trainer_settings(args, checkpointing: bool) -> dict:
     settings = {}
     if args.source is None:  # the code under test has these settings (the code before issue 37 has none)
         settings["activation_checkpointing"] = checkpointing
-        for key, value in (("micro_batch_tokens", args.micro_batch_tokens), ("logprob_chunk_tokens", args.chunk_tokens)):
+        for key, value in (
+            ("micro_batch_tokens", args.micro_batch_tokens),
+            ("logprob_chunk_tokens", args.chunk_tokens),
+        ):
             if value:
                 settings[key] = value
         if args.gpu:

@@ -42,6 +42,7 @@ def test_train_step_reports_the_mean_entropy_of_the_trained_tokens(tmp_path, tin
     metrics = trainer.train_step(1)
     trainer.ledger.close()
     assert metrics["tokens"] == 6
+    assert metrics["micro_batches"] == 1 and metrics["padding_share"] == pytest.approx(2 / 14)  # rows of 7 and 5
     assert metrics["entropy"] == pytest.approx(expected, rel=1e-5)
     assert 0 < metrics["entropy"] < torch.log(torch.tensor(float(logits.shape[-1]))).item()
     json.dumps(metrics)  # what trainer_metrics.jsonl gets

@@ -1,8 +1,9 @@
 """The trainer process: one optimizer step per shipped batch, then publish the new weights.
 
 Step ``s`` reads ``rollouts/step_s/`` (waiting until the orchestrator publishes it),
-takes one AdamW step on :func:`rlrun.training.loss.clipped_policy_loss`, publishes
-``broadcasts/step_s/model.safetensors`` (policy version ``s``) and, every
+takes one AdamW step on the loss of :mod:`rlrun.training.loss` over the whole batch, computed in micro-batches
+(:mod:`rlrun.training.step`) in the compute dtype of ``spec.trainer.precision`` (:mod:`rlrun.training.precision`),
+publishes ``broadcasts/step_s/model.safetensors`` (policy version ``s``, in that dtype) and, every
 ``checkpoint.interval`` steps and at the last step, ``checkpoints/step_s/trainer/``
 (a fresh run also checkpoints step 0, so a pause always has a trainer part to pair
 with). Both are published by an atomic directory rename, so readers never see a torn
@@ -35,7 +36,7 @@ resume from (:func:`rlrun.training.parts.wait_for_pairing`), so a notice save is
 Data parallel (``dp.world_size`` W > 1, ranks started by ``torchrun``): the model is FSDP2-sharded
 (:func:`~rlrun.training.distributed.shard_model`) before the optimizer is built. Every rank reads
 the shipped batch file itself and trains its rows (:func:`~rlrun.training.distributed.rank_slice`,
-:func:`~rlrun.training.distributed.data_parallel_policy_loss`, global
+:func:`~rlrun.training.step.accumulate_gradients` in micro-batches, global
 :func:`~rlrun.training.distributed.clip_grad_norm_`): the same update as one process. Rank 0
 alone decides what to resume from and publishes: broadcasts, ledger, metrics (and, in
 ``rlrun trainer``, the exit report); a broadcast's weights come from
@@ -74,6 +75,7 @@ from rlrun.training.distributed import (
     rank_slice,
     shard_model,
     single_process,
+    untied,
 )
 from rlrun.training.parts import (
     PAIR_WAIT_S,
@@ -295,10 +297,13 @@ class Trainer:
         """Publish ``broadcasts/step_N/`` (weights after step N, and the attempt that made them), in the dtype the
         trainer computes in, which is the dtype the rollout servers serve (:mod:`rlrun.training.precision`). With
         ``W > 1`` ranks a collective: every rank gathers, rank 0 writes."""
-        state = full_state_dict(self.model, self.dp)
-        if state is None:
-            return
-        state = cast_floating(state, self.compute_dtype)
+        if self.dp.distributed:
+            state = full_state_dict(self.model, self.dp)
+            if state is None:
+                return
+        else:  # the live tensors, no copy but the cast's (the file is written before the next step)
+            state = untied({k: v.detach() for k, v in self.model.state_dict().items()}, self.model)
+        state = {k: v.cpu() for k, v in cast_floating(state, self.compute_dtype).items()}
 
         def fill(tmp: Path) -> None:
             save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
