@@ -83,8 +83,8 @@ def lengths_for(kind: str, tokens: int, sample_tokens: int) -> list[int]:
     return out
 
 
-def child(cfg: dict) -> dict:
-    """One configuration, in this process: the measurements of the module docstring."""
+def child(cfg: dict) -> dict | None:
+    """One configuration, in this process: the measurements of the module docstring (None on ranks but 0)."""
     import torch
     from rlrun.batch import write_batch
     from rlrun.manifest import parse_manifest
@@ -130,6 +130,8 @@ def child(cfg: dict) -> dict:
     else:
         hwm = next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM"))
         step_peak = int(hwm.split()[1]) * 1024 / GIB
+    if not trainer.dp.is_main:
+        return None
     tokens = sum(cfg["lengths"])
     out = {
         "tokens": tokens,
@@ -210,7 +212,9 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak (default by name)")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(json.loads(args.child))), flush=True)
+        result = child(json.loads(args.child))
+        if result is not None:
+            print(json.dumps(result), flush=True)
         return
     peak = None
     if args.gpu:

@@ -120,3 +120,16 @@ def test_bad_budgets_and_lengths_are_refused():
         plan_rows([3], 0, True)
     with pytest.raises(ValueError, match="at least 1 token"):
         plan_rows([3, 0], 8, True)
+
+
+def test_a_variable_length_kernel_gets_one_budget_wide_row_per_micro_batch():
+    """flash-attention's kernels cost each packed sample its own length squared: one row per micro-batch, as wide as
+    the budget allows, so no padding but none at all (the row is as wide as what it holds)."""
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(4, 400, (64,), generator=g).tolist()
+    plan = plan_rows(lengths, 2048, pack=True, wide=True)
+    assert all(len(mb) == 1 and sum(lengths[i] for i in mb[0]) <= 2048 for mb in plan)
+    assert sorted(i for mb in plan for i in mb[0]) == list(range(64))
+    batch = _batch([(30, 40), (5, 5), (50, 20), (8, 2)])
+    mbs = micro_batches(batch, torch.ones(4, dtype=torch.bool), budget=100, pack=True, wide=True)
+    assert [mb.input_ids.shape for mb in mbs] == [(1, 90), (1, 70)] and all(mb.padding == 0 for mb in mbs)

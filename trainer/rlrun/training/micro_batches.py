@@ -15,9 +15,12 @@ share micro-batches (bucketing) and little of a micro-batch is padding.
 model is given ``position_ids`` and no ``attention_mask``. transformers (≥ 5, ``masking_utils``) then finds each
 row's samples from where the position ids restart (``find_packed_sequence_indices``) and lets a token attend only
 within its sample: a block-diagonal causal mask for ``sdpa``, ``eager`` and ``flex_attention``, variable-length
-kernels for the ``flash_attention_*`` implementations (:data:`PACKING_ATTENTION`). A row stays as wide as the
-micro-batch's longest sample (rows are filled first-fit, longest first), so attention costs no more than padded
-rows of that width would. Without packing, each row is one sample, right-padded, with an ``attention_mask``.
+kernels for the ``flash_attention_*`` implementations (:data:`PACKING_ATTENTION`). With a dense mask (``sdpa``,
+``eager``, ``flex_attention``) attention costs ``width²`` per row whatever the samples, so a row stays as wide as
+the micro-batch's longest sample (rows are filled first-fit, longest first) and costs no more than a padded row of
+that width. With a variable-length kernel (:data:`VARLEN_ATTENTION`) attention costs each sample its own length
+squared, so a micro-batch is one row as wide as the budget (``wide``): no padding but the end of a row. Without
+packing, each row is one sample, right-padded, with an ``attention_mask``.
 """
 
 from __future__ import annotations
@@ -36,11 +39,20 @@ PACKING_ATTENTION = frozenset(
 )
 
 
+#: Attention implementations whose kernels take packed rows as variable-length sequences (``cu_seqlens`` from the
+#: position ids): a sample's attention costs its own length squared, however wide its row.
+VARLEN_ATTENTION = frozenset({"flash_attention_2", "flash_attention_3", "flash_attention_4"})
+
+
+def attention_of(model: torch.nn.Module) -> str | None:
+    """``model.config._attn_implementation`` (None when it has none)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
+
+
 def supports_packing(model: torch.nn.Module) -> bool:
     """Whether ``model``'s attention implementation (``config._attn_implementation``) takes packed rows
     (:data:`PACKING_ATTENTION`)."""
-    config = getattr(model, "config", None)
-    return getattr(config, "_attn_implementation", None) in PACKING_ATTENTION
+    return attention_of(model) in PACKING_ATTENTION
 
 
 @dataclass
@@ -88,12 +100,12 @@ class MicroBatch:
         return MicroBatch(**moved)
 
 
-def plan_rows(lengths: list[int], budget: int, pack: bool) -> list[list[list[int]]]:
+def plan_rows(lengths: list[int], budget: int, pack: bool, wide: bool = False) -> list[list[list[int]]]:
     """The layout: micro-batches, each a list of rows, each a list of sample indices (into ``lengths``).
 
     Samples go longest first (ties by index, so the plan is deterministic); a micro-batch's width is the length of
-    the longest sample not yet placed, and it has at most ``budget // width`` rows (1 when that sample alone is
-    longer than ``budget``: it is trained alone, never cut).
+    the longest sample not yet placed (``wide``, with ``pack``: the budget, so one row), and it has at most
+    ``budget // width`` rows (1 when that sample alone is longer than ``budget``: it is trained alone, never cut).
 
     - ``pack``: every remaining sample, longest first, goes into the first row with room for it, or a new row
       while there may be one; a sample that fits nowhere waits for the next micro-batch (first-fit decreasing
@@ -112,7 +124,7 @@ def plan_rows(lengths: list[int], budget: int, pack: bool) -> list[list[list[int
     remaining = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     plan: list[list[list[int]]] = []
     while remaining:
-        width = lengths[remaining[0]]
+        width = max(budget, lengths[remaining[0]]) if pack and wide else lengths[remaining[0]]
         most_rows = max(1, budget // width)
         rows: list[list[int]] = []
         free: list[int] = []  # room left in each row
@@ -138,7 +150,9 @@ def plan_rows(lengths: list[int], budget: int, pack: bool) -> list[list[list[int
     return plan
 
 
-def micro_batches(batch: TrainBatch, on_policy_rows: torch.Tensor, budget: int, pack: bool) -> list[MicroBatch]:
+def micro_batches(
+    batch: TrainBatch, on_policy_rows: torch.Tensor, budget: int, pack: bool, wide: bool = False
+) -> list[MicroBatch]:
     """``batch``'s rows (a rank's slice) as micro-batches of at most ``budget`` token slots (:func:`plan_rows`).
 
     Args:
@@ -146,14 +160,15 @@ def micro_batches(batch: TrainBatch, on_policy_rows: torch.Tensor, budget: int, 
         on_policy_rows: ``[b]`` bool, per row: sampled by the weights the trainer holds.
         budget: token slots per micro-batch (padding included).
         pack: several samples per row (:data:`PACKING_ATTENTION`), else one right-padded sample per row.
+        wide: with ``pack``, one row per micro-batch (:data:`VARLEN_ATTENTION`).
 
     Returns:
         The micro-batches, longest samples first.
     """
     lengths = [int(n) for n in batch.attention_mask.sum(dim=1).tolist()]
     out = []
-    for rows in plan_rows(lengths, budget, pack):
-        width = lengths[rows[0][0]]
+    for rows in plan_rows(lengths, budget, pack, wide):
+        width = max(sum(lengths[i] for i in row) for row in rows)  # the fullest row: no padding column
         shape = (len(rows), width)
         mb = MicroBatch(
             input_ids=torch.zeros(shape, dtype=torch.long),

@@ -31,7 +31,14 @@ from rlrun.batch import TrainBatch
 from rlrun.training.distributed import DataParallel
 from rlrun.training.logprobs import head_returns_token_stats
 from rlrun.training.loss import mismatch_kl, policy_loss_sums
-from rlrun.training.micro_batches import MicroBatch, micro_batches, placeholder, supports_packing
+from rlrun.training.micro_batches import (
+    VARLEN_ATTENTION,
+    MicroBatch,
+    attention_of,
+    micro_batches,
+    placeholder,
+    supports_packing,
+)
 from rlrun.training.precision import autocast
 
 log = logging.getLogger(__name__)
@@ -73,12 +80,15 @@ class StepSettings:
 _warned_long_sample = False
 
 
-def _plan(batch: TrainBatch, on_policy_rows: torch.Tensor, settings: StepSettings, pack: bool) -> list[MicroBatch]:
+def _plan(
+    model: nn.Module, batch: TrainBatch, on_policy_rows: torch.Tensor, settings: StepSettings, pack: bool
+) -> list[MicroBatch]:
     """This rank's micro-batches; none for a rank whose slice is the weightless placeholder row."""
     start, stop = batch.meta.get("rank_rows", [0, batch.num_samples])
     if start == stop:
         return []
-    plan = micro_batches(batch, on_policy_rows, settings.micro_batch_tokens, pack)
+    wide = pack and attention_of(model) in VARLEN_ATTENTION
+    plan = micro_batches(batch, on_policy_rows, settings.micro_batch_tokens, pack, wide)
     global _warned_long_sample
     longest = max(mb.input_ids.shape[1] for mb in plan)
     if longest > settings.micro_batch_tokens and not _warned_long_sample:
@@ -140,7 +150,8 @@ def accumulate_gradients(
         settings: :class:`StepSettings`.
         dp: the data-parallel group.
         pack: several samples per row; default where the model's attention supports it
-            (:func:`~rlrun.training.micro_batches.supports_packing`).
+            (:func:`~rlrun.training.micro_batches.supports_packing`), in one budget-wide row per micro-batch for a
+            variable-length kernel (``VARLEN_ATTENTION``).
 
     Returns:
         The whole batch's statistics: ``loss`` (the mean over trained tokens), ``clip_fraction``, ``ratio_mean``,
@@ -153,7 +164,7 @@ def accumulate_gradients(
         ValueError: no rank has a trained token.
     """
     pack = supports_packing(model) if pack is None else pack
-    plan = _plan(batch, on_policy_rows, settings, pack)
+    plan = _plan(model, batch, on_policy_rows, settings, pack)
     n_local = sum(int(mb.loss_mask.sum()) for mb in plan)
     n, slots, padding = _all_reduce(
         [n_local, sum(mb.slots for mb in plan), sum(mb.padding for mb in plan)], dist.ReduceOp.SUM, dp

@@ -158,8 +158,8 @@ class Trainer:
         self.step_settings = StepSettings.from_spec(spec, self.compute_dtype)
         if spec.trainer.activation_checkpointing:  # before sharding: FSDP2 wraps the checkpointed blocks
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if self.dp.distributed:
-            shard_model(self.model, self.dp, mp_policy=mixed_precision_policy(self.compute_dtype))
+        # to the device (a GPU in one process too), and FSDP2-sharded with ranks
+        shard_model(self.model, self.dp, mp_policy=mixed_precision_policy(self.compute_dtype))
         if self.dp.is_main:
             log.info(
                 "trainer: computes in %s (spec.trainer.precision %s), micro-batches of ≤ %d tokens, LM head in chunks "
