@@ -67,17 +67,23 @@ def _todays_step(model, batch: TrainBatch) -> tuple[dict, dict]:
     return _grads(model), stats
 
 
+@pytest.fixture(scope="module")
+def today(model, batch) -> tuple[dict, dict]:
+    """The reference, computed once: :func:`_todays_step`'s gradients and statistics."""
+    return _todays_step(model, batch)
+
+
 def _assert_same_gradients(got: dict, want: dict) -> None:
     for name, g in want.items():
         torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-5 * float(g.abs().max()), msg=name)
 
 
 @pytest.mark.parametrize(("budget", "pack"), [(10_000, False), (10_000, True), (24, True), (24, False), (5, True)])
-def test_micro_batched_step_equals_todays_single_forward(model, batch, budget, pack):
+def test_micro_batched_step_equals_todays_single_forward(model, batch, today, budget, pack):
     """Several micro-batches (budget 24 → 5; budget 5: each sample alone, longer than the budget; padded rows at
     10,000: 2, by length) or one, packed or padded: the gradient and every whole-batch statistic of one forward over
     the batch."""
-    want, stats = _todays_step(model, batch)
+    want, stats = today
     got = accumulate_gradients(model, batch, ON_POLICY, _settings(budget), single_process(), pack=pack)
     _assert_same_gradients(_grads(model), want)
     assert got["tokens"] == stats["tokens"] == batch.num_loss_tokens
@@ -101,8 +107,8 @@ def test_padding_share_counts_the_slots_that_hold_no_token(model, batch):
     assert packed["padding_share"] == pytest.approx(1 - tokens / (4 * 22))  # [22], [13 7], [12 10], [10 10]
 
 
-def test_bfloat16_compute_keeps_float32_gradients_close_to_the_float32_step(model, batch):
-    want, _ = _todays_step(model, batch)
+def test_bfloat16_compute_keeps_float32_gradients_close_to_the_float32_step(model, batch, today):
+    want, _ = today
     accumulate_gradients(model, batch, ON_POLICY, _settings(24, torch.bfloat16), single_process())
     got = _grads(model)
     assert all(g.dtype == torch.float32 for g in got.values())  # master weights' gradients stay float32
