@@ -99,23 +99,21 @@ class ChunkedHead(torch.autograd.Function):
         lse = torch.empty_like(logprobs)
         thresholds = torch.empty_like(logprobs) if top_p < 1.0 else None
         w, b = weight.to(compute_dtype), _cast(bias, compute_dtype)
-        autocast_off = torch.autocast(hidden.device.type, enabled=False)  # the dtypes here are explicit
-        autocast_off.__enter__()
-        for s in range(0, n, chunk_tokens):
-            e = min(s + chunk_tokens, n)
-            z = _chunk_logits(hidden[s:e], w, b, temperature)
-            target_z = z.gather(-1, targets[s:e, None]).squeeze(-1)
-            threshold = None
-            if thresholds is not None:
-                # the sampled token is always kept (prime-rl PR #2601): the threshold is at most its logit
-                threshold = torch.minimum(nucleus_threshold(z, top_p), target_z)
-                thresholds[s:e] = threshold
-            _keep(z, threshold)
-            lse[s:e] = torch.logsumexp(z, dim=-1)
-            logprobs[s:e] = target_z - lse[s:e]
-            # entr(p) = −p log p with entr(0) = 0: a masked token adds 0, not NaN (as token_entropy)
-            entropy[s:e] = torch.special.entr(z.sub_(lse[s:e, None]).exp_()).sum(-1)
-        autocast_off.__exit__(None, None, None)
+        with torch.autocast(hidden.device.type, enabled=False):  # the dtypes here are explicit
+            for s in range(0, n, chunk_tokens):
+                e = min(s + chunk_tokens, n)
+                z = _chunk_logits(hidden[s:e], w, b, temperature)
+                target_z = z.gather(-1, targets[s:e, None]).squeeze(-1)
+                threshold = None
+                if thresholds is not None:
+                    # the sampled token is always kept (prime-rl PR #2601): the threshold is at most its logit
+                    threshold = torch.minimum(nucleus_threshold(z, top_p), target_z)
+                    thresholds[s:e] = threshold
+                _keep(z, threshold)
+                lse[s:e] = torch.logsumexp(z, dim=-1)
+                logprobs[s:e] = target_z - lse[s:e]
+                # entr(p) = −p log p with entr(0) = 0: a masked token adds 0, not NaN (as token_entropy)
+                entropy[s:e] = torch.special.entr(z.sub_(lse[s:e, None]).exp_()).sum(-1)
         del w, b
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy, thresholds)
         ctx.temperature, ctx.chunk_tokens, ctx.compute_dtype = temperature, chunk_tokens, compute_dtype
