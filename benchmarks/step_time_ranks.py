@@ -1,8 +1,8 @@
 """Data-parallel trainer cost (JSON on stdout): step time on 1 vs 2 ranks (1 × 2 and 2 × 1), and checkpoint
 write/load time sharded (DCP) vs unsharded (safetensors + ``torch.save``), for the builtin tiny model's architecture.
 
-- ``step_s``: one trainer step (forward, :func:`~rlrun.training.distributed.data_parallel_policy_loss`,
-  backward, global-norm clip, AdamW) on a ``--batch-size``-row batch of reverse-text-sized samples
+- ``step_s``: one trainer step (:func:`~rlrun.training.step.accumulate_gradients` at the spec's default
+  micro-batch budget: forward, loss, backward; global-norm clip, AdamW) on a ``--batch-size``-row batch of reverse-text-sized samples
   (prompt 20, completion 24 tokens), median over ``--steps`` after one warm-up step:
   ``1x1_t1`` one process with 1 torch thread, ``1x1_t2`` one process with 2 threads, ``1x2_t1`` two
   gloo ranks (FSDP2, forked, localhost) with 1 thread each, each training half the rows.
@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from rlrun.api.spec import LossSpec, OptimizerSpec
+from rlrun.api.spec import LossSpec, OptimizerSpec, TrainerSpec
 from rlrun.batch import TrainBatch, collate
 from rlrun.launcher.processes import free_port
 from rlrun.model.tiny import TinyModelRecipe, build_config, build_tokenizer
@@ -58,14 +58,13 @@ from rlrun.samples import QueuedTrace, TrainingSample
 from rlrun.training.distributed import (
     DataParallel,
     clip_grad_norm_,
-    data_parallel_policy_loss,
     init_from_env,
     rank_slice,
     shard_model,
     teardown,
 )
-from rlrun.training.loss import token_logprobs
 from rlrun.training.sharded_checkpoint import load_sharded, save_sharded
+from rlrun.training.step import StepSettings, accumulate_gradients
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3ForCausalLM
 
@@ -96,13 +95,10 @@ def build(init: Path, dp: DataParallel) -> tuple[torch.nn.Module, torch.optim.Op
 def step(model, opt, batch: TrainBatch, dp: DataParallel) -> float:
     t0 = time.perf_counter()
     part = rank_slice(batch, dp.rank, dp.world_size)
-    logits = model(input_ids=part.input_ids, attention_mask=part.attention_mask).logits
-    lp = token_logprobs(logits, part.input_ids)
-    loss, _ = data_parallel_policy_loss(
-        lp, part.old_logprobs, part.advantages, part.loss_mask, LossSpec().ratio_clip, dp
-    )
+    trainer = TrainerSpec()
+    settings = StepSettings(1.0, 1.0, LossSpec().ratio_clip, trainer.micro_batch_tokens, trainer.logprob_chunk_tokens)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    accumulate_gradients(model, part, torch.ones(part.num_samples, dtype=torch.bool), settings, dp)
     clip_grad_norm_(model.parameters(), OPT.max_grad_norm)
     opt.step()
     return time.perf_counter() - t0

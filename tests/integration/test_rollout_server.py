@@ -10,6 +10,7 @@ import torch
 from rlrun.api.spec import SamplingSpec
 from rlrun.orchestrator.weights import WeightsError, push_weights, weights_signature
 from rlrun.rollout.client import RolloutClient
+from rlrun.training.logprobs import chunked_token_stats
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.vllm
 
 PROMPTS = ["flat is=", "never=", "beautiful=", "now is better="]
 GREEDY = SamplingSpec.model_construct(temperature=0.0, top_p=1.0, max_tokens=20)
+NUCLEUS = SamplingSpec(temperature=1.5, top_p=0.5, max_tokens=24)  # a truncation the tiny model always feels
 
 
 @pytest.fixture
@@ -64,14 +66,15 @@ def test_reloaded_weights_are_served_and_match_transformers(server, tiny_model, 
             await push_weights([client], new_dir, 1, weights_signature(tiny_model))
             after = await served_greedy(client, tok, PROMPTS)
             [sampled] = await client.complete(tok.encode(PROMPTS[0], add_special_tokens=False), SamplingSpec(), n=1)
+            [nucleus] = await client.complete(tok.encode(PROMPTS[1], add_special_tokens=False), NUCLEUS, n=1)
             # put the original weights back for the other tests of this module
             await push_weights([client], tiny_model, 2, weights_signature(tiny_model))
             restored = await served_greedy(client, tok, PROMPTS)
-            return before, after, restored, sampled
+            return before, after, restored, sampled, nucleus
         finally:
             await client.aclose()
 
-    before, after, restored, sampled = asyncio.run(scenario())
+    before, after, restored, sampled, nucleus = asyncio.run(scenario())
     assert before == hf_greedy(tiny_model, tok, PROMPTS)
     assert after != before, "greedy output did not change after the reload"
     assert after == hf_greedy(new_dir, tok, PROMPTS)
@@ -84,6 +87,20 @@ def test_reloaded_weights_are_served_and_match_transformers(server, tiny_model, 
         logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1], -1)
     expected = logp.gather(-1, torch.tensor(sampled.token_ids)[:, None])[:, 0]
     assert torch.allclose(torch.tensor(sampled.logprobs), expected, atol=1e-3)
+    # under top-p they are renormalised over vLLM's nucleus: the trainer's chunked logprobs replay it (issue 35
+    # item 6), the whole vocabulary's would be lower by −log S
+    prompt = tok.encode(PROMPTS[1], add_special_tokens=False)
+    ids = torch.tensor([prompt + nucleus.token_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1]
+        targets = torch.tensor(nucleus.token_ids)
+        replayed, _ = chunked_token_stats(
+            logits, torch.eye(logits.shape[-1]), targets, NUCLEUS.temperature, NUCLEUS.top_p
+        )
+        whole = torch.log_softmax(logits / NUCLEUS.temperature, -1).gather(-1, targets[:, None])[:, 0]
+    served = torch.tensor(nucleus.logprobs)
+    assert torch.allclose(served, replayed, atol=1e-3), (served - replayed).abs().max()
+    assert float((served - whole).mean()) > 0.05  # the nucleus truncated: −log S > 0 on average
 
 
 def test_mismatched_weights_are_refused_before_reaching_the_server(server, tiny_model, tmp_path):

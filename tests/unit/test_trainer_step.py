@@ -4,6 +4,7 @@ tokens, at the sampling temperature, of the policy before the step."""
 from __future__ import annotations
 
 import json
+import math
 from array import array
 
 import pytest
@@ -41,6 +42,7 @@ def test_train_step_reports_the_mean_entropy_of_the_trained_tokens(tmp_path, tin
     metrics = trainer.train_step(1)
     trainer.ledger.close()
     assert metrics["tokens"] == 6
+    assert metrics["micro_batches"] == 1 and metrics["padding_share"] == pytest.approx(2 / 14)  # rows of 7 and 5
     assert metrics["entropy"] == pytest.approx(expected, rel=1e-5)
     assert 0 < metrics["entropy"] < torch.log(torch.tensor(float(logits.shape[-1]))).item()
     json.dumps(metrics)  # what trainer_metrics.jsonl gets
@@ -87,3 +89,46 @@ def test_mismatch_kl_is_zero_for_the_trainers_own_logprobs_and_moves_when_the_se
     trainer.ledger.close()
     other.ledger.close()
     assert moved["mismatch_kl"] > 100 * max(same["mismatch_kl"], 1e-6) and moved["mismatch_kl_on_policy"] > 0.01
+
+
+def _vllm_processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """``[n, V]``: what vLLM returns with ``--logprobs-mode processed_logprobs`` (``Sampler.sample``): float32 logits
+    / temperature, ``apply_top_k_top_p_pytorch``'s top-p mask (ascending sort, cumulative softmax, masked where
+    ≤ 1 − top_p, never the largest), log-softmax over what is kept."""
+    z = logits.float() / temperature
+    ascending, order = z.sort(dim=-1)
+    cut = ascending.softmax(-1).cumsum(-1) <= 1 - top_p
+    cut[:, -1] = False
+    return z.scatter(-1, order, ascending.masked_fill(cut, float("-inf"))).log_softmax(-1)
+
+
+def test_on_policy_ratio_is_one_under_top_p(tmp_path, tiny_model):
+    """Issue 35 item 6: with ``top_p < 1`` vLLM's logprobs are renormalised over the nucleus it sampled from; the
+    trainer's must be too, or an on-policy token's ratio is the nucleus's kept mass (0.893 measured at top_p 0.8).
+    Completions sampled here as vLLM samples (temperature, then the top-p nucleus) from the trainer's own weights,
+    labelled with those logprobs: step 1 is on policy, so the ratio is 1 and the mismatch KL 0."""
+    temperature, top_p = 0.9, 0.8
+    spec = parse("topp", max_steps=1, sampling={"temperature": temperature, "top_p": top_p}).spec
+    run_dir = RunDir(tmp_path)
+    trainer = Trainer(spec, run_dir, str(tiny_model))
+    g = torch.Generator().manual_seed(0)
+    samples, kept_mass = [], []
+    with torch.no_grad():
+        for member in range(4):
+            ids, logprobs = [3, 4, 9], []
+            for _ in range(8):
+                logits = trainer.model(input_ids=torch.tensor([ids])).logits[0, -1:]
+                processed = _vllm_processed_logprobs(logits, temperature, top_p)
+                token = int(torch.multinomial(processed.exp(), 1, generator=g))
+                kept_mass.append(float(torch.softmax(logits / temperature, -1)[0][processed[0] > -math.inf].sum()))
+                ids.append(token)
+                logprobs.append(float(processed[0, token]))
+            samples.append(TrainingSample(array("q", ids[:3]), array("q", ids[3:]), array("d", logprobs),
+                                          0.5 - 0.25 * member, 0.5, QueuedTrace("reverse-text", 0, 0, member)))  # fmt: skip
+    assert sum(kept_mass) / len(kept_mass) < 0.97  # the nucleus truncates: over the whole vocabulary, ratio ≈ S
+    write_batch(run_dir.rollout_batch(1), 1, samples, pad_id=0)
+    metrics = trainer.train_step(1)
+    trainer.ledger.close()
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["mismatch_kl_on_policy"] < 1e-9 and metrics["clip_fraction"] == 0.0

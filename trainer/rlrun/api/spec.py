@@ -234,31 +234,34 @@ class OrchestratorSpec(RoleSpec):
 class TrainerSpec(RoleSpec):
     """The trainer: ``nodes`` pods (one per node) of ``processes_per_node`` ranks each.
 
-    ``1 × 1`` (the default) is one pod running one ``rlrun trainer`` process. Anything larger runs
-    ``rlrun trainer`` under ``torchrun`` as ``nodes × processes_per_node`` data-parallel ranks (FSDP):
-    on Kubernetes the operator creates one pod per node (``gpus`` each) and restarts them together
-    when any of them is lost. A change takes effect at the next attempt (a trainer replaced within an
-    attempt keeps its group's node count).
+    ``1 × 1`` (default): one pod, one ``rlrun trainer``; larger: ``torchrun`` runs ``nodes × processes_per_node``
+    data-parallel ranks (FSDP), on Kubernetes one pod per node (``gpus`` each), restarted together when any is lost.
+    A change takes effect at the next attempt (a trainer replaced within an attempt keeps its group's node count).
 
     Attributes:
         nodes: trainer pods, one per node (1: a single pod, no rendezvous Service).
-        processes_per_node: ranks (``torchrun --nproc-per-node``) in each trainer pod, one per GPU;
-            at most ``gpus`` when the pod has GPUs (two ranks on one GPU is an NCCL error; fewer
-            leaves GPUs idle), any number of CPU (gloo) ranks otherwise.
-        precision: the trainer's compute dtype: ``bfloat16`` computes in bf16 with float32 master weights and
-            optimizer state; ``float32`` computes in float32; ``auto`` (default) is ``bfloat16`` on a GPU that has
-            it and ``float32`` on a CPU. The rollout servers serve the dtype the trainer computes in.
+        processes_per_node: ranks (``torchrun --nproc-per-node``) in each trainer pod, one per GPU; at most ``gpus``
+            when the pod has GPUs (two ranks on one GPU is an NCCL error), any number of CPU (gloo) ranks otherwise.
+        precision: compute dtype, ``bfloat16`` (float32 master weights and optimizer state) or ``float32``; ``auto``:
+            bf16 on a GPU that has it, else float32 (bf16 missing: float32, warned). vLLM serves the same dtype.
+        micro_batch_tokens: token slots (padding included) per micro-batch and rank: rows are cut by length (packed
+            where the attention allows), gradients summed into one step with the batch's normalisation; sets the
+            activation memory. A longer sample is trained alone, never cut. A GPU takes 16k–32k (default: a CPU's).
+        logprob_chunk_tokens: LM-head positions computed at once (a few ``[chunk, vocab]`` float32 tensors; GPU: 1k–4k).
+        activation_checkpointing: recompute block activations in the backward: less memory, ~⅓ more compute.
     """
 
     nodes: int = Field(default=1, ge=1, le=256)
     processes_per_node: int = Field(default=1, ge=1, le=16)
     precision: Literal["auto", "float32", "bfloat16"] = "auto"
+    micro_batch_tokens: int = Field(default=4096, ge=16, le=1_048_576)
+    logprob_chunk_tokens: int = Field(default=128, ge=1, le=65_536)
+    activation_checkpointing: bool = False
 
     @field_validator("processes_per_node")
     @classmethod
     def _one_gpu_per_process(cls, processes: int, info: ValidationInfo) -> int:
-        gpus = info.data.get("gpus")
-        if gpus and processes > gpus:
+        if (gpus := info.data.get("gpus")) and processes > gpus:
             raise ValueError(
                 f"must be ≤ gpus ({gpus}) when the trainer has GPUs: each rank takes one GPU, got {processes}"
             )

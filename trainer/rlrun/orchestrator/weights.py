@@ -2,10 +2,10 @@
 
 vLLM kills the whole server when a ``collective_rpc`` method raises, so weights
 are validated here first: every ``*.safetensors`` file must parse and hold exactly
-the tensor names, dtypes and shapes of the reference (the initial model). Only
-then does every server run its update (:meth:`~rlrun.rollout.client.RolloutClient.update_weights`: no
-completion sent from its start to its resume; the completions out answered first; pause(wait) → reload →
-reset prefix cache → resume).
+the tensor names and shapes of the reference (the initial model), each floating-point
+where the reference's is (:func:`validate_weights_dir`). Only then does every server run its update
+(:meth:`~rlrun.rollout.client.RolloutClient.update_weights`: no completion sent from its start to its resume; the
+completions out answered first; pause(wait) → reload → reset prefix cache → resume).
 
 A server that cannot be reached during its update (a transport error: its node is going
 away, or its endpoint was removed and its client closed meanwhile) does not fail the
@@ -50,19 +50,39 @@ def weights_signature(path: str | Path) -> Signature:
     return sig
 
 
+#: safetensors dtype names of floating-point tensors (``safe_open(...).get_slice(name).get_dtype()``).
+FLOATING_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
+
+
+def _kind(dtype: str) -> str:
+    return "floating-point" if dtype in FLOATING_DTYPES else dtype
+
+
 def validate_weights_dir(path: str | Path, reference: Signature | None) -> Signature:
     """Check ``path`` against ``reference`` (skipped when None); returns its signature.
 
+    Names and shapes must equal the reference's; a dtype may differ between floating-point dtypes, not otherwise.
+    Why: the trainer publishes its weights in the dtype it computes in and vLLM serves (bf16 under
+    ``spec.trainer.precision`` bfloat16, float32 on a CPU: :mod:`rlrun.training.precision`), a checkpoint holds
+    float32 master weights, and the initial model's files may be in either (Qwen3's are bf16, the builtin tiny
+    models float32); vLLM's weight loaders copy each tensor into the parameter it serves, casting to that
+    parameter's dtype, so a float tensor of any float dtype loads, while a missing, extra or reshaped one does not.
+
     Raises:
         WeightsError: no files, or one that does not parse.
-        WeightsMismatch: missing, extra or reshaped tensors (up to five named).
+        WeightsMismatch: missing, extra or reshaped tensors, or a tensor whose dtype is of another kind
+            (up to five named).
     """
     sig = weights_signature(path)
     if reference is None:
         return sig
     problems = [f"missing {n}" for n in reference if n not in sig]
     problems += [f"unexpected {n}" for n in sig if n not in reference]
-    problems += [f"{n}: {sig[n]} != {reference[n]}" for n in sig if n in reference and sig[n] != reference[n]]
+    problems += [
+        f"{n}: {sig[n]} != {reference[n]}"
+        for n in sig
+        if n in reference and (sig[n][1] != reference[n][1] or _kind(sig[n][0]) != _kind(reference[n][0]))
+    ]
     if problems:
         raise WeightsMismatch(f"{path}: weights do not match the model: " + "; ".join(problems[:5]))
     return sig

@@ -1,7 +1,7 @@
 """Data-parallel training over ``torch.distributed`` with FSDP2: the same update as one process.
 
 Guarantee: ``W`` ranks that each train their slice of a shipped batch (:func:`rank_slice`) with
-:func:`data_parallel_policy_loss` and clip with :func:`clip_grad_norm_` take the **same optimizer
+:func:`rlrun.training.step.accumulate_gradients` and clip with :func:`clip_grad_norm_` take the **same optimizer
 step** as one process training the whole batch, up to float summation order. Three rules make it so:
 
 1. **Slicing** — rank ``r`` of ``W`` trains the contiguous rows ``[r·⌊B/W⌋ + min(r, B mod W), …)``
@@ -19,14 +19,14 @@ step** as one process training the whole batch, up to float summation order. Thr
    ``ℓ_r = S_r · W / N`` (``N`` from an all-reduce of the token counts), so the reduced gradient
    is ``(1/W) Σ_r ∇ℓ_r = Σ_r ∇S_r / N = ∇L``. Back-propagating each rank's own token mean
    instead would weight a token by ``1 / (W·N_r)``: ranks with fewer completion tokens would
-   count more.
+   count more. (:mod:`rlrun.training.step` applies the same rule to micro-batches: each back-propagates its sum
+   times ``W / N``.)
 3. **Gradient clipping** — the norm is of the **global** gradient: the per-rank shard norms are
    combined across the group (DTensor ``full_tensor``, as torchtitan's ``clip_grad_norm_`` does)
    before the clip coefficient is applied, so every rank scales by the same factor.
 
 World size 1 (no ``WORLD_SIZE`` in the environment, or ``WORLD_SIZE=1``) is today's
-single-process path: no process group, no FSDP wrapping, :func:`data_parallel_policy_loss` is
-:func:`~rlrun.training.loss.clipped_policy_loss` itself.
+single-process path: no process group, no FSDP wrapping, ``W / N = 1 / N``.
 
 Rendezvous is ``torchrun``'s (``env://``, c10d): ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR``, ``MASTER_PORT``. The backend is ``nccl`` when CUDA is available and ``gloo`` on
@@ -46,7 +46,6 @@ import torch.distributed as dist
 from torch import nn
 
 from rlrun.batch import TrainBatch
-from rlrun.training.loss import clipped_policy_loss
 
 log = logging.getLogger(__name__)
 
@@ -197,9 +196,13 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     return []
 
 
-def shard_model(model: nn.Module, dp: DataParallel, reshard_after_forward: bool = True) -> nn.Module:
+def shard_model(
+    model: nn.Module, dp: DataParallel, reshard_after_forward: bool = True, mp_policy: object | None = None
+) -> nn.Module:
     """Move ``model`` to ``dp.device`` and, with ``world_size > 1``, apply FSDP2 (``fully_shard``)
-    to every transformer block (:func:`transformer_blocks`), then to the root.
+    to every transformer block (:func:`transformer_blocks`), then to the root, with ``mp_policy`` (a
+    ``MixedPrecisionPolicy``: :func:`rlrun.training.precision.mixed_precision_policy`; None: compute in the
+    parameters' float32).
 
     Per-block units let FSDP all-gather one block's parameters at a time (and free them after its
     forward when ``reshard_after_forward``); the root unit holds the rest (embeddings, final norm,
@@ -214,10 +217,13 @@ def shard_model(model: nn.Module, dp: DataParallel, reshard_after_forward: bool 
         return model
     from torch.distributed.fsdp import fully_shard
 
+    kwargs = {"mesh": dp.mesh, "reshard_after_forward": reshard_after_forward}
+    if mp_policy is not None:
+        kwargs["mp_policy"] = mp_policy
     blocks = transformer_blocks(model)
     for block in blocks:
-        fully_shard(block, mesh=dp.mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=dp.mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
     if not blocks:
         log.warning("%s: no transformer blocks found at %s; sharded the root only", type(model).__name__, BLOCK_PATHS)
     return model
@@ -279,63 +285,6 @@ def rank_slice(batch: TrainBatch, rank: int, world_size: int) -> TrainBatch:
     )
 
 
-def data_parallel_policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    ratio_clip: float,
-    dp: DataParallel,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """This rank's share ``ℓ_r = S_r · W / N`` of the whole-batch loss (rule 2 of the module docstring).
-
-    Args: as :func:`rlrun.training.loss.clipped_policy_loss`, for this rank's rows
-        (``[b, T−1]``, ``[b, T−1]``, ``[b]``, ``[b, T−1]`` bool), plus the group.
-
-    Returns:
-        ``(loss_to_backward, stats)``. ``loss_to_backward`` is ``ℓ_r`` (differentiable; with
-        FSDP's average over ``W`` ranks its gradient is the whole batch's). ``stats`` are of the
-        whole batch, equal on every rank: ``loss`` (``L``, the single-process value),
-        ``clip_fraction``, ``ratio_mean`` (token-weighted), ``ratio_max``, ``tokens`` (``N``).
-        In one process: exactly :func:`clipped_policy_loss` (stats gain ``loss``).
-
-    Raises:
-        ValueError: no rank has a masked token.
-    """
-    if not dp.distributed:
-        loss, stats = clipped_policy_loss(logprobs, old_logprobs, advantages, loss_mask, ratio_clip)
-        return loss, {"loss": loss.item(), **stats}
-    n_local = int(loss_mask.sum().item())
-    if n_local > 0:
-        mean, stats = clipped_policy_loss(logprobs, old_logprobs, advantages, loss_mask, ratio_clip)
-        local_sum = mean * n_local  # S_r
-        clipped, ratio_sum, ratio_max = (
-            stats["clip_fraction"] * n_local,
-            stats["ratio_mean"] * n_local,
-            stats["ratio_max"],
-        )
-    else:  # placeholder row: no tokens, but the graph must reach every parameter for FSDP's reduce-scatter
-        local_sum = (logprobs * 0.0).sum()
-        clipped, ratio_sum, ratio_max = 0.0, 0.0, float("-inf")
-    sums = torch.tensor([float(local_sum.detach()), clipped, ratio_sum, n_local], dtype=torch.float64)
-    top = torch.tensor([ratio_max], dtype=torch.float64)
-    if dp.device.type != "cpu":  # nccl reduces device tensors only
-        sums, top = sums.to(dp.device), top.to(dp.device)
-    dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-    dist.all_reduce(top, op=dist.ReduceOp.MAX)
-    total_loss, total_clipped, total_ratio, n = sums.tolist()
-    if n == 0:
-        raise ValueError("loss_mask selects no token on any rank")
-    loss = local_sum * (dp.world_size / n)
-    return loss, {
-        "loss": total_loss / n,
-        "clip_fraction": total_clipped / n,
-        "ratio_mean": total_ratio / n,
-        "ratio_max": float(top.item()),
-        "tokens": round(n),
-    }
-
-
 def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float) -> float:
     """Clip gradients to a total 2-norm of ``max_norm``; returns the norm before clipping (rule 3).
 
@@ -361,14 +310,30 @@ def full_state_dict(model: nn.Module, dp: DataParallel) -> dict[str, torch.Tenso
     ``full_state_dict=True, cpu_offload=True`` all-gathers each shard and keeps the result on
     rank 0 only, so the other ranks hold no full copy.
 
+    A tied weight (``model.all_tied_weights_keys``: Qwen3-0.6B's ``lm_head.weight``, the embedding itself) is left
+    out, as ``save_pretrained`` leaves it out: safetensors refuses two names for one tensor, and the model's own
+    checkpoint, vLLM's loader and :func:`rlrun.training.parts.load_weights` know it by its source's name.
+
     Returns:
         ``{name: tensor}`` on rank 0 (new tensors, not views of the parameters), None on the other ranks.
     """
     if not dp.distributed:  # a copy: the caller may keep it while training goes on
-        return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+        return untied({k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}, model)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if not dp.is_main:
         return None
-    return {k: v.contiguous() for k, v in state.items()}
+    return untied({k: v.contiguous() for k, v in state.items()}, model)
+
+
+def tied_weights(model: nn.Module) -> dict[str, str]:
+    """``{tied name: the name of the tensor it is}`` (transformers' ``all_tied_weights_keys``; ``{}`` for a model
+    without tied weights or not from transformers)."""
+    return dict(getattr(model, "all_tied_weights_keys", None) or {})
+
+
+def untied(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """``state`` without the names of tied weights (:func:`tied_weights`) whose source it holds."""
+    tied = tied_weights(model)
+    return {k: v for k, v in state.items() if not (k in tied and tied[k] in state)}

@@ -68,6 +68,36 @@ def mismatch_kl(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Ten
     return torch.expm1(d) - d
 
 
+def policy_loss_sums(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, ratio_clip: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss's sum over some trained tokens, before the division by the batch's token count: what a micro-batch
+    (or a rank) adds to the whole batch's loss (:mod:`rlrun.training.step` divides by the batch's count).
+
+    Args:
+        logprobs: ``[N]`` under the current policy (differentiable), at the trained tokens only.
+        old_logprobs: ``[N]`` under the sampling policy.
+        advantages: ``[N]``, each token's sample's advantage.
+        ratio_clip: ε.
+
+    Returns:
+        ``(loss_sum, sums)``: ``loss_sum = −Σ min(r·A, clip(r, 1 − ε, 1 + ε)·A)`` (differentiable) and, detached,
+        ``clipped`` (tokens where the clipped term was chosen), ``ratio_sum``, ``ratio_max`` (−inf when N = 0).
+    """
+    ratio = torch.exp(logprobs - old_logprobs)
+    adv = advantages.to(ratio.dtype)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - ratio_clip, 1 + ratio_clip) * adv
+    loss_sum = -torch.minimum(unclipped, clipped).sum()
+    with torch.no_grad():
+        sums = {
+            "clipped": (clipped < unclipped).sum(),
+            "ratio_sum": ratio.sum(),
+            "ratio_max": ratio.max() if ratio.numel() else torch.tensor(float("-inf")),
+        }
+    return loss_sum, sums
+
+
 def clipped_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -75,7 +105,8 @@ def clipped_policy_loss(
     loss_mask: torch.Tensor,
     ratio_clip: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss in the module docstring.
+    """The loss in the module docstring, over one batch in one piece (:func:`policy_loss_sums` divided by the token
+    count).
 
     Args:
         logprobs: ``[B, T]`` under the current policy (differentiable).
@@ -91,22 +122,15 @@ def clipped_policy_loss(
     Raises:
         ValueError: ``loss_mask`` selects no token.
     """
-    mask = loss_mask.to(logprobs.dtype)
-    n_tokens = mask.sum()
-    if n_tokens.item() == 0:
+    n_tokens = int(loss_mask.sum())
+    if n_tokens == 0:
         raise ValueError("loss_mask selects no token")
-    ratio = torch.exp(logprobs - old_logprobs)
-    adv = advantages[:, None].to(logprobs.dtype)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1 - ratio_clip, 1 + ratio_clip) * adv
-    surrogate = torch.minimum(unclipped, clipped)
-    loss = -(surrogate * mask).sum() / n_tokens
-    with torch.no_grad():
-        sel = loss_mask
-        stats = {
-            "clip_fraction": float(((clipped < unclipped) & sel).sum() / n_tokens),
-            "ratio_mean": float(ratio[sel].mean()),
-            "ratio_max": float(ratio[sel].max()),
-            "tokens": int(n_tokens.item()),
-        }
-    return loss, stats
+    adv = advantages[:, None].expand_as(loss_mask)
+    loss_sum, sums = policy_loss_sums(logprobs[loss_mask], old_logprobs[loss_mask], adv[loss_mask], ratio_clip)
+    stats = {
+        "clip_fraction": float(sums["clipped"]) / n_tokens,
+        "ratio_mean": float(sums["ratio_sum"]) / n_tokens,
+        "ratio_max": float(sums["ratio_max"]),
+        "tokens": n_tokens,
+    }
+    return loss_sum / n_tokens, stats

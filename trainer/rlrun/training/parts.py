@@ -34,7 +34,7 @@ from rlrun.checkpoint import (
 from rlrun.dcp_format import SHARDED_FORMAT
 from rlrun.errors import CheckpointError, WeightsMismatch
 from rlrun.rundir import RunDir, fault_point, publish_dir, read_attempt, step_dirs, write_meta, written_by
-from rlrun.training.distributed import DataParallel, full_state_dict
+from rlrun.training.distributed import DataParallel, full_state_dict, tied_weights, untied
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,29 @@ PAIR_WAIT_S = 30.0
 
 
 def save_weights(model: torch.nn.Module, path: Path) -> None:
-    """Write the model's state dict (Hugging Face names) as one safetensors file."""
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    """Write the model's state dict (Hugging Face names, a tied weight once: :func:`~rlrun.training.distributed.untied`)
+    as one safetensors file."""
+    state = untied({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, model)
     save_file(state, str(path), metadata={"format": "pt"})
+
+
+def load_weights(model: torch.nn.Module, path: Path) -> None:
+    """Load ``model.safetensors`` at ``path`` into ``model``: every tensor name must be the model's, and every
+    parameter must be there but a tied one whose source is (:func:`~rlrun.training.distributed.tied_weights`: it
+    is that tensor).
+
+    Raises:
+        WeightsMismatch: missing, unexpected or reshaped tensors (torch names each).
+    """
+    state = load_file(str(path))
+    tied = tied_weights(model)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # a shape mismatch: torch names every reshaped tensor
+        raise WeightsMismatch(f"{path}: weights do not fit the model: {exc}") from None
+    missing = [k for k in missing if not (k in tied and tied[k] in state)]
+    if missing or unexpected:
+        raise WeightsMismatch(f"{path}: weights do not fit the model: missing {missing}, unexpected {unexpected}")
 
 
 def clear_after(run_dir: RunDir, step: int, attempt: int) -> None:
@@ -81,7 +101,9 @@ def republish(run_dir: RunDir, step: int, attempt: int) -> bool:
     held by an evaluation round, the orchestrator at policy 3, the trainer restarted from checkpoint 4 after
     broadcasts 4 and 5 were removed: the flow budget 0, the trainer waiting for batch 5, the weights on disk only in
     the checkpoint). Every part holds the full ``model.safetensors`` (a sharded one: rank 0's), so rank 0 alone
-    publishes it, no collective: a hard link where the filesystem allows, else a copy.
+    publishes it, no collective: a hard link where the filesystem allows, else a copy. The part's weights are
+    float32 (the master weights) where a bf16 trainer's broadcasts are bf16: the follower accepts any floating-point
+    dtype and vLLM casts on load (:func:`rlrun.orchestrator.weights.validate_weights_dir`).
     """
     final = run_dir.broadcast(step)
     if final.is_dir() and written_by(final, attempt):
@@ -183,10 +205,7 @@ def restore_part(
     elif dp.distributed:
         _load_unsharded_into_shards(root, model, optimizer, spec, dp)
     else:
-        try:
-            model.load_state_dict(load_file(str(root / WEIGHTS_FILE)))
-        except RuntimeError as exc:  # torch names every missing, unexpected and reshaped tensor
-            raise WeightsMismatch(f"{root / WEIGHTS_FILE}: weights do not fit the model: {exc}") from None
+        load_weights(model, root / WEIGHTS_FILE)
         optimizer.load_state_dict(torch.load(root / OPTIMIZER_FILE, weights_only=True))
 
 
@@ -210,10 +229,7 @@ def _load_unsharded_into_shards(
     )
 
     plain = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
-    try:
-        plain.load_state_dict(load_file(str(root / WEIGHTS_FILE)))
-    except RuntimeError as exc:
-        raise WeightsMismatch(f"{root / WEIGHTS_FILE}: weights do not fit the model: {exc}") from None
+    load_weights(plain, root / WEIGHTS_FILE)
     plain_opt = _adamw(plain.parameters(), spec)
     plain_opt.load_state_dict(torch.load(root / OPTIMIZER_FILE, weights_only=True))
     if not plain_opt.state:  # never stepped (step 0): keep the fresh optimizer, as one process does

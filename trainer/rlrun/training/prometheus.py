@@ -40,6 +40,7 @@ METRICS: dict[str, tuple[str, str, str | None]] = {
     ),
     "rlrun_trainer_clip_ratio": ("gauge", "Share of trained tokens whose ratio was clipped.", "clip_fraction"),
     "rlrun_trainer_tokens": ("gauge", "Tokens trained in the last step.", "tokens"),
+    "rlrun_trainer_padding_share": ("gauge", "Share of the last step's micro-batch token slots that were padding.", "padding_share"),
     "rlrun_trainer_tokens_per_second": ("gauge", "Tokens trained per second of the last step's compute.", None),
     "rlrun_trainer_step_seconds": ("gauge", "The last step's compute time (after its batch arrived).", "train_s"),
     "rlrun_trainer_batch_wait_seconds": ("gauge", "Time the last step waited for its batch.", "wait_s"),

@@ -1,8 +1,9 @@
 """The trainer process: one optimizer step per shipped batch, then publish the new weights.
 
 Step ``s`` reads ``rollouts/step_s/`` (waiting until the orchestrator publishes it),
-takes one AdamW step on :func:`rlrun.training.loss.clipped_policy_loss`, publishes
-``broadcasts/step_s/model.safetensors`` (policy version ``s``) and, every
+takes one AdamW step on the loss of :mod:`rlrun.training.loss` over the whole batch, computed in micro-batches
+(:mod:`rlrun.training.step`) in the compute dtype of ``spec.trainer.precision`` (:mod:`rlrun.training.precision`),
+publishes ``broadcasts/step_s/model.safetensors`` (policy version ``s``, in that dtype) and, every
 ``checkpoint.interval`` steps and at the last step, ``checkpoints/step_s/trainer/``
 (a fresh run also checkpoints step 0, so a pause always has a trainer part to pair
 with). Both are published by an atomic directory rename, so readers never see a torn
@@ -35,7 +36,7 @@ resume from (:func:`rlrun.training.parts.wait_for_pairing`), so a notice save is
 Data parallel (``dp.world_size`` W > 1, ranks started by ``torchrun``): the model is FSDP2-sharded
 (:func:`~rlrun.training.distributed.shard_model`) before the optimizer is built. Every rank reads
 the shipped batch file itself and trains its rows (:func:`~rlrun.training.distributed.rank_slice`,
-:func:`~rlrun.training.distributed.data_parallel_policy_loss`, global
+:func:`~rlrun.training.step.accumulate_gradients` in micro-batches, global
 :func:`~rlrun.training.distributed.clip_grad_norm_`): the same update as one process. Rank 0
 alone decides what to resume from and publishes: broadcasts, ledger, metrics (and, in
 ``rlrun trainer``, the exit report); a broadcast's weights come from
@@ -70,13 +71,12 @@ from rlrun.training.batches import Noticed, batch_accepted, wait_for_batch
 from rlrun.training.distributed import (
     DataParallel,
     clip_grad_norm_,
-    data_parallel_policy_loss,
     full_state_dict,
     rank_slice,
     shard_model,
     single_process,
+    untied,
 )
-from rlrun.training.loss import mismatch_kl, token_entropy, token_logprobs
 from rlrun.training.parts import (
     PAIR_WAIT_S,
     choose_checkpoint,
@@ -84,10 +84,11 @@ from rlrun.training.parts import (
     new_optimizer,
     republish,
     restore_part,
-    save_weights,
     write_part,
 )
+from rlrun.training.precision import cast_floating, dtype_name, mixed_precision_policy, resolve_precision
 from rlrun.training.prometheus import TrainerMetrics, serve_from_env
+from rlrun.training.step import StepSettings, accumulate_gradients
 
 log = logging.getLogger(__name__)
 
@@ -153,9 +154,20 @@ class Trainer:
         self.max_steps = max_steps or spec.max_steps
         self.poll_s = poll_s
         torch.manual_seed(spec.seed)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        if self.dp.distributed:
-            shard_model(self.model, self.dp)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)  # float32 master weights
+        self.compute_dtype = resolve_precision(spec.trainer.precision, self.dp.device, warn=self.dp.is_main)
+        self.step_settings = StepSettings.from_spec(spec, self.compute_dtype)
+        if spec.trainer.activation_checkpointing:  # before sharding: FSDP2 wraps the checkpointed blocks
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # to the device (a GPU in one process too), and FSDP2-sharded with ranks
+        shard_model(self.model, self.dp, mp_policy=mixed_precision_policy(self.compute_dtype))
+        if self.dp.is_main:
+            log.info(
+                "trainer: computes in %s (spec.trainer.precision %s), micro-batches of ≤ %d tokens, LM head in chunks "
+                "of %d positions, activation checkpointing %s", dtype_name(self.compute_dtype),
+                spec.trainer.precision, spec.trainer.micro_batch_tokens, spec.trainer.logprob_chunk_tokens,
+                "on" if spec.trainer.activation_checkpointing else "off",
+            )  # fmt: skip
         self.optimizer = new_optimizer(self.model, spec)
         restored = resume and self._restore()
         # Batches may already be arriving from this run's orchestrator; checkpoints past 0 cannot be ours.
@@ -238,11 +250,12 @@ class Trainer:
         return wait_for_batch(path, step, ready, self._agree, self.noticed, self.poll_s, self.dp.is_main)
 
     def train_step(self, step: int) -> dict:
-        """Train on batch ``step``: this rank's rows of it (all of them in one process), the loss and its
-        statistics of the whole batch, one AdamW step after a global gradient clip; returns its metrics
-        (loss, grad norm, ratio stats, |Δlogp| and ``entropy`` of the whole batch, seconds; ``ranks`` with
-        several). ``entropy``: mean over the trained tokens of the policy's next-token entropy at the sampling
-        temperature (:func:`~rlrun.training.loss.token_entropy`, nats/token, before the step): its fall to 0
+        """Train on batch ``step``: this rank's rows of it (all of them in one process) in micro-batches
+        (:func:`~rlrun.training.step.accumulate_gradients`), the loss and its statistics of the whole batch, one
+        AdamW step after a global gradient clip; returns its metrics (loss, grad norm, ratio stats, |Δlogp| and
+        ``entropy`` of the whole batch, ``padding_share`` and ``micro_batches``, seconds; ``ranks`` with several).
+        ``entropy``: mean over the trained tokens of the policy's next-token entropy under the sampling distribution
+        (temperature, top-p: :mod:`rlrun.training.logprobs`, nats/token, before the step): its fall to 0
         is the policy collapsing. ``mismatch_kl``: mean over the trained tokens of
         :func:`~rlrun.training.loss.mismatch_kl` (the trainer's logprobs against vLLM's, nats/token), and
         ``mismatch_kl_on_policy`` over the samples of the weights the trainer holds (policy version ``step − 1``;
@@ -256,33 +269,11 @@ class Trainer:
         t0 = time.perf_counter()
         dp = self.dp
         batch = rank_slice(whole, dp.rank, dp.world_size) if dp.distributed else whole
-        dev = dp.device
-        input_ids, attention_mask = batch.input_ids.to(dev), batch.attention_mask.to(dev)
-        old_logprobs, advantages = batch.old_logprobs.to(dev), batch.advantages.to(dev)
-        mask = batch.loss_mask.to(dev)
         self.model.train()
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-        logprobs = token_logprobs(logits, input_ids, self.spec.sampling.temperature)
-        loss, stats = data_parallel_policy_loss(logprobs, old_logprobs, advantages, mask, self.spec.loss.ratio_clip, dp)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        stats = accumulate_gradients(self.model, batch, self._on_policy_rows(batch, step), self.step_settings, dp)
         grad_norm = clip_grad_norm_(self.model.parameters(), self.spec.optimizer.max_grad_norm)
         self.optimizer.step()
-        # Whole-batch means over the masked tokens of |Δlogp| and of the entropy: the sums and the token count
-        # are all-reduced together (one collective), in place on the device (nccl reduces device tensors only).
-        # The entropy's [B, T-1, V] temporaries are made after backward has freed the activations, not beside them.
-        with torch.no_grad():
-            entropy = token_entropy(logits.detach(), self.spec.sampling.temperature)
-            kl = mismatch_kl(logprobs.detach(), old_logprobs)
-            on = mask & self._on_policy_rows(batch, step).to(dev)[:, None]  # sampled by the weights held now
-            diff = torch.stack(
-                [(logprobs.detach() - old_logprobs)[mask].abs().sum(), entropy[mask].sum(), mask.sum(),
-                 kl[mask].sum(), kl[on].sum(), on.sum()]
-            ).to(torch.float64)  # fmt: skip
-            del entropy, kl
-            if dp.distributed:
-                torch.distributed.all_reduce(diff)
-            diff_sum, entropy_sum, tokens, kl_sum, kl_on_sum, on_tokens = diff.tolist()
         if dp.is_main:
             self.ledger.write(LedgerEvent.TRAINED, step=step, ids=[t["episode_id"] for t in whole.meta["traces"]])
         return {
@@ -290,11 +281,7 @@ class Trainer:
             "loss": stats.pop("loss"),
             "grad_norm": grad_norm,
             "samples": whole.num_samples,
-            **stats,  # clip_fraction, ratio_mean, ratio_max, tokens: of the whole batch
-            "logprob_abs_diff": diff_sum / max(tokens, 1.0),
-            "entropy": entropy_sum / max(tokens, 1.0),  # nats/token
-            "mismatch_kl": kl_sum / max(tokens, 1.0),  # nats/token
-            "mismatch_kl_on_policy": kl_on_sum / on_tokens if on_tokens else None,
+            **stats,  # of the whole batch: clip_fraction, ratio_mean/max, tokens, |Δlogp|, entropy, mismatch KL, …
             "wait_s": round(t0 - wait_t0, 4),
             "train_s": round(time.perf_counter() - t0, 4),
             "time": time.time(),
@@ -311,22 +298,20 @@ class Trainer:
         return torch.tensor(rows, dtype=torch.bool)
 
     def publish(self, step: int) -> None:
-        """Publish ``broadcasts/step_N/`` (weights after step N, and the attempt that made them)."""
-
-        if self.dp.distributed:  # a collective: every rank gathers, rank 0 writes
+        """Publish ``broadcasts/step_N/`` (weights after step N, and the attempt that made them), in the dtype the
+        trainer computes in, which is the dtype the rollout servers serve (:mod:`rlrun.training.precision`). With
+        ``W > 1`` ranks a collective: every rank gathers, rank 0 writes."""
+        if self.dp.distributed:
             state = full_state_dict(self.model, self.dp)
-            if not self.dp.is_main:
+            if state is None:
                 return
+        else:  # the live tensors, no copy but the cast's (the file is written before the next step)
+            state = untied({k: v.detach() for k, v in self.model.state_dict().items()}, self.model)
+        state = {k: v.cpu() for k, v in cast_floating(state, self.compute_dtype).items()}
 
-            def fill(tmp: Path) -> None:
-                save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-                write_meta(tmp, step, self.attempt)
-
-        else:
-
-            def fill(tmp: Path) -> None:
-                save_weights(self.model, tmp / WEIGHTS_FILE)
-                write_meta(tmp, step, self.attempt)
+        def fill(tmp: Path) -> None:
+            save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            write_meta(tmp, step, self.attempt)
 
         publish_dir(self.run_dir.broadcast(step), fill)
 

@@ -1,0 +1,133 @@
+"""One step's gradient in micro-batches (``rlrun.training.step``): the gradient and statistics of today's single
+forward over the whole batch, whatever the budget, the packing, bf16 or activation checkpointing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from rlrun.batch import TrainBatch, collate
+from rlrun.samples import QueuedTrace, TrainingSample
+from rlrun.training.distributed import single_process
+from rlrun.training.loss import clipped_policy_loss, mismatch_kl, token_entropy, token_logprobs
+from rlrun.training.step import StepSettings, accumulate_gradients
+from transformers import AutoModelForCausalLM
+
+TEMPERATURE = 0.8
+LENGTHS = [(4, 6), (7, 3), (3, 9), (5, 2), (6, 7), (2, 20), (9, 1)]
+ON_POLICY = torch.tensor([True, False, True, False, True, False, True])
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    return AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def batch() -> TrainBatch:
+    g = torch.Generator().manual_seed(1)
+    samples = []
+    for i, (p, c) in enumerate(LENGTHS):
+        ids = torch.randint(2, 60, (p + c,), generator=g).tolist()
+        lp = (-math.log(64) + 0.6 * (torch.rand(c, generator=g) - 0.5)).tolist()
+        adv = [0.5, -0.5, 1.0, -1.0, 0.25, 0.7, -0.3][i]
+        samples.append(TrainingSample(ids[:p], ids[p:], lp, adv, 0.5, QueuedTrace("reverse-text", 0, 1, i)))
+    return TrainBatch(**collate(samples, pad_id=0), meta={"step": 1})
+
+
+def _settings(budget: int, dtype: torch.dtype = torch.float32) -> StepSettings:
+    return StepSettings(TEMPERATURE, 1.0, 0.2, budget, chunk_tokens=5, compute_dtype=dtype)
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    out = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def _todays_step(model, batch: TrainBatch) -> tuple[dict, dict]:
+    """The trainer before micro-batches: one forward, the [B, T, V] logits, the batch's token mean."""
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logprobs = token_logprobs(logits, batch.input_ids, TEMPERATURE)
+    loss, stats = clipped_policy_loss(logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, 0.2)
+    loss.backward()
+    with torch.no_grad():
+        mask = batch.loss_mask
+        kl = mismatch_kl(logprobs, batch.old_logprobs)
+        on = mask & ON_POLICY[:, None]
+        stats.update(
+            loss=loss.item(),
+            entropy=float(token_entropy(logits, TEMPERATURE)[mask].mean()),
+            logprob_abs_diff=float((logprobs - batch.old_logprobs)[mask].abs().mean()),
+            mismatch_kl=float(kl[mask].mean()),
+            mismatch_kl_on_policy=float(kl[on].mean()),
+        )
+    return _grads(model), stats
+
+
+@pytest.fixture(scope="module")
+def today(model, batch) -> tuple[dict, dict]:
+    """The reference, computed once: :func:`_todays_step`'s gradients and statistics."""
+    return _todays_step(model, batch)
+
+
+def _assert_same_gradients(got: dict, want: dict) -> None:
+    for name, g in want.items():
+        torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-5 * float(g.abs().max()), msg=name)
+
+
+@pytest.mark.parametrize(("budget", "pack"), [(10_000, False), (10_000, True), (24, True), (24, False), (5, True)])
+def test_micro_batched_step_equals_todays_single_forward(model, batch, today, budget, pack):
+    """Several micro-batches (budget 24 → 5; budget 5: each sample alone, longer than the budget; padded rows at
+    10,000: 2, by length) or one, packed or padded: the gradient and every whole-batch statistic of one forward over
+    the batch."""
+    want, stats = today
+    got = accumulate_gradients(model, batch, ON_POLICY, _settings(budget), single_process(), pack=pack)
+    _assert_same_gradients(_grads(model), want)
+    assert got["tokens"] == stats["tokens"] == batch.num_loss_tokens
+    assert (
+        got["micro_batches"]
+        == {(10_000, False): 2, (10_000, True): 1, (24, True): 5, (24, False): 5, (5, True): 7}[budget, pack]
+    )
+    for key in ("loss", "clip_fraction", "ratio_mean", "ratio_max", "entropy", "logprob_abs_diff", "mismatch_kl",
+                "mismatch_kl_on_policy"):  # fmt: skip
+        assert got[key] == pytest.approx(stats[key], rel=1e-5, abs=1e-7), key
+    assert 0 < stats["clip_fraction"] < 1
+
+
+def test_padding_share_counts_the_slots_that_hold_no_token(model, batch):
+    padded = accumulate_gradients(model, batch, ON_POLICY, _settings(10_000), single_process(), pack=False)
+    packed = accumulate_gradients(model, batch, ON_POLICY, _settings(10_000), single_process(), pack=True)
+    model.zero_grad(set_to_none=True)
+    tokens = sum(p + c for p, c in LENGTHS)  # 84: one padded batch, 7 rows of the longest (22), is 45 % padding
+    # by length: rows of 22, 13, 12 (66 slots), then of 10, 10, 10, 7 (40 slots)
+    assert padded["padding_share"] == pytest.approx(1 - tokens / (66 + 40))
+    assert packed["padding_share"] == pytest.approx(1 - tokens / (4 * 22))  # [22], [13 7], [12 10], [10 10]
+
+
+def test_bfloat16_compute_keeps_float32_gradients_close_to_the_float32_step(model, batch, today):
+    want, _ = today
+    accumulate_gradients(model, batch, ON_POLICY, _settings(24, torch.bfloat16), single_process())
+    got = _grads(model)
+    assert all(g.dtype == torch.float32 for g in got.values())  # master weights' gradients stay float32
+    flat = lambda d: torch.cat([v.flatten() for v in d.values()])  # noqa: E731
+    rel = float((flat(got) - flat(want)).norm() / flat(want).norm())
+    assert 1e-6 < rel < 0.05  # bf16 matmuls: close, not equal (measured ≈ 0.01)
+
+
+def test_activation_checkpointing_gives_the_same_gradient(tiny_model, batch):
+    fresh = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    fresh.train()
+    accumulate_gradients(fresh, batch, ON_POLICY, _settings(24), single_process())
+    want = _grads(fresh)
+    fresh.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    accumulate_gradients(fresh, batch, ON_POLICY, _settings(24), single_process())
+    _assert_same_gradients(_grads(fresh), want)
+
+
+def test_a_batch_with_no_trained_token_is_refused(model, batch):
+    empty = TrainBatch(**{**vars(batch), "loss_mask": torch.zeros_like(batch.loss_mask)})
+    with pytest.raises(ValueError, match="selects no token"):
+        accumulate_gradients(model, empty, ON_POLICY, _settings(24), single_process())
