@@ -1,4 +1,5 @@
-"""What a user hands a role's pods: volumes (a dataset's claim, a ConfigMap, a Secret) and environment variables.
+"""What a user hands a role's pods: volumes (a dataset's claim, a ConfigMap, a Secret), environment variables, and
+resources (:class:`ResourcesSpec`).
 
 Restricted, snake_case subsets of Kubernetes' ``Volume`` + ``VolumeMount`` and ``EnvVar`` (``spec.<role>.volumes``,
 ``spec.<role>.env`` of :class:`rlrun.api.spec.RoleSpec`), which ``rlrun_operator.pods`` turns into the pods' own
@@ -20,6 +21,23 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 class _Strict(BaseModel):
     # as every model of rlrun.api.spec: strict types, no unknown field, frozen
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+#: A Kubernetes resource quantity ("500m", "16Gi", "1"); the pattern is Kubernetes' own.
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+#: Kubernetes' label-value / DNS-1123 label pattern (names of claims and priority classes).
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class ResourcesSpec(_Strict):
+    """Container resources of one role's pods, as in a Kubernetes container (quantities as strings).
+
+    GPUs are asked for with the role's ``gpus`` instead of an ``nvidia.com/gpu`` key here.
+    """
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
 
 
 #: A volume's name in the pod: a DNS-1123 label.

@@ -17,12 +17,13 @@ The CRD's schema is generated from these models (:mod:`rlrun.api.crd`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from rlrun.api.pod_inputs import EnvVars, Volumes
+from rlrun.api.pod_inputs import DNS_LABEL_PATTERN, EnvVars, Quantity, ResourcesSpec, Volumes
 from rlrun.api.tracking import LoggingSpec
+from rlrun.api.vllm_args import VllmArgs
 
 API_GROUP = "rlrun.dev"
 API_VERSION = "v1alpha1"
@@ -190,23 +191,6 @@ class CheckpointSpec(_Strict):
     keep_last: int = Field(default=2, ge=1)
 
 
-#: A Kubernetes resource quantity ("500m", "16Gi", "1"); the pattern is Kubernetes' own.
-QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
-#: Kubernetes' label-value / DNS-1123 label pattern (names of claims and priority classes).
-DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-
-
-class ResourcesSpec(_Strict):
-    """Container resources of one role's pods, as in a Kubernetes container (quantities as strings).
-
-    GPUs are asked for with the role's ``gpus`` instead of an ``nvidia.com/gpu`` key here.
-    """
-
-    requests: dict[str, Quantity] = Field(default_factory=dict)
-    limits: dict[str, Quantity] = Field(default_factory=dict)
-
-
 class RoleSpec(_Strict):
     """How the operator runs one role's pods (ignored by ``rlrun local``).
 
@@ -271,8 +255,16 @@ class RolloutSpec(RoleSpec):
     Attributes:
         replicas: number of vLLM servers.
         max_inflight: most rollout requests (single completions) outstanding across all servers.
+        gpus: GPUs per server (its pod's ``nvidia.com/gpu``), one tensor-parallel engine over all of them
+            (vLLM's ``--tensor-parallel-size``); 0: a CPU server.
         kv_cache_gib: KV cache per server on CPU (``VLLM_CPU_KVCACHE_SPACE``), whole GiB.
+        gpu_memory_utilization: share of each GPU's memory a server may take (weights, activations, the KV
+            cache in the rest), vLLM's ``--gpu-memory-utilization``; lower it when something else shares the GPU.
         max_model_len: context length the server allocates for, in tokens (None: the model's).
+        vllm_args: further vLLM server arguments, after rlrun's (``["--enable-prefix-caching",
+            "--max-num-seqs", "128"]``); those rlrun sets itself (the model, address, dtype, parallelism,
+            memory share, …: ``rlrun.api.vllm_args.OWNED``) are refused. vLLM's dtype is no setting of its
+            own: it follows ``trainer.precision`` (``docs/design.md``, "Rollout servers on GPUs").
         members_per_request: members of a group sampled per completions request (None: the whole
             group in one request, fastest on vLLM-CPU; smaller values let members finish apart).
         request_timeout_seconds: most time one completions request may take on one server before
@@ -286,7 +278,9 @@ class RolloutSpec(RoleSpec):
     replicas: int = Field(default=1, ge=1, le=256)
     max_inflight: int = Field(default=256, ge=1)
     kv_cache_gib: int = Field(default=1, ge=1)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, strict=False)
     max_model_len: int | None = Field(default=None, ge=16)
+    vllm_args: VllmArgs = Field(default_factory=list)
     members_per_request: int | None = Field(default=None, ge=1)
     request_timeout_seconds: int = Field(default=300, ge=1)
     retry_window_seconds: int = Field(default=120, ge=1)
