@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import pytest
 from rich.console import Console
 from rlrun.api.tracking import LoggingSpec
+from rlrun.launcher import local
 from rlrun.launcher.preemption import preemption_skip_reason, resume_report_from_ledger, steps_recomputed
 from rlrun.launcher.progress import (
     eval_cell,
@@ -255,3 +257,27 @@ def test_the_summary_shows_held_out_evaluation_first_to_last():
     assert "greedy solved (exact match)" in lines[1] and lines[1].endswith("0.110 → 0.400 (+0.290)")
     assert lines[4].strip().startswith("pass@2")
     assert eval_cell([first, last]) == "held-out solved 0.400 (v120)"
+
+
+class ExitsLater:
+    """A role process that exits 0 once ``after_s`` seconds have passed (what ``_follow`` polls)."""
+
+    def __init__(self, name: str, after_s: float) -> None:
+        self.name = name
+        self.at = time.monotonic() + after_s
+
+    def poll(self) -> int | None:
+        return 0 if time.monotonic() >= self.at else None
+
+
+def test_a_log_gets_a_progress_line_every_heartbeat_while_no_step_lands(tmp_path, monkeypatch):
+    """Before the first step (a start, an evaluation round) a log is never silent for long: a line at least every
+    ``HEARTBEAT_S`` (10 s; 0.3 s here), where it used to wait for the first step's line."""
+    launcher, out = make_launcher(tmp_path)
+    launcher.run_dir.ensure()
+    monkeypatch.setattr(local, "HEARTBEAT_S", 0.3)
+    trainer, orch = ExitsLater("trainer", 1.4), ExitsLater("orchestrator", 1.4)
+    launcher.children = [trainer, orch]
+    assert launcher._follow(trainer, orch, "model") == []
+    beats = [line for line in out.getvalue().splitlines() if line.startswith("step 0/6  reward —")]
+    assert 2 <= len(beats) <= 5, out.getvalue()

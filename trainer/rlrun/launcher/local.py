@@ -42,6 +42,7 @@ from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.launcher.preemption import LaunchError, PreemptionDrill, preemption_skip_reason
 from rlrun.launcher.processes import Child, ChildDied, free_port, role_exit_code, wait_http_ok
 from rlrun.launcher.progress import (
+    Waiting,
     eval_cell,
     eval_report,
     label_restored,
@@ -52,6 +53,7 @@ from rlrun.launcher.progress import (
     tracker_plan,
 )
 from rlrun.ledger import check_ledger
+from rlrun.model.build_progress import build_progress
 from rlrun.model.resolve import resolve_model
 from rlrun.rundir import RunDir, read_jsonl, read_metrics, step_dirs
 
@@ -59,6 +61,8 @@ from rlrun.rundir import RunDir, read_jsonl, read_metrics, step_dirs
 RLRUN = (sys.executable, "-m", "rlrun")
 #: ``python -m torch.distributed.run``: torchrun with this launcher's interpreter.
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+#: Seconds without a progress line after which a log (not a terminal) gets one anyway.
+HEARTBEAT_S = 10.0
 #: Where a trainer under torchrun writes its exit report (in ``<run_dir>/logs/``; see :meth:`LocalLauncher.notice_trainer`).
 TRAINER_EXIT_REPORT = "trainer-exit.json"
 
@@ -185,9 +189,9 @@ class LocalLauncher:
             self._start(f"rollout-{i}", self._rollout_command(port), env)
             self.rollout_starts += 1
             urls.append(f"http://127.0.0.1:{port}")
-        with console.status(f"starting {len(urls)} rollout server(s) (vLLM: ≈30 s on CPU)…"):
+        with Waiting(console, f"starting {len(urls)} rollout server(s) (vLLM: 30–60 s on 2 cores)") as waiting:
             for child, url in zip(self.children, urls, strict=True):
-                waited = wait_http_ok(f"{url}/health", child, self.health_timeout_s)
+                waited = wait_http_ok(f"{url}/health", child, self.health_timeout_s, tick=waiting.tick)
                 console.print(f"{child.name} healthy at {url} after {waited:.0f} s")
         trainer = self.start_trainer(resume)
         self.children.append(trainer)
@@ -302,8 +306,8 @@ class LocalLauncher:
             self.trainer_metrics_start = self.run_dir.trainer_metrics.stat().st_size
         t_start = time.monotonic()
         try:
-            with console.status("preparing the model (built once, then cached)…"):
-                model_path = resolve_model(self.spec.model, self.cache_dir, envs=self.spec.envs)
+            progress = build_progress(console)  # a build shows its steps; a cached model is found at once
+            model_path = resolve_model(self.spec.model, self.cache_dir, envs=self.spec.envs, progress=progress)
             console.print(f"model: {model_path}")
             trainer, orch = self.start_all(model_path, self.resume)
             rows = self._follow(trainer, orch, model_path)
@@ -374,12 +378,14 @@ class LocalLauncher:
         trained, trained_offset = read_metrics(self.run_dir.trainer_metrics)
         t0 = time.monotonic()
         drill = self.drill
-        # On a terminal the progress line updates in place; in a log (CI), one line every ~5% of the run.
+        # On a terminal the progress line updates in place; in a log (CI), one line every ~5% of the run, and one
+        # after HEARTBEAT_S without any (the start, an evaluation round, a slow step: never a silent minute).
         every = max(1, self.max_steps // 20)
+        last_line = time.monotonic()
         live = Live(self._progress(rows, evaluations, t0, trained), console=self.console, refresh_per_second=4)
 
         def take_new() -> None:
-            nonlocal offset, eval_offset, trained_offset
+            nonlocal offset, eval_offset, trained_offset, last_line
             new, offset = read_metrics(self.run_dir.metrics, offset)
             lines, trained_offset = read_metrics(self.run_dir.trainer_metrics, trained_offset)
             trained[:] = trained[-1:] + lines  # only the newest is shown
@@ -392,11 +398,17 @@ class LocalLauncher:
                 return
             for e in landed:  # each evaluation once, as it lands
                 self.console.print(eval_cell([e]), markup=False)
+                last_line = time.monotonic()
+            latest = trained[-1] if trained else None
             for row in new:
                 if row["step"] % every == 0 or row["step"] == self.max_steps or row["restored"]:
-                    latest = trained[-1] if trained else None
                     cells = progress_cells(row, self.max_steps, time.monotonic() - t0, latest)
                     self.console.print("  ".join(cells), markup=False)
+                    last_line = time.monotonic()
+            if time.monotonic() - last_line >= HEARTBEAT_S:
+                cells = progress_cells(rows[-1] if rows else {}, self.max_steps, time.monotonic() - t0, latest)
+                self.console.print("  ".join(cells), markup=False)
+                last_line = time.monotonic()
 
         with live if self.console.is_terminal else contextlib.nullcontext():
             while True:
