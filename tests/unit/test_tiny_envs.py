@@ -55,6 +55,7 @@ class Recorded(BuildProgress):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[tuple] = []
+        self.threads: set[int] = set()  # torch's threads at each step
 
     def phase(self, text: str) -> None:
         self.calls.append(("phase", text))
@@ -64,6 +65,7 @@ class Recorded(BuildProgress):
 
     def advance(self, step: int, loss: float, tokens: int) -> None:
         self.calls.append(("advance", step, tokens))
+        self.threads.add(torch.get_num_threads())
 
     def checked(self, step: int, solved: dict[str, float]) -> None:
         self.calls.append(("checked", step, solved))
@@ -80,8 +82,15 @@ def progress() -> Recorded:
 @pytest.fixture(scope="module")
 def swap_model(tmp_path_factory, progress):
     out = tmp_path_factory.mktemp("tiny") / "model"
+    torch.set_num_threads(2)  # what the process had before the build (2 cores: torch's default here)
     report = init_tiny_envs_model(out, [SWAP], QUICK, progress=progress)
+    progress.threads_after = torch.get_num_threads()
     return out, report
+
+
+def test_the_build_runs_on_one_thread_and_gives_the_process_its_threads_back(swap_model, progress):
+    """Two threads on two busy cores made each step 5–10× slower (issue 35); the build's bytes do not depend on it."""
+    assert progress.threads == {1} and progress.threads_after == 2
 
 
 def test_the_build_shows_every_step_each_check_and_its_phases(swap_model, progress):

@@ -155,21 +155,29 @@ class LineProgress(BuildProgress):
 
 
 class BarProgress(BuildProgress):
-    """A rich progress bar on ``console`` (a terminal): the budget used, elapsed time, ETA and the state's cells,
-    redrawn 4 times a second; checks and phases printed above it."""
+    """A rich progress bar on ``console`` (a terminal): the budget used, elapsed time and ETA, with the state's cells
+    on the line below, redrawn 4 times a second; checks and phases printed above it."""
 
     def __init__(self, console: Any, clock: Callable[[], float] = time.monotonic) -> None:
         from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+        from rich.text import Text
+
+        class TwoLines(Progress):
+            """The bar, then the state on a line of its own (it would not fit beside the bar in 80 columns)."""
+
+            def get_renderables(self):  # rich's documented hook
+                yield self.make_tasks_table(self.tasks)
+                for task in self.tasks:
+                    yield Text(f"  {task.fields.get('state', '')}")
 
         super().__init__(clock)
         self.console = console
-        self._bar = Progress(
+        self._bar = TwoLines(
             TextColumn("[bold]{task.description}"),
             BarColumn(bar_width=24),
             TaskProgressColumn(),
             TimeElapsedColumn(),  # ticks on its own, through a slow check too
             TextColumn("{task.fields[eta]}"),
-            TextColumn("{task.fields[state]}"),
             console=console,
             refresh_per_second=4,
         )
@@ -192,13 +200,13 @@ class BarProgress(BuildProgress):
         self._bar.console.print(f"  check at step {step}: solved {per_env}", markup=False, highlight=False)
 
     def finish(self, stopped: str) -> None:
-        self._update(f"done ({stopped})")
+        self._update(f"done ({stopped})", done=True)
         self._bar.stop()
 
-    def _update(self, tail: str) -> None:
+    def _update(self, tail: str, done: bool = False) -> None:
         if self._task is None:
             return
-        eta = self.eta_s()
+        eta = None if done else self.eta_s()
         self._bar.update(
             self._task,
             completed=self.fraction(),
