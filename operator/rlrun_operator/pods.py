@@ -35,7 +35,8 @@ from typing import Any
 from rlrun import roles
 from rlrun.api.control import TERMINATION_LOG_ENV
 from rlrun.api.pod_inputs import KeyToPathSpec
-from rlrun.api.spec import RLRun, RoleSpec, TrainerSpec
+from rlrun.api.role_specs import RoleSpec, TrainerSpec
+from rlrun.api.spec import RLRun
 
 from rlrun_operator import naming
 from rlrun_operator.builders import mounted_claim_name, object_meta
@@ -83,6 +84,22 @@ def trainer_command(
         rlrun, trainer.processes_per_node, nodes, node, naming.trainer_node_address(run, namespace, 0),
         naming.RENDEZVOUS_PORT, RENDEZVOUS_TIMEOUT_SECONDS,
     )  # fmt: skip
+
+
+def rollout_shm_size(gpus: int) -> str:
+    """The ``sizeLimit`` of a rollout pod's ``/dev/shm`` (a memory-backed emptyDir) for a server over ``gpus`` GPUs:
+    1 GiB, plus 512 MiB per GPU.
+
+    What vLLM puts there with tensor parallelism over N GPUs (vLLM 0.32, ``distributed/device_communicators/
+    shm_broadcast.py``, ``v1/executor/multiproc_executor.py``): the scheduler's broadcast ring to the workers
+    (10 chunks of ``VLLM_MQ_MAX_CHUNK_BYTES_MB`` = 16 MiB: 160 MiB), each worker's response ring (10 × 24 MiB:
+    240 MiB per GPU) and the tensor-parallel group's broadcaster (24 MiB), ≈ 0.2 GiB + 0.24 GiB per GPU; NCCL's
+    shared-memory transport and proxy segments (GPUs without peer-to-peer access) take the rest of the margin.
+    Pages count against the pod's memory only once written, and a writer past the limit gets the pod evicted
+    rather than the node's memory exhausted (without a limit the volume may grow to the node's allocatable
+    memory). One GPU or a CPU server (no worker processes) needs little of it.
+    """
+    return f"{1024 + 512 * gpus}Mi"
 
 
 def _resources(role: RoleSpec, component: str) -> dict[str, Any]:
@@ -270,7 +287,7 @@ def _pod(
     elif component == naming.ROLLOUT:
         # vLLM's worker processes share tensors through /dev/shm; the container default (64 MiB) is too small.
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": rollout_shm_size(role.gpus)}})
         container["ports"] = [{"name": "http", "containerPort": naming.ROLLOUT_PORT, "protocol": "TCP"}]
         probe = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5}
         # loading a model can take minutes: the startup probe allows 20 of them before liveness applies

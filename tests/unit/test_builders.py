@@ -10,9 +10,10 @@ import yaml
 from rlrun.api.pod_inputs import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIX, RESERVED_MOUNT_PATHS, RESERVED_VOLUME_NAMES
 from rlrun.cli import app
 from rlrun.manifest import parse_manifest
+from rlrun.rollout.server import vllm_command
 from rlrun_operator import naming
 from rlrun_operator.builders import build_run_objects
-from rlrun_operator.pods import build_pods, build_trainer_replacement, command
+from rlrun_operator.pods import build_pods, build_trainer_replacement, command, rollout_shm_size
 from rlrun_operator.settings import OperatorSettings
 from typer.main import get_command
 
@@ -138,6 +139,33 @@ def test_pods_get_resources_gpus_scheduling_probes_and_grace_period():
         assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
         ctx = spec["containers"][0]["securityContext"]
         assert ctx["allowPrivilegeEscalation"] is False and ctx["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_a_rollout_pod_with_gpus_asks_for_them_gets_dev_shm_for_tensor_parallelism_and_serves_over_them_all():
+    body, run = make(model={"name": "Qwen/Qwen3-8B"}, rollout={"replicas": 2, "gpus": 4})
+    rollouts = [p for p in build_pods(body, run, SETTINGS, 0) if p["metadata"]["labels"][naming.COMPONENT] == "rollout"]
+    assert len(rollouts) == 2
+    for pod in rollouts:
+        container = pod["spec"]["containers"][0]
+        assert container["resources"]["requests"]["nvidia.com/gpu"] == "4"
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+        dshm = next(v for v in pod["spec"]["volumes"] if v["name"] == "dshm")
+        assert dshm == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "3072Mi"}}  # 1 GiB + 4 × 512 MiB
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    # the pod's rlrun rollout reads the ConfigMap's manifest: vLLM over its 4 GPUs, one tensor-parallel engine
+    served = parse_manifest(yaml.safe_load(build_run_objects(body, run, SETTINGS, "tok")[2]["data"]["rlrun.yaml"]))
+    argv = vllm_command(served.spec, "Qwen/Qwen3-8B", "0.0.0.0", naming.ROLLOUT_PORT, gpu=True, bf16=True)
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
+
+
+def test_a_cpu_rollout_pod_asks_for_no_gpu_and_keeps_a_bounded_dev_shm():
+    body, run = make()
+    (pod,) = [p for p in build_pods(body, run, SETTINGS, 0) if p["metadata"]["labels"][naming.COMPONENT] == "rollout"]
+    assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"]["requests"]
+    assert "limits" not in pod["spec"]["containers"][0]["resources"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1024Mi"}} in pod["spec"]["volumes"]
+    assert [rollout_shm_size(g) for g in (1, 2, 8)] == ["1536Mi", "2048Mi", "5120Mi"]
 
 
 def test_secret_and_configmap_contents():

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import pytest
 from rich.console import Console
 from rlrun.api.tracking import LoggingSpec
+from rlrun.launcher import local
 from rlrun.launcher.preemption import preemption_skip_reason, resume_report_from_ledger, steps_recomputed
 from rlrun.launcher.progress import (
     eval_cell,
@@ -158,10 +160,12 @@ def test_resume_of_a_complete_run_says_so_and_starts_nothing(tmp_path):
 
 
 def test_resume_with_a_larger_max_steps_continues(tmp_path):
+    from rlrun.launcher.preflight import already_complete, resume_step
+
     launcher, _ = make_launcher(tmp_path, max_steps=8, resume=True)
     complete_checkpoint(RunDir(tmp_path / "run"), 6)
-    assert launcher._already_complete() is None
-    assert launcher._resumed_from == 6
+    assert resume_step(launcher.run_dir) == 6
+    assert already_complete(launcher.run_dir, 6, launcher.max_steps) is None
 
 
 # -- the resume report of an attempt that finished at once ------------------------------------------
@@ -294,3 +298,27 @@ def test_a_resume_over_changed_data_is_refused_before_any_process_starts(tmp_pat
     assert text.startswith("error: ") and "belongs to a run with different settings; refusing to resume" in text
     assert "env dataset: its data changed since the checkpoint" in text and "Traceback" not in text
     assert launcher.children == [] and not (rd.root / "attempts.jsonl").exists()
+
+
+class ExitsLater:
+    """A role process that exits 0 once ``after_s`` seconds have passed (what ``_follow`` polls)."""
+
+    def __init__(self, name: str, after_s: float) -> None:
+        self.name = name
+        self.at = time.monotonic() + after_s
+
+    def poll(self) -> int | None:
+        return 0 if time.monotonic() >= self.at else None
+
+
+def test_a_log_gets_a_progress_line_every_heartbeat_while_no_step_lands(tmp_path, monkeypatch):
+    """Before the first step (a start, an evaluation round) a log is never silent for long: a line at least every
+    ``HEARTBEAT_S`` (10 s; 0.3 s here), where it used to wait for the first step's line."""
+    launcher, out = make_launcher(tmp_path)
+    launcher.run_dir.ensure()
+    monkeypatch.setattr(local, "HEARTBEAT_S", 0.3)
+    trainer, orch = ExitsLater("trainer", 1.4), ExitsLater("orchestrator", 1.4)
+    launcher.children = [trainer, orch]
+    assert launcher._follow(trainer, orch, "model") == []
+    beats = [line for line in out.getvalue().splitlines() if line.startswith("step 0/6  reward —")]
+    assert 2 <= len(beats) <= 5, out.getvalue()

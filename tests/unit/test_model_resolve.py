@@ -41,6 +41,12 @@ def test_tiny_reverse_keeps_its_cache_key(tmp_path):
     assert builtin_model_dir("tiny-reverse", tmp_path, [EnvSpec(name="reverse-text")]).name.endswith(TINY_REVERSE_KEY)
 
 
+def test_tiny_cache_key_changed_with_the_shorter_warm_start_so_no_older_model_is_reused():
+    """The 0.25 target (issue 35) builds other bytes than the 0.4 one: the key of the recipe without envs before it
+    was ``ee43bf50c1fb``."""
+    assert TinyEnvsRecipe().sft_target == 0.25 and TinyEnvsRecipe().cache_key() != "ee43bf50c1fb"
+
+
 def test_tiny_cache_key_is_stable_for_the_same_envs_and_changes_with_them(tmp_path):
     def key(*envs: EnvSpec) -> str:
         return builtin_model_dir("tiny", tmp_path, list(envs)).name

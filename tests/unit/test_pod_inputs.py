@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 from rlrun.api.pod_inputs import EnvVarSpec, VolumeSpec
-from rlrun.api.spec import RoleSpec
+from rlrun.api.role_specs import RoleSpec
 
 CLAIM = {"persistent_volume_claim": {"claim_name": "datasets"}}
 

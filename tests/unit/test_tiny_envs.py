@@ -13,6 +13,7 @@ import pytest
 import torch
 from rlrun.api.spec import EnvSpec
 from rlrun.envs.base import Task
+from rlrun.model.build_progress import BuildProgress
 from rlrun.model.demonstrations import NoDemonstrationsError
 from rlrun.model.recipe import TinyEnvsRecipe
 from rlrun.model.tiny_envs import greedy_completions, init_tiny_envs_model
@@ -48,11 +49,63 @@ class NoAnswerEnv(SwapEnv):
 SWAP = EnvSpec(name=f"{__name__}:SwapEnv")
 
 
+class Recorded(BuildProgress):
+    """Every call a build makes on its progress, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
+        self.threads: set[int] = set()  # torch's threads at each step
+
+    def phase(self, text: str) -> None:
+        self.calls.append(("phase", text))
+
+    def start(self, title: str, steps: int, tokens_budget: int | None = None) -> None:
+        self.calls.append(("start", steps, tokens_budget))
+
+    def advance(self, step: int, loss: float, tokens: int) -> None:
+        self.calls.append(("advance", step, tokens))
+        self.threads.add(torch.get_num_threads())
+
+    def checked(self, step: int, solved: dict[str, float]) -> None:
+        self.calls.append(("checked", step, solved))
+
+    def finish(self, stopped: str) -> None:
+        self.calls.append(("finish", stopped))
+
+
 @pytest.fixture(scope="module")
-def swap_model(tmp_path_factory):
+def progress() -> Recorded:
+    return Recorded()
+
+
+@pytest.fixture(scope="module")
+def swap_model(tmp_path_factory, progress):
     out = tmp_path_factory.mktemp("tiny") / "model"
-    report = init_tiny_envs_model(out, [SWAP], QUICK)
+    torch.set_num_threads(2)  # what the process had before the build (2 cores: torch's default here)
+    report = init_tiny_envs_model(out, [SWAP], QUICK, progress=progress)
+    progress.threads_after = torch.get_num_threads()
     return out, report
+
+
+def test_the_build_runs_on_one_thread_and_gives_the_process_its_threads_back(swap_model, progress):
+    """Two threads on two busy cores made each step 5–10× slower (issue 35); the build's bytes do not depend on it."""
+    assert progress.threads == {1} and progress.threads_after == 2
+
+
+def test_the_build_shows_every_step_each_check_and_its_phases(swap_model, progress):
+    _, report = swap_model
+    steps = report["sft_steps"]
+    kinds = [c[0] for c in progress.calls]
+    assert kinds == ["phase", "start", *(["advance"] * QUICK.sft_check_every + ["checked"]) * (steps // 10), "finish",
+                     "phase"]  # fmt: skip
+    assert progress.calls[1] == ("start", QUICK.sft_steps, QUICK.sft_max_tokens)
+    advances = [c for c in progress.calls if c[0] == "advance"]
+    assert [c[1] for c in advances] == list(range(1, steps + 1)) and advances[-1][2] == report["sft_tokens"]
+    assert [(c[1], c[2]) for c in progress.calls if c[0] == "checked"] == [
+        (c["step"], c["solved"]) for c in report["checks"]
+    ]
+    assert progress.calls[-2] == ("finish", "target") and "held-out" in progress.calls[-1][1]
 
 
 def test_the_warm_start_stops_at_its_target_with_held_out_accuracy_above_zero(swap_model):

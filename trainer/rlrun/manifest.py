@@ -18,14 +18,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from rlrun.api.spec import (
-    DNS_LABEL_PATTERN,
-    NAME_PATTERN,
-    QUANTITY_PATTERN,
-    EnvSpec,
-    RLRun,
-    RLRunSpec,
-)
+from rlrun.api.pod_inputs import DNS_LABEL_PATTERN, QUANTITY_PATTERN
+from rlrun.api.spec import NAME_PATTERN, EnvSpec, RLRun, RLRunSpec
 from rlrun.envs import BUILTIN_ENVS, Env, EnvArgsError, UnknownEnvError, make_env, resolve_env
 from rlrun.rewards.loading import RewardArgsError, argument_problems, load_reward
 from rlrun.tracking.backends import missing_packages

@@ -55,7 +55,9 @@ def _common(
 def rollout_command(
     manifest: str, cache_dir: str | None, host: str, port: int, program: Sequence[str] = RLRUN
 ) -> list[str]:
-    """``rlrun rollout``: a rollout server for the manifest's model on ``host:port``.
+    """``rlrun rollout``: a rollout server for the manifest's model on ``host:port``. vLLM's own argv (tensor
+    parallelism over the pod's GPUs, dtype, ``rollout.vllm_args``) is decided by that command from the manifest
+    (:func:`rlrun.rollout.server.vllm_command`), so it too is one definition for both launchers.
 
     Args:
         cache_dir: the model cache (None: the command's default, ``$RLRUN_CACHE_DIR``).

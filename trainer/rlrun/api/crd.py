@@ -17,7 +17,8 @@ Conversion rules, pydantic JSON Schema (2020-12) → Kubernetes OpenAPI v3 (stru
   defaults (defaulting recurses into objects that exist);
 - cross-field rules of the pydantic validators are repeated as CEL rules
   (``x-kubernetes-validations``, :data:`CEL_RULES`, and each role's
-  :data:`rlrun.api.pod_inputs.ROLE_CEL_RULES`) so ``kubectl apply`` rejects them.
+  :data:`rlrun.api.pod_inputs.ROLE_CEL_RULES`, the rollout's
+  :data:`rlrun.api.vllm_args.VLLM_ARGS_CEL_RULES`) so ``kubectl apply`` rejects them.
 
 Unknown fields are pruned by a structural schema; ``kubectl apply`` (field validation
 ``Strict`` by default since Kubernetes 1.27) rejects them with the field named.
@@ -40,6 +41,7 @@ import yaml
 from rlrun.api.pod_inputs import ROLE_CEL_RULES
 from rlrun.api.spec import API_GROUP, API_VERSION, KIND, MAX_NAME_LENGTH, NAME_PATTERN, RLRunSpec
 from rlrun.api.status import RLRunStatus
+from rlrun.api.vllm_args import VLLM_ARGS_CEL_RULES
 
 PLURAL = "rlruns"
 SINGULAR = "rlrun"
@@ -314,6 +316,7 @@ def spec_schema() -> dict[str, Any]:
             schema["properties"][role]["properties"][key]["x-kubernetes-list-map-keys"] = ["name"]
     rules = [*CEL_RULES.items()]
     rules += [((role, *path), role_rules) for role in ROLES for path, role_rules in ROLE_CEL_RULES.items()]
+    rules += [(("rollout", *path), path_rules) for path, path_rules in VLLM_ARGS_CEL_RULES.items()]
     for path, path_rules in rules:
         node = schema
         for part in path:

@@ -1,4 +1,5 @@
-"""What a user hands a role's pods: volumes (a dataset's claim, a ConfigMap, a Secret) and environment variables.
+"""What a user hands a role's pods: volumes (a dataset's claim, a ConfigMap, a Secret), environment variables, and
+resources (:class:`ResourcesSpec`).
 
 Restricted, snake_case subsets of Kubernetes' ``Volume`` + ``VolumeMount`` and ``EnvVar`` (``spec.<role>.volumes``,
 ``spec.<role>.env`` of :class:`rlrun.api.spec.RoleSpec`), which ``rlrun_operator.pods`` turns into the pods' own
@@ -14,12 +15,25 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from rlrun.api.strict import Strict
+
+#: A Kubernetes resource quantity ("500m", "16Gi", "1"); the pattern is Kubernetes' own.
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+#: Kubernetes' label-value / DNS-1123 label pattern (names of claims and priority classes).
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
-class _Strict(BaseModel):
-    # as every model of rlrun.api.spec: strict types, no unknown field, frozen
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+class ResourcesSpec(Strict):
+    """Container resources of one role's pods, as in a Kubernetes container (quantities as strings).
+
+    GPUs are asked for with the role's ``gpus`` instead of an ``nvidia.com/gpu`` key here.
+    """
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    limits: dict[str, Quantity] = Field(default_factory=dict)
 
 
 #: A volume's name in the pod: a DNS-1123 label.
@@ -55,7 +69,7 @@ def _check_pattern(value: str, pattern: str, what: str) -> str:
     return value
 
 
-class KeyToPathSpec(_Strict):
+class KeyToPathSpec(Strict):
     """One key of a ConfigMap or Secret shown as a file (Kubernetes' ``KeyToPath``).
 
     Attributes:
@@ -72,7 +86,7 @@ class KeyToPathSpec(_Strict):
         return _check_pattern(path, RELATIVE_PATH_PATTERN, "a relative path such as conf/reward.yaml (no '..')")
 
 
-class ClaimSourceSpec(_Strict):
+class ClaimSourceSpec(Strict):
     """A PersistentVolumeClaim of the run's namespace (a dataset's claim).
 
     Attributes:
@@ -82,7 +96,7 @@ class ClaimSourceSpec(_Strict):
     claim_name: str = Field(max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
 
 
-class ConfigMapSourceSpec(_Strict):
+class ConfigMapSourceSpec(Strict):
     """A ConfigMap of the run's namespace, one file per key.
 
     Attributes:
@@ -94,7 +108,7 @@ class ConfigMapSourceSpec(_Strict):
     items: list[KeyToPathSpec] = Field(default_factory=list, max_length=64)
 
 
-class SecretSourceSpec(_Strict):
+class SecretSourceSpec(Strict):
     """A Secret of the run's namespace, one file per key.
 
     Attributes:
@@ -106,7 +120,7 @@ class SecretSourceSpec(_Strict):
     items: list[KeyToPathSpec] = Field(default_factory=list, max_length=64)
 
 
-class VolumeSpec(_Strict):
+class VolumeSpec(Strict):
     """A volume of the user's mounted into a role's pods: a dataset's claim, a ConfigMap, a Secret.
 
     A subset of Kubernetes' ``Volume`` and ``VolumeMount`` in one: exactly one source.
@@ -163,7 +177,7 @@ class VolumeSpec(_Strict):
         return self
 
 
-class KeyRefSpec(_Strict):
+class KeyRefSpec(Strict):
     """One key of a Secret or ConfigMap of the run's namespace.
 
     Attributes:
@@ -175,7 +189,7 @@ class KeyRefSpec(_Strict):
     key: str = Field(max_length=253, pattern=DATA_KEY_PATTERN)
 
 
-class EnvVarSourceSpec(_Strict):
+class EnvVarSourceSpec(Strict):
     """Where an environment variable's value comes from: exactly one of a Secret's key or a ConfigMap's key.
 
     Attributes:
@@ -193,7 +207,7 @@ class EnvVarSourceSpec(_Strict):
         return self
 
 
-class EnvVarSpec(_Strict):
+class EnvVarSpec(Strict):
     """An environment variable of a role's container: a value, or a key of a Secret or ConfigMap.
 
     A subset of Kubernetes' ``EnvVar``: exactly one of ``value`` or ``value_from``.

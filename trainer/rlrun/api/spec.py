@@ -17,11 +17,14 @@ The CRD's schema is generated from these models (:mod:`rlrun.api.crd`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from rlrun.api.pod_inputs import EnvVars, Volumes
+from rlrun.api.algorithm import LossSpec, OptimizerSpec, SamplingSpec
+from rlrun.api.pod_inputs import DNS_LABEL_PATTERN, Quantity
+from rlrun.api.role_specs import OrchestratorSpec, RolloutSpec, TrainerSpec
+from rlrun.api.strict import Strict
 from rlrun.api.tracking import LoggingSpec
 
 API_GROUP = "rlrun.dev"
@@ -36,12 +39,7 @@ MAX_NAME_LENGTH = 50
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
-class _Strict(BaseModel):
-    # strict: "yes" is not a bool nor "8" an int, as for the API server's schema validation
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class ModelSpec(_Strict):
+class ModelSpec(Strict):
     """Which policy to train: exactly one of ``builtin`` or ``name``.
 
     ``builtin: tiny-reverse`` is built and warm-started by ``rlrun model init`` on
@@ -72,7 +70,7 @@ class ModelSpec(_Strict):
         return f"{self.name}@{self.revision or 'main'}"
 
 
-class RewardSpec(_Strict):
+class RewardSpec(Strict):
     """One reward function of an env: a builtin one by ``name`` or any callable by ``function``.
 
     A reward function follows TRL ``GRPOTrainer``'s convention (sync or async): called once per group
@@ -109,7 +107,7 @@ class RewardSpec(_Strict):
         return self.label or self.name or str(self.function).rsplit(":", 1)[1].rsplit(".", 1)[-1]
 
 
-class EnvSpec(_Strict):
+class EnvSpec(Strict):
     """One environment the run samples tasks from.
 
     Attributes:
@@ -138,37 +136,7 @@ class EnvSpec(_Strict):
         return rewards
 
 
-class SamplingSpec(_Strict):
-    """Rollout sampling parameters (OpenAI completions semantics)."""
-
-    temperature: float = Field(default=1.0, gt=0, le=4)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    max_tokens: int = Field(default=24, ge=1, le=32768)
-
-
-class OptimizerSpec(_Strict):
-    """AdamW settings of the trainer."""
-
-    lr: float = Field(default=3e-4, gt=0, le=1)
-    betas: tuple[float, float] = Field(default=(0.9, 0.99), strict=False)  # YAML gives a list
-    weight_decay: float = Field(default=0.0, ge=0)
-    eps: float = Field(default=1e-8, gt=0)
-    max_grad_norm: float = Field(default=1.0, gt=0)
-
-
-class LossSpec(_Strict):
-    """Policy-gradient loss settings (see ``rlrun.training.loss``).
-
-    Attributes:
-        ratio_clip: ε of the clipped importance ratio ``clip(r, 1 − ε, 1 + ε)``.
-        std_normalize_advantages: divide GRPO advantages by the group's reward std.
-    """
-
-    ratio_clip: float = Field(default=0.2, gt=0, le=10)
-    std_normalize_advantages: bool = False
-
-
-class EvaluationSpec(_Strict):
+class EvaluationSpec(Strict):
     """Evaluation on each env's held-out ``eval`` split (:mod:`rlrun.orchestrator.evaluation`): at the start,
     every ``interval`` steps and at the end, greedy (temperature 0) and sampled (the run's sampling, ``k =
     samples_per_task`` completions per task: mean reward and pass@k) on ``tasks`` held-out tasks per env, on the
@@ -183,123 +151,14 @@ class EvaluationSpec(_Strict):
     timeout_seconds: float = Field(default=300.0, gt=0)
 
 
-class CheckpointSpec(_Strict):
+class CheckpointSpec(Strict):
     """Checkpoint cadence (``interval`` steps) and retention (the ``keep_last`` newest complete ones)."""
 
     interval: int = Field(default=10, ge=1)
     keep_last: int = Field(default=2, ge=1)
 
 
-#: A Kubernetes resource quantity ("500m", "16Gi", "1"); the pattern is Kubernetes' own.
-QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
-#: Kubernetes' label-value / DNS-1123 label pattern (names of claims and priority classes).
-DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-
-
-class ResourcesSpec(_Strict):
-    """Container resources of one role's pods, as in a Kubernetes container (quantities as strings).
-
-    GPUs are asked for with the role's ``gpus`` instead of an ``nvidia.com/gpu`` key here.
-    """
-
-    requests: dict[str, Quantity] = Field(default_factory=dict)
-    limits: dict[str, Quantity] = Field(default_factory=dict)
-
-
-class RoleSpec(_Strict):
-    """How the operator runs one role's pods (ignored by ``rlrun local``).
-
-    Attributes:
-        image: container image; None: the operator's default for the role.
-        resources: CPU / memory requests and limits.
-        gpus: ``nvidia.com/gpu`` requested and limited per pod (0: a CPU pod).
-        volumes: the user's volumes mounted into the role's pods (a dataset's claim, a ConfigMap, a Secret).
-        env: environment variables of the role's container, after rlrun's own (:mod:`rlrun.api.pod_inputs`).
-    """
-
-    image: str | None = Field(default=None, min_length=1)
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    gpus: int = Field(default=0, ge=0, le=16)
-    volumes: Volumes = Field(default_factory=list)
-    env: EnvVars = Field(default_factory=list)
-
-
-class OrchestratorSpec(RoleSpec):
-    """The orchestrator pod (CPU only: it samples, scores and queues)."""
-
-    gpus: int = Field(default=0, ge=0, le=0)
-
-
-class TrainerSpec(RoleSpec):
-    """The trainer: ``nodes`` pods (one per node) of ``processes_per_node`` ranks each.
-
-    ``1 × 1`` (default): one pod, one ``rlrun trainer``; larger: ``torchrun`` runs ``nodes × processes_per_node``
-    data-parallel ranks (FSDP), on Kubernetes one pod per node (``gpus`` each), restarted together when any is lost.
-    A change takes effect at the next attempt (a trainer replaced within an attempt keeps its group's node count).
-
-    Attributes:
-        nodes: trainer pods, one per node (1: a single pod, no rendezvous Service).
-        processes_per_node: ranks (``torchrun --nproc-per-node``) in each trainer pod, one per GPU; at most ``gpus``
-            when the pod has GPUs (two ranks on one GPU is an NCCL error), any number of CPU (gloo) ranks otherwise.
-        precision: compute dtype, ``bfloat16`` (float32 master weights and optimizer state) or ``float32``; ``auto``:
-            bf16 on a GPU that has it, else float32 (bf16 missing: float32, warned). vLLM serves the same dtype.
-        micro_batch_tokens: token slots (padding included) per micro-batch and rank: rows are cut by length (packed
-            where the attention allows), gradients summed into one step with the batch's normalisation; sets the
-            activation memory. A longer sample is trained alone, never cut. A GPU takes 16k–32k (default: a CPU's).
-        logprob_chunk_tokens: LM-head positions computed at once (a few ``[chunk, vocab]`` float32 tensors; GPU: 1k–4k).
-        activation_checkpointing: recompute block activations in the backward: less memory, ~⅓ more compute.
-    """
-
-    nodes: int = Field(default=1, ge=1, le=256)
-    processes_per_node: int = Field(default=1, ge=1, le=16)
-    precision: Literal["auto", "float32", "bfloat16"] = "auto"
-    micro_batch_tokens: int = Field(default=4096, ge=16, le=1_048_576)
-    logprob_chunk_tokens: int = Field(default=128, ge=1, le=65_536)
-    activation_checkpointing: bool = False
-
-    @field_validator("processes_per_node")
-    @classmethod
-    def _one_gpu_per_process(cls, processes: int, info: ValidationInfo) -> int:
-        if (gpus := info.data.get("gpus")) and processes > gpus:
-            raise ValueError(
-                f"must be ≤ gpus ({gpus}) when the trainer has GPUs: each rank takes one GPU, got {processes}"
-            )
-        return processes
-
-
-class RolloutSpec(RoleSpec):
-    """Rollout servers (vLLM), one pod each on Kubernetes.
-
-    Attributes:
-        replicas: number of vLLM servers.
-        max_inflight: most rollout requests (single completions) outstanding across all servers.
-        kv_cache_gib: KV cache per server on CPU (``VLLM_CPU_KVCACHE_SPACE``), whole GiB.
-        max_model_len: context length the server allocates for, in tokens (None: the model's).
-        members_per_request: members of a group sampled per completions request (None: the whole
-            group in one request, fastest on vLLM-CPU; smaller values let members finish apart).
-        request_timeout_seconds: most time one completions request may take on one server before
-            it counts as failed there (a hung server, a straggler); raise it for long generations.
-        retry_window_seconds: how long a failed request keeps being retried, on another server
-            when there is one, before the request itself fails.
-        max_group_retries: times the members of a group whose request failed are requested again
-            (same task and group id) before the group is abandoned (counted, in the ledger).
-        overlong_prompts: a prompt longer than the context less ``sampling.max_tokens``: ``filter`` skips its task
-            (ledger ``task_dropped``, metrics ``prompts_too_long``), ``refuse`` stops the run (a dataset: at its start).
-    """
-
-    replicas: int = Field(default=1, ge=1, le=256)
-    max_inflight: int = Field(default=256, ge=1)
-    kv_cache_gib: int = Field(default=1, ge=1)
-    max_model_len: int | None = Field(default=None, ge=16)
-    members_per_request: int | None = Field(default=None, ge=1)
-    request_timeout_seconds: int = Field(default=300, ge=1)
-    retry_window_seconds: int = Field(default=120, ge=1)
-    max_group_retries: int = Field(default=2, ge=0, le=100)
-    overlong_prompts: Literal["filter", "refuse"] = "filter"
-
-
-class PreemptionSpec(_Strict):
+class PreemptionSpec(Strict):
     """How a run is stopped for preemption.
 
     Attributes:
@@ -324,7 +183,7 @@ class PreemptionSpec(_Strict):
         return grace
 
 
-class FailurePolicySpec(_Strict):
+class FailurePolicySpec(Strict):
     """How many crashes a run survives on Kubernetes (JobSet's ``failurePolicy``, Job's ``backoffLimit``).
 
     A failure is a pod that ends ``Failed`` for a reason of its own (a crash, ``OOMKilled``): the
@@ -342,7 +201,7 @@ class FailurePolicySpec(_Strict):
     backoff_limit: int = Field(default=3, ge=0, le=1000)
 
 
-class StorageSpec(_Strict):
+class StorageSpec(Strict):
     """The volume holding the run directory (checkpoints, batches, broadcasts, ledger, logs).
 
     Every pod of a run mounts it, so pods on different nodes need ``ReadWriteMany``.
@@ -366,7 +225,7 @@ class StorageSpec(_Strict):
     retention_policy: Literal["Retain", "Delete"] = "Retain"
 
 
-class SchedulingSpec(_Strict):
+class SchedulingSpec(Strict):
     """Where the run's pods may go: passed through to every pod unchanged (Kubernetes' own shapes)."""
 
     node_selector: dict[str, str] = Field(default_factory=dict)
@@ -375,7 +234,7 @@ class SchedulingSpec(_Strict):
     priority_class_name: str | None = Field(default=None, pattern=DNS_LABEL_PATTERN)
 
 
-class RLRunSpec(_Strict):
+class RLRunSpec(Strict):
     """``RLRun.spec``: everything that defines a training run.
 
     Attributes:
@@ -447,7 +306,7 @@ class ObjectMeta(BaseModel):
     namespace: str | None = None
 
 
-class RLRun(_Strict):
+class RLRun(Strict):
     """A whole ``RLRun`` manifest."""
 
     apiVersion: Literal["rlrun.dev/v1alpha1"]

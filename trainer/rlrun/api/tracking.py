@@ -10,20 +10,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from rlrun.api.pod_inputs import KeyRefSpec
+from rlrun.api.strict import Strict
 
 #: A W&B project or entity name (W&B's limits: at most 128 characters, no ``/ \\ # ? % :``).
 NAME_PATTERN = r"^[-_.a-zA-Z0-9]+$"
 
 
-class _Strict(BaseModel):
-    # as every model of rlrun.api.spec: strict types, no unknown field, frozen
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class WandbSpec(_Strict):
+class WandbSpec(Strict):
     """Weights & Biases.
 
     The W&B run's id derives from the run's identity (the RLRun's uid; under ``rlrun local``, an id kept in
@@ -49,7 +45,7 @@ class WandbSpec(_Strict):
     api_key_secret: KeyRefSpec | None = None
 
 
-class TensorBoardSpec(_Strict):
+class TensorBoardSpec(Strict):
     """TensorBoard: event files under ``<run_dir>/tensorboard/<tracker run id>/`` (``tensorboard --logdir
     <run_dir>/tensorboard``).
 
@@ -61,7 +57,7 @@ class TensorBoardSpec(_Strict):
     enabled: bool = True
 
 
-class LoggingSpec(_Strict):
+class LoggingSpec(Strict):
     """Experiment trackers (none by default): ``wandb``, ``tensorboard``, or both."""
 
     wandb: WandbSpec | None = None

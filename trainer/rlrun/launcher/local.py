@@ -40,13 +40,19 @@ from rich.table import Table
 from rlrun import roles
 from rlrun.api.control import TERMINATION_LOG_ENV
 from rlrun.api.spec import RLRun, RLRunSpec
-from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.errors import classify_error
 from rlrun.launcher import processes
 from rlrun.launcher.preemption import LaunchError, PreemptionDrill, preemption_skip_reason
-from rlrun.launcher.preflight import resume_mismatch
+from rlrun.launcher.preflight import (
+    already_complete,
+    resume_mismatch,
+    resume_step,
+    run_dir_problem,
+    trainer_shape_problem,
+)
 from rlrun.launcher.processes import Child, ChildDied, death_report, free_port, role_exit_code, wait_http_ok
 from rlrun.launcher.progress import (
+    Waiting,
     eval_cell,
     eval_report,
     label_restored,
@@ -57,13 +63,16 @@ from rlrun.launcher.progress import (
     tracker_plan,
 )
 from rlrun.ledger import check_ledger
+from rlrun.model.build_progress import build_progress
 from rlrun.model.resolve import resolve_model
-from rlrun.rundir import RunDir, read_jsonl, read_metrics, step_dirs
+from rlrun.rundir import RunDir, read_jsonl, read_metrics
 
 #: ``python -m rlrun``: each role runs with this launcher's interpreter.
 RLRUN = (sys.executable, "-m", "rlrun")
 #: ``python -m torch.distributed.run``: torchrun with this launcher's interpreter.
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+#: Seconds without a progress line after which a log (not a terminal) gets one anyway.
+HEARTBEAT_S = 10.0
 #: Where a trainer under torchrun writes its exit report (in ``<run_dir>/logs/``; see :meth:`LocalLauncher.notice_trainer`).
 TRAINER_EXIT_REPORT = "trainer-exit.json"
 
@@ -193,9 +202,9 @@ class LocalLauncher:
             self._start(f"rollout-{i}", self._rollout_command(port), env)
             self.rollout_starts += 1
             urls.append(f"http://127.0.0.1:{port}")
-        with console.status(f"starting {len(urls)} rollout server(s) (vLLM: ≈30 s on CPU)…"):
+        with Waiting(console, f"starting {len(urls)} rollout server(s) (vLLM: 30–60 s on 2 cores)") as waiting:
             for child, url in zip(self.children, urls, strict=True):
-                waited = wait_http_ok(f"{url}/health", child, self.health_timeout_s)
+                waited = wait_http_ok(f"{url}/health", child, self.health_timeout_s, tick=waiting.tick)
                 console.print(f"{child.name} healthy at {url} after {waited:.0f} s")
         trainer = self.start_trainer(resume)
         self.children.append(trainer)
@@ -249,51 +258,15 @@ class LocalLauncher:
         trainer's save on notice before it exits."""
         processes.stop_together(self.children)
 
-    # -- before anything starts -------------------------------------------------------------------------
-
-    def _trainer_shape_problem(self) -> str | None:
-        """Why the spec's trainer cannot run on this one machine (``trainer.nodes > 1``), or None."""
-        nodes = self.spec.trainer.nodes
-        if nodes > 1:
-            return (
-                f"trainer.nodes is {nodes}: rlrun local runs the trainer on this one machine; set trainer.nodes "
-                "to 1 (trainer.processes_per_node ranks still run here) or run the manifest with the operator"
-            )
-        return None
-
-    def _check_run_dir(self) -> str | None:
-        if self.resume:
-            return None
-        if step_dirs(self.run_dir.checkpoints) or step_dirs(self.run_dir.rollouts):
-            return (
-                f"{self.run_dir.root} already holds a run; pass --resume to continue it, "
-                "or --run-dir to start a new one"
-            )
-        return None
-
-    def _already_complete(self) -> str | None:
-        """With ``--resume``: the sentence saying the run is already complete, when the newest complete
-        checkpoint holds the last step (nothing to start); else None, and the checkpoint a resume
-        starts from is noted for :func:`~rlrun.launcher.preemption.preemption_skip_reason`."""
-        if not self.resume:
-            return None
-        ckpt = latest_complete_checkpoint(self.run_dir)
-        self._resumed_from = ckpt.step if ckpt is not None else None
-        if ckpt is None or ckpt.step < self.max_steps:
-            return None
-        return (
-            f"{self.run_dir.root} is already complete: its newest complete checkpoint, step {ckpt.step} "
-            f"({self.run_dir.checkpoint(ckpt.step)}), holds {ckpt.step} trained steps and the run's last step is "
-            f"{self.max_steps}; nothing to resume, no process started (a larger --max-steps trains further)"
-        )
-
     # -- the run --------------------------------------------------------------------------------------
 
     def run(self) -> int:
         """Start everything, show progress, stop everything; returns 0 on success."""
         console = self.console
-        complete = self._already_complete()  # first: it finds the checkpoint a --resume starts from
-        problem = self._trainer_shape_problem() or self._check_run_dir()
+        # first: the checkpoint a --resume starts from (the preemption drill and the resume check need it)
+        self._resumed_from = resume_step(self.run_dir) if self.resume else None
+        complete = self.resume and already_complete(self.run_dir, self._resumed_from, self.max_steps)
+        problem = trainer_shape_problem(self.spec) or (not self.resume and run_dir_problem(self.run_dir))
         problem = problem or (not complete and resume_mismatch(self.run_dir, self.spec, self._resumed_from))
         if problem:
             console.print(f"[red]error:[/red] {escape(problem)}")
@@ -312,8 +285,8 @@ class LocalLauncher:
         t_start = time.monotonic()
         try:
             try:
-                with console.status("preparing the model (built once, then cached)…"):
-                    model_path = resolve_model(self.spec.model, self.cache_dir, envs=self.spec.envs)
+                progress = build_progress(console)  # a build shows its steps; a cached model is found at once
+                model_path = resolve_model(self.spec.model, self.cache_dir, envs=self.spec.envs, progress=progress)
                 self.check_model(self.spec, model_path)
             except Exception as exc:  # what this manifest cannot have (permanent): said once, before any process
                 if not classify_error(exc)[0]:
@@ -389,12 +362,14 @@ class LocalLauncher:
         trained, trained_offset = read_metrics(self.run_dir.trainer_metrics)
         t0 = time.monotonic()
         drill = self.drill
-        # On a terminal the progress line updates in place; in a log (CI), one line every ~5% of the run.
+        # On a terminal the progress line updates in place; in a log (CI), one line every ~5% of the run, and one
+        # after HEARTBEAT_S without any (the start, an evaluation round, a slow step: never a silent minute).
         every = max(1, self.max_steps // 20)
+        last_line = time.monotonic()
         live = Live(self._progress(rows, evaluations, t0, trained), console=self.console, refresh_per_second=4)
 
         def take_new() -> None:
-            nonlocal offset, eval_offset, trained_offset
+            nonlocal offset, eval_offset, trained_offset, last_line
             new, offset = read_metrics(self.run_dir.metrics, offset)
             lines, trained_offset = read_metrics(self.run_dir.trainer_metrics, trained_offset)
             trained[:] = trained[-1:] + lines  # only the newest is shown
@@ -407,11 +382,17 @@ class LocalLauncher:
                 return
             for e in landed:  # each evaluation once, as it lands
                 self.console.print(eval_cell([e]), markup=False)
+                last_line = time.monotonic()
+            latest = trained[-1] if trained else None
             for row in new:
                 if row["step"] % every == 0 or row["step"] == self.max_steps or row["restored"]:
-                    latest = trained[-1] if trained else None
                     cells = progress_cells(row, self.max_steps, time.monotonic() - t0, latest)
                     self.console.print("  ".join(cells), markup=False)
+                    last_line = time.monotonic()
+            if time.monotonic() - last_line >= HEARTBEAT_S:
+                cells = progress_cells(rows[-1] if rows else {}, self.max_steps, time.monotonic() - t0, latest)
+                self.console.print("  ".join(cells), markup=False)
+                last_line = time.monotonic()
 
         with live if self.console.is_terminal else contextlib.nullcontext():
             while True:

@@ -1,8 +1,10 @@
 """What ``rlrun local`` refuses before it starts any process, beyond the manifest's own checks (:mod:`rlrun.manifest`).
 
 A refusal a user can cause is one message naming what to change, printed before a rollout server, trainer or
-orchestrator starts — not a traceback in a role's log minutes later. These checks are the roles' own, run early:
-a resume whose checkpoint belongs to other settings or data (:func:`resume_mismatch`, the orchestrator's
+orchestrator starts — not a traceback in a role's log minutes later: a trainer of several nodes
+(:func:`trainer_shape_problem`), a fresh start in a run directory that holds a run (:func:`run_dir_problem`), a
+``--resume`` of a run that is already complete (:func:`already_complete`: said, not refused). The other checks are
+the roles' own, run early: a resume whose checkpoint belongs to other settings or data (:func:`resume_mismatch`, the orchestrator's
 :func:`~rlrun.checkpoint.check_compatible`). A check that is another process package's code (a dataset's prompts,
 :func:`rlrun.orchestrator.prompts.check_prompts`) is handed to the launcher by ``rlrun local``
 (``LocalLauncher.check_model``): process packages import none of each other.
@@ -11,9 +13,45 @@ a resume whose checkpoint belongs to other settings or data (:func:`resume_misma
 from __future__ import annotations
 
 from rlrun.api.spec import RLRunSpec
-from rlrun.checkpoint import check_compatible, load_orchestrator_progress
+from rlrun.checkpoint import check_compatible, latest_complete_checkpoint, load_orchestrator_progress
 from rlrun.errors import CheckpointError, CheckpointMismatch
-from rlrun.rundir import RunDir
+from rlrun.rundir import RunDir, step_dirs
+
+
+def trainer_shape_problem(spec: RLRunSpec) -> str | None:
+    """Why the spec's trainer cannot run on this one machine (``trainer.nodes > 1``), or None."""
+    nodes = spec.trainer.nodes
+    if nodes > 1:
+        return (
+            f"trainer.nodes is {nodes}: rlrun local runs the trainer on this one machine; set trainer.nodes "
+            "to 1 (trainer.processes_per_node ranks still run here) or run the manifest with the operator"
+        )
+    return None
+
+
+def run_dir_problem(run_dir: RunDir) -> str | None:
+    """Without ``--resume``: why ``run_dir`` cannot hold a new run (it holds checkpoints or batches), or None."""
+    if step_dirs(run_dir.checkpoints) or step_dirs(run_dir.rollouts):
+        return f"{run_dir.root} already holds a run; pass --resume to continue it, or --run-dir to start a new one"
+    return None
+
+
+def resume_step(run_dir: RunDir) -> int | None:
+    """The step of the newest complete checkpoint, the one a ``--resume`` starts from (None: none)."""
+    ckpt = latest_complete_checkpoint(run_dir)
+    return ckpt.step if ckpt is not None else None
+
+
+def already_complete(run_dir: RunDir, step: int | None, max_steps: int) -> str | None:
+    """The sentence saying the run is already complete when checkpoint ``step`` (the one a ``--resume`` starts from)
+    holds the last step, ``max_steps`` (nothing to start); else None."""
+    if step is None or step < max_steps:
+        return None
+    return (
+        f"{run_dir.root} is already complete: its newest complete checkpoint, step {step} "
+        f"({run_dir.checkpoint(step)}), holds {step} trained steps and the run's last step is "
+        f"{max_steps}; nothing to resume, no process started (a larger --max-steps trains further)"
+    )
 
 
 def resume_mismatch(run_dir: RunDir, spec: RLRunSpec, step: int | None) -> str | None:

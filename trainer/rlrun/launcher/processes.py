@@ -21,7 +21,9 @@ import signal
 import subprocess
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 from rich.text import Text
@@ -182,8 +184,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http_ok(url: str, child: Child, timeout_s: float) -> float:
-    """Poll ``url`` until it answers 200; returns seconds waited.
+def wait_http_ok(url: str, child: Child, timeout_s: float, tick: Callable[[float], Any] | None = None) -> float:
+    """Poll ``url`` until it answers 200; returns seconds waited. ``tick`` is called with the seconds waited so far
+    after each poll that did not answer (every ~0.5 s: what shows the wait).
 
     Raises:
         ChildDied: ``child`` exited first.
@@ -203,6 +206,8 @@ def wait_http_ok(url: str, child: Child, timeout_s: float) -> float:
             pass
         if time.monotonic() - t0 > timeout_s:
             raise TimeoutError(f"{child.name}: {url} did not answer within {timeout_s:.0f} s")
+        if tick is not None:
+            tick(time.monotonic() - t0)
         time.sleep(0.5)
 
 

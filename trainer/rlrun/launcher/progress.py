@@ -1,4 +1,5 @@
-"""What ``rlrun local`` shows of a run: metrics lines read as they grow, progress lines, the summary table.
+"""What ``rlrun local`` shows of a run: metrics lines read as they grow, progress lines, the summary table, and a
+wait that shows its time (:class:`Waiting`).
 
 The orchestrator writes one line per shipped step to ``<run_dir>/metrics.jsonl``
 (:mod:`rlrun.orchestrator.metrics`), the trainer one per trained step to ``trainer_metrics.jsonl``: the headline
@@ -10,6 +11,12 @@ shown as restored rather than as zeros.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console
 from rich.table import Table
 
 from rlrun.api.tracking import LoggingSpec
@@ -182,3 +189,45 @@ def tracker_plan(spec: LoggingSpec, run_dir: RunDir) -> list[str]:
     if lines:
         lines[0] = "experiment trackers (each step once its checkpoint is complete): " + lines[0]
     return lines
+
+
+class Waiting:
+    """A wait shown with its seconds: a spinner whose text counts them on a terminal; otherwise a line at the start
+    and one every ``every_s`` seconds (a log never goes silent for long). Use as a context manager and call
+    :meth:`tick` with the seconds waited (e.g. :func:`rlrun.launcher.processes.wait_http_ok`'s ``tick``).
+    """
+
+    def __init__(
+        self, console: Console, what: str, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.console = console
+        self.what = what
+        self.every_s = every_s
+        self.clock = clock
+        self._status: Any = None
+        self._started = self._last = clock()
+
+    def __enter__(self) -> Waiting:
+        self._started = self._last = self.clock()
+        if self.console.is_terminal:
+            self._status = self.console.status(f"{self.what}…")
+            self._status.__enter__()
+        else:
+            self.console.print(f"{self.what}…", markup=False, highlight=False)
+        return self
+
+    def tick(self, *_: Any) -> None:
+        """Show the wait so far, counted from the start of the whole wait (arguments, such as the seconds a part
+        of it took, are ignored)."""
+        now = self.clock()
+        total = now - self._started
+        text = f"{self.what}… {total:.0f} s"
+        if self._status is not None:
+            self._status.update(text)
+        elif now - self._last >= self.every_s:
+            self.console.print(text, markup=False, highlight=False)
+            self._last = now
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._status is not None:
+            self._status.__exit__(kind, exc, tb)

@@ -75,16 +75,17 @@ class TinyEnvsRecipe(QwenShapeRecipe):
         vocab_rows: the tokenizer holds the characters of the first ``vocab_rows`` warm-start rows.
         sft_steps: most supervised warm-start steps.
         sft_max_tokens: the warm start also stops once its batches held this many tokens, padding included: a
-            bound on its time whatever the prompts' length (~1M tokens a minute on 2 cores).
+            bound on its time whatever the prompts' length (≈ 1.5 min on 2 cores).
         sft_batch_size: most rows (tasks) in one step.
         sft_batch_tokens: most tokens in one step, padding included (a step of long chat prompts holds fewer rows).
-        sft_lr: AdamW peak learning rate (warm-up over 20 steps, then cosine to 0 at ``sft_steps``).
+        sft_lr: AdamW peak learning rate (warm-up over 20 steps, then cosine to 0 at ``sft_steps``; a warm start
+            stopped by its target or its tokens has not annealed, and RL learns better from it: ``docs/design.md``).
         sft_check_every: every so many steps, greedy decoding on ``sft_check_tasks`` train tasks per env
             (their own seed namespace) checks progress, and the warm start stops once the share solved,
             averaged over the envs, reaches ``sft_target``.
         sft_check_tasks: tasks per env of each check.
-        sft_target: the share of check tasks solved at which the warm start stops: mid-range, so RL starts
-            with signal and with something to learn.
+        sft_target: the share of check tasks solved at which the warm start stops: a start for RL, not the result —
+            enough that groups of samples differ in reward (signal), far from 1 (something to learn).
         seed: seeds weight init and the warm start's task streams (string-seeded, :mod:`rlrun.model.demonstrations`).
         envs: :func:`envs_fingerprint` of the envs the warm start draws from (``""``: not given yet).
     """
@@ -98,7 +99,7 @@ class TinyEnvsRecipe(QwenShapeRecipe):
     sft_lr: float = 5e-3
     sft_check_every: int = 25
     sft_check_tasks: int = 64
-    sft_target: float = 0.4
+    sft_target: float = 0.25
     seed: int = 1234
     format_version: int = 1
     envs: str = ""

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlrun.api.spec import EnvSpec, ModelSpec, RLRunSpec
+from rlrun.model.build_progress import BuildProgress, LineProgress, build_progress
 from rlrun.model.recipe import TinyEnvsRecipe, TinyModelRecipe, envs_fingerprint
 
 log = logging.getLogger(__name__)
@@ -93,12 +94,18 @@ def _model_dir(name: str, cache_dir: Path | None, recipe: TinyModelRecipe | Tiny
 
 
 def ensure_builtin_model(
-    name: str, cache_dir: Path | None = None, envs: Sequence[EnvSpec] = (), evaluate: bool = False
+    name: str,
+    cache_dir: Path | None = None,
+    envs: Sequence[EnvSpec] = (),
+    evaluate: bool = False,
+    progress: BuildProgress | None = None,
 ) -> Path:
     """Build builtin model ``name`` into the cache unless it is there; returns its directory.
 
     ``evaluate``: a model built here scores greedy decoding on held-out tasks into its report
-    (``rlrun_model.json``; a few seconds), as ``rlrun model init`` does.
+    (``rlrun_model.json``; a few seconds), as ``rlrun model init`` does. ``progress``: where a build shows its
+    phases and warm-start steps (None: log lines every few seconds); a process waiting for another's build says so
+    there.
 
     Raises:
         ValueError: see :func:`builtin_recipe`.
@@ -108,19 +115,24 @@ def ensure_builtin_model(
     out = _model_dir(name, cache_dir, recipe)
     if (out / "config.json").is_file():
         return out
+    progress = progress or LineProgress()
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another process builds it (a sibling role, a pod on the same volume): wait
+            progress.phase(f"waiting for another process building builtin model {name} into {out}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if not (out / "config.json").is_file():
             log.info("building builtin model %s into %s", name, out)
             if isinstance(recipe, TinyEnvsRecipe):
                 from rlrun.model.tiny_envs import init_tiny_envs_model  # torch and transformers: only to build it
 
-                init_tiny_envs_model(out, envs, recipe, evaluate=evaluate)
+                init_tiny_envs_model(out, envs, recipe, evaluate=evaluate, progress=progress)
             else:
                 from rlrun.model.tiny import init_tiny_model
 
-                init_tiny_model(out, evaluate=evaluate)
+                init_tiny_model(out, evaluate=evaluate, progress=progress)
     return out
 
 
@@ -129,9 +141,11 @@ def init_builtin_model(
     out_dir: Path | None = None,
     sft_steps: int | None = None,
     cache_dir: Path | None = None,
+    progress: BuildProgress | None = None,
 ) -> dict:
     """What ``rlrun model init`` does: build ``spec``'s builtin model (``tiny``: for its envs; no spec:
-    ``tiny-reverse``) and return its report.
+    ``tiny-reverse``) and return its report, showing the build on ``progress`` (None: on stderr, a bar on a terminal
+    and a line every few seconds otherwise, so that stdout holds the report alone).
 
     Args:
         spec: the run whose model to build.
@@ -149,26 +163,32 @@ def init_builtin_model(
     """
     if spec is not None and spec.model.builtin is None:
         raise ValueError(f"the manifest's model is {spec.model.identity}, not a builtin one: nothing to build")
+    if progress is None:
+        from rich.console import Console
+
+        progress = build_progress(Console(stderr=True))
     name = spec.model.builtin if spec is not None else "tiny-reverse"
     envs = spec.envs if spec is not None else []
     recipe = builtin_recipe(name, envs)
     if out_dir is None:
         if sft_steps is not None:
             raise ValueError("--sft-steps makes a model the runs would not find in the cache: give OUT_DIR")
-        path = ensure_builtin_model(name, cache_dir, envs, evaluate=True)
+        path = ensure_builtin_model(name, cache_dir, envs, evaluate=True, progress=progress)
         return {"path": str(path), **json.loads((path / "rlrun_model.json").read_text())}
     if sft_steps is not None:
         recipe = dataclasses.replace(recipe, sft_steps=sft_steps)
     if isinstance(recipe, TinyEnvsRecipe):
         from rlrun.model.tiny_envs import init_tiny_envs_model
 
-        return init_tiny_envs_model(out_dir, envs, recipe)
+        return init_tiny_envs_model(out_dir, envs, recipe, progress=progress)
     from rlrun.model.tiny import init_tiny_model
 
-    return init_tiny_model(out_dir, recipe)
+    return init_tiny_model(out_dir, recipe, progress=progress)
 
 
-def resolve_model(spec: ModelSpec, cache_dir: Path | None = None, envs: Sequence[EnvSpec] = ()) -> str:
+def resolve_model(
+    spec: ModelSpec, cache_dir: Path | None = None, envs: Sequence[EnvSpec] = (), progress: BuildProgress | None = None
+) -> str:
     """A path or Hugging Face id for ``spec``, building the builtin model if needed.
 
     Args:
@@ -176,8 +196,9 @@ def resolve_model(spec: ModelSpec, cache_dir: Path | None = None, envs: Sequence
         cache_dir: the model cache (None: :func:`default_cache_dir`).
         envs: the run's ``spec.envs``: what ``builtin: tiny`` is built for (every caller passes them; the
             other models ignore them).
+        progress: where a build is shown (None: log lines every few seconds).
     """
     if spec.builtin is not None:
-        return str(ensure_builtin_model(spec.builtin, cache_dir, envs))
+        return str(ensure_builtin_model(spec.builtin, cache_dir, envs, progress=progress))
     assert spec.name is not None
     return spec.name

