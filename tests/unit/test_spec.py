@@ -101,9 +101,17 @@ def test_a_kubernetes_only_example_is_refused_locally_for_its_data_not_its_shape
     assert "/data/arithmetic.jsonl" in exc.value.errors[0] and "my_arithmetic" in exc.value.errors[1]
 
 
-def test_hf_example_names_a_hub_model():
+def test_hf_example_names_a_hub_model_set_for_one_gpu_per_role():
+    from rlrun.rollout.server import vllm_command
+
     run = load_manifest(ROOT / "examples" / "qwen3-0.6b.yaml")
-    assert run.spec.model.name == "Qwen/Qwen3-0.6B" and run.spec.model.builtin is None
+    spec = run.spec
+    assert spec.model.name == "Qwen/Qwen3-0.6B" and spec.model.builtin is None
+    # issue 37 part 7: bf16, checkpointed blocks, a micro-batch that holds the longest sequence vLLM may make
+    assert (spec.trainer.gpus, spec.trainer.precision, spec.trainer.activation_checkpointing) == (1, "bfloat16", True)
+    assert spec.rollout.max_model_len <= spec.trainer.micro_batch_tokens
+    argv = vllm_command(spec, "/models/qwen3", "0.0.0.0", 8000, gpu=True, bf16=True)
+    assert argv[argv.index("--dtype") + 1] == "bfloat16" and argv[argv.index("--tensor-parallel-size") + 1] == "1"
 
 
 def test_env_name_and_args_are_checked_by_building_the_env():
