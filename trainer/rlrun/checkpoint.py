@@ -273,7 +273,7 @@ def prune_checkpoints(run_dir: RunDir, keep_last: int) -> list[int]:
 
 
 #: Algorithm settings (``spec.<key>``) a resume may change, with why; every other key of :func:`algorithm_settings`
-#: must equal the checkpoint's (``docs/algorithms-schedule-advantages.md``, "Resuming with other settings").
+#: must equal the checkpoint's (``docs/algorithms.md``, "Resuming with other settings").
 SAFE_TO_CHANGE: dict[str, str] = {
     "optimizer.max_grad_norm": "a cap on each step's gradient norm, read from the spec at every step: no state kept "
     "in a checkpoint depends on it, and lowering it is the usual answer to a gradient spike",
