@@ -101,3 +101,35 @@ def test_a_resumed_trainer_trains_each_step_at_the_rate_of_the_uninterrupted_run
     other = parse("sched", max_steps=6, optimizer={**optimizer, "lr_schedule": "linear"}).spec
     with pytest.raises(CheckpointMismatch, match=r"spec.optimizer.lr_schedule: checkpoint has 'cosine'"):
         Trainer(other, run_dir, str(tiny_model), resume=True)
+
+
+def test_a_sharded_part_restores_the_schedule_as_an_unsharded_one_does(tmp_path):
+    """A DCP part (what several ranks write; here one process, no process group) carries the scheduler state in its
+    ``progress.json`` too, and the trainer's restore path puts the optimizer at the next step's rate."""
+    from rlrun.training.distributed import init_from_env
+    from rlrun.training.parts import SCHEDULER_KEY, new_optimizer, restore_part
+    from rlrun.training.schedule import new_scheduler, restore_scheduler
+    from rlrun.training.sharded_checkpoint import save_sharded
+
+    spec = parse("dcp", max_steps=10, optimizer={"lr": 0.01, "lr_schedule": "linear", "warmup_steps": 2}).spec
+    dp = init_from_env(env={})
+
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        optimizer = new_optimizer(model, spec)
+        return model, optimizer, new_scheduler(optimizer, spec)
+
+    model, optimizer, scheduler = build()
+    for _ in range(3):
+        model(torch.ones(1, 3)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+    progress = {SCHEDULER_KEY: scheduler.state_dict()}
+    part = tmp_path / "trainer"
+    save_sharded(part, model, optimizer, dp, 3, 1, extra=lambda tmp: (tmp / "progress.json").write_text(json.dumps(progress)))  # fmt: skip
+    model2, optimizer2, scheduler2 = build()
+    restore_part(part, 3, model2, optimizer2, spec, dp)
+    restore_scheduler(scheduler2, optimizer2, json.loads((part / "progress.json").read_text())[SCHEDULER_KEY], 3, "p")
+    assert optimizer2.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 7 / 8)
+    assert scheduler2.state_dict() == scheduler.state_dict()
