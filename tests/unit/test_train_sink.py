@@ -1,15 +1,8 @@
 import pytest
-from rlrun.orchestrator.sink import TrainSink, grpo_advantages
+from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.staleness import min_fresh_version
 
 from tests.support.samples import episode, sample, task
-
-
-def test_grpo_advantages_of_a_known_group():
-    rewards = [1.0, 0.5, 0.0, 0.5]  # mean 0.5, population std sqrt(0.125)
-    assert grpo_advantages(rewards) == pytest.approx([0.5, 0.0, -0.5, 0.0])
-    std = 0.125**0.5
-    assert grpo_advantages(rewards, std_normalize=True) == pytest.approx([0.5 / std, 0.0, -0.5 / std, 0.0], rel=1e-5)
 
 
 def test_complete_group_is_scored_and_queued_in_member_order():

@@ -63,10 +63,13 @@ def _setup_logging(role: str) -> None:
 
 def _load(manifest: Path, checks: Checks = "full") -> RLRun:
     try:
-        return load_manifest(manifest, checks)
+        run = load_manifest(manifest, checks)
     except ManifestError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
+    for line in run.spec.deprecations:  # rlrun validate and local say it; the orchestrator logs it
+        typer.echo(f"warning: {line}", err=True)
+    return run
 
 
 @app.command()
@@ -267,6 +270,8 @@ def orchestrator(
         raise typer.Exit(2)
     with reporting("orchestrator") as exit_:
         run = load_manifest(manifest)
+        for line in run.spec.deprecations:
+            log.warning("%s", line)
         exit_.max_steps = max_steps or run.spec.max_steps
         orch = Orchestrator(
             run.spec,

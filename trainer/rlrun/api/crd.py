@@ -74,6 +74,28 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "message": "rollout.max_inflight must be ≥ group_size: a group is requested at once",
             "fieldPath": ".rollout.max_inflight",
         },
+        {
+            "rule": "!has(self.optimizer) || !has(self.optimizer.warmup_steps) || "
+            "self.optimizer.warmup_steps < self.max_steps",
+            "message": "optimizer.warmup_steps must be < max_steps: the warmup ends before the last step",
+            "fieldPath": ".optimizer.warmup_steps",
+        },
+        {
+            # advantage.std_normalize has no default in the CRD, so has() tells whether the user set it
+            "rule": "!has(self.loss) || !has(self.loss.std_normalize_advantages) || !has(self.advantage) || "
+            "!has(self.advantage.std_normalize) || self.loss.std_normalize_advantages == self.advantage.std_normalize",
+            "message": "advantage.std_normalize and loss.std_normalize_advantages, its deprecated alias, disagree: "
+            "set only advantage.std_normalize",
+            "fieldPath": ".advantage.std_normalize",
+        },
+    ],
+    ("optimizer",): [
+        {  # double(): a YAML 0 arrives as an int, and CEL compares an int with a double only by converting it
+            "rule": "!has(self.min_lr_ratio) || double(self.min_lr_ratio) == 0.0 || "
+            "(has(self.lr_schedule) && self.lr_schedule != 'constant')",
+            "message": "optimizer.min_lr_ratio applies to a decaying lr_schedule (linear or cosine)",
+            "fieldPath": ".min_lr_ratio",
+        },
     ],
     ("model",): [
         {

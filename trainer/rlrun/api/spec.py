@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from rlrun.api.algorithm import LossSpec, OptimizerSpec, SamplingSpec
+from rlrun.api.algorithm import AdvantageSpec, LossSpec, OptimizerSpec, SamplingSpec
 from rlrun.api.pod_inputs import DNS_LABEL_PATTERN, Quantity
 from rlrun.api.role_specs import OrchestratorSpec, RolloutSpec, TrainerSpec
 from rlrun.api.strict import Strict
@@ -255,6 +255,7 @@ class RLRunSpec(Strict):
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     loss: LossSpec = Field(default_factory=LossSpec)
+    advantage: AdvantageSpec = Field(default_factory=AdvantageSpec, validate_default=True)  # reads loss's alias
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
@@ -275,6 +276,47 @@ class RLRunSpec(Strict):
         if group_size is not None and batch_size < group_size:
             raise ValueError(f"must be ≥ group_size ({group_size}): a batch holds whole groups, got {batch_size}")
         return batch_size
+
+    @field_validator("optimizer")
+    @classmethod
+    def _warmup_ends_before_the_last_step(cls, optimizer: OptimizerSpec, info: ValidationInfo) -> OptimizerSpec:
+        max_steps = info.data.get("max_steps")
+        if max_steps is not None and optimizer.warmup_steps >= max_steps:
+            raise ValueError(
+                f"warmup_steps ({optimizer.warmup_steps}) must be < max_steps ({max_steps}): the warmup ends before "
+                "the last step"
+            )
+        return optimizer
+
+    @field_validator("advantage")
+    @classmethod
+    def _read_the_deprecated_alias(cls, advantage: AdvantageSpec, info: ValidationInfo) -> AdvantageSpec:
+        # spec.loss.std_normalize_advantages (before issue 38) is read into advantage.std_normalize; both set and
+        # different is refused (a run must not depend on which of the two wins).
+        loss = info.data.get("loss")
+        alias = loss.std_normalize_advantages if loss is not None else None
+        if alias is None:
+            return advantage
+        if "std_normalize" in advantage.model_fields_set:
+            if advantage.std_normalize != alias:
+                raise ValueError(
+                    f"std_normalize is {str(advantage.std_normalize).lower()} but loss.std_normalize_advantages, its "
+                    f"deprecated alias, is {str(alias).lower()}: set only advantage.std_normalize"
+                )
+            return advantage
+        return advantage.model_copy(update={"std_normalize": alias})
+
+    @property
+    def deprecations(self) -> list[str]:
+        """One sentence per deprecated field the manifest sets, saying what to set instead (printed by ``rlrun
+        validate`` and ``rlrun local``, logged by the orchestrator); empty when none."""
+        alias = self.loss.std_normalize_advantages
+        if alias is None:
+            return []
+        return [
+            f"spec.loss.std_normalize_advantages is deprecated: it now sets spec.advantage.std_normalize "
+            f"({str(alias).lower()}); write that instead"
+        ]
 
     @field_validator("envs")
     @classmethod

@@ -15,6 +15,8 @@ train in the next step: ``step − policy version``; null with the queue empty),
 ``groups_rejected_same_wrong`` (zero spread, not solved, every member the same completion tokens:
 the same wrong answer; both cumulative, signs of collapse), ``frac_reward_zero_std`` (share of the
 groups scored since the previous step whose rewards had zero std, all members; null when none),
+``groups_std_floored`` (groups queued since the previous step whose std normalisation divided by
+``advantage.min_std``, their reward std being smaller: :mod:`rlrun.orchestrator.advantages`),
 ``samples_dropped_stale``, ``episodes_wasted_stale`` (cumulative: finished
 episodes that never trained because they grew too old — queued samples swept and members left out
 of scoring or dropped at a cancel), ``stale_wasted_fraction`` (that ÷ the finished episodes, both
@@ -181,6 +183,7 @@ class StepMetrics:
             "groups_rejected_solved": counters.groups_rejected_solved,
             "groups_rejected_same_wrong": counters.groups_rejected_same_wrong,
             "frac_reward_zero_std": groups_zero_std / groups_scored if groups_scored else None,
+            "groups_std_floored": sink.drain_recent_floored(),
             "solved_all": solved_all / groups_scored if groups_scored else None,
             "solved_none": solved_none / groups_scored if groups_scored else None,
             "samples_dropped_stale": counters.samples_dropped_stale,

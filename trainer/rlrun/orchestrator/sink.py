@@ -7,11 +7,11 @@ cancellation — is what guarantees that nothing stale ships: every batch ``s`` 
 only after :meth:`TrainSink.sweep` dropped the samples older than
 ``min_fresh_version(s, max_off_policy_steps)``.
 
-Advantages are GRPO's group-relative ones, ``A_i = r_i − mean(r)``, **not** divided by
-the group's reward std by default (``loss.std_normalize_advantages`` turns it on):
-Liu et al. 2025 ("Understanding R1-Zero-Like Training", Dr. GRPO) show the std
-division over-weights groups that are nearly all right or all wrong. A group whose
-advantages are all zero (every member got the same reward) carries no gradient and
+Advantages are group-relative (:mod:`rlrun.orchestrator.advantages`, ``spec.advantage``):
+by default GRPO's ``A_i = r_i − mean(r)``, **not** divided by the group's reward std
+(``advantage.std_normalize`` turns it on, with a floor ``advantage.min_std``): Liu et al.
+2025 ("Understanding R1-Zero-Like Training", Dr. GRPO) show the std division over-weights
+groups that are nearly all right or all wrong. A group whose advantages are all zero (every member got the same reward) carries no gradient and
 is rejected (counted), so batches hold only samples that teach something. Why it had
 zero spread is counted too, since a run collapsing shows there first: solved by every
 member (all at the top reward, prime-rl's ``solved_all``: the task is too easy now), or
@@ -20,14 +20,15 @@ the very same wrong completion from every member (the policy stopped exploring).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rlrun.api.algorithm import AdvantageSpec
 from rlrun.api.spec import RLRunSpec
 from rlrun.envs.base import Task
 from rlrun.ledger import LedgerEvent
+from rlrun.orchestrator.advantages import group_advantages
 from rlrun.orchestrator.groups import GroupCancellation, GroupRequest
 from rlrun.orchestrator.snapshot import RestorePlan, SinkSnapshot
 from rlrun.orchestrator.staleness import min_fresh_version, split_fresh
@@ -39,21 +40,6 @@ Record = Callable[..., None]
 ZERO_ADVANTAGE = 1e-9
 #: A reward at least this is the top reward (rewards are in [0, 1]): a member that "solved" the task.
 SOLVED_REWARD = 1.0 - 1e-9
-
-
-def grpo_advantages(rewards: list[float], std_normalize: bool = False, eps: float = 1e-6) -> list[float]:
-    """``r_i − mean(r)``, or ``(r_i − mean(r)) / (std(r) + eps)`` (population std) when ``std_normalize``.
-
-    Source: Shao et al. 2024 (DeepSeekMath, GRPO), outcome supervision; see the module docstring.
-    """
-    if not rewards:
-        return []
-    mean = sum(rewards) / len(rewards)
-    adv = [r - mean for r in rewards]
-    if std_normalize:
-        std = statistics.pstdev(rewards)
-        adv = [a / (std + eps) for a in adv]
-    return adv
 
 
 @dataclass
@@ -101,7 +87,7 @@ class TrainSink:
         group_size: members per group.
         batch_size: samples per batch.
         max_off_policy_steps: staleness bound (see :func:`~rlrun.orchestrator.staleness.min_fresh_version`).
-        std_normalize: divide advantages by the group's reward std.
+        advantage: how rewards become advantages (``spec.advantage``; None: its defaults).
         record: ``record(event: LedgerEvent, episode_ids: list[str], **fields) -> None``, called for
             episodes queued, rejected, dropped stale and abandoned (the ledger); None records nothing.
     """
@@ -111,13 +97,13 @@ class TrainSink:
         group_size: int,
         batch_size: int,
         max_off_policy_steps: int,
-        std_normalize: bool = False,
+        advantage: AdvantageSpec | None = None,
         record: Record | None = None,
     ) -> None:
         self.group_size = group_size
         self.batch_size = batch_size
         self.max_off_policy_steps = max_off_policy_steps
-        self.std_normalize = std_normalize
+        self.advantage = advantage or AdvantageSpec()
         self.queue: list[TrainingSample] = []
         self.open_groups: dict[int, OpenGroup] = {}
         self.abandoned: dict[int, str] = {}  # groups given up in this attempt → why
@@ -126,14 +112,13 @@ class TrainSink:
         #: since the last drain: groups scored, those whose rewards had zero std, solved by all, scoring 0 for all;
         #: and their episodes that stopped at max_tokens (finish reason length)
         self._recent_groups = [0, 0, 0, 0, 0]
+        self._recent_floored = 0  # groups queued since the last drain whose std normalisation used advantage.min_std
         self._record = record or (lambda event, ids, **fields: None)
 
     @classmethod
     def for_spec(cls, spec: RLRunSpec, record: Record | None = None) -> TrainSink:
         """The sink of a run: group and batch sizes, staleness bound and advantage settings from ``spec``."""
-        return cls(
-            spec.group_size, spec.batch_size, spec.max_off_policy_steps, spec.loss.std_normalize_advantages, record
-        )
+        return cls(spec.group_size, spec.batch_size, spec.max_off_policy_steps, spec.advantage, record)
 
     def min_fresh(self, step: int) -> int:
         """``min_fresh_version(step, max_off_policy_steps)``."""
@@ -169,12 +154,13 @@ class TrainSink:
         # of every member, stale ones included, like the reward metric: it tracks the policy
         recent = self._recent_groups
         recent[0] += 1
-        recent[1] += all(abs(a) < ZERO_ADVANTAGE for a in grpo_advantages(rewards))
+        recent[1] += all(abs(a) < ZERO_ADVANTAGE for a in group_advantages(rewards).values)
         recent[2] += all(r >= SOLVED_REWARD for r in rewards)
         recent[3] += all(r <= 0.0 for r in rewards)
         recent[4] += sum(e.finish_reason == "length" for e in group.episodes)
         fresh = self._keep_fresh(group, self.min_fresh(next_step))
-        advantages = grpo_advantages([e.reward for e in fresh], self.std_normalize)
+        scored = group_advantages([e.reward for e in fresh], self.advantage)  # of the members that train only
+        advantages = scored.values
         if len(fresh) < 2 or all(abs(a) < ZERO_ADVANTAGE for a in advantages):
             self.counters.groups_rejected += 1
             reason = "too_few_fresh_members" if len(fresh) < 2 else "zero_advantage"
@@ -183,6 +169,7 @@ class TrainSink:
             self._record(LedgerEvent.REJECTED, [e.episode_id for e in fresh], group=group.group_id, reason=reason)
             return []
         samples = [TrainingSample.from_episode(e, a) for e, a in zip(fresh, advantages, strict=True)]
+        self._recent_floored += scored.floored
         self.queue.extend(samples)
         self.counters.samples_queued += len(samples)
         self._record(LedgerEvent.QUEUED, [s.trace.episode_id for s in samples], group=group.group_id)
@@ -234,6 +221,12 @@ class TrainSink:
         a group whose fresh members alone have zero spread is rejected without counting here."""
         out, self._recent_groups = tuple(self._recent_groups), [0, 0, 0, 0, 0]
         return out  # type: ignore[return-value]
+
+    def drain_recent_floored(self) -> int:
+        """Groups queued since the last call whose std normalisation divided by ``advantage.min_std`` instead of
+        their reward std (:class:`~rlrun.orchestrator.advantages.GroupAdvantages` ``floored``)."""
+        out, self._recent_floored = self._recent_floored, 0
+        return out
 
     @property
     def finished_episodes_kept(self) -> int:

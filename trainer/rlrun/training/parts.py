@@ -6,7 +6,8 @@ A trainer part (``checkpoints/step_N/trainer/``) is published by an atomic direc
 by one process it holds ``model.safetensors``, ``optimizer.pt``, ``progress.json`` and ``meta.json``;
 by several ranks, their DCP shards (:mod:`rlrun.training.sharded_checkpoint`) plus rank 0's full
 ``model.safetensors`` and ``progress.json``. Either loads into any number of ranks
-(:func:`restore_part`), so a run can change its rank count.
+(:func:`restore_part`), so a run can change its rank count. ``progress.json`` holds the LR scheduler's
+state in both formats (:mod:`rlrun.training.schedule`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch.optim.lr_scheduler import LRScheduler
 from transformers import AutoModelForCausalLM
 
 from rlrun.api.spec import RLRunSpec
@@ -39,6 +41,8 @@ from rlrun.training.distributed import DataParallel, full_state_dict, tied_weigh
 log = logging.getLogger(__name__)
 
 OPTIMIZER_FILE = "optimizer.pt"
+#: The key of ``progress.json`` holding the LR scheduler's ``state_dict()`` (:mod:`rlrun.training.schedule`).
+SCHEDULER_KEY = "lr_scheduler"
 
 #: Seconds a resuming trainer waits for the live orchestrator to complete a trainer part its
 #: predecessor of the same attempt published (a notice save; see :func:`wait_for_pairing`).
@@ -253,15 +257,18 @@ def write_part(
     spec: RLRunSpec,
     attempt: int,
     dp: DataParallel,
+    lr_scheduler: LRScheduler | None = None,
 ) -> Path:
     """Publish ``checkpoints/step_N/trainer/`` (``reason``: ``periodic`` or ``notice``, recorded in
     ``progress.json``); returns its path. With several ranks a collective: every rank writes its DCP
     shard of the model and optimizer (:func:`~rlrun.training.sharded_checkpoint.save_sharded`, ``meta.json``
     ``format: "dcp"``), rank 0 adds the full ``model.safetensors`` (what the orchestrator loads into
-    vLLM) and ``progress.json``, and renames the part into place once every shard is written."""
+    vLLM) and ``progress.json``, and renames the part into place once every shard is written. The LR
+    scheduler's state (plain JSON) is in ``progress.json`` under ``lr_scheduler``, in both formats."""
     progress = {
         "step": step, "policy_version": step, "identity": run_identity(spec), "time": time.time(), "reason": reason,
         **({"world_size": dp.world_size} if dp.distributed else {}),
+        **({SCHEDULER_KEY: lr_scheduler.state_dict()} if lr_scheduler is not None else {}),
     }  # fmt: skip
 
     def write_progress(tmp: Path) -> None:

@@ -30,6 +30,7 @@ METRICS: dict[str, tuple[str, str, str | None]] = {
     "rlrun_trainer_steps": ("counter", "Steps trained by this process.", None),
     "rlrun_trainer_loss": ("gauge", "The last step's loss.", "loss"),
     "rlrun_trainer_grad_norm": ("gauge", "The last step's gradient norm, before clipping.", "grad_norm"),
+    "rlrun_trainer_learning_rate": ("gauge", "The learning rate the last step trained with (the LR schedule's).", "lr"),
     "rlrun_trainer_entropy_nats": ("gauge", "Mean next-token entropy over the trained tokens, nats.", "entropy"),
     "rlrun_trainer_mismatch_kl_nats": (
         "gauge", "Mean KL(vLLM || trainer) over the trained tokens (k3), nats: ~0 unless weights or tokens differ.",

@@ -1,7 +1,8 @@
 """The trainer process: one optimizer step per shipped batch, then publish the new weights.
 
 Step ``s`` reads ``rollouts/step_s/`` (waiting until the orchestrator publishes it),
-takes one AdamW step on the loss of :mod:`rlrun.training.loss` over the whole batch, computed in micro-batches
+takes one AdamW step (at the rate of the LR schedule, :mod:`rlrun.training.schedule`, whose state every trainer
+part keeps) on the loss of :mod:`rlrun.training.loss` over the whole batch, computed in micro-batches
 (:mod:`rlrun.training.step`) in the compute dtype of ``spec.trainer.precision`` (:mod:`rlrun.training.precision`),
 publishes ``broadcasts/step_s/model.safetensors`` (policy version ``s``, in that dtype) and, every
 ``checkpoint.interval`` steps and at the last step, ``checkpoints/step_s/trainer/``
@@ -79,6 +80,7 @@ from rlrun.training.distributed import (
 )
 from rlrun.training.parts import (
     PAIR_WAIT_S,
+    SCHEDULER_KEY,
     choose_checkpoint,
     clear_after,
     new_optimizer,
@@ -88,6 +90,7 @@ from rlrun.training.parts import (
 )
 from rlrun.training.precision import cast_floating, dtype_name, mixed_precision_policy, resolve_precision
 from rlrun.training.prometheus import TrainerMetrics, serve_from_env
+from rlrun.training.schedule import new_scheduler, restore_scheduler
 from rlrun.training.step import StepSettings, accumulate_gradients
 
 log = logging.getLogger(__name__)
@@ -100,7 +103,8 @@ class Trainer:
         spec: the run's spec.
         run_dir: shared run directory.
         model_path: initial weights (path or Hugging Face id), see ``rlrun.model.resolve``.
-        max_steps: stop after this step (default ``spec.max_steps``).
+        max_steps: stop after this step (default ``spec.max_steps``; the LR schedule's horizon stays
+            ``spec.max_steps``: :mod:`rlrun.training.schedule`).
         resume: start from the newest complete checkpoint, if any.
         attempt: this attempt's number as the launcher or operator counts it (0 = unnumbered).
         poll_s: how often to look for the next batch, seconds.
@@ -169,6 +173,7 @@ class Trainer:
                 "on" if spec.trainer.activation_checkpointing else "off",
             )  # fmt: skip
         self.optimizer = new_optimizer(self.model, spec)
+        self.lr_scheduler = new_scheduler(self.optimizer, spec)  # its horizon is spec.max_steps, not max_steps
         restored = resume and self._restore()
         # Batches may already be arriving from this run's orchestrator; checkpoints past 0 cannot be ours.
         # With --resume and nothing complete to resume from, they are a dead attempt's: removed below.
@@ -231,6 +236,7 @@ class Trainer:
         root = self.run_dir.trainer_checkpoint(ckpt.step)
         check_compatible(ckpt.trainer.get("identity"), self.spec, str(root))
         restore_part(root, ckpt.step, self.model, self.optimizer, self.spec, self.dp)
+        restore_scheduler(self.lr_scheduler, self.optimizer, ckpt.trainer.get(SCHEDULER_KEY), ckpt.step, str(root))
         self.step = self.checkpointed_step = ckpt.step
         self.shipped_at_restore = int(ckpt.orchestrator.get("shipped", ckpt.step))
         log.info(
@@ -252,7 +258,8 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         """Train on batch ``step``: this rank's rows of it (all of them in one process) in micro-batches
         (:func:`~rlrun.training.step.accumulate_gradients`), the loss and its statistics of the whole batch, one
-        AdamW step after a global gradient clip; returns its metrics (loss, grad norm, ratio stats, |Δlogp| and
+        AdamW step after a global gradient clip, at the rate of the LR schedule (``lr``: the rate this step used,
+        :mod:`rlrun.training.schedule`); returns its metrics (loss, grad norm, ``lr``, ratio stats, |Δlogp| and
         ``entropy`` of the whole batch, ``padding_share`` and ``micro_batches``, seconds; ``ranks`` with several).
         ``entropy``: mean over the trained tokens of the policy's next-token entropy under the sampling distribution
         (temperature, top-p: :mod:`rlrun.training.logprobs`, nats/token, before the step): its fall to 0
@@ -273,13 +280,16 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         stats = accumulate_gradients(self.model, batch, self._on_policy_rows(batch, step), self.step_settings, dp)
         grad_norm = clip_grad_norm_(self.model.parameters(), self.spec.optimizer.max_grad_norm)
+        lr = self.optimizer.param_groups[0]["lr"]  # lr · λ(step − 1): rlrun.training.schedule
         self.optimizer.step()
+        self.lr_scheduler.step()
         if dp.is_main:
             self.ledger.write(LedgerEvent.TRAINED, step=step, ids=[t["episode_id"] for t in whole.meta["traces"]])
         return {
             "step": step,
             "loss": stats.pop("loss"),
             "grad_norm": grad_norm,
+            "lr": lr,
             "samples": whole.num_samples,
             **stats,  # of the whole batch: clip_fraction, ratio_mean/max, tokens, |Δlogp|, entropy, mismatch KL, …
             "wait_s": round(t0 - wait_t0, 4),
@@ -319,7 +329,9 @@ class Trainer:
         """Publish ``checkpoints/step_N/trainer/``: weights, optimizer state, progress
         (:func:`~rlrun.training.parts.write_part`; ``reason``, ``periodic`` or ``notice``, in ``progress.json``).
         With ``W > 1`` ranks a collective."""
-        path = write_part(self.run_dir, step, reason, self.model, self.optimizer, self.spec, self.attempt, self.dp)
+        path = write_part(
+            self.run_dir, step, reason, self.model, self.optimizer, self.spec, self.attempt, self.dp, self.lr_scheduler
+        )
         self.checkpointed_step = step
         return path
 
@@ -389,8 +401,8 @@ class Trainer:
                 continue
             gauges.observe(metrics)  # type: ignore[union-attr]
             log.info(
-                "step %d loss %.4f grad_norm %.3f clip %.3f |Δlogp| %.4f entropy %.3f train %.2fs wait %.2fs",
-                step, metrics["loss"], metrics["grad_norm"], metrics["clip_fraction"],
+                "step %d loss %.4f grad_norm %.3f lr %.3g clip %.3f |Δlogp| %.4f entropy %.3f train %.2fs wait %.2fs",
+                step, metrics["loss"], metrics["grad_norm"], metrics["lr"], metrics["clip_fraction"],
                 metrics["logprob_abs_diff"], metrics["entropy"], metrics["train_s"], metrics["wait_s"],
             )  # fmt: skip
         if server is not None:
