@@ -49,7 +49,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from rlrun.api.spec import LossSpec, OptimizerSpec
+from rlrun.api.spec import OptimizerSpec
 from rlrun.batch import TrainBatch, collate
 from rlrun.checkpoint import CheckpointError
 from rlrun.dcp_format import METADATA_FILE, SHARDED_DIR, read_metadata, verify_sharded
@@ -68,7 +68,8 @@ from rlrun.training.distributed import (
     teardown,
     transformer_blocks,
 )
-from rlrun.training.loss import clipped_policy_loss, token_logprobs
+from rlrun.training.loss import batch_loss, token_logprobs
+from rlrun.training.objectives import LossSettings
 from rlrun.training.precision import mixed_precision_policy
 from rlrun.training.sharded_checkpoint import load_sharded, save_sharded
 from rlrun.training.step import StepSettings, accumulate_gradients
@@ -78,7 +79,7 @@ from transformers import Qwen3ForCausalLM
 
 WORLD = 2
 OPT = OptimizerSpec()  # the trainer's defaults: lr 3e-4, betas (0.9, 0.99), eps 1e-8, clip 1.0
-RATIO_CLIP = LossSpec().ratio_clip
+LOSS = LossSettings()  # the spec's default: PPO's clip, ε = 0.2, token mean
 GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-7
 WEIGHT_ATOL = 0.05 * OPT.lr
 SPAWN_TIMEOUT_S = 240
@@ -136,12 +137,12 @@ def _step(
     opt.zero_grad(set_to_none=True)
     if local_mean:
         logits = model(input_ids=part.input_ids, attention_mask=part.attention_mask).logits
-        loss, stats = clipped_policy_loss(
-            token_logprobs(logits, part.input_ids), part.old_logprobs, part.advantages, part.loss_mask, RATIO_CLIP
+        loss, stats = batch_loss(
+            token_logprobs(logits, part.input_ids), part.old_logprobs, part.advantages, part.loss_mask, LOSS
         )
         loss.backward()
     else:
-        settings = StepSettings(1.0, 1.0, RATIO_CLIP, budget, chunk_tokens=8, compute_dtype=dtype)
+        settings = StepSettings(1.0, 1.0, LOSS, budget, chunk_tokens=8, compute_dtype=dtype)
         stats = accumulate_gradients(model, part, torch.ones(part.num_samples, dtype=torch.bool), settings, dp)
     stats["grad_norm"] = clip_grad_norm_(model.parameters(), OPT.max_grad_norm)
     grads = {}
@@ -511,7 +512,7 @@ def test_world_size_one_loss_is_the_plain_loss_and_the_model_is_not_wrapped(runs
     assert type(model) is Qwen3ForCausalLM and not any(hasattr(p, "full_tensor") for p in model.parameters())
     b = BATCH_A()
     lp = token_logprobs(model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits, b.input_ids)
-    plain, plain_stats = clipped_policy_loss(lp, b.old_logprobs, b.advantages, b.loss_mask, RATIO_CLIP)
+    plain, plain_stats = batch_loss(lp, b.old_logprobs, b.advantages, b.loss_mask, LOSS)
     assert runs["one"]["stats_a"]["loss"] == pytest.approx(plain.item(), rel=1e-6)
     for key in ("clip_fraction", "ratio_mean", "ratio_max", "tokens"):
         assert runs["one"]["stats_a"][key] == pytest.approx(plain_stats[key], rel=1e-6), key

@@ -88,6 +88,7 @@ from rlrun.training.parts import (
 )
 from rlrun.training.precision import cast_floating, dtype_name, mixed_precision_policy, resolve_precision
 from rlrun.training.prometheus import TrainerMetrics, serve_from_env
+from rlrun.training.reference import reference_policy
 from rlrun.training.step import StepSettings, accumulate_gradients
 
 log = logging.getLogger(__name__)
@@ -161,6 +162,10 @@ class Trainer:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # to the device (a GPU in one process too), and FSDP2-sharded with ranks
         shard_model(self.model, self.dp, mp_policy=mixed_precision_policy(self.compute_dtype))
+        # the KL term's reference: the starting weights again, on every start (a resume included)
+        self.reference = (
+            reference_policy(self.model, model_path, self.dp, self.compute_dtype) if spec.loss.kl_coef else None
+        )
         if self.dp.is_main:
             log.info(
                 "trainer: computes in %s (spec.trainer.precision %s), micro-batches of ≤ %d tokens, LM head in chunks "
@@ -271,7 +276,9 @@ class Trainer:
         batch = rank_slice(whole, dp.rank, dp.world_size) if dp.distributed else whole
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        stats = accumulate_gradients(self.model, batch, self._on_policy_rows(batch, step), self.step_settings, dp)
+        stats = accumulate_gradients(
+            self.model, batch, self._on_policy_rows(batch, step), self.step_settings, dp, reference=self.reference
+        )
         grad_norm = clip_grad_norm_(self.model.parameters(), self.spec.optimizer.max_grad_norm)
         self.optimizer.step()
         if dp.is_main:
