@@ -396,9 +396,10 @@ class Trainer:
                 continue
             gauges.observe(metrics)  # type: ignore[union-attr]
             log.info(
-                "step %d loss %.4f grad_norm %.3f clip %.3f |Δlogp| %.4f entropy %.3f train %.2fs wait %.2fs",
-                step, metrics["loss"], metrics["grad_norm"], metrics["clip_fraction"],
-                metrics["logprob_abs_diff"], metrics["entropy"], metrics["train_s"], metrics["wait_s"],
+                "step %d loss %.4f grad_norm %.3f clip %.3f |Δlogp| %.4f entropy %.3f%s train %.2fs wait %.2fs",
+                step, metrics["loss"], metrics["grad_norm"], metrics["clip_fraction"], metrics["logprob_abs_diff"],
+                metrics["entropy"], f" kl_ref {metrics['kl_ref']:.4f}" if "kl_ref" in metrics else "",
+                metrics["train_s"], metrics["wait_s"],
             )  # fmt: skip
         if server is not None:
             server.shutdown()
