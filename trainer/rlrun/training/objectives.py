@@ -162,13 +162,13 @@ def loss_sums(
     adv = advantages.to(log_r.dtype)
     counts = torch.bincount(samples)[samples].to(log_r.dtype)  # n_i at each token (empty: empty)
     seq_log_r = _per_sample_mean(log_r.detach(), samples, counts)
-    # gspo: Zheng et al. 2025, GSPO-token (eq. 13): its value the sequence's s_i, its gradient s_i ∇log π(y_t)
+    # gspo: Zheng et al. 2025, GSPO-token: its value the sequence's s_i, its gradient s_i ∇log π(y_t)
     gspo = settings.objective == "gspo"
     ratio = torch.exp(seq_log_r + logprobs - logprobs.detach() if gspo else log_r)
     clamped = torch.clamp(ratio, 1 - settings.epsilon_low, 1 + settings.epsilon_high)
-    zero = torch.zeros((), dtype=torch.float64)
+    zero = torch.zeros((), dtype=torch.float64, device=log_r.device)
     dual_clipped = zero
-    if settings.objective == "cispo":  # MiniMax-M1 (2025), eq. 4: the clipped ratio as a stop-gradient weight
+    if settings.objective == "cispo":  # MiniMax-M1 (2025), CISPO: the clipped ratio as a stop-gradient weight
         surrogate = clamped.detach() * adv * logprobs
         clipped = clamped.detach() != ratio.detach()
     else:  # PPO (Schulman et al. 2017), eq. 7, with DAPO's two ε
@@ -205,6 +205,6 @@ def loss_sums(
         sums = {
             "clipped": clipped.sum(), "ratio_sum": token_ratio.sum(), "dual_clipped": dual_clipped,
             "truncated": truncated, "masked": masked, "kl_sum": kl_sum, "policy_loss": policy_loss.detach(),
-            "ratio_max": token_ratio.max() if token_ratio.numel() else torch.tensor(float("-inf")),
+            "ratio_max": token_ratio.max() if token_ratio.numel() else torch.tensor(float("-inf"), device=log_r.device),
         }  # fmt: skip
     return loss, sums

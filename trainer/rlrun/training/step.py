@@ -214,7 +214,7 @@ def accumulate_gradients(
             kl = mismatch_kl(logprobs.detach(), old)
             values = [loss_part.detach(), d.abs().sum(), entropy.sum(), kl.sum(), kl[on].sum(), on.sum()]
             values += [part_sums[k] for k in SUM_KEYS]
-            sums += torch.stack([torch.as_tensor(v, dtype=torch.float64).cpu() for v in values])
+            sums += torch.stack([v.to(torch.float64) for v in values]).cpu()  # one copy from the device
             ratio_max = max(ratio_max, float(part_sums["ratio_max"]))
         del logprobs, entropy, loss_part, ref
     total = dict(zip(keys, _all_reduce(sums.tolist(), dist.ReduceOp.SUM, dp), strict=True))

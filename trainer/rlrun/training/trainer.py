@@ -1,8 +1,8 @@
 """The trainer process: one optimizer step per shipped batch, then publish the new weights.
 
 Step ``s`` reads ``rollouts/step_s/`` (waiting until the orchestrator publishes it),
-takes one AdamW step on the loss of :mod:`rlrun.training.loss` over the whole batch, computed in micro-batches
-(:mod:`rlrun.training.step`) in the compute dtype of ``spec.trainer.precision`` (:mod:`rlrun.training.precision`),
+takes one AdamW step on the loss of ``spec.loss`` (:mod:`rlrun.training.objectives`) over the whole batch, in
+micro-batches (:mod:`rlrun.training.step`) in the compute dtype of ``spec.trainer.precision`` (:mod:`rlrun.training.precision`),
 publishes ``broadcasts/step_s/model.safetensors`` (policy version ``s``, in that dtype) and, every
 ``checkpoint.interval`` steps and at the last step, ``checkpoints/step_s/trainer/``
 (a fresh run also checkpoints step 0, so a pause always has a trainer part to pair
