@@ -10,7 +10,8 @@ Qwen3-shaped model with random weights built from a config (nothing downloaded).
 - ``process_peak_gib``: the whole child's peak (``ru_maxrss``: imports, model load, checkpoint, both steps), what
   issue 37 measured ("1,024 tokens → 3.38 GiB, 4,096 → 10.16 GiB");
 - ``step_s`` and ``tokens_per_s`` of the second step (``train_s``: forward, backward, clip, AdamW; not the
-  weight broadcast), ``padding_share`` and ``micro_batches`` from its metrics;
+  weight broadcast), ``step_cpu_s`` (its CPU seconds, every thread: on shared cores the steadier measure),
+  ``padding_share`` and ``micro_batches`` from its metrics;
 - on a GPU ``mfu``: model FLOPs (``6 · N`` per token for the ``N`` non-embedding parameters plus the LM head, and
   ``12 · layers · hidden · T`` for attention, PaLM's appendix B count; the LM head's recompute in the backward is
   not counted) over the step's seconds and the GPU's dense bf16 peak (``--peak-tflops``; H100/H200 989).
@@ -127,7 +128,9 @@ def child(cfg: dict) -> dict | None:
         torch.cuda.reset_peak_memory_stats()
     else:
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM (Linux ≥ 4.0)
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     metrics = trainer.train_step(2)
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     if gpu:
         torch.cuda.synchronize()
         step_peak = torch.cuda.max_memory_allocated() / GIB
@@ -143,6 +146,9 @@ def child(cfg: dict) -> dict | None:
         "step_peak_gib": round(step_peak, 3),
         "process_peak_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB, 3),
         "step_s": metrics["train_s"],
+        # CPU seconds of the step (all threads, user + system): on cores other processes share, what the step itself
+        # costs, where wall seconds also count the waits for a core
+        "step_cpu_s": round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 2),
         "tokens_per_s": round(tokens / metrics["train_s"], 1),
         **{k: metrics[k] for k in ("padding_share", "micro_batches") if k in metrics},
     }

@@ -136,11 +136,10 @@ def test_a_batch_with_no_trained_token_is_refused(model, batch):
         accumulate_gradients(model, empty, ON_POLICY, _settings(24), single_process())
 
 
-#: Each loss of ``spec.loss`` that the step's normalisation or its sequence terms touch (the formulas themselves:
-#: ``test_objectives.py``). Thresholds put some of this batch's tokens on each side of every bound.
+#: Each loss of ``spec.loss`` that the step's normalisation or its sequence terms touch, every aggregation among them
+#: (the formulas themselves: ``test_objectives.py``). Thresholds put some tokens on each side of every bound.
 LOSSES = {
     "sequence_mean": LossSettings(aggregation="sequence_mean"),
-    "constant": LossSettings(aggregation="constant", constant=7 * 24.0),
     "gspo": LossSettings(objective="gspo", aggregation="sequence_mean", epsilon_low=0.1, epsilon_high=0.1),
     "cispo": LossSettings(objective="cispo", epsilon_high=0.1, aggregation="constant", constant=100.0),
     "dual-clip-truncate": LossSettings(epsilon_high=0.28, dual_clip=1.05, correction="truncate", cap=1.2),
@@ -148,7 +147,6 @@ LOSSES = {
         aggregation="sequence_mean", correction="mask", correction_level="sequence", low=0.85, high=1.15,
         kl_coef=0.5, kl_estimator="k3",
     ),
-    "token-mask-kl-k2": LossSettings(correction="mask", low=0.8, high=1.2, kl_coef=0.5, kl_estimator="k2"),
 }  # fmt: skip
 #: The statistics each loss adds when on (``accumulate_gradients`` leaves out what is off).
 EXTRA = {"dual_clip": "dual_clip_fraction", "truncate": "is_truncated_fraction", "mask": "is_masked_fraction"}
@@ -213,4 +211,4 @@ def test_every_loss_in_micro_batches_equals_its_single_forward(model, reference,
 
 def test_a_kl_term_without_the_reference_policy_is_refused(model, batch):
     with pytest.raises(ValueError, match="reference"):
-        accumulate_gradients(model, batch, ON_POLICY, _settings(24, loss=LOSSES["token-mask-kl-k2"]), single_process())
+        accumulate_gradients(model, batch, ON_POLICY, _settings(24, loss=LOSSES["sequence-mask-kl"]), single_process())

@@ -117,14 +117,15 @@ def _all_reduce(values: list[float], op, dp: DataParallel) -> list[float]:
 
 
 def _forward_token_stats(
-    model: nn.Module, mb: MicroBatch, settings: StepSettings, dp: DataParallel
+    model: nn.Module, mb: MicroBatch, settings: StepSettings, dp: DataParallel, with_entropy: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(logprobs, entropy)`` ``[N]`` at the micro-batch's trained positions, from one forward of ``model``."""
+    """``(logprobs, entropy)`` ``[N]`` at the micro-batch's trained positions, from one forward of ``model`` (the
+    entropy NaN, not computed, unless ``with_entropy``)."""
     with (
         autocast(dp.device, settings.compute_dtype, dp.distributed),
         head_returns_token_stats(
             model, mb.loss_mask, mb.targets, settings.temperature, settings.top_p, settings.chunk_tokens,
-            settings.compute_dtype,
+            settings.compute_dtype, with_entropy,
         ) as returned,
     ):  # fmt: skip
         out = model(
@@ -202,7 +203,7 @@ def accumulate_gradients(
         ref = None
         if reference is not None:
             with torch.no_grad():
-                ref, _ = _forward_token_stats(reference, mb, settings, dp)
+                ref, _ = _forward_token_stats(reference, mb, settings, dp, with_entropy=False)
         logprobs, entropy = _forward_token_stats(model, mb, settings, dp)
         old, on = mb.old_logprobs[mb.loss_mask], mb.on_policy[mb.loss_mask]
         loss_part, part_sums = loss_sums(
