@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from rlrun.api.spec import LossSpec, OptimizerSpec, TrainerSpec
+from rlrun.api.spec import OptimizerSpec, TrainerSpec
 from rlrun.batch import TrainBatch, collate
 from rlrun.launcher.processes import free_port
 from rlrun.model.tiny import TinyModelRecipe, build_config, build_tokenizer
@@ -63,6 +63,7 @@ from rlrun.training.distributed import (
     shard_model,
     teardown,
 )
+from rlrun.training.objectives import LossSettings
 from rlrun.training.sharded_checkpoint import load_sharded, save_sharded
 from rlrun.training.step import StepSettings, accumulate_gradients
 from safetensors.torch import load_file, save_file
@@ -96,7 +97,7 @@ def step(model, opt, batch: TrainBatch, dp: DataParallel) -> float:
     t0 = time.perf_counter()
     part = rank_slice(batch, dp.rank, dp.world_size)
     trainer = TrainerSpec()
-    settings = StepSettings(1.0, 1.0, LossSpec().ratio_clip, trainer.micro_batch_tokens, trainer.logprob_chunk_tokens)
+    settings = StepSettings(1.0, 1.0, LossSettings(), trainer.micro_batch_tokens, trainer.logprob_chunk_tokens)
     opt.zero_grad(set_to_none=True)
     accumulate_gradients(model, part, torch.ones(part.num_samples, dtype=torch.bool), settings, dp)
     clip_grad_norm_(model.parameters(), OPT.max_grad_norm)

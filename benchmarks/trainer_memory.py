@@ -10,7 +10,8 @@ Qwen3-shaped model with random weights built from a config (nothing downloaded).
 - ``process_peak_gib``: the whole child's peak (``ru_maxrss``: imports, model load, checkpoint, both steps), what
   issue 37 measured ("1,024 tokens → 3.38 GiB, 4,096 → 10.16 GiB");
 - ``step_s`` and ``tokens_per_s`` of the second step (``train_s``: forward, backward, clip, AdamW; not the
-  weight broadcast), ``padding_share`` and ``micro_batches`` from its metrics;
+  weight broadcast), ``step_cpu_s`` (its CPU seconds, every thread: on shared cores the steadier measure),
+  ``padding_share`` and ``micro_batches`` from its metrics;
 - on a GPU ``mfu``: model FLOPs (``6 · N`` per token for the ``N`` non-embedding parameters plus the LM head, and
   ``12 · layers · hidden · T`` for attention, PaLM's appendix B count; the LM head's recompute in the backward is
   not counted) over the step's seconds and the GPU's dense bf16 peak (``--peak-tflops``; H100/H200 989).
@@ -24,13 +25,15 @@ Modes:
   issue 37, whose step holds the ``[B, T, V]`` logits (use ``--checkpointing off``: it had no such setting).
   ``--spread`` adds the padding measurement: a batch with lengths spread 16–1,024 tokens, and the default
   example's shape (reverse-text: 128 samples of ≈ 9–30 tokens).
+- ``--loss '{"kl_coef": 0.05}'``: the children's ``spec.loss`` (issue 38: the KL term's reference policy, the other
+  objectives); its cost is the difference from a run without it.
 - ``--gpu``: CUDA, bf16, a Qwen3-0.6B-shaped model (its config: 28 layers, hidden 1,024, tied head), samples of
   ``--sample-tokens`` (default 4,096), ``--micro-batch-tokens`` (default 16,384) and ``--chunk-tokens`` (default
   2,048); ``torchrun --nproc-per-node N`` children when ``--gpus N > 1`` (FSDP2 over the ranks; 1 GPU is the
   single-process path, autocast). Refuses to start without CUDA.
 
 Usage: ``python benchmarks/trainer_memory.py [--tokens 1024,2048,…] [--checkpointing off,on] [--source DIR]
-[--spread] [--gpu [--gpus N]]``. CPU, 2 cores: ≈ 10 min for 1k–16k with and without checkpointing.
+[--loss JSON] [--spread] [--gpu [--gpus N]]``. CPU, 2 cores: ≈ 10 min for 1k–16k with and without checkpointing.
 """
 
 from __future__ import annotations
@@ -98,6 +101,8 @@ def child(cfg: dict) -> dict | None:
             "batch_size": 2, "max_steps": 2, "seed": 0}  # fmt: skip
     if cfg["trainer"]:
         spec["trainer"] = cfg["trainer"]
+    if cfg.get("loss"):
+        spec["loss"] = cfg["loss"]
     run = parse_manifest({"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "bench"},
                           "spec": spec})  # fmt: skip
     run_dir = RunDir(Path(cfg["run_dir"]))
@@ -123,7 +128,9 @@ def child(cfg: dict) -> dict | None:
         torch.cuda.reset_peak_memory_stats()
     else:
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM (Linux ≥ 4.0)
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     metrics = trainer.train_step(2)
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     if gpu:
         torch.cuda.synchronize()
         step_peak = torch.cuda.max_memory_allocated() / GIB
@@ -139,6 +146,9 @@ def child(cfg: dict) -> dict | None:
         "step_peak_gib": round(step_peak, 3),
         "process_peak_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB, 3),
         "step_s": metrics["train_s"],
+        # CPU seconds of the step (all threads, user + system): on cores other processes share, what the step itself
+        # costs, where wall seconds also count the waits for a core
+        "step_cpu_s": round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 2),
         "tokens_per_s": round(tokens / metrics["train_s"], 1),
         **{k: metrics[k] for k in ("padding_share", "micro_batches") if k in metrics},
     }
@@ -203,6 +213,7 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=None, help="default: the spec's (GPU: 16384)")
     parser.add_argument("--chunk-tokens", type=int, default=None, help="default: the spec's (GPU: 2048)")
     parser.add_argument("--source", type=Path, default=None, help="another rlrun source tree (the 'before')")
+    parser.add_argument("--loss", type=json.loads, default=None, help="spec.loss as JSON, e.g. '{\"kl_coef\": 0.05}'")
     parser.add_argument("--label", default=None, help="a name for this run in the output (default: after/before)")
     parser.add_argument("--spread", action="store_true", help="also the padding of a wide spread and of the example")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per CPU child")
@@ -234,7 +245,7 @@ def main() -> None:
     checkpointing = [c == "on" for c in args.checkpointing.split(",")]
     label = args.label or ("before" if args.source else "after")
     out: dict = {"label": label, "source": str(args.source or ROOT), "mode": "gpu" if args.gpu else "cpu",
-                 "sample_tokens": sample_tokens, "results": []}  # fmt: skip
+                 "sample_tokens": sample_tokens, "loss": args.loss or {}, "results": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="rlrun-trainer-memory-") as tmp:
         model = build_model(Path(tmp) / "model", QWEN3_0_6B if args.gpu else CPU_MODEL)
         out["model"] = {"vocab": VOCAB, **(QWEN3_0_6B if args.gpu else CPU_MODEL)}
@@ -245,7 +256,7 @@ def main() -> None:
             cfg = {
                 "gpu": args.gpu, "model": str(model), "run_dir": str(Path(tmp) / f"run-{kind}-{n}-{ckpt}"),
                 "lengths": lengths_for(kind, n, sample_tokens), "trainer": trainer_settings(args, ckpt),
-                "threads": args.threads, "peak_tflops": peak,
+                "threads": args.threads, "peak_tflops": peak, "loss": args.loss,
             }  # fmt: skip
             result = {"batch": kind, "checkpointing": ckpt, **run_child(cfg, args.source, args.gpus, args.timeout)}
             out["results"].append(result)

@@ -1,7 +1,9 @@
 """``rlrun trainer`` as 2 data-parallel ranks under a real ``torchrun`` (gloo, CPU), on batches a fake
 orchestrator published: it takes the same steps as one process (weights within the tolerance of
 ``tests/unit/test_distributed_training.py``), writes sharded trainer parts that the completeness rule
-accepts (and refuses once a shard is torn), and a run resumes across rank counts (2 → 1 and 1 → 2)."""
+accepts (and refuses once a shard is torn), and a run resumes across rank counts (2 → 1 and 1 → 2).
+The run has a KL term and the sequence-mean aggregation (:data:`LOSS`): every trainer, on any number of ranks and
+after any resume, holds the starting weights as its reference (sharded with ranks)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ STEPS = 3
 #: Rows per batch: 5 (ranks get 3 and 2), 4, and 1 (rank 1 trains a weightless placeholder row).
 LENGTHS = {1: [(4, 6), (7, 3), (3, 9), (5, 2), (6, 7)], 2: [(5, 5), (3, 8), (8, 2), (4, 4)], 3: [(5, 6)]}
 TORCHRUN_TIMEOUT_S = 180
+#: spec.loss of the run: the KL term's reference (loaded, sharded, reloaded on resume) and a per-sequence normaliser
+LOSS = {"kl_coef": 0.1, "aggregation": "sequence_mean"}
 
 
 def _samples(step: int) -> list[TrainingSample]:
@@ -88,7 +92,12 @@ def runs(tmp_path_factory, cache_dir, tiny_model) -> dict:
     steps 1–2, then to 3), ``one_to_two`` (``one``'s step-2 part resumed by 2 ranks to step 3)."""
     tmp = tmp_path_factory.mktemp("ranks")
     manifest = write_manifest(
-        tmp / "m.yaml", base=SHORT_RUN, batch_size=4, max_steps=STEPS, checkpoint={"interval": 2, "keep_last": 2}
+        tmp / "m.yaml",
+        base=SHORT_RUN,
+        batch_size=4,
+        max_steps=STEPS,
+        checkpoint={"interval": 2, "keep_last": 2},
+        loss=LOSS,
     )
     spec = load_manifest(manifest).spec
     two, one, one_to_two = RunDir(tmp / "two"), RunDir(tmp / "one"), RunDir(tmp / "one_to_two")
@@ -162,6 +171,22 @@ def test_a_two_rank_part_resumes_in_one_process_and_a_one_process_part_in_two_ra
     meta = json.loads((one_to_two.trainer_checkpoint(STEPS) / META_FILE).read_text())
     assert meta["format"] == "dcp" and meta["world_size"] == 2
     verify_sharded(one_to_two.trainer_checkpoint(STEPS))
+
+
+def test_every_trainer_holds_the_starting_weights_as_its_reference_on_any_ranks_and_after_any_resume(runs):
+    """``kl_ref`` is 0 at step 1 (the policy is still the starting weights) and the same at every step on 2 ranks
+    and in one process — step 3 included, trained by a trainer resumed 2 → 1, 1 → 1 and 1 → 2, each of which
+    loaded its reference from the model path again."""
+
+    def kl_ref(run_dir: RunDir) -> dict[int, float]:
+        return {m["step"]: m["kl_ref"] for m in map(json.loads, run_dir.trainer_metrics.read_text().splitlines())}
+
+    one = kl_ref(runs["one"])
+    assert one[1] == pytest.approx(0.0, abs=1e-9) and 0 < one[2] < one[3]
+    for other in (runs["two"], RunDir(runs["tmp"] / "one_to_two")):
+        got = kl_ref(other)
+        for step in range(1 if other is runs["two"] else STEPS, STEPS + 1):
+            assert got[step] == pytest.approx(one[step], rel=1e-3, abs=1e-9), (other.root.name, step)
 
 
 def test_a_notice_to_one_rank_makes_both_save_the_same_sharded_part(tmp_path, cache_dir, tiny_model):

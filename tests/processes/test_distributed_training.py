@@ -12,7 +12,10 @@ One module fixture runs everything once (the 2-rank job is most of this file's ~
 - back here, a third model loads the 2-rank part and takes step B;
 - bf16 and activation checkpointing: step A on 2 ranks with FSDP2's mixed precision (bf16 compute, float32
   reduction) and checkpointed blocks, and here with bf16 autocast: both within bf16's error of the float32
-  gradient.
+  gradient;
+- the other losses of ``spec.loss`` (:data:`LOSSES`: the sequence-mean and constant aggregations, GSPO, the dual
+  clip, the mismatch correction, the KL term to a reference policy sharded as the policy): step A from the initial
+  weights on both sides, gradients and statistics compared as for the default loss.
 
 Batch A has 5 rows of unequal lengths (ranks get 3 and 2 rows: 18 and 9 loss tokens), batch C
 has 1 row (rank 1 trains a placeholder row); the gradient clip is active (norm 3.7 > 1).
@@ -49,7 +52,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from rlrun.api.spec import LossSpec, OptimizerSpec
+from rlrun.api.spec import OptimizerSpec
 from rlrun.batch import TrainBatch, collate
 from rlrun.checkpoint import CheckpointError
 from rlrun.dcp_format import METADATA_FILE, SHARDED_DIR, read_metadata, verify_sharded
@@ -68,8 +71,10 @@ from rlrun.training.distributed import (
     teardown,
     transformer_blocks,
 )
-from rlrun.training.loss import clipped_policy_loss, token_logprobs
+from rlrun.training.loss import batch_loss, token_logprobs
+from rlrun.training.objectives import LossSettings
 from rlrun.training.precision import mixed_precision_policy
+from rlrun.training.reference import load_reference
 from rlrun.training.sharded_checkpoint import load_sharded, save_sharded
 from rlrun.training.step import StepSettings, accumulate_gradients
 from safetensors.torch import load_file, save_file
@@ -78,13 +83,26 @@ from transformers import Qwen3ForCausalLM
 
 WORLD = 2
 OPT = OptimizerSpec()  # the trainer's defaults: lr 3e-4, betas (0.9, 0.99), eps 1e-8, clip 1.0
-RATIO_CLIP = LossSpec().ratio_clip
+LOSS = LossSettings()  # the spec's default: PPO's clip, ε = 0.2, token mean
 GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-7
 WEIGHT_ATOL = 0.05 * OPT.lr
 SPAWN_TIMEOUT_S = 240
 WHOLE, SMALL = 100_000, 16  # micro-batch budgets: the batch in one; a sample or two each (lengths 7–13)
 #: bf16 against float32: the relative norm of the gradient's difference (measured: 0.009 and 0.011)
 BF16_REL = 0.05
+#: Losses whose normaliser is not the token count, or with sequence terms, or a reference policy: each must give the
+#: single-process step on 2 ranks in micro-batches (batch A's ratios are 0.7–1.4: some tokens inside every bound).
+LOSSES = {
+    "sequence_gspo_kl": LossSettings(
+        objective="gspo", epsilon_low=0.05, epsilon_high=0.05, aggregation="sequence_mean", kl_coef=0.5, correction="mask",
+        correction_level="sequence",
+        low=0.9, high=1.1,
+    ),
+    "constant_dual_truncate": LossSettings(
+        aggregation="constant", constant=5 * 24.0, epsilon_high=0.28, dual_clip=1.1, correction="truncate", cap=1.1,
+        kl_coef=0.2, kl_estimator="k2",
+    ),
+}  # fmt: skip
 
 
 # --- small real inputs -----------------------------------------------------------------------------
@@ -124,7 +142,15 @@ def _new_model(
 
 
 def _step(
-    model, opt, batch: TrainBatch, dp: DataParallel, budget: int, local_mean: bool = False, dtype=torch.float32
+    model,
+    opt,
+    batch: TrainBatch,
+    dp: DataParallel,
+    budget: int,
+    local_mean: bool = False,
+    dtype=torch.float32,
+    loss: LossSettings = LOSS,
+    reference: torch.nn.Module | None = None,
 ) -> tuple[dict, dict]:
     """One trainer step on this rank's slice in micro-batches of ``budget`` tokens; returns ``(stats, full
     gradients after clipping)``.
@@ -136,13 +162,14 @@ def _step(
     opt.zero_grad(set_to_none=True)
     if local_mean:
         logits = model(input_ids=part.input_ids, attention_mask=part.attention_mask).logits
-        loss, stats = clipped_policy_loss(
-            token_logprobs(logits, part.input_ids), part.old_logprobs, part.advantages, part.loss_mask, RATIO_CLIP
+        loss, stats = batch_loss(
+            token_logprobs(logits, part.input_ids), part.old_logprobs, part.advantages, part.loss_mask, LOSS
         )
         loss.backward()
     else:
-        settings = StepSettings(1.0, 1.0, RATIO_CLIP, budget, chunk_tokens=8, compute_dtype=dtype)
-        stats = accumulate_gradients(model, part, torch.ones(part.num_samples, dtype=torch.bool), settings, dp)
+        settings = StepSettings(1.0, 1.0, loss, budget, chunk_tokens=8, compute_dtype=dtype)
+        on_policy = torch.ones(part.num_samples, dtype=torch.bool)
+        stats = accumulate_gradients(model, part, on_policy, settings, dp, reference=reference)
     stats["grad_norm"] = clip_grad_norm_(model.parameters(), OPT.max_grad_norm)
     grads = {}
     for name, p in model.named_parameters():
@@ -172,6 +199,18 @@ def _train_a_save_b_c(model, opt, dp, part: Path, budget: int) -> dict:
     out["weights_b"] = full_state_dict(model, dp)
     out["stats_c"], out["grads_c"] = _step(model, opt, BATCH_C(), dp, budget)
     out["weights_c"] = full_state_dict(model, dp)
+    return out
+
+
+def _other_losses(work: Path, dp: DataParallel, budget: int) -> dict:
+    """Step A from the initial weights under each of :data:`LOSSES` (the reference: ``work/ref``, loaded and sharded
+    as the trainer does); ``{"stats_<name>", "grads_<name>"}``."""
+    out: dict = {}
+    for name, loss in LOSSES.items():
+        model, opt = _new_model(work / "init.safetensors", dp)
+        reference = load_reference(str(work / "ref"), dp, torch.float32, None) if loss.uses_reference else None
+        out[f"stats_{name}"], out[f"grads_{name}"] = _step(model, opt, BATCH_A(), dp, budget, loss=loss,
+                                                           reference=reference)  # fmt: skip
     return out
 
 
@@ -219,6 +258,7 @@ def _rank_main(rank: int, port: int, work: str) -> None:
     # bf16 (FSDP2 mixed precision) with activation checkpointing
     model4, opt4 = _new_model(work_dir / "init.safetensors", dp, torch.bfloat16, checkpointing=True)
     out["stats_bf16"], out["grads_bf16"] = _step(model4, opt4, BATCH_A(), dp, SMALL, dtype=torch.bfloat16)
+    out.update(_other_losses(work_dir, dp, SMALL))
     if dp.is_main:
         torch.save(out, work_dir / "two_ranks.pt")
     teardown(dp)
@@ -255,6 +295,9 @@ def runs(tmp_path_factory) -> dict:
         torch.manual_seed(7)
         init = Qwen3ForCausalLM(build_config(TinyModelRecipe(), build_tokenizer()))
         save_file({k: v.contiguous() for k, v in init.state_dict().items()}, str(work / "init.safetensors"))
+        Qwen3ForCausalLM(build_config(TinyModelRecipe(), build_tokenizer())).save_pretrained(
+            work / "ref"
+        )  # seed 7's next
 
         dp = init_from_env(env={})
         one: dict = {}
@@ -262,6 +305,7 @@ def runs(tmp_path_factory) -> dict:
         one.update(_train_a_save_b_c(model, opt, dp, work / "one" / "trainer", WHOLE))
         model_bf16, opt_bf16 = _new_model(work / "init.safetensors", dp, checkpointing=True)
         one["stats_bf16"], one["grads_bf16"] = _step(model_bf16, opt_bf16, BATCH_A(), dp, WHOLE, dtype=torch.bfloat16)
+        one.update(_other_losses(work, dp, WHOLE))
 
         _spawn(work)
         two = torch.load(work / "two_ranks.pt", weights_only=True)
@@ -343,6 +387,25 @@ def test_two_ranks_in_bf16_with_checkpointed_blocks_stay_within_bf16_error_of_fl
         rel = float((flat(got) - want).norm() / want.norm())
         assert 1e-6 < rel < BF16_REL, (side, rel)
     assert runs["two"]["stats_bf16"]["tokens"] == runs["one"]["stats_a"]["tokens"]
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_two_ranks_take_the_single_process_step_under_every_loss(runs, name):
+    """Sequence-mean and constant normalisers, GSPO's sequence ratio, the dual clip, the mismatch correction and the
+    KL term to a reference sharded as the policy: 2 ranks in micro-batches give the gradient and statistics of one
+    process in one micro-batch (the normaliser is all-reduced before the first backward)."""
+    one, two = runs["one"], runs["two"]
+    for k, g in one[f"grads_{name}"].items():
+        torch.testing.assert_close(two[f"grads_{name}"][k], g, rtol=GRAD_RTOL, atol=GRAD_ATOL, msg=k)
+    a, b = one[f"stats_{name}"], two[f"stats_{name}"]
+    assert b["micro_batches"] > a["micro_batches"] == 1
+    shares = [
+        k for k in ("clip_fraction", "dual_clip_fraction", "is_truncated_fraction", "is_masked_fraction") if k in a
+    ]
+    for key in ("loss", "kl_ref", "policy_loss", *shares):
+        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    assert all(0 < a[k] < 1 for k in shares), {k: a[k] for k in shares}  # every bound acts on some tokens
+    assert a["kl_ref"] > 0  # the reference differs from the policy
 
 
 def test_two_rank_loss_stats_are_the_whole_batch_stats(runs):
@@ -511,7 +574,7 @@ def test_world_size_one_loss_is_the_plain_loss_and_the_model_is_not_wrapped(runs
     assert type(model) is Qwen3ForCausalLM and not any(hasattr(p, "full_tensor") for p in model.parameters())
     b = BATCH_A()
     lp = token_logprobs(model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits, b.input_ids)
-    plain, plain_stats = clipped_policy_loss(lp, b.old_logprobs, b.advantages, b.loss_mask, RATIO_CLIP)
+    plain, plain_stats = batch_loss(lp, b.old_logprobs, b.advantages, b.loss_mask, LOSS)
     assert runs["one"]["stats_a"]["loss"] == pytest.approx(plain.item(), rel=1e-6)
     for key in ("clip_fraction", "ratio_mean", "ratio_max", "tokens"):
         assert runs["one"]["stats_a"][key] == pytest.approx(plain_stats[key], rel=1e-6), key

@@ -61,6 +61,22 @@ def test_only_the_logprob_gradient_is_computed_when_the_entropy_is_a_metric():
     assert torch.isfinite(ent).all()
 
 
+def test_a_forward_without_the_entropy_gives_the_same_logprobs_and_gradients_and_no_entropy():
+    """What the KL term's reference runs (``with_entropy=False``): the logprobs and their gradients of the full pass,
+    top-p included; the entropy is NaN (not computed), never a stale value."""
+    hidden, weight, _, ids = _inputs()
+    h, targets = hidden[:, :-1].reshape(-1, 16), ids[:, 1:].reshape(-1)
+    for top_p in (1.0, 0.8):
+        lp, _ = chunked_token_stats(h, weight, targets, 0.9, top_p, 5)
+        lp.sum().backward()
+        want = _grads(hidden, weight)
+        lp2, ent2 = chunked_token_stats(h, weight, targets, 0.9, top_p, 5, with_entropy=False)
+        assert torch.equal(lp2, lp) and torch.isnan(ent2).all()
+        lp2.sum().backward()
+        for a, b in zip(_grads(hidden, weight), want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def test_bfloat16_compute_is_the_bf16_matmul_with_float32_softmax_and_a_float32_weight_gradient():
     hidden, weight, _, ids = _inputs()
     h, targets = hidden[:, :-1].reshape(-1, 16), ids[:, 1:].reshape(-1)

@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from rlrun.training.loss import clipped_policy_loss, token_entropy, token_logprobs
+from rlrun.training.loss import batch_loss, token_entropy, token_logprobs
 
 
 def _two_tokens(advantage: float):
@@ -15,7 +15,7 @@ def _two_tokens(advantage: float):
 def test_two_token_loss_positive_advantage_is_clipped_on_the_first_token():
     # token 1: ratio 0.5/0.4 = 1.25 > 1 + 0.2 → min(1.25·1, 1.2·1) = 1.2; token 2: ratio 1 → 1.
     logprobs, old, adv, mask = _two_tokens(1.0)
-    loss, stats = clipped_policy_loss(logprobs, old, adv, mask, ratio_clip=0.2)
+    loss, stats = batch_loss(logprobs, old, adv, mask)
     assert loss.item() == pytest.approx(-(1.2 + 1.0) / 2)
     loss.backward()
     # the clipped token gets no gradient; the other gets -A·ratio / n_tokens = -0.5
@@ -28,7 +28,7 @@ def test_two_token_loss_positive_advantage_is_clipped_on_the_first_token():
 def test_two_token_loss_negative_advantage_keeps_the_unclipped_term():
     # A = -1: min(-1.25, -1.2) = -1.25 (pessimistic bound), min(-1, -1) = -1.
     logprobs, old, adv, mask = _two_tokens(-1.0)
-    loss, stats = clipped_policy_loss(logprobs, old, adv, mask, ratio_clip=0.2)
+    loss, stats = batch_loss(logprobs, old, adv, mask)
     assert loss.item() == pytest.approx((1.25 + 1.0) / 2)
     loss.backward()
     assert logprobs.grad.tolist()[0] == pytest.approx([1.25 / 2, 0.5])
@@ -39,15 +39,13 @@ def test_loss_averages_over_tokens_not_sequences():
     # sequence 0 has 1 token with advantage +1, sequence 1 has 3 tokens with advantage -1, all ratios 1.
     logprobs = torch.zeros(2, 3)
     mask = torch.tensor([[True, False, False], [True, True, True]])
-    loss, _ = clipped_policy_loss(logprobs, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask, 0.2)
+    loss, _ = batch_loss(logprobs, torch.zeros(2, 3), torch.tensor([1.0, -1.0]), mask)
     assert loss.item() == pytest.approx(-(1 - 3) / 4)
 
 
 def test_loss_rejects_empty_mask():
     with pytest.raises(ValueError, match="no token"):
-        clipped_policy_loss(
-            torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.zeros(1, 2, dtype=torch.bool), 0.2
-        )
+        batch_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.zeros(1, 2, dtype=torch.bool))
 
 
 def test_token_logprobs_align_with_next_tokens_and_temperature():

@@ -28,7 +28,10 @@ def spec(**fields):
         ({"optimizer": {**COSINE, "lr": 1e-4}}, "spec.optimizer.lr: checkpoint has 0.0003, manifest has 0.0001"),
         ({"optimizer": COSINE, "max_steps": 200}, "spec.max_steps: checkpoint has 100, manifest has 200 (the horizon of spec.optimizer.lr_schedule"),
         ({"optimizer": {**COSINE, "betas": [0.9, 0.95]}}, "spec.optimizer.betas: checkpoint has [0.9, 0.99], manifest has [0.9, 0.95]"),
-        ({"optimizer": COSINE, "loss": {"ratio_clip": 0.3}}, "spec.loss.ratio_clip: checkpoint has 0.2, manifest has 0.3"),
+        ({"optimizer": COSINE, "loss": {"ratio_clip": 0.3}}, "spec.loss.clip_low: checkpoint has 0.2, manifest has 0.3"),
+        ({"optimizer": COSINE, "loss": {"clip_high": 0.28}}, "spec.loss.clip_high: checkpoint has 0.2, manifest has 0.28"),
+        ({"optimizer": COSINE, "loss": {"objective": "gspo"}}, "spec.loss.objective: checkpoint has 'ppo_clip', manifest has 'gspo'"),
+        ({"optimizer": COSINE, "loss": {"importance_correction": {"mode": "mask"}}}, "spec.loss.importance_correction.mode: checkpoint has 'none', manifest has 'mask'"),
         ({"optimizer": COSINE, "advantage": {"baseline": "leave_one_out"}}, "spec.advantage.baseline: checkpoint has 'group_mean', manifest has 'leave_one_out'"),
         ({"optimizer": COSINE, "advantage": {"std_normalize": True}}, "spec.advantage.std_normalize: checkpoint has False, manifest has True"),
         ({"optimizer": COSINE, "advantage": {"min_std": 0.05}}, "spec.advantage.min_std: checkpoint has 0.1, manifest has 0.05"),
@@ -50,6 +53,12 @@ def test_what_may_change_is_logged_not_refused(caplog):
     assert set(SAFE_TO_CHANGE) == {"optimizer.max_grad_norm"}
     # a constant rate has no horizon: max_steps may change (a run extended), as before
     check_compatible(run_identity(spec(max_steps=100)), spec(max_steps=300), "ckpt")
+
+
+def test_the_clip_is_compared_as_it_acts_whichever_field_sets_it():
+    saved = run_identity(spec(optimizer=COSINE))  # no clip set: 0.2 on both sides
+    check_compatible(saved, spec(optimizer=COSINE, loss={"ratio_clip": 0.2}), "ckpt")
+    check_compatible(saved, spec(optimizer=COSINE, loss={"clip_low": 0.2, "clip_high": 0.2}), "ckpt")
 
 
 def test_the_deprecated_alias_is_compared_as_the_field_it_sets():

@@ -1,5 +1,7 @@
 """One step's gradient in micro-batches (``rlrun.training.step``): the gradient and statistics of today's single
-forward over the whole batch, whatever the budget, the packing, bf16 or activation checkpointing."""
+forward over the whole batch, whatever the budget, the packing, bf16 or activation checkpointing — and whatever the
+loss of ``spec.loss`` (every aggregation and objective, the dual clip, the mismatch correction, the KL term to a
+reference policy)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import torch
 from rlrun.batch import TrainBatch, collate
 from rlrun.samples import QueuedTrace, TrainingSample
 from rlrun.training.distributed import single_process
-from rlrun.training.loss import clipped_policy_loss, mismatch_kl, token_entropy, token_logprobs
+from rlrun.training.loss import batch_loss, mismatch_kl, token_entropy, token_logprobs
+from rlrun.training.objectives import LossSettings
 from rlrun.training.step import StepSettings, accumulate_gradients
 from transformers import AutoModelForCausalLM
 
@@ -36,8 +39,8 @@ def batch() -> TrainBatch:
     return TrainBatch(**collate(samples, pad_id=0), meta={"step": 1})
 
 
-def _settings(budget: int, dtype: torch.dtype = torch.float32) -> StepSettings:
-    return StepSettings(TEMPERATURE, 1.0, 0.2, budget, chunk_tokens=5, compute_dtype=dtype)
+def _settings(budget: int, dtype: torch.dtype = torch.float32, loss: LossSettings | None = None) -> StepSettings:
+    return StepSettings(TEMPERATURE, 1.0, loss or LossSettings(), budget, chunk_tokens=5, compute_dtype=dtype)
 
 
 def _grads(model) -> dict[str, torch.Tensor]:
@@ -51,7 +54,7 @@ def _todays_step(model, batch: TrainBatch) -> tuple[dict, dict]:
     model.zero_grad(set_to_none=True)
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     logprobs = token_logprobs(logits, batch.input_ids, TEMPERATURE)
-    loss, stats = clipped_policy_loss(logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, 0.2)
+    loss, stats = batch_loss(logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask)
     loss.backward()
     with torch.no_grad():
         mask = batch.loss_mask
@@ -131,3 +134,81 @@ def test_a_batch_with_no_trained_token_is_refused(model, batch):
     empty = TrainBatch(**{**vars(batch), "loss_mask": torch.zeros_like(batch.loss_mask)})
     with pytest.raises(ValueError, match="selects no token"):
         accumulate_gradients(model, empty, ON_POLICY, _settings(24), single_process())
+
+
+#: Each loss of ``spec.loss`` that the step's normalisation or its sequence terms touch, every aggregation among them
+#: (the formulas themselves: ``test_objectives.py``). Thresholds put some tokens on each side of every bound.
+LOSSES = {
+    "sequence_mean": LossSettings(aggregation="sequence_mean"),
+    "gspo": LossSettings(objective="gspo", aggregation="sequence_mean", epsilon_low=0.1, epsilon_high=0.1),
+    "cispo": LossSettings(objective="cispo", epsilon_high=0.1, aggregation="constant", constant=100.0),
+    "dual-clip-truncate": LossSettings(epsilon_high=0.28, dual_clip=1.05, correction="truncate", cap=1.2),
+    "sequence-mask-kl": LossSettings(
+        aggregation="sequence_mean", correction="mask", correction_level="sequence", low=0.85, high=1.15,
+        kl_coef=0.5, kl_estimator="k3",
+    ),
+}  # fmt: skip
+#: The statistics each loss adds when on (``accumulate_gradients`` leaves out what is off).
+EXTRA = {"dual_clip": "dual_clip_fraction", "truncate": "is_truncated_fraction", "mask": "is_masked_fraction"}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model):
+    """A reference policy apart from the policy: the tiny model with its weights moved (seeded noise)."""
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=g))
+    return ref.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def near_batch(model, batch) -> TrainBatch:
+    """``batch`` sampled by a policy near the model: its logprobs ± 0.25 nats (ratios 0.6–1.5, some in and some out
+    of every bound below)."""
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        lp = token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
+                            batch.input_ids, TEMPERATURE)  # fmt: skip
+    old = torch.where(batch.loss_mask, lp + 0.25 * torch.randn(lp.shape, generator=g), 0.0)
+    return TrainBatch(**{**vars(batch), "old_logprobs": old})
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_every_loss_in_micro_batches_equals_its_single_forward(model, reference, near_batch, name):
+    """Micro-batches of ≤ 24 tokens (5 of them, samples packed) against one forward over the batch with the whole
+    batch's normalisation (``batch_loss``): gradient and statistics. A normaliser taken per micro-batch (its own
+    token count, sequence count) would differ; so would a sequence term cut across micro-batches."""
+    loss, batch = LOSSES[name], near_batch
+    ref_model = reference if loss.uses_reference else None
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    ref_lp = None
+    if ref_model is not None:
+        with torch.no_grad():
+            ref_logits = ref_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            ref_lp = token_logprobs(ref_logits, batch.input_ids, TEMPERATURE)
+    lp = token_logprobs(logits, batch.input_ids, TEMPERATURE)
+    want_loss, want = batch_loss(lp, batch.old_logprobs, batch.advantages, batch.loss_mask, loss, ref_lp)
+    want_loss.backward()
+    want_grads = _grads(model)
+    got = accumulate_gradients(
+        model, batch, ON_POLICY, _settings(24, loss=loss), single_process(), pack=True, reference=ref_model
+    )
+    _assert_same_gradients(_grads(model), want_grads)
+    assert got["micro_batches"] == 5
+    assert got["loss"] == pytest.approx(want_loss.item(), rel=1e-5, abs=1e-7)
+    keys = ["clip_fraction", "ratio_mean", "ratio_max"]
+    keys += [v for k, v in EXTRA.items() if k in (loss.correction, "dual_clip" if loss.dual_clip else None)]
+    keys += ["kl_ref"] if loss.uses_reference else []
+    for key in keys:
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+        if key != "ratio_max" and key != "ratio_mean":
+            assert 0 < got[key] < 1 or (key == "kl_ref" and got[key] > 0), (key, got[key])
+    assert set(EXTRA.values()) - set(keys) <= set(EXTRA.values()) - set(got)  # an off setting logs nothing
+
+
+def test_a_kl_term_without_the_reference_policy_is_refused(model, batch):
+    with pytest.raises(ValueError, match="reference"):
+        accumulate_gradients(model, batch, ON_POLICY, _settings(24, loss=LOSSES["sequence-mask-kl"]), single_process())

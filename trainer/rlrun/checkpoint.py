@@ -282,7 +282,7 @@ SAFE_TO_CHANGE: dict[str, str] = {
 #: setting added since is compared with its default, the only value such a run could have had.
 UNRECORDED_BEFORE_ISSUE_38 = frozenset(
     {"optimizer.lr", "optimizer.betas", "optimizer.eps", "optimizer.weight_decay", "optimizer.max_grad_norm",
-     "loss.ratio_clip", "advantage.std_normalize"}
+     "loss.clip_low", "loss.clip_high", "advantage.std_normalize"}
 )  # fmt: skip
 #: Why a setting matters to a resume, where its name alone does not say it.
 _WHY = {"max_steps": "the horizon of spec.optimizer.lr_schedule: its decay ends there"}
@@ -306,13 +306,16 @@ def _settings(optimizer: Any, loss: Any, advantage: Any, max_steps: int) -> dict
         "max_steps": max_steps if optimizer.lr_schedule != "constant" else None,  # a constant rate has no horizon
     }
     out.pop("loss.std_normalize_advantages", None)  # an alias: compared as the advantage.std_normalize it sets
+    # the clip as it acts: ratio_clip is the shorthand for both bounds, and unset they are 0.2 (LossSpec.epsilon_*)
+    out.pop("loss.ratio_clip", None)
+    out["loss.clip_low"], out["loss.clip_high"] = loss.epsilon_low, loss.epsilon_high
     return out
 
 
 def algorithm_settings(spec: Any) -> dict[str, Any]:
-    """``{"optimizer.lr": 3e-4, …, "loss.ratio_clip": 0.2, …, "advantage.baseline": "group_mean", …, "max_steps":
+    """``{"optimizer.lr": 3e-4, …, "loss.clip_low": 0.2, …, "advantage.baseline": "group_mean", …, "max_steps":
     N}`` of an ``RLRunSpec``: every field of ``spec.optimizer``, ``spec.loss`` and ``spec.advantage`` (nested ones
-    dotted, JSON values), and ``max_steps`` when the LR schedule decays (its horizon; None when constant): what
+    dotted, JSON values; the clip as its two bounds, whether set by ``ratio_clip`` or ``clip_low``/``clip_high``), and ``max_steps`` when the LR schedule decays (its horizon; None when constant): what
     trains the policy, so what a resume must keep (:func:`check_compatible`, but :data:`SAFE_TO_CHANGE`)."""
     return _settings(spec.optimizer, spec.loss, spec.advantage, spec.max_steps)
 

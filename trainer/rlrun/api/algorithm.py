@@ -2,8 +2,8 @@
 advantages.
 
 Composed into :class:`rlrun.api.spec.RLRunSpec` (``spec.sampling``, ``spec.optimizer``, ``spec.loss``,
-``spec.advantage``); each formula they select is in :mod:`rlrun.training.loss`, :mod:`rlrun.training.schedule`
-and :mod:`rlrun.orchestrator.advantages` with its source (``docs/algorithms.md``).
+``spec.advantage``); each formula they select is in ``docs/algorithms.md`` with its source (code:
+:mod:`rlrun.training.objectives`, :mod:`rlrun.training.schedule`, :mod:`rlrun.orchestrator.advantages`).
 """
 
 from __future__ import annotations
@@ -63,17 +63,140 @@ class OptimizerSpec(Strict):
         return ratio
 
 
-class LossSpec(Strict):
-    """Policy-gradient loss settings (see ``rlrun.training.loss``).
+#: ε of the clip on both sides when none of ``ratio_clip``, ``clip_low``, ``clip_high`` is set (PPO's 0.2).
+DEFAULT_CLIP = 0.2
+
+
+class ImportanceCorrectionSpec(Strict):
+    """Train–inference mismatch correction (``docs/algorithms.md``, "Importance correction"): a factor on each trained
+    token's policy term from the sampler-to-trainer weight ``w = π_trainer / μ_sampler`` of the token (``level:
+    token``) or its geometric mean over the sequence (``level: sequence``), taken at the step's start (the weights
+    the step's forward runs on), without gradient.
 
     Attributes:
-        ratio_clip: ε of the clipped importance ratio ``clip(r, 1 − ε, 1 + ε)``.
+        mode: ``none``; ``truncate``: the weight a token's gradient carries is capped at ``cap`` (truncated
+            importance sampling, TIS: Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy RL
+            Training"); ``mask``: a token (a sequence, at ``level: sequence``) whose weight leaves [``low``,
+            ``high``] is dropped from the loss, still counted by its normaliser (masked importance sampling; IcePop,
+            Ling team 2025, "Every Step Evolves: Scaling Reinforcement Learning for Trillion-Scale Thinking Model").
+        level: ``token`` (each token's own weight) or ``sequence`` (the geometric mean of its sequence's token
+            weights, one factor for every token of the sequence).
+        cap: the largest weight a token's gradient carries with ``mode: truncate`` (≥ 1: an on-policy token, weight
+            1, is never down-weighted).
+        low: the smallest weight kept with ``mode: mask``, in (0, 1].
+        high: the largest weight kept with ``mode: mask``, ≥ 1 and > ``low``.
+    """
+
+    mode: Literal["none", "truncate", "mask"] = "none"
+    level: Literal["token", "sequence"] = "token"
+    cap: float = Field(default=2.0, ge=1, le=1000)
+    low: float = Field(default=0.5, gt=0, le=1)
+    high: float = Field(default=2.0, ge=1, le=1000)
+
+    @field_validator("high")
+    @classmethod
+    def _window_is_not_empty(cls, high: float, info: ValidationInfo) -> float:
+        low = info.data.get("low")
+        if low is not None and high <= low:
+            raise ValueError(f"must be > low ({low}): tokens whose weight leaves [low, high] are dropped, got {high}")
+        return high
+
+
+class LossSpec(Strict):
+    """Policy-gradient loss settings: every formula, its source and the metrics it logs are in
+    ``docs/algorithms.md`` (code: ``rlrun.training.objectives``).
+
+    Attributes:
+        ratio_clip: ε of the clip on both sides, ``clip(r, 1 − ε, 1 + ε)``: the shorthand for ``clip_low = clip_high
+            = ε`` (not with either). None of the three set: 0.2.
+        clip_low: ε below 1, ``clip(r, 1 − clip_low, …)``, in (0, 1] (default 0.2; DAPO, Yu et al. 2025).
+        clip_high: ε above 1, ``clip(r, …, 1 + clip_high)`` (default 0.2; DAPO's clip-higher: 0.28).
+        objective: ``ppo_clip`` (the token ratio clipped: PPO, Schulman et al. 2017); ``gspo`` (the sequence's
+            geometric-mean ratio, clipped per sequence: GSPO, Zheng et al. 2025); ``cispo`` (the clipped ratio as a
+            stop-gradient weight on the log-probability: CISPO, MiniMax-M1, 2025).
+        dual_clip: c > 1 bounding a negative advantage's term at ``c · A`` (dual-clip PPO: Ye et al. 2020,
+            "Mastering Complex Control in MOBA Games with Deep Reinforcement Learning"; verl's 3); ``ppo_clip`` and
+            ``gspo`` only. Unset: off.
+        aggregation: how token terms become the loss: ``token_mean`` (every trained token of the batch weighs the
+            same; DAPO), ``sequence_mean`` (mean over each sequence's tokens, then over sequences; GRPO, Shao et al.
+            2024), ``constant`` (sum over tokens / (``batch_size`` × ``sampling.max_tokens``); Dr. GRPO, Liu et al.
+            2025).
+        kl_coef: β of the KL penalty to the reference policy (the starting weights, frozen, held by the trainer); 0:
+            off, and no reference is computed or held.
+        kl_estimator: the per-token KL estimate penalised: ``k1`` (log ratio), ``k2`` (half its square), ``k3``
+            (``e^(−d) − 1 + d``), J. Schulman 2020, "Approximating KL Divergence".
+        importance_correction: the train–inference mismatch correction (off by default).
         std_normalize_advantages: deprecated alias of ``spec.advantage.std_normalize``, read into it with a warning
             (``rlrun validate``, ``rlrun local``, the orchestrator's log); set together with it, the two must agree.
     """
 
-    ratio_clip: float = Field(default=0.2, gt=0, le=10)
+    ratio_clip: float | None = Field(default=None, gt=0, le=10)
+    clip_low: float | None = Field(default=None, gt=0, le=1)
+    clip_high: float | None = Field(default=None, gt=0, le=10)
+    objective: Literal["ppo_clip", "gspo", "cispo"] = "ppo_clip"
+    dual_clip: float | None = Field(default=None, gt=1, le=100)
+    aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
+    kl_coef: float = Field(default=0.0, ge=0, le=100)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    importance_correction: ImportanceCorrectionSpec = Field(default_factory=ImportanceCorrectionSpec)
     std_normalize_advantages: bool | None = None
+
+    @field_validator("clip_low", "clip_high")
+    @classmethod
+    def _not_with_ratio_clip(cls, value: float | None, info: ValidationInfo) -> float | None:
+        ratio_clip = info.data.get("ratio_clip")
+        if value is not None and ratio_clip is not None:
+            raise ValueError(
+                f"set either ratio_clip (both sides, {ratio_clip}) or clip_low/clip_high, not both: they contradict"
+            )
+        return value
+
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual_clip_needs_a_clipped_surrogate(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and info.data.get("objective") == "cispo":
+            raise ValueError("applies to objective ppo_clip or gspo: cispo has no clipped surrogate for it to bound")
+        return value
+
+    @property
+    def epsilon_low(self) -> float:
+        """ε below 1: ``clip_low``, else ``ratio_clip``, else :data:`DEFAULT_CLIP`."""
+        return next(e for e in (self.clip_low, self.ratio_clip, DEFAULT_CLIP) if e is not None)
+
+    @property
+    def epsilon_high(self) -> float:
+        """ε above 1: ``clip_high``, else ``ratio_clip``, else :data:`DEFAULT_CLIP`."""
+        return next(e for e in (self.clip_high, self.ratio_clip, DEFAULT_CLIP) if e is not None)
+
+
+#: The CEL rules of ``spec.loss`` (:mod:`rlrun.api.crd`), by path below it: the validators above, for the API server.
+LOSS_CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
+    (): [
+        {
+            "rule": "!has(self.ratio_clip) || !has(self.clip_low)",
+            "message": "set either loss.ratio_clip (both sides) or loss.clip_low/clip_high, not both: they contradict",
+            "fieldPath": ".clip_low",
+        },
+        {
+            "rule": "!has(self.ratio_clip) || !has(self.clip_high)",
+            "message": "set either loss.ratio_clip (both sides) or loss.clip_low/clip_high, not both: they contradict",
+            "fieldPath": ".clip_high",
+        },
+        {
+            "rule": "!has(self.dual_clip) || self.objective != 'cispo'",
+            "message": "loss.dual_clip applies to objective ppo_clip or gspo: cispo has no clipped surrogate to bound",
+            "fieldPath": ".dual_clip",
+        },
+    ],
+    ("importance_correction",): [
+        {
+            "rule": "self.high > self.low",
+            "message": "loss.importance_correction.high must be > low: tokens whose weight leaves [low, high] are "
+            "dropped",
+            "fieldPath": ".high",
+        },
+    ],
+}
 
 
 def _no_crd_default(schema: dict[str, Any]) -> None:

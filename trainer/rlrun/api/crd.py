@@ -18,7 +18,8 @@ Conversion rules, pydantic JSON Schema (2020-12) → Kubernetes OpenAPI v3 (stru
 - cross-field rules of the pydantic validators are repeated as CEL rules
   (``x-kubernetes-validations``, :data:`CEL_RULES`, and each role's
   :data:`rlrun.api.pod_inputs.ROLE_CEL_RULES`, the rollout's
-  :data:`rlrun.api.vllm_args.VLLM_ARGS_CEL_RULES`) so ``kubectl apply`` rejects them.
+  :data:`rlrun.api.vllm_args.VLLM_ARGS_CEL_RULES`, the loss's :data:`rlrun.api.algorithm.LOSS_CEL_RULES`) so
+  ``kubectl apply`` rejects them.
 
 Unknown fields are pruned by a structural schema; ``kubectl apply`` (field validation
 ``Strict`` by default since Kubernetes 1.27) rejects them with the field named.
@@ -38,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from rlrun.api.algorithm import LOSS_CEL_RULES
 from rlrun.api.pod_inputs import ROLE_CEL_RULES
 from rlrun.api.spec import API_GROUP, API_VERSION, KIND, MAX_NAME_LENGTH, NAME_PATTERN, RLRunSpec
 from rlrun.api.status import RLRunStatus
@@ -233,15 +235,15 @@ class _Converter:
         if "$ref" in node:
             target = self.defs[node.pop("$ref").rsplit("/", 1)[-1]]
             node = {**target, **node}
-        nullable = False
         if "anyOf" in node:
             options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
             if len(options) != 1:
                 raise ValueError(f"spec{''.join('.' + p for p in path)}: unions are not expressible in a CRD")
-            nullable = True
-            node = {**self.convert(options[0], path), **{k: v for k, v in node.items() if k != "default"}}
-            if node.get("default") is None:
-                node.pop("default", None)
+            # the option's raw schema with the field's keys (a None default left out), converted once: converting
+            # the option first and the merge again would turn an exclusive bound twice (`minimum: true`)
+            out = self.convert({**options[0], **{k: v for k, v in node.items() if k != "default"}}, path)
+            out["nullable"] = True
+            return out
         out: dict[str, Any] = {}
         if "description" in node:
             out["description"] = _clean_doc(node["description"])
@@ -292,8 +294,6 @@ class _Converter:
             out["maximum"], out["exclusiveMaximum"] = node["exclusiveMaximum"], True
         if node.get("default") is not None:
             out["default"] = node["default"]
-        if nullable:
-            out["nullable"] = True
         return out
 
 
@@ -339,6 +339,7 @@ def spec_schema() -> dict[str, Any]:
     rules = [*CEL_RULES.items()]
     rules += [((role, *path), role_rules) for role in ROLES for path, role_rules in ROLE_CEL_RULES.items()]
     rules += [(("rollout", *path), path_rules) for path, path_rules in VLLM_ARGS_CEL_RULES.items()]
+    rules += [(("loss", *path), path_rules) for path, path_rules in LOSS_CEL_RULES.items()]
     for path, path_rules in rules:
         node = schema
         for part in path:

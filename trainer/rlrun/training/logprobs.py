@@ -83,8 +83,10 @@ class ChunkedHead(torch.autograd.Function):
 
     Forward args: ``hidden [N, H]`` (any float dtype), ``weight [V, H]`` and ``bias [V] | None`` (the LM head's
     parameters, any float dtype), ``targets [N]`` int64, ``temperature``, ``top_p``, ``chunk_tokens`` and
-    ``compute_dtype`` (the matmul's dtype: the head is cast to it once per pass, a copy that lives for that pass).
-    Returns ``logprobs [N]`` and ``entropy [N]``, float32, nats. Backward: the gradients of both outputs with
+    ``compute_dtype`` (the matmul's dtype: the head is cast to it once per pass, a copy that lives for that pass), and
+    ``with_entropy`` (False: the entropy is not computed — NaN — and has no gradient, for a forward that needs only
+    the logprobs, as the KL term's reference: it skips an exponential of every chunk's logits). Returns
+    ``logprobs [N]`` and ``entropy [N]``, float32, nats. Backward: the gradients of both outputs with
     respect to ``hidden``, ``weight`` and ``bias``, the logits recomputed chunk by chunk; the head's gradient is
     accumulated in float32 and returned in its parameters' dtype (float32 master weights keep a float32 gradient).
     ``∂ log p_y / ∂ z_v = 1[v = y] − p_v`` and ``∂H / ∂ z_v = −p_v (log p_v + H)``, both divided by the
@@ -92,10 +94,10 @@ class ChunkedHead(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, top_p, chunk_tokens, compute_dtype):
+    def forward(ctx, hidden, weight, bias, targets, temperature, top_p, chunk_tokens, compute_dtype, with_entropy):
         n = hidden.shape[0]
         logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        entropy = torch.empty_like(logprobs)
+        entropy = torch.empty_like(logprobs) if with_entropy else torch.full_like(logprobs, float("nan"))
         lse = torch.empty_like(logprobs)
         thresholds = torch.empty_like(logprobs) if top_p < 1.0 else None
         w, b = weight.to(compute_dtype), _cast(bias, compute_dtype)
@@ -112,8 +114,10 @@ class ChunkedHead(torch.autograd.Function):
                 _keep(z, threshold)
                 lse[s:e] = torch.logsumexp(z, dim=-1)
                 logprobs[s:e] = target_z - lse[s:e]
-                # entr(p) = −p log p with entr(0) = 0: a masked token adds 0, not NaN (as token_entropy)
-                entropy[s:e] = torch.special.entr(z.sub_(lse[s:e, None]).exp_()).sum(-1)
+                if (
+                    with_entropy
+                ):  # entr(p) = −p log p with entr(0) = 0: a masked token adds 0, not NaN (as token_entropy)
+                    entropy[s:e] = torch.special.entr(z.sub_(lse[s:e, None]).exp_()).sum(-1)
         del w, b
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy, thresholds)
         ctx.temperature, ctx.chunk_tokens, ctx.compute_dtype = temperature, chunk_tokens, compute_dtype
@@ -123,7 +127,7 @@ class ChunkedHead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
         hidden, weight, bias, targets, lse, entropy, thresholds = ctx.saved_tensors
-        none = (None,) * 5  # targets, temperature, top_p, chunk_tokens, compute_dtype
+        none = (None,) * 6  # targets, temperature, top_p, chunk_tokens, compute_dtype, with_entropy
         if grad_logprobs is None and grad_entropy is None:
             return None, None, None, *none
         temperature, chunk = ctx.temperature, ctx.chunk_tokens
@@ -174,13 +178,14 @@ def chunked_token_stats(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     bias: torch.Tensor | None = None,
     compute_dtype: torch.dtype | None = None,
+    with_entropy: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logprobs, entropy)``, each ``[N]`` float32 nats, of ``targets [N]`` under the sampling distribution of
     the logits ``hidden [N, H] @ weight[V, H]ᵀ (+ bias)`` (module docstring), computed ``chunk_tokens`` positions
     at a time (:class:`ChunkedHead`; differentiable in ``hidden``, ``weight`` and ``bias``).
 
     ``compute_dtype`` (default ``weight``'s): the dtype of the LM head's matmul; ``bfloat16`` as vLLM serving bf16
-    computes it, the softmax in float32 either way.
+    computes it, the softmax in float32 either way. ``with_entropy=False``: the entropy is NaN, not computed.
 
     Raises:
         ValueError: ``chunk_tokens < 1``, or ``top_p`` outside ``(0, 1]``.
@@ -190,7 +195,9 @@ def chunked_token_stats(
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     dtype = compute_dtype or weight.dtype
-    return ChunkedHead.apply(hidden, weight, bias, targets, float(temperature), float(top_p), int(chunk_tokens), dtype)
+    return ChunkedHead.apply(
+        hidden, weight, bias, targets, float(temperature), float(top_p), int(chunk_tokens), dtype, bool(with_entropy)
+    )
 
 
 @contextmanager
@@ -202,10 +209,12 @@ def head_returns_token_stats(
     top_p: float,
     chunk_tokens: int,
     compute_dtype: torch.dtype,
+    with_entropy: bool = True,
 ) -> Iterator[list[torch.Tensor]]:
     """While active, ``model``'s LM head (``get_output_embeddings()``, an ``nn.Linear``) returns, instead of the
     ``[b, T, V]`` logits, ``[N, 2]``: (logprob, entropy) of :func:`chunked_token_stats` at the ``N`` positions
-    where ``positions [b, T]`` (bool) is True, for ``targets [b, T]`` there. The model's own ``forward`` thus runs
+    where ``positions [b, T]`` (bool) is True, for ``targets [b, T]`` there (``with_entropy=False``: NaN entropy,
+    not computed). The model's own ``forward`` thus runs
     the head inside it, which FSDP2 needs (the root unit's parameters, the head's among them, are gathered for the
     root's forward only). Yields a list that holds, after the forward, the tensor the head returned: the forward's
     ``logits`` must be that very tensor (a model that scales or soft-caps its logits after the head is not
@@ -222,8 +231,9 @@ def head_returns_token_stats(
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         logprobs, entropy = chunked_token_stats(
-            hidden[positions], head.weight, selected, temperature, top_p, chunk_tokens, head.bias, compute_dtype
-        )
+            hidden[positions], head.weight, selected, temperature, top_p, chunk_tokens, head.bias, compute_dtype,
+            with_entropy,
+        )  # fmt: skip
         returned.append(torch.stack([logprobs, entropy], dim=-1))
         return returned[-1]
 

@@ -1,6 +1,6 @@
-"""Token-level, importance-weighted, clipped policy-gradient loss.
+"""Token-level log-probabilities, entropy and the mismatch KL on full logits, and the loss over a batch in one piece.
 
-For every completion token ``t`` of sample ``i`` (``m_{i,t} = 1``)::
+By default (``spec.loss`` untouched), for every completion token ``t`` of sample ``i`` (``m_{i,t} = 1``)::
 
     r_{i,t} = exp(log π_θ(y_t | x, y_<t) − log μ(y_t | x, y_<t))
     L = − Σ_{i,t} m_{i,t} · min(r_{i,t} · A_i, clip(r_{i,t}, 1 − ε, 1 + ε) · A_i) / Σ_{i,t} m_{i,t}
@@ -13,12 +13,15 @@ clipped surrogate objective (Schulman et al. 2017, "Proximal Policy Optimization
 Algorithms", eq. 7) with GRPO's group-relative advantages ``A_i`` (Shao et al. 2024,
 DeepSeekMath). Tokens are averaged over the whole batch, not per sequence first
 (DAPO, Yu et al. 2025, "token-level policy gradient loss"), so long completions
-are not down-weighted.
+are not down-weighted. The other objectives, clips, aggregations, the KL term and the mismatch correction of
+``spec.loss`` are :mod:`rlrun.training.objectives`; :func:`batch_loss` applies them to a whole batch at once.
 """
 
 from __future__ import annotations
 
 import torch
+
+from rlrun.training.objectives import LossSettings, loss_sums, normaliser
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -68,69 +71,53 @@ def mismatch_kl(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Ten
     return torch.expm1(d) - d
 
 
-def policy_loss_sums(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, ratio_clip: float
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss's sum over some trained tokens, before the division by the batch's token count: what a micro-batch
-    (or a rank) adds to the whole batch's loss (:mod:`rlrun.training.step` divides by the batch's count).
-
-    Args:
-        logprobs: ``[N]`` under the current policy (differentiable), at the trained tokens only.
-        old_logprobs: ``[N]`` under the sampling policy.
-        advantages: ``[N]``, each token's sample's advantage.
-        ratio_clip: ε.
-
-    Returns:
-        ``(loss_sum, sums)``: ``loss_sum = −Σ min(r·A, clip(r, 1 − ε, 1 + ε)·A)`` (differentiable) and, detached,
-        ``clipped`` (tokens where the clipped term was chosen), ``ratio_sum``, ``ratio_max`` (−inf when N = 0).
-    """
-    ratio = torch.exp(logprobs - old_logprobs)
-    adv = advantages.to(ratio.dtype)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1 - ratio_clip, 1 + ratio_clip) * adv
-    loss_sum = -torch.minimum(unclipped, clipped).sum()
-    with torch.no_grad():
-        sums = {
-            "clipped": (clipped < unclipped).sum(),
-            "ratio_sum": ratio.sum(),
-            "ratio_max": ratio.max() if ratio.numel() else torch.tensor(float("-inf")),
-        }
-    return loss_sum, sums
-
-
-def clipped_policy_loss(
+def batch_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     loss_mask: torch.Tensor,
-    ratio_clip: float,
+    settings: LossSettings | None = None,
+    ref_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss in the module docstring, over one batch in one piece (:func:`policy_loss_sums` divided by the token
-    count).
+    """The loss of ``spec.loss`` (:mod:`rlrun.training.objectives`) over one batch in one piece, each row a sample:
+    the reference the micro-batched step (:mod:`rlrun.training.step`) must equal.
 
     Args:
         logprobs: ``[B, T]`` under the current policy (differentiable).
         old_logprobs: ``[B, T]`` under the sampling policy.
         advantages: ``[B]``, one per sample.
         loss_mask: ``[B, T]`` bool, True where a completion token is scored.
-        ratio_clip: ε.
+        settings: the loss (default: PPO's clip, ε = 0.2, token mean).
+        ref_logprobs: ``[B, T]`` under the reference policy (with ``kl_coef > 0``).
 
     Returns:
-        ``(loss, stats)``; stats: ``clip_fraction`` (share of masked tokens where the clipped
-        term was chosen), ``ratio_mean``, ``ratio_max``, ``tokens``.
+        ``(loss, stats)``; stats: ``clip_fraction`` (share of masked tokens whose clip bound), ``ratio_mean``,
+        ``ratio_max``, ``tokens``, and the shares ``dual_clip_fraction``, ``is_truncated_fraction``,
+        ``is_masked_fraction`` and the mean ``kl_ref`` (nats/token).
 
     Raises:
         ValueError: ``loss_mask`` selects no token.
     """
+    settings = settings or LossSettings()
     n_tokens = int(loss_mask.sum())
     if n_tokens == 0:
         raise ValueError("loss_mask selects no token")
+    rows = torch.arange(loss_mask.shape[0], device=loss_mask.device)[:, None].expand_as(loss_mask)
     adv = advantages[:, None].expand_as(loss_mask)
-    loss_sum, sums = policy_loss_sums(logprobs[loss_mask], old_logprobs[loss_mask], adv[loss_mask], ratio_clip)
+    sequences = int((loss_mask.sum(dim=1) > 0).sum())
+    ref = ref_logprobs[loss_mask] if ref_logprobs is not None else None
+    loss, sums = loss_sums(
+        logprobs[loss_mask], old_logprobs[loss_mask], adv[loss_mask], rows[loss_mask], settings,
+        normaliser(settings, n_tokens, sequences), ref,
+    )  # fmt: skip
     stats = {
         "clip_fraction": float(sums["clipped"]) / n_tokens,
         "ratio_mean": float(sums["ratio_sum"]) / n_tokens,
         "ratio_max": float(sums["ratio_max"]),
         "tokens": n_tokens,
+        "dual_clip_fraction": float(sums["dual_clipped"]) / n_tokens,
+        "is_truncated_fraction": float(sums["truncated"]) / n_tokens,
+        "is_masked_fraction": float(sums["masked"]) / n_tokens,
+        "kl_ref": float(sums["kl_sum"]) / n_tokens,
     }
-    return loss_sum / n_tokens, stats
+    return loss, stats

@@ -69,6 +69,8 @@ class MicroBatch:
         old_logprobs: float32, the sampling policy's logprob of the next token (0 off the mask).
         advantages: float32, the advantage of the position's sample.
         on_policy: bool, the position's sample was sampled by the weights the trainer holds.
+        sample_ids: int64, which of the micro-batch's samples the position is of (``0 … samples − 1``; padding: 0,
+            never trained): sequence-level terms (GSPO's ratio, a sequence mean) group tokens by it.
         tokens: real (not padding) token slots.
         samples: samples in it.
     """
@@ -81,6 +83,7 @@ class MicroBatch:
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
     on_policy: torch.Tensor
+    sample_ids: torch.Tensor
     tokens: int
     samples: int
 
@@ -179,9 +182,11 @@ def micro_batches(
             old_logprobs=torch.zeros(shape, dtype=torch.float32),
             advantages=torch.zeros(shape, dtype=torch.float32),
             on_policy=torch.zeros(shape, dtype=torch.bool),
+            sample_ids=torch.zeros(shape, dtype=torch.long),
             tokens=sum(lengths[i] for row in rows for i in row),
             samples=sum(len(row) for row in rows),
         )
+        k = 0  # the sample's number in the micro-batch
         for r, row in enumerate(rows):
             start = 0
             for i in row:
@@ -197,7 +202,8 @@ def micro_batches(
                 mb.old_logprobs[r, start : stop - 1] = batch.old_logprobs[i, : n - 1]
                 mb.advantages[r, start:stop] = batch.advantages[i]
                 mb.on_policy[r, start:stop] = bool(on_policy_rows[i])
-                start = stop
+                mb.sample_ids[r, start:stop] = k
+                start, k = stop, k + 1
             if pack and start < width:  # the padding at the row's end: a segment of its own, attending to itself
                 mb.position_ids[r, start:] = torch.arange(width - start)
         out.append(mb)
@@ -218,6 +224,7 @@ def placeholder(token_id: int, pack: bool) -> MicroBatch:
         old_logprobs=torch.zeros(one, dtype=torch.float32),
         advantages=torch.zeros(one, dtype=torch.float32),
         on_policy=torch.zeros(one, dtype=torch.bool),
+        sample_ids=torch.zeros(one, dtype=torch.long),
         tokens=1,
         samples=0,
     )

@@ -40,6 +40,15 @@ METRICS: dict[str, tuple[str, str, str | None]] = {
         "gauge", "The same over the samples of the weights the trainer holds, nats.", "mismatch_kl_on_policy",
     ),
     "rlrun_trainer_clip_ratio": ("gauge", "Share of trained tokens whose ratio was clipped.", "clip_fraction"),
+    "rlrun_trainer_dual_clip_ratio": ("gauge", "Share of trained tokens the dual clip bound (loss.dual_clip set).", "dual_clip_fraction"),
+    "rlrun_trainer_is_truncated_ratio": (
+        "gauge", "Share of trained tokens whose sampler-to-trainer weight was capped (importance_correction truncate).",
+        "is_truncated_fraction",
+    ),
+    "rlrun_trainer_is_masked_ratio": (
+        "gauge", "Share of trained tokens dropped by the mismatch mask (importance_correction mask).", "is_masked_fraction",
+    ),
+    "rlrun_trainer_kl_ref_nats": ("gauge", "Mean KL estimate to the reference policy over the trained tokens, nats (loss.kl_coef > 0).", "kl_ref"),
     "rlrun_trainer_tokens": ("gauge", "Tokens trained in the last step.", "tokens"),
     "rlrun_trainer_padding_share": ("gauge", "Share of the last step's micro-batch token slots that were padding.", "padding_share"),
     "rlrun_trainer_tokens_per_second": ("gauge", "Tokens trained per second of the last step's compute.", None),

@@ -2,8 +2,8 @@
 
 Step ``s`` reads ``rollouts/step_s/`` (waiting until the orchestrator publishes it),
 takes one AdamW step (at the rate of the LR schedule, :mod:`rlrun.training.schedule`, whose state every trainer
-part keeps) on the loss of :mod:`rlrun.training.loss` over the whole batch, computed in micro-batches
-(:mod:`rlrun.training.step`) in the compute dtype of ``spec.trainer.precision`` (:mod:`rlrun.training.precision`),
+part keeps) on the loss of ``spec.loss`` (:mod:`rlrun.training.objectives`) over the whole batch, in
+micro-batches (:mod:`rlrun.training.step`) in the compute dtype of ``spec.trainer.precision`` (:mod:`rlrun.training.precision`),
 publishes ``broadcasts/step_s/model.safetensors`` (policy version ``s``, in that dtype) and, every
 ``checkpoint.interval`` steps and at the last step, ``checkpoints/step_s/trainer/``
 (a fresh run also checkpoints step 0, so a pause always has a trainer part to pair
@@ -90,6 +90,7 @@ from rlrun.training.parts import (
 )
 from rlrun.training.precision import cast_floating, dtype_name, mixed_precision_policy, resolve_precision
 from rlrun.training.prometheus import TrainerMetrics, serve_from_env
+from rlrun.training.reference import reference_policy
 from rlrun.training.schedule import new_scheduler, restore_scheduler
 from rlrun.training.step import StepSettings, accumulate_gradients
 
@@ -165,6 +166,10 @@ class Trainer:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # to the device (a GPU in one process too), and FSDP2-sharded with ranks
         shard_model(self.model, self.dp, mp_policy=mixed_precision_policy(self.compute_dtype))
+        # the KL term's reference: the starting weights again, on every start (a resume included)
+        self.reference = (
+            reference_policy(self.model, model_path, self.dp, self.compute_dtype) if spec.loss.kl_coef else None
+        )
         if self.dp.is_main:
             log.info(
                 "trainer: computes in %s (spec.trainer.precision %s), micro-batches of ≤ %d tokens, LM head in chunks "
@@ -278,7 +283,9 @@ class Trainer:
         batch = rank_slice(whole, dp.rank, dp.world_size) if dp.distributed else whole
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        stats = accumulate_gradients(self.model, batch, self._on_policy_rows(batch, step), self.step_settings, dp)
+        stats = accumulate_gradients(
+            self.model, batch, self._on_policy_rows(batch, step), self.step_settings, dp, reference=self.reference
+        )
         grad_norm = clip_grad_norm_(self.model.parameters(), self.spec.optimizer.max_grad_norm)
         lr = self.optimizer.param_groups[0]["lr"]  # lr · λ(step − 1): rlrun.training.schedule
         self.optimizer.step()
@@ -401,9 +408,10 @@ class Trainer:
                 continue
             gauges.observe(metrics)  # type: ignore[union-attr]
             log.info(
-                "step %d loss %.4f grad_norm %.3f lr %.3g clip %.3f |Δlogp| %.4f entropy %.3f train %.2fs wait %.2fs",
+                "step %d loss %.4f grad_norm %.3f lr %.3g clip %.3f |Δlogp| %.4f entropy %.3f%s train %.2fs wait %.2fs",
                 step, metrics["loss"], metrics["grad_norm"], metrics["lr"], metrics["clip_fraction"],
-                metrics["logprob_abs_diff"], metrics["entropy"], metrics["train_s"], metrics["wait_s"],
+                metrics["logprob_abs_diff"], metrics["entropy"],
+                f" kl_ref {metrics['kl_ref']:.4f}" if "kl_ref" in metrics else "", metrics["train_s"], metrics["wait_s"],
             )  # fmt: skip
         if server is not None:
             server.shutdown()
