@@ -115,3 +115,28 @@ async def test_a_killed_run_holds_its_unfinished_work_pending_and_checks(tmp_pat
     done = check_ledger(run_dir.root / "ledger")
     assert done.ok and not done.interrupted and done.pending == 0 and done.steps == 6, done.problems
     assert done.tasks == done.tasks_trained + done.tasks_dropped + done.tasks_leftover
+
+
+async def test_a_cancelled_run_stops_even_when_a_result_arrives_with_the_cancel(tmp_path, tiny_model):
+    """``asyncio.wait_for`` before Python 3.12 returns a result that arrives in the loop iteration of a cancel instead of
+    raising (gh-86296): the main loop's wait for results lost the cancel and the run went on for ever (seen as
+    test_resumed_work's stand-in for a kill hanging, in about 1 full-file run in 4). Now the cancel stops the run, and
+    the ledger says what it held."""
+    run_dir = RunDir(tmp_path)
+    orch = orchestrator(spec(), run_dir, tiny_model)
+    run: asyncio.Task | None = None
+
+    class CancelWithTheFirstResult(asyncio.Queue):
+        def put_nowait(self, item) -> None:
+            super().put_nowait(item)
+            if item is not None and run is not None and not run.cancelling():
+                run.cancel()
+
+    orch.results = CancelWithTheFirstResult()
+    run = asyncio.create_task(orch.run())
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(run, 20)
+    [stopped] = events(run_dir, "stopped")
+    assert stopped["outcome"] == "interrupted" and stopped["step"] == 0
+    report = check_ledger(run_dir.root / "ledger")
+    assert report.ok and not report.interrupted and report.tasks_leftover == report.tasks > 0, report.problems
