@@ -83,9 +83,10 @@ async def test_an_error_stop_records_what_the_attempt_held_and_the_ledger_checks
     assert report.tasks_checked and not report.interrupted and report.tasks >= 8
     # what the attempt held when it stopped is accounted for as left over: episodes and tasks; so are the episodes of
     # batches shipped that the (fake) trainer, stopped with the run, had not trained
-    [leftover] = events(run_dir, "leftover")
-    assert leftover["reason"] == "error" and leftover["ids"] == sorted(leftover["ids"], key=leftover["ids"].index)
-    assert report.leftover == len(leftover["ids"]) and report.finished > report.trained
+    leftover = events(run_dir, "leftover")  # none when it held nothing (RewardsFailing between requests, at times)
+    assert len(leftover) <= 1 and all(e["reason"] == "error" for e in leftover)
+    ids = [i for e in leftover for i in e["ids"]]
+    assert report.leftover == len(ids) == len(set(ids)) and report.finished > report.trained
     shipped = {e["step"] for e in events(run_dir, "shipped")}
     assert report.shipped_untrained == 6 * len(shipped - set(range(1, report.steps + 1)))
     assert report.tasks_leftover + report.tasks_trained + report.tasks_dropped == report.tasks
