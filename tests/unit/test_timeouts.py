@@ -22,7 +22,7 @@ async def cancelled_as_the_item_arrives(wait) -> bool:
     queue.put_nowait(1)
     await asyncio.sleep(0)  # the get has its item
     task.cancel()
-    done, _ = await asyncio.wait({task}, timeout=1)
+    done, _ = await asyncio.wait({task}, timeout=0.2)
     task.cancel()
     return bool(done) and task.cancelled() and queue.qsize() <= 1
 
