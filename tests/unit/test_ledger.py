@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from rlrun.ledger import Ledger, LedgerEvent, check_ledger, read_ledger
 
 
@@ -201,6 +202,47 @@ def test_an_attempt_between_the_checkpoint_and_the_resume_is_rolled_back_and_its
     report = check_ledger(tmp_path)
     assert report.ok, report.problems
     assert report.replayed == 1 and report.trained == 3
+
+
+def stopped_with_a_batch_the_trainer_never_trained(tmp_path, outcome: str | None):
+    """A version-2 run: groups 0 and 1 (2 members each) ship in steps 1 and 2; the trainer trains step 1 only (it runs
+    behind the orchestrator) and the orchestrator stops with ``outcome`` (None: killed, no ``stopped``)."""
+    dispatched = [
+        (LedgerEvent.DISPATCHED, {"group": g, "task": g, "env": "e", "first_member": 0, "members": 2, "v": 0})
+        for g in (0, 1)
+    ]
+    stop = [] if outcome is None else [(LedgerEvent.STOPPED, {"outcome": outcome, "step": 2})]
+    write(
+        tmp_path, 1, "orchestrator",
+        (LedgerEvent.STARTED, {"role": "orchestrator", "ledger_version": 2}), *dispatched,
+        *finished("0/0", "0/1", "1/0", "1/1"),
+        (LedgerEvent.SHIPPED, {"step": 1, "ids": ["0/0", "0/1"]}), (LedgerEvent.SHIPPED, {"step": 2, "ids": ["1/0", "1/1"]}),
+        *stop,
+    )  # fmt: skip
+    write(tmp_path, 1, "trainer", trained(1, "0/0", "0/1"))
+    return check_ledger(tmp_path)
+
+
+@pytest.mark.parametrize("outcome", ["error", "paused"])
+def test_a_batch_shipped_and_never_trained_when_the_run_stopped_is_left_over(tmp_path, outcome):
+    """Issue 35.8 after the merge: an error stop with the trainer a batch behind failed the check ("finished but was
+    never trained, rejected, dropped or left over") for the batch's episodes and tasks."""
+    report = stopped_with_a_batch_the_trainer_never_trained(tmp_path, outcome)
+    assert report.ok, report.problems
+    assert (report.finished, report.trained, report.shipped_untrained, report.leftover) == (4, 2, 2, 0)
+    assert (report.tasks, report.tasks_trained, report.tasks_leftover) == (2, 1, 1)
+
+
+def test_a_batch_shipped_and_never_trained_is_pending_when_the_run_was_killed(tmp_path):
+    report = stopped_with_a_batch_the_trainer_never_trained(tmp_path, None)
+    assert report.ok and report.interrupted, report.problems
+    assert (report.pending, report.shipped_untrained, report.tasks_pending) == (2, 0, 1)
+
+
+def test_a_batch_shipped_and_never_trained_in_a_complete_run_is_a_problem(tmp_path):
+    report = stopped_with_a_batch_the_trainer_never_trained(tmp_path, "complete")
+    assert "episode 1/0 finished but was never trained, rejected, dropped or left over" in report.problems
+    assert "task 1 was dispatched but never trained, rejected, dropped or left over" in report.problems
 
 
 def test_write_each_is_the_same_lines_as_one_write_per_row(tmp_path):

@@ -84,12 +84,15 @@ async def test_saved_groups_are_trained_after_resuming_from_an_older_trainer_che
     run = asyncio.create_task(first.run())
     try:
 
-        def busy() -> bool:  # past checkpoint 4, the trainer keeping up, with groups open and requests out
+        def busy() -> bool:  # past checkpoint 4, the trainer keeping up, with groups open and groups requested
             o = first
-            return (
-                5 <= o.shipped <= 7 and o.policy_version >= max(5, o.shipped - 1) and o.sink.open_groups
-                and o.dispatcher.inflight_samples > 0
-            )  # fmt: skip
+            # requested as the snapshot counts them: requests out (or to send again) of a group with nothing finished
+            # (requests in flight may all be the second halves of open groups: then it has none)
+            if not (5 <= o.shipped <= 7 and o.policy_version >= max(5, o.shipped - 1) and o.sink.open_groups):
+                return False
+            out = {r.group_id for r in [*o.dispatcher.emitted_requests(), *o.source.resume_requests]}
+            # the checkpoint lock free: the pause takes it without yielding, so it captures this very state
+            return bool(out - o.sink.open_groups.keys()) and not o.checkpoints.lock.locked()
 
         await wait_for_async(busy, 30, what="a busy moment after checkpoint 4", every=0.001)
         stop.set()  # the trainer is lost: its newest part stays 4
@@ -149,7 +152,8 @@ async def test_a_task_in_flight_when_the_attempt_died_is_requested_again_not_ski
     first = orchestrator(run_spec, run_dir, tiny_model, 1, hung)
     run = asyncio.create_task(first.run())
     finished = lambda: {e["id"] for e in attempt_events(run_dir, 1) if e["e"] == "finished"}  # noqa: E731
-    await wait_for_async(lambda: {episode_id(3, m) for m in range(4)} <= finished(), 30, what="group 3 journaled")
+    journaled = {episode_id(g, m) for g in (0, 1, 3) for m in range(4)}  # what the replay puts back (>= 12)
+    await wait_for_async(lambda: journaled <= finished(), 30, what="groups 0, 1 and 3 journaled")
     assert not any(i.startswith("2/") for i in finished())
     run.cancel()  # no trainer ran: no checkpoint past step 0 exists, so this is what a kill leaves to resume from
     with pytest.raises(asyncio.CancelledError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from rlrun.envs import ReverseTextEnv
 from rlrun.envs.base import Task
 from rlrun.orchestrator.groups import GroupRequest
@@ -32,6 +33,27 @@ def test_new_groups_take_the_task_number_as_group_id_and_number_members_from_zer
     s = source(cursor=40)
     assert s.next_group(8) == GroupRequest(40, s.task_at(40), members=8, first_member=0)
     assert s.next_group(8).group_id == 41 and s.cursor == 42
+
+
+def test_a_task_that_admit_refuses_is_passed_over_and_one_it_raises_on_is_not():
+    """``admit`` False (``overlong_prompts: filter``) passes the task over; raising (``refuse``) leaves the cursor on it,
+    so a draw before the run stops asks for it again. Before, the cursor had moved: after the merge of issues 35
+    and 36, a second dispatch round drew task 10 while the run stopped on task 9, which no record then accounted for."""
+    s = source(cursor=8)
+    s.admit = lambda t: t.index != 9
+    assert s.next_group(4).group_id == 8 and s.next_group(4).group_id == 10 and s.cursor == 11
+
+    def refuse(t: Task) -> bool:
+        if t.index == 13:
+            raise ValueError("task 13 does not fit")
+        return True
+
+    s.admit = refuse
+    assert s.next_group(4).group_id == 11 and s.next_group(4).group_id == 12
+    for _ in range(2):
+        with pytest.raises(ValueError, match="task 13"):
+            s.next_group(4)
+        assert s.cursor == 13
 
 
 def test_requests_again_come_before_new_tasks_numbered_after_every_earlier_member():

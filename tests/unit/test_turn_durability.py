@@ -297,7 +297,14 @@ async def test_a_pause_during_a_respond_that_changes_the_state_in_place_keeps_th
         InPlace.gate.set()
         stop.set()
     await asyncio.wait_for(run, 30)
-    state = load_orchestrator_progress(run_dir, paused.step)
+    # what a resume reads: the newest complete checkpoint, the pause's step or a newer trainer part that the paused
+    # orchestrator completed with the same snapshot (the trainer trains the batches shipped before the pause while
+    # the pause closes the trackers; with 3 such parts keep_last prunes the pause's own step)
+    step = latest_complete_checkpoint(run_dir).step
+    assert (
+        step >= paused.step and [e["reason"] for e in events(run_dir, "checkpoint") if e["step"] == step][-1] == "pause"
+    )
+    state = load_orchestrator_progress(run_dir, step)
     kept = unpack(state["sink"], state.get("tensors", {})).conversations
     assert paused.conversations_kept == len(kept) >= InPlace.most_held
     # one move per turn played: the state as of the kept turn, not the one its respond was changing at the pause

@@ -161,6 +161,9 @@ class LedgerReport:
     dropped_stale: int = 0
     abandoned: int = 0
     leftover: int = 0
+    #: finished episodes in a batch shipped but never trained because the run stopped first (an error or a pause
+    #: with the trainer behind, as it runs up to max_off_policy_steps behind): left over in ``rollouts/step_N``
+    shipped_untrained: int = 0
     rolled_back: int = 0
     journaled: int = 0
     replayed: int = 0
@@ -196,6 +199,41 @@ _FATES = tuple(
 )
 
 
+#: The fate of a finished episode whose batch was shipped and never trained because the run stopped first.
+_SHIPPED_UNTRAINED = "shipped_untrained"
+
+
+def _shipped_untrained(
+    orch: dict[int, list[dict]],
+    cutoff: dict[int, int],
+    holders: list[int],
+    by_step: dict[int, tuple[int, list[str]]],
+    finished: set[str],
+    fates: dict[str, list[str]],
+    report: LedgerReport,
+) -> None:
+    """Give the episodes of batches shipped (live ``shipped``) and never trained in the final history their fate.
+
+    The trainer runs behind the orchestrator (up to ``max_off_policy_steps`` batches), so an attempt that stops
+    (an error, a pause not resumed) has usually shipped batches the trainer never trained: their episodes are in
+    ``rollouts/step_N``, past anything the orchestrator still held, and a ``--resume`` rolls them back to its
+    checkpoint and replays them. They are left over (``shipped_untrained``) once the last attempt holding work
+    stopped other than ``complete``; killed (``interrupted``) they are pending like the rest of what it held; after a
+    ``complete`` stop every shipped batch must have trained, so they stay problems.
+    """
+    if report.interrupted or not holders:
+        return
+    outcomes = [ev.get("outcome") for ev in orch[holders[-1]] if ev["e"] == LedgerEvent.STOPPED]
+    if not outcomes or outcomes[-1] == "complete":
+        return
+    for a in sorted(orch):
+        for ev in orch[a]:
+            if ev["e"] == LedgerEvent.SHIPPED and ev["_line"] < cutoff[a] and ev["step"] not in by_step:
+                for eid in ev["ids"]:
+                    if eid in finished and not fates.get(eid):
+                        fates[eid].append(_SHIPPED_UNTRAINED)
+
+
 def check_ledger(root: Path) -> LedgerReport:
     """Prove invariant 1 on a finished run from its ledger.
 
@@ -211,7 +249,8 @@ def check_ledger(root: Path) -> LedgerReport:
     A run whose last attempt was killed (a ``started`` line and no ``stopped``: SIGKILL, OOM, a lost node) is
     ``interrupted``: what that attempt still held — finished episodes not yet trained, tasks out, kept
     conversations — is ``pending`` (the next ``--resume`` puts it back from the checkpoint and the journal), not a
-    problem. Every other way an attempt stops (done, paused, an error) writes ``leftover`` for what it held.
+    problem. Every other way an attempt stops (done, paused, an error) writes ``leftover`` for what it held; the
+    episodes of batches it shipped that the trainer never trained are left over too (``shipped_untrained``).
     """
     ledger = read_ledger(root)
     attempts = sorted({a for a, _ in ledger})
@@ -309,6 +348,7 @@ def check_ledger(root: Path) -> LedgerReport:
     missing_steps = [s for s in range(1, max(by_step, default=0) + 1) if s not in by_step]
     if missing_steps:
         report.problems.append(f"steps never trained: {missing_steps[:10]}")
+    _shipped_untrained(orch, cutoff, holders, by_step, finished, fates, report)
     counts = Counter()
     for eid in finished:
         f = fates.get(eid, [])
@@ -333,5 +373,6 @@ def check_ledger(root: Path) -> LedgerReport:
     report.dropped_stale = counts[LedgerEvent.DROPPED_STALE.value]
     report.abandoned = counts[LedgerEvent.ABANDONED.value]
     report.leftover = counts[LedgerEvent.LEFTOVER.value]
+    report.shipped_untrained = counts[_SHIPPED_UNTRAINED]
     report.problems = report.problems[:50]
     return report

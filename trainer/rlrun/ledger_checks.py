@@ -9,7 +9,8 @@ journal).
 and the task cursor hands indices out in order, so the tasks a run drew are ``0 … the highest group dispatched in
 the final history``. Each must end in the final history as trained (an episode of its group trained), dropped with
 a reason (its group rejected or abandoned, its episodes dropped stale) or left over when the run stopped (its
-episodes, or the group itself with work out or requested: ``leftover``'s ``groups``). A task with none of these was
+episodes, or the group itself with work out or requested: ``leftover``'s ``groups``; or its episodes in a batch
+shipped that the trainer never trained: ``shipped_untrained``). A task with none of these was
 skipped: the cursor passed it and nothing records why (issue 35: a journal replay once moved the cursor past a task
 in flight). Ledgers written before version 2 have no ``groups`` in their ``leftover`` and no record of what a
 stopping attempt still held, so their tasks are not checked (``tasks_checked`` False); their episodes are, as before.
@@ -74,7 +75,7 @@ def check_tasks(
         orch: the orchestrator's events by attempt.
         cutoff: per attempt, the first line that is rolled back (what a later attempt resumed from).
         fates: each episode's fates in the final history (``trained@<step>``, ``rejected``, ``dropped_stale``,
-            ``abandoned``, ``leftover``).
+            ``abandoned``, ``leftover``, ``shipped_untrained``).
         report: the :class:`~rlrun.ledger.LedgerReport` to fill (``tasks*`` counts, ``problems``).
         pending: the last attempt was killed: a task with no fate yet is held by it (counted, not a problem).
     """

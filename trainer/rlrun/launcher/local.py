@@ -326,7 +326,9 @@ class LocalLauncher:
         console.print(
             f"ledger: {'ok' if report.ok else 'VIOLATED'} — {report.finished} finished episodes: {report.trained} trained, "
             f"{report.rejected} rejected, {report.dropped_stale} dropped stale, {report.abandoned} abandoned, "
-            f"{report.leftover} left over; "
+            f"{report.leftover} left over"
+            + (f" (+{report.shipped_untrained} in batches shipped, not trained)" if report.shipped_untrained else "")
+            + "; "
             f"{report.rolled_back} rolled back"
         )
         for problem in report.problems[:5]:

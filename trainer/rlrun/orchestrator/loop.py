@@ -49,6 +49,7 @@ from rlrun.orchestrator.source import TrainSource
 from rlrun.orchestrator.weights import weights_signature
 from rlrun.rollout.client import RolloutClient
 from rlrun.rundir import RunDir, run_dir_attempt, write_file_atomic
+from rlrun.timeouts import within
 from rlrun.tracking.publisher import AT_PAUSE_S, TrackerPublisher
 
 log = logging.getLogger(__name__)
@@ -394,7 +395,7 @@ class Orchestrator:
                     await asyncio.sleep(self.poll_s)
                     continue
                 try:
-                    results = [await asyncio.wait_for(self.results.get(), timeout=self.poll_s)]
+                    results = [await within(self.results.get(), self.poll_s)]  # a cancel is never lost (timeouts.py)
                 except asyncio.TimeoutError:
                     results = []
                 if self.paused:  # a snapshot was taken meanwhile and lists these as emitted: they are re-run

@@ -71,8 +71,11 @@ class TrainSource:
         while True:  # a task admit refuses is passed over: the cursor moves on, the caller has recorded it
             index = self.cursor
             task = self.task_at(index)
-            self.cursor += 1  # only past a task that was made: one whose env raised is not passed over
-            if self.admit is None or self.admit(task):
+            admitted = self.admit is None or self.admit(task)
+            # only past a task that was made and judged: one whose env raised, or that admit raised on (refuse), is
+            # not passed over: the run stops on it, and a draw meanwhile (the loop's, after its follower's) asks again
+            self.cursor += 1
+            if admitted:
                 break
         request = GroupRequest(group_id=index, task=task, members=group_size)
         self.note_members(index, request.next_member)

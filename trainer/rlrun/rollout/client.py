@@ -40,6 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from rlrun.api.spec import SamplingSpec
+from rlrun.timeouts import within
 
 SERVED_MODEL_NAME = "policy"
 
@@ -336,7 +337,7 @@ class RolloutClient:
             self._serving.clear()
             try:
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._answered.wait(), self.drain_s)
+                    await within(self._answered.wait(), self.drain_s)
                 await self.pause()
                 self._pauses += 1  # answers from here on may come from the new weights
                 try:
