@@ -96,8 +96,10 @@ async def test_a_run_with_a_constant_reward_warns_then_stops_with_a_permanent_er
     assert "100 % every member scored the same without solving it" in warning
     stopped = re.match(r"no batch can form: (\d+) groups since the run began were rejected", str(exc.value))
     c, out = orch.sink.counters, orch.spec.rollout.max_inflight // 4  # groups in flight at most
-    # looked at every poll (0.01 s here): the count reaches the limit with at most what arrived since the last look
-    assert stopped and LIMIT <= int(stopped[1]) == c.groups_rejected_zero_spread <= LIMIT + out
+    # looked at every poll (0.01 s here): the count reaches the limit with at most what arrived since the last look;
+    # groups in flight may still land while the run winds down, after the count in the message was taken
+    assert stopped and LIMIT <= int(stopped[1]) <= LIMIT + out
+    assert int(stopped[1]) <= c.groups_rejected_zero_spread <= int(stopped[1]) + out
     assert orch.shipped == 0
     # the journal holds the rejected groups' episodes only up to the limit (and what was in flight), then the run stops
     assert c.episodes_finished <= (LIMIT + 2 * out) * 4

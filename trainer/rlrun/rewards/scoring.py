@@ -259,6 +259,7 @@ class _Call:
         self.started: asyncio.Future[float] = loop.create_future()  # set on the loop once a thread starts it
         self.t0: float | None = None  # when a thread started it (monotonic seconds)
         self.given_up = False
+        self.run_s: float | None = None  # its run time, once it returned (seconds)
         self._lock = threading.Lock()
 
     def run(self, func: Callable[..., GroupScores], *args: Any) -> GroupScores | None:
@@ -268,7 +269,10 @@ class _Call:
                 return None
             self.t0 = time.monotonic()
         self.loop.call_soon_threadsafe(_set_result, self.started, self.t0)
-        return func(*args)
+        try:
+            return func(*args)
+        finally:
+            self.run_s = time.monotonic() - self.t0
 
     def give_up(self) -> float | None:
         """Stop waiting for a thread: None, or when a thread started the call meanwhile (it runs)."""
@@ -334,6 +338,8 @@ class RewardScorer:
                         return _failed(rewards, texts, self._no_thread(timeout_s))
                 left = max(0.0, started + timeout_s - time.monotonic())
                 scores = await asyncio.wait_for(asyncio.shield(future), left)
+                if call.run_s is not None and call.run_s > timeout_s:  # done, but past its time (a busy loop saw it late)
+                    raise asyncio.TimeoutError
             except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
                 if call.give_up() is not None and not future.done():
                     self.abandoned += 1
