@@ -92,7 +92,7 @@ def test_defaults_match_the_pydantic_spec():
     assert [defaulted["trainer"][k] for k in trainer] == [resolved["trainer"][k] for k in trainer] == [0, 1, 1]
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("**/*.yaml")), ids=lambda p: p.name)
 def test_examples_pass_the_crd(path):
     doc = yaml.safe_load(path.read_text())
     assert crd_errors(doc) == []
