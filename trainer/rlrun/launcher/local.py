@@ -53,19 +53,16 @@ from rlrun.launcher.preflight import (
 from rlrun.launcher.processes import Child, ChildDied, death_report, free_port, role_exit_code, wait_http_ok
 from rlrun.launcher.progress import (
     Waiting,
+    done_line,
     eval_cell,
-    eval_report,
     label_restored,
+    print_summary,
     progress_cells,
-    reward_gain,
-    summary_table,
-    tracker_lines,
     tracker_plan,
 )
-from rlrun.ledger import check_ledger
 from rlrun.model.build_progress import build_progress
 from rlrun.model.resolve import resolve_model
-from rlrun.rundir import RunDir, read_jsonl, read_metrics
+from rlrun.rundir import RunDir, read_metrics
 
 #: ``python -m rlrun``: each role runs with this launcher's interpreter.
 RLRUN = (sys.executable, "-m", "rlrun")
@@ -191,7 +188,7 @@ class LocalLauncher:
             fh.write(json.dumps({"attempt": n + 1, "resume": resume, "time": time.time()}) + "\n")
         return n + 1
 
-    def start_all(self, model_path: str, resume: bool) -> tuple[Child, Child]:
+    def start_all(self, resume: bool) -> tuple[Child, Child]:
         """Start rollout servers (waiting until healthy), then the trainer and the orchestrator."""
         console = self.console
         self.attempt = self._next_attempt(resume)
@@ -294,8 +291,8 @@ class LocalLauncher:
                 console.print(f"[red]error:[/red] {escape(str(exc))}")
                 return 2
             console.print(f"model: {model_path}")
-            trainer, orch = self.start_all(model_path, self.resume)
-            rows = self._follow(trainer, orch, model_path)
+            trainer, orch = self.start_all(self.resume)
+            rows = self._follow(trainer, orch)
         except ChildDied as exc:
             for line in death_report(exc):  # a permanent error: its message alone; else the log's last lines
                 console.print(line)
@@ -313,33 +310,11 @@ class LocalLauncher:
             self.stop_all()
             raise
         self.stop_all()
-        trained = {r["step"]: r for r in read_jsonl(self.run_dir.trainer_metrics) if "step" in r}  # the last of each
-        console.print(summary_table(rows, trained=trained))
-        gain = reward_gain(rows)
-        if gain:
-            console.print(
-                f"mean reward, first 10 steps {gain[0]:.3f} → last 10 steps {gain[1]:.3f} ({gain[1] - gain[0]:+.3f})"
-            )
-        for line in eval_report(read_jsonl(self.run_dir.evaluations)) + tracker_lines(self.run_dir):
-            console.print(line, markup=False)
-        report = check_ledger(self.run_dir.root / "ledger")
-        console.print(
-            f"ledger: {'ok' if report.ok else 'VIOLATED'} — {report.finished} finished episodes: {report.trained} trained, "
-            f"{report.rejected} rejected, {report.dropped_stale} dropped stale, {report.abandoned} abandoned, "
-            f"{report.leftover} left over"
-            + (f" (+{report.shipped_untrained} in batches shipped, not trained)" if report.shipped_untrained else "")
-            + "; "
-            f"{report.rolled_back} rolled back"
-        )
-        for problem in report.problems[:5]:
-            console.print(f"  [red]{problem}[/red]")
+        report = print_summary(console, self.run_dir, rows)
         preemptions = self.drill.records if self.drill is not None else []
         if preemptions:
             self.drill.record(rollout_restarts=self.rollout_starts - self.spec.rollout.replicas)
-        console.print(
-            f"done: {len(rows)} steps in {time.monotonic() - t_start:.0f} s, {len(preemptions)} "
-            f"preemption(s); run directory {self.run_dir.root}"
-        )
+        console.print(done_line(len(rows), time.monotonic() - t_start, len(preemptions), self.run_dir))
         return 0 if report.ok else 1
 
     def _progress(self, rows: list[dict], evaluations: list[dict], t0: float, trained: list[dict]) -> Table:
@@ -351,7 +326,7 @@ class LocalLauncher:
         table.add_row(*cells, *([evaluated] if evaluated else []))
         return table
 
-    def _follow(self, trainer: Child, orch: Child, model_path: str) -> list[dict]:
+    def _follow(self, trainer: Child, orch: Child) -> list[dict]:
         """Show progress until the trainer and the orchestrator have both exited 0 (running the drill when it
         is due); every step's last metrics line, in step order.
 
@@ -407,7 +382,7 @@ class LocalLauncher:
                         if new_trainer is not None:
                             trainer = new_trainer
                     else:
-                        restarted = drill.preempt(model_path, trainer, orch)
+                        restarted = drill.preempt(trainer, orch)
                         if restarted is not None:
                             trainer, orch = restarted
                     if drill.skipped is not None:  # its last steps first, then why there was no preemption
