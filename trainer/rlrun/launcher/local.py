@@ -144,12 +144,17 @@ class LocalLauncher:
         this interpreter's environment (``python -m rlrun`` without one)."""
         manifest, run_dir, cache = self._paths()
         procs = self.spec.trainer.processes_per_node
-        script = Path(sys.executable).parent / "rlrun"
-        program = (str(script),) if procs > 1 and script.is_file() else RLRUN
+        script = Path(sys.executable).parent / "rlrun"  # torchrun's --no-python runs a script
+        program = (str(script),) if self._under_torchrun and script.is_file() else RLRUN
         command = roles.trainer_command(
             manifest, run_dir, cache, self.attempt, resume=resume, max_steps=self.max_steps, program=program
         )
-        return command if procs == 1 else roles.torchrun_command(command, procs, launcher=TORCHRUN)
+        return roles.trainer_argv(command, procs, launcher=TORCHRUN)
+
+    @property
+    def _under_torchrun(self) -> bool:
+        """Whether the trainer runs under torchrun (:func:`rlrun.roles.under_torchrun`; one node here)."""
+        return roles.under_torchrun(self.spec.trainer.processes_per_node)
 
     def _trainer_env(self) -> dict[str, str]:
         """The trainer's environment: its threads (:meth:`trainer_threads`) shared among its ranks, its exit
@@ -224,7 +229,7 @@ class LocalLauncher:
         """Give the trainer ``sig`` once. Under torchrun only torchrun gets it and forwards it to each
         rank (its ranks sit in sessions of their own); signalling the ranks as well would be their
         second signal, which means "exit now, skip the save"."""
-        if self.spec.trainer.processes_per_node > 1:
+        if self._under_torchrun:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(trainer.pid, sig)
         else:
@@ -240,8 +245,7 @@ class LocalLauncher:
         deadline = t0 + self.trainer_grace_s
         while trainer.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        under_torchrun = self.spec.trainer.processes_per_node > 1
-        code = role_exit_code(trainer.poll(), self._trainer_exit_report_path(), under_torchrun)
+        code = role_exit_code(trainer.poll(), self._trainer_exit_report_path(), self._under_torchrun)
         if code is None:
             self.console.print(
                 f"[yellow]the trainer did not save within its {self.trainer_grace_s:.0f} s grace period: killed; "
