@@ -115,9 +115,15 @@ def command(component: str, attempt: int, run_uid: str = "") -> list[str]:
     manifest, run_dir, cache = naming.MANIFEST_PATH, naming.RUN_DIR, naming.CACHE_DIR
     if component == naming.ORCHESTRATOR:
         return roles.orchestrator_command(
-            manifest, run_dir, cache, attempt, resume=True, run_uid=run_uid,
-            control_host="0.0.0.0", control_port=naming.CONTROL_PORT,
-        )  # fmt: skip
+            manifest,
+            run_dir,
+            cache,
+            attempt,
+            resume=True,
+            run_uid=run_uid,
+            control_host="0.0.0.0",
+            control_port=naming.CONTROL_PORT,
+        )
     if component == naming.TRAINER:
         return roles.trainer_command(manifest, run_dir, cache, attempt, resume=True, run_uid=run_uid)
     if component == naming.ROLLOUT:
@@ -395,18 +401,29 @@ def build_pods(
 
 
 def build_rollout_replacement(
-    body: dict[str, Any], run: RLRun, settings: OperatorSettings, attempt: int, index: int, name: str,
+    body: dict[str, Any],
+    run: RLRun,
+    settings: OperatorSettings,
+    attempt: int,
+    index: int,
+    name: str,
     avoid: Sequence[str] = (),
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The replacement of attempt ``attempt``'s lost rollout pod ``index``, named ``name``
     (``naming.replacement_pod_name``): the same pod, a new name, the same attempt."""
     return _rollout_pod(body, run, settings, attempt, index, avoid, name)
 
 
 def build_trainer_replacement(
-    body: dict[str, Any], run: RLRun, settings: OperatorSettings, attempt: int, name: str, avoid: Sequence[str] = (),
-    node: int | None = None, nodes: int = 1,
-) -> dict[str, Any]:  # fmt: skip
+    body: dict[str, Any],
+    run: RLRun,
+    settings: OperatorSettings,
+    attempt: int,
+    name: str,
+    avoid: Sequence[str] = (),
+    node: int | None = None,
+    nodes: int = 1,
+) -> dict[str, Any]:
     """The replacement of attempt ``attempt``'s lost trainer, named ``name`` (``naming.replacement_name``):
     the trainer pod of :func:`build_pods` with a new name and the same attempt, so its command is the same
     ``rlrun trainer … --attempt <attempt> --run-uid <uid> --resume`` (it restores the newest complete checkpoint

@@ -106,10 +106,16 @@ def local(
         typer.echo("error: --only needs --preempt-at-step", err=True)
         raise typer.Exit(2)
     launcher = LocalLauncher(
-        manifest, run, run_dir=run_dir or Path("runs") / run.metadata.name, max_steps=max_steps,
-        resume=resume, cache_dir=cache_dir, preempt_at_step=preempt_at_step, preempt_only=only.value,
+        manifest,
+        run,
+        run_dir=run_dir or Path("runs") / run.metadata.name,
+        max_steps=max_steps,
+        resume=resume,
+        cache_dir=cache_dir,
+        preempt_at_step=preempt_at_step,
+        preempt_only=only.value,
         check_model=check_prompts,
-    )  # fmt: skip
+    )
     raise typer.Exit(launcher.run())
 
 

@@ -132,9 +132,16 @@ class LocalLauncher:
     def _orchestrator_command(self, resume: bool, rollout_urls: list[str], control_port: int) -> list[str]:
         manifest, run_dir, cache = self._paths()
         return roles.orchestrator_command(
-            manifest, run_dir, cache, self.attempt, resume=resume, max_steps=self.max_steps,
-            rollout_urls=rollout_urls, control_port=control_port, program=RLRUN,
-        )  # fmt: skip
+            manifest,
+            run_dir,
+            cache,
+            self.attempt,
+            resume=resume,
+            max_steps=self.max_steps,
+            rollout_urls=rollout_urls,
+            control_port=control_port,
+            program=RLRUN,
+        )
 
     def _trainer_command(self, resume: bool) -> list[str]:
         """This attempt's trainer command, the same at its start and for a trainer-only restart. With
