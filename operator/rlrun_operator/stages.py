@@ -25,7 +25,6 @@ decide again (a new disruption meanwhile, the run's end) it asks the reconciler 
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import secrets
 import time
@@ -41,7 +40,7 @@ from rlrun_operator.builders import build_run_objects
 from rlrun_operator.disruption import Disruption, node_trouble
 from rlrun_operator.pods import build_pods, build_rollout_replacement, build_trainer_replacement
 from rlrun_operator.run_context import RunContext
-from rlrun_operator.status import PodView, set_condition
+from rlrun_operator.status import PodView, rfc3339_seconds, set_condition
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +86,7 @@ class Reconciling(Protocol):
 def _seconds_since(stamp: str | None) -> float:
     if not stamp:
         return 0.0
-    when = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    return (dt.datetime.now(dt.timezone.utc) - when).total_seconds()
+    return time.time() - rfc3339_seconds(stamp)
 
 
 def _avoiding(avoid: list[str]) -> str:

@@ -39,6 +39,18 @@ def now_rfc3339() -> str:
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def rfc3339_seconds(stamp: str) -> float:
+    """Seconds since the epoch of an RFC 3339 time: as Kubernetes and :func:`now_rfc3339` write it
+    (``2026-11-29T12:00:00Z``), or with fractional seconds or an offset (``+02:00``); one without a zone is UTC.
+    The operator's one parser of the times it reads back (status stamps, ``deletionTimestamp``).
+
+    Raises:
+        ValueError: not such a time.
+    """
+    when = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00").replace("z", "+00:00"))
+    return (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
 def set_condition(
     conditions: list[dict[str, Any]],
     type_: str,
@@ -202,10 +214,6 @@ def rollout_endpoints(pods: list[PodView], attempt: int) -> list[str]:
 RATE_WINDOW_S = 30.0
 
 
-def _seconds(rfc3339: str) -> float:
-    return dt.datetime.strptime(rfc3339, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
-
-
 def _duration(seconds: float) -> str:
     """``45s``, ``12m``, ``3h05m``."""
     if seconds < 60:
@@ -228,7 +236,7 @@ def progress(previous: dict[str, Any] | None, step: int, max_steps: int, now: st
     )
     if sampled_step is None or sampled_at is None or step < sampled_step:
         sampled_step, sampled_at = step, now
-    elif (elapsed := _seconds(now) - _seconds(sampled_at)) >= RATE_WINDOW_S:
+    elif (elapsed := rfc3339_seconds(now) - rfc3339_seconds(sampled_at)) >= RATE_WINDOW_S:
         measured = (step - sampled_step) / (elapsed / 60)
         rate = measured if rate is None else (rate + measured) / 2
         sampled_step, sampled_at = step, now

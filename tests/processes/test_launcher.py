@@ -76,7 +76,7 @@ def test_run_that_finishes_before_the_pause_lands_is_told_and_summarized(tmp_pat
     rd.metrics.write_text("".join(json.dumps(metrics_row(s, 1, 0.5, 900.0)) + "\n" for s in range(1, 7)))
     orch = launcher._start("orchestrator", [sys.executable, "-c", "pass"])  # done and gone
     trainer = launcher._start("trainer", [sys.executable, "-c", "import time; time.sleep(1.5)"])  # still saving
-    rows = launcher._follow(trainer, orch, model_path="unused")
+    rows = launcher._follow(trainer, orch)
     launcher.stop_all()
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert "the run finished before the preemption after trainer step 5 landed: no preemption" in out.getvalue()
@@ -122,7 +122,7 @@ def test_a_pause_that_meets_the_end_of_the_run_restarts_nothing(tmp_path, phase,
     orch = launcher._start("orchestrator", [sys.executable, "-c", FAKE_CONTROL, port, phase, str(pause_step)])
     try:
         wait_http_ok(f"{launcher.control_url}/healthz", orch, timeout_s=30)
-        assert launcher.drill.preempt("unused", trainer, orch) is None
+        assert launcher.drill.preempt(trainer, orch) is None
         assert launcher.drill.skipped == f"the run finished before the preemption after trainer step 5 {told}"
         assert launcher.children == [trainer, orch] and launcher.drill.pauses == []
         assert trainer.poll() is None  # no notice: nothing is left to preempt

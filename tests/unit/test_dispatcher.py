@@ -144,7 +144,7 @@ async def test_a_cancelled_request_never_delivers_a_result_even_if_its_try_compl
     await asyncio.sleep(0.05)
     [cancelled] = dispatcher.cancel_stale(min_version=1)
     assert cancelled.request == request
-    dispatcher._deliver(GroupResult(request, [], 4))  # what the raced task would do next
+    dispatcher._deliver(GroupResult(request, tokens=4))  # what the raced task would do next
     assert results.empty() and dispatcher.emitted_requests() == []
     await dispatcher.aclose()
 

@@ -23,8 +23,9 @@ from rlrun.orchestrator.journal_files import (
     scan_segment,
     segments,
 )
+from rlrun.orchestrator.resume import with_journal
 from rlrun.orchestrator.sink import TrainSink
-from rlrun.orchestrator.snapshot import SinkSnapshot, restore_plan, with_journal
+from rlrun.orchestrator.snapshot import SinkSnapshot, restore_plan
 from rlrun.samples import Episode
 
 TASK = Task("reverse-text", 7, "flat is=", "si talf")

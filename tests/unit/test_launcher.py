@@ -319,6 +319,6 @@ def test_a_log_gets_a_progress_line_every_heartbeat_while_no_step_lands(tmp_path
     monkeypatch.setattr(local, "HEARTBEAT_S", 0.3)
     trainer, orch = ExitsLater("trainer", 1.4), ExitsLater("orchestrator", 1.4)
     launcher.children = [trainer, orch]
-    assert launcher._follow(trainer, orch, "model") == []
+    assert launcher._follow(trainer, orch) == []
     beats = [line for line in out.getvalue().splitlines() if line.startswith("step 0/6  reward —")]
     assert 2 <= len(beats) <= 5, out.getvalue()

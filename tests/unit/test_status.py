@@ -17,7 +17,15 @@ from rlrun_operator.recovery import (
     suspended_patch,
 )
 from rlrun_operator.recovery import failed_patch as failed
-from rlrun_operator.status import PodView, observe, pod_view, progress, rollout_endpoints, set_condition
+from rlrun_operator.status import (
+    PodView,
+    observe,
+    pod_view,
+    progress,
+    rfc3339_seconds,
+    rollout_endpoints,
+    set_condition,
+)
 
 from tests.support.fake_orchestrator import resume_report
 
@@ -270,3 +278,9 @@ def test_observe_writes_progress_and_the_crd_shows_it():
     RLRunStatus.model_validate({"progress": out["progress"]})  # the CRD's schema is this model's
     columns = {c["name"]: c["jsonPath"] for c in PRINTER_COLUMNS}
     assert (columns["Progress"], columns["ETA"]) == (".status.progress.text", ".status.progress.eta")
+
+
+def test_rfc3339_seconds_reads_kubernetes_stamps_fractions_and_offsets_alike():
+    assert rfc3339_seconds(T1) - rfc3339_seconds(T0) == 300.0
+    assert rfc3339_seconds("2026-11-29T12:00:00.5Z") == rfc3339_seconds(T0) + 0.5
+    assert rfc3339_seconds("2026-11-29T14:00:00+02:00") == rfc3339_seconds("2026-11-29T12:00:00") == rfc3339_seconds(T0)

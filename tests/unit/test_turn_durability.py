@@ -19,7 +19,8 @@ from rlrun.ledger import Ledger, LedgerEvent, check_ledger
 from rlrun.orchestrator.groups import KeptConversation
 from rlrun.orchestrator.journal import Journal
 from rlrun.orchestrator.journal_files import journal_root, read_records
-from rlrun.orchestrator.snapshot import SinkSnapshot, pack, restore_plan, unpack, with_journal
+from rlrun.orchestrator.resume import with_journal
+from rlrun.orchestrator.snapshot import SinkSnapshot, pack, restore_plan, unpack
 from rlrun.orchestrator.turns import Conversation
 from rlrun.rollout.fake import fake_vllm_transport
 from rlrun.rundir import RunDir

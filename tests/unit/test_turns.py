@@ -105,7 +105,7 @@ async def test_the_trained_ids_are_the_sampled_stream_with_env_tokens_masked(thi
             -2.5
         ] * len(sampled[2])
         assert ep.reward == pytest.approx(0.5 + 2 * 0.25)  # the last turn's reward plus the per-turn rewards
-    assert result.turns == {"num_turns": [3, 3], "tool_calls": [0, 0], "tool_errors": [0, 0]}
+    assert result.scored.turns == {"num_turns": [3, 3], "tool_calls": [0, 0], "tool_errors": [0, 0]}
     # each turn was prompted with the stream itself; the history rendered again would differ (the template
     # strips the first turn's thinking), which is what the stream protects against
     assert server.prompts[2] == prompt + sampled[0] + answers[0]

@@ -6,7 +6,7 @@
   ``input_ids [B, T]`` int64 (prompt then completion, padded with ``pad_id``),
   ``attention_mask [B, T]`` int64, and, aligned with next-token targets
   ``input_ids[:, 1:]``: ``loss_mask [B, T-1]`` bool (True on sampled completion tokens; a multi-turn
-  episode's env tokens, whose logprob is NaN (:mod:`rlrun.orchestrator.turns`), are False),
+  episode's env tokens, whose logprob is NaN (:data:`rlrun.samples.ENV_TOKEN_LOGPROB`), are False),
   ``old_logprobs [B, T-1]`` float32 (the sampling policy's logprobs, 0 off the mask);
   ``advantages [B]`` float32;
 - ``meta.json`` (:func:`rlrun.rundir.write_meta`): step, the orchestrator's attempt number,
@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rlrun.rundir import META_FILE, publish_dir, write_meta
-from rlrun.samples import TrainingSample
+from rlrun.samples import TrainingSample, sampled_mask
 
 SAMPLES_FILE = "samples.safetensors"
 
@@ -68,7 +68,7 @@ def collate(samples: list[TrainingSample], pad_id: int) -> dict[str, torch.Tenso
         attention_mask[i, : len(ids)] = 1
         # target input_ids[:, t + 1] is predicted at position t: completion token j sits at p + j.
         logprobs = torch.tensor(list(s.logprobs), dtype=torch.float32)
-        sampled = ~torch.isnan(logprobs)  # an env token of a multi-turn episode was not sampled: not trained
+        sampled = sampled_mask(logprobs)  # an env token of a multi-turn episode was not sampled: not trained
         loss_mask[i, p - 1 : p - 1 + c] = sampled
         old_logprobs[i, p - 1 : p - 1 + c] = torch.where(sampled, logprobs, 0.0)
     return {

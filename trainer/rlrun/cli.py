@@ -1,17 +1,16 @@
 """``rlrun`` command line: the typer commands, the local launcher's and the ones pods run.
 
-Each role command (``rlrun orchestrator``, ``rlrun trainer``) reports how it exits through :mod:`rlrun.role_exit`
-(exit statuses, the exit report); ``--run-uid`` (``$RLRUN_RUN_UID``, the operator passes the RLRun's uid) numbers
+Every command is a declaration: its options, then a call to the module that does the work. The role commands
+(``rlrun orchestrator``, ``rlrun trainer``) exit with what :func:`rlrun.orchestrator.main.run_orchestrator` and
+:func:`rlrun.training.main.run_trainer` return (exit statuses and the exit report: :mod:`rlrun.role_exit`); ``--run-uid`` (``$RLRUN_RUN_UID``, the operator passes the RLRun's uid) numbers
 attempts per run directory: see :func:`rlrun.rundir.run_dir_attempt`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
-import signal
 import sys
 from enum import Enum
 from pathlib import Path
@@ -21,7 +20,6 @@ import typer
 from rlrun.api.spec import RLRun
 from rlrun.manifest import Checks, ManifestError, load_manifest
 from rlrun.model.resolve import init_builtin_model  # no torch: the builds import it when they run
-from rlrun.role_exit import reporting
 
 log = logging.getLogger("rlrun.cli")
 
@@ -108,10 +106,16 @@ def local(
         typer.echo("error: --only needs --preempt-at-step", err=True)
         raise typer.Exit(2)
     launcher = LocalLauncher(
-        manifest, run, run_dir=run_dir or Path("runs") / run.metadata.name, max_steps=max_steps,
-        resume=resume, cache_dir=cache_dir, preempt_at_step=preempt_at_step, preempt_only=only.value,
+        manifest,
+        run,
+        run_dir=run_dir or Path("runs") / run.metadata.name,
+        max_steps=max_steps,
+        resume=resume,
+        cache_dir=cache_dir,
+        preempt_at_step=preempt_at_step,
+        preempt_only=only.value,
         check_model=check_prompts,
-    )  # fmt: skip
+    )
     raise typer.Exit(launcher.run())
 
 
@@ -144,23 +148,16 @@ def rollout(
     run = _load(manifest, checks="static")
     model = resolve_model(run.spec.model, cache_dir, envs=run.spec.envs)
     if fake:
-        from rlrun.rollout.fake import serve_fake_vllm
+        from rlrun.rollout.fake import model_eos_id, serve_fake_vllm
 
         rate = f"{fake_samples_per_s:g} samples/s" if fake_samples_per_s else "instant"
         log.info("rollout server: the fake (%s) for %s on %s:%d", rate, model, host, port)
-        serve_fake_vllm(host, port, samples_per_s=fake_samples_per_s, eos_id=_eos_id(model), seed=run.spec.seed)
+        serve_fake_vllm(host, port, samples_per_s=fake_samples_per_s, eos_id=model_eos_id(model), seed=run.spec.seed)
         return
     from rlrun.rollout.server import serve
 
     log.info("rollout server: vLLM for %s on %s:%d", model, host, port)
     serve(run.spec, model, host, port)
-
-
-def _eos_id(model: str) -> int:
-    """The model's EOS token id from its ``config.json`` (the first one when it lists several; 0 without one)."""
-    config = Path(model) / "config.json"
-    eos = json.loads(config.read_text()).get("eos_token_id") if config.is_file() else None
-    return (eos[0] if isinstance(eos, list) else eos) or 0
 
 
 @app.command()
@@ -192,41 +189,10 @@ def trainer(
     alone publishes and writes the exit report. A notice (SIGTERM, which torchrun forwards to
     every rank) seen by any rank stops all of them at the same step boundary.
     """
-    from rlrun.model.resolve import resolve_model
-    from rlrun.rundir import RunDir
-    from rlrun.training.distributed import init_from_env, teardown
-    from rlrun.training.signals import Notice, stop_at_once
-    from rlrun.training.trainer import Trainer
+    from rlrun.training.main import run_trainer
 
     _setup_logging("trainer")
-    with reporting("trainer") as exit_:
-        stop_at_once()
-        dp = init_from_env()
-        exit_.writes_report = dp.is_main
-        run = load_manifest(manifest, checks="static")  # the trainer needs no env code or data
-        exit_.max_steps = max_steps or run.spec.max_steps
-        t = Trainer(
-            run.spec, RunDir(run_dir), resolve_model(run.spec.model, cache_dir, envs=run.spec.envs), max_steps,
-            resume, attempt, run_uid=run_uid, dp=dp if dp.distributed else None,
-        )  # fmt: skip
-        exit_.step = t.step
-        notice = Notice(t)
-        notice.install()
-        try:
-            exit_.step = t.run()
-        finally:
-            exit_.step = t.step
-        teardown(dp)  # every rank got here together (a no-op in one process)
-        stopped_by = notice.stopped_by()
-        if stopped_by is not None and t.step < exit_.max_steps:
-            name = signal.Signals(stopped_by).name
-            saved = (
-                f"saved trainer checkpoint step {t.saved_on_notice}"
-                if t.saved_on_notice is not None
-                else f"the trainer part of step {t.step} was already written"
-            )
-            exit_.finish("interrupted", 128 + stopped_by, f"stopped by {name} at step {t.step}: {saved}")
-        exit_.finish("complete", 0, f"trained steps up to {t.step}")
+    raise typer.Exit(run_trainer(manifest, run_dir, max_steps, resume, cache_dir, attempt, run_uid))
 
 
 @app.command()
@@ -256,52 +222,31 @@ def orchestrator(
     """
     import os
 
-    from rlrun.model.resolve import resolve_model
-    from rlrun.orchestrator.loop import Orchestrator
-    from rlrun.rundir import RunDir
+    from rlrun.orchestrator.main import run_orchestrator
+    from rlrun.roles import CONTROL_TOKEN_ENV
 
     _setup_logging("orchestrator")
-    token = os.environ.get("RLRUN_CONTROL_TOKEN")
+    token = os.environ.get(CONTROL_TOKEN_ENV)
     if control_port is not None and not token:
         typer.echo("error: --control-port needs $RLRUN_CONTROL_TOKEN (the bearer token)", err=True)
         raise typer.Exit(2)
     if not rollout_url and control_port is None:
         typer.echo("error: give --rollout-url, or --control-port so the operator can send the endpoints", err=True)
         raise typer.Exit(2)
-    with reporting("orchestrator") as exit_:
-        run = load_manifest(manifest)
-        for line in run.spec.deprecations:
-            log.warning("%s", line)
-        exit_.max_steps = max_steps or run.spec.max_steps
-        orch = Orchestrator(
-            run.spec,
-            RunDir(run_dir),
-            rollout_url,
-            resolve_model(run.spec.model, cache_dir, envs=run.spec.envs),
-            max_steps,
-            resume,
-            attempt=attempt,
-            control_port=control_port,
-            control_host=control_host,
-            control_token=token,
-            run_uid=run_uid,
-            name=run.metadata.name,
-        )
-        try:
-            asyncio.run(orch.run())
-        finally:
-            exit_.step = orch.shipped
-        if orch.termination.error is not None:  # SIGTERM came and the snapshot could not be written
-            exit_.finish(
-                "interrupted", 1, f"SIGTERM: the pause snapshot could not be written: {orch.termination.error}"
-            )
-        if orch.phase == "done":
-            exit_.finish("complete", 0, f"shipped and checkpointed steps up to {orch.shipped}")
-        if orch.paused:
-            pause = orch.last_pause
-            saved = f"snapshot of step {pause.step} written" if pause and pause.step is not None else "nothing to save"
-            exit_.finish("paused", 0, f"paused at step {orch.shipped}: {saved}")
-        exit_.finish("interrupted", 0, f"stopped at step {orch.shipped}")
+    code = run_orchestrator(
+        manifest,
+        run_dir,
+        rollout_url,
+        max_steps,
+        resume,
+        cache_dir,
+        attempt,
+        run_uid,
+        control_host,
+        control_port,
+        token,
+    )
+    raise typer.Exit(code)
 
 
 @app.command("eval")
@@ -318,7 +263,7 @@ def eval_(
     as_json: bool = typer.Option(False, "--json", help="Print the evaluation as one JSON line."),
 ) -> None:
     """Evaluate a saved checkpoint on each env's held-out tasks (greedy and sampled), on a rollout server of its own."""
-    from rlrun.launcher.evaluate import EvalError, evaluate_checkpoint
+    from rlrun.launcher.evaluate import EvalError, eval_table, evaluate_checkpoint
     from rlrun.orchestrator.evaluation import evaluate_weights
     from rlrun.rollout.client import RolloutError
 
@@ -333,15 +278,8 @@ def eval_(
         typer.echo(json.dumps(line))
         return
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"{run_dir}: policy {line['policy_version']}, {line['tasks']} held-out tasks")
-    for col in ("env", "greedy solved", "greedy reward", "sampled reward", f"pass@{line['samples_per_task']}"):
-        table.add_column(col, justify="right")
-    for name, e in [*line["per_env"].items(), ("all", line)]:
-        cells = (e["greedy_solved"], e["greedy_reward"], e["sampled_reward"], e["pass_at_k"])
-        table.add_row(name, *(f"{v:.3f}" for v in cells))
-    Console().print(table)
+    Console().print(eval_table(run_dir, line))
 
 
 @app.command("operator")
@@ -367,18 +305,15 @@ def crd(
     stdout: bool = typer.Option(False, "--stdout", help="Print the CRD instead of writing files."),
 ) -> None:
     """Generate the RLRun CRD from the spec into crds/ and the Helm chart's crds/."""
-    from rlrun.api.crd import CHART_CRD_FILE, CRD_FILE, render_crd, write_crds
+    from rlrun.api.crd import render_crd, stale_crds, write_crds
 
     if stdout:
         typer.echo(render_crd(), nl=False)
         return
     if check:
-        text = render_crd()
-        stale = [
-            str(p) for p in (CRD_FILE, CHART_CRD_FILE) if not (root / p).is_file() or (root / p).read_text() != text
-        ]
+        stale = stale_crds(root)
         if stale:
-            typer.echo(f"out of date (run `rlrun crd`): {', '.join(stale)}", err=True)
+            typer.echo(f"out of date (run `rlrun crd`): {', '.join(map(str, stale))}", err=True)
             raise typer.Exit(1)
         typer.echo("CRDs up to date")
         return

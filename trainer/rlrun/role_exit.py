@@ -13,7 +13,9 @@ exit (:func:`~rlrun.api.control.write_exit_report`):
 | 1 | ``error`` | it raised; retrying may heal it (a lost server, a full disk, …) |
 | 78 | ``error``, ``permanent`` | retrying cannot heal it (``sysexits.h`` ``EX_CONFIG``): reason ``InvalidManifest``, ``CheckpointMismatch`` (the manifest's settings differ from the checkpoint's) or ``WeightsMismatch`` (weights that do not fit the model); :func:`rlrun.errors.classify_error` |
 
-A role command runs its body inside :func:`reporting` and ends with :meth:`RoleExit.finish`.
+A role (:func:`rlrun.training.main.run_trainer`, :func:`rlrun.orchestrator.main.run_orchestrator`) runs its body
+inside :func:`reporting`, ends with :meth:`RoleExit.finish` and returns the exit status it chose (:attr:`RoleExit.code`);
+the ``rlrun`` command exits with it.
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Iterator
 from typing import Literal
-
-import typer
 
 from rlrun.api.control import EXIT_PERMANENT, ExitOutcome, ExitReport, write_exit_report
 from rlrun.errors import classify_error
@@ -48,8 +49,9 @@ def raise_terminated(signum: int, frame: object) -> None:
 class RoleExit:
     """What a role process reports when it exits (:class:`~rlrun.api.control.ExitReport`).
 
-    The command sets :attr:`step` and :attr:`max_steps` as it learns them and ends with
-    :meth:`finish`; :func:`reporting` turns an exception into an ``error`` report instead.
+    The role sets :attr:`step` and :attr:`max_steps` as it learns them and ends with
+    :meth:`finish`; :func:`reporting` turns an exception into an ``error`` report instead. Either way
+    :attr:`code` is then the process's exit status.
     """
 
     def __init__(self, role: Literal["orchestrator", "trainer"]) -> None:
@@ -58,6 +60,9 @@ class RoleExit:
         self.max_steps: int | None = None
         #: False on trainer ranks other than 0: rank 0 alone writes the exit report.
         self.writes_report = True
+        #: The exit status, once :meth:`finish` or :func:`reporting` decided it (1 until then: an exit no one
+        #: decided is an error).
+        self.code = 1
 
     def report(self, outcome: ExitOutcome, message: str = "", permanent: bool = False, reason: str | None = None):
         """Write the exit report (a no-op without ``$RLRUN_TERMINATION_LOG``, or when not :attr:`writes_report`)."""
@@ -69,15 +74,13 @@ class RoleExit:
         )  # fmt: skip
         write_exit_report(report)
 
-    def finish(self, outcome: ExitOutcome, code: int = 0, message: str = "") -> None:
-        """Report ``outcome`` and exit with ``code`` (:func:`exiting`).
-
-        Raises:
-            typer.Exit: always.
-        """
+    def finish(self, outcome: ExitOutcome, code: int = 0, message: str = "") -> int:
+        """Report ``outcome``, decide the exit status ``code`` and ignore SIGTERM from here on (:func:`exiting`);
+        returns ``code`` (the role returns it, and its process exits with it)."""
         self.report(outcome, message)
         exiting()
-        raise typer.Exit(code)
+        self.code = code
+        return code
 
 
 def exiting() -> None:
@@ -92,14 +95,13 @@ def exiting() -> None:
 
 @contextlib.contextmanager
 def reporting(role: Literal["orchestrator", "trainer"]) -> Iterator[RoleExit]:
-    """Run a role command's body: on an exception write an ``error`` exit report and exit 1, or
+    """Run a role's body: on an exception write an ``error`` exit report and set :attr:`RoleExit.code` to 1, or
     :data:`~rlrun.api.control.EXIT_PERMANENT` (78) when :func:`classify_error` says permanent; on
-    SIGTERM/SIGINT (:class:`Terminated`) report ``interrupted`` and exit 128 + the signal."""
+    SIGTERM/SIGINT (:class:`Terminated`) report ``interrupted`` with 128 + the signal. The exception ends there
+    (the report says it all): the code after the ``with`` returns :attr:`RoleExit.code`. ``SystemExit`` passes."""
     exit_ = RoleExit(role)
     try:
         yield exit_
-    except (typer.Exit, SystemExit):
-        raise
     except Terminated as sig:
         log.warning("%s: stopping without finishing (%s)", role, sig)
         exit_.finish("interrupted", 128 + sig.signum, f"stopped by {sig} at step {exit_.step}")
@@ -108,11 +110,11 @@ def reporting(role: Literal["orchestrator", "trainer"]) -> Iterator[RoleExit]:
     except Exception as exc:
         permanent, reason = classify_error(exc)
         if isinstance(exc, ManifestError):
-            typer.echo(str(exc), err=True)
+            print(exc, file=sys.stderr)
         elif permanent:  # a refusal the user can act on (the message says what): a traceback adds nothing
             log.error("%s failed (permanent: retrying cannot heal it): %s: %s", role, reason, exc)
         else:
             log.exception("%s failed", role)
         exit_.report("error", f"{type(exc).__name__}: {exc}", permanent, reason)
         exiting()
-        raise typer.Exit(EXIT_PERMANENT if permanent else 1) from None
+        exit_.code = EXIT_PERMANENT if permanent else 1

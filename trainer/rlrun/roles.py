@@ -8,6 +8,9 @@ manifest, run directory and model cache paths, ports and addresses — and nothi
 canonical order of a role command is ``<program> <role> MANIFEST --run-dir … --cache-dir …
 --attempt N [--run-uid U] [--max-steps N] [--resume]`` then the role's own options.
 
+The trainer's process shape is decided here too, for both launchers: one rank runs :func:`trainer_command` as it
+is; more (:func:`under_torchrun`: ``nodes × processes_per_node`` > 1) run it under torchrun (:func:`trainer_argv`).
+
 The environment a role needs from its launcher: the orchestrator's bearer token in
 :data:`CONTROL_TOKEN_ENV`; a trainer under torchrun, :data:`TORCHRUN_SHUTDOWN_TIMEOUT_ENV` set to its
 grace period (:func:`trainer_env`).
@@ -154,9 +157,39 @@ def torchrun_command(
     return [*launch, "--max-restarts", "0", "--no-python", *command]
 
 
-def trainer_env(processes_per_node: int, grace_s: float) -> dict[str, str]:
-    """What the trainer's environment needs besides its launcher's: under torchrun
-    (``processes_per_node`` or nodes > 1), :data:`TORCHRUN_SHUTDOWN_TIMEOUT_ENV` = the trainer's grace
-    period (seconds, rounded up), so the ranks' save on notice is cut short only by the launcher's own
-    SIGKILL, never by torchrun's 30 s default."""
-    return {TORCHRUN_SHUTDOWN_TIMEOUT_ENV: str(math.ceil(grace_s))} if processes_per_node > 1 else {}
+def under_torchrun(processes_per_node: int, nodes: int = 1) -> bool:
+    """Whether a trainer of ``nodes × processes_per_node`` ranks runs under torchrun: more than one rank. One rank
+    runs :func:`trainer_command` as it is (no torchrun, no process group), whichever launcher starts it; what signals
+    it and reads its exit status follows from this too (torchrun forwards a signal to its ranks and exits with its own
+    status: ``rlrun.launcher.processes.role_exit_code``)."""
+    return nodes * processes_per_node > 1
+
+
+def trainer_argv(
+    command: Sequence[str],
+    processes_per_node: int,
+    nodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    rendezvous_timeout_s: int | None = None,
+    launcher: Sequence[str] = TORCHRUN,
+) -> list[str]:
+    """The trainer's argv: ``command`` (a :func:`trainer_command`) as it is for one rank, else under
+    :func:`torchrun_command` (whose arguments these are; :func:`under_torchrun` decides).
+
+    Raises:
+        ValueError: several nodes without ``master_addr``/``master_port``.
+    """
+    if not under_torchrun(processes_per_node, nodes):
+        return list(command)
+    return torchrun_command(
+        command, processes_per_node, nodes, node_rank, master_addr, master_port, rendezvous_timeout_s, launcher
+    )
+
+
+def trainer_env(processes_per_node: int, grace_s: float, nodes: int = 1) -> dict[str, str]:
+    """What the trainer's environment needs besides its launcher's: under torchrun (:func:`under_torchrun`),
+    :data:`TORCHRUN_SHUTDOWN_TIMEOUT_ENV` = the trainer's grace period (seconds, rounded up), so the ranks' save on
+    notice is cut short only by the launcher's own SIGKILL, never by torchrun's 30 s default."""
+    return {TORCHRUN_SHUTDOWN_TIMEOUT_ENV: str(math.ceil(grace_s))} if under_torchrun(processes_per_node, nodes) else {}

@@ -387,3 +387,22 @@ def read_metrics(path: Path, offset: int = 0) -> tuple[list[dict], int]:
 def read_jsonl(path: Path) -> list[dict]:
     """Every complete JSON line of ``path`` (:func:`read_metrics` from the start; none when it does not exist)."""
     return read_metrics(path)[0]
+
+
+def holds_a_run(run_dir: RunDir, *, count_batches: bool = True) -> list[Path]:
+    """What shows that ``run_dir`` already holds a run a fresh start (no ``--resume``) must not write over: those of
+    ``checkpoints/`` and ``rollouts/`` holding a step past 0; empty (false) when it holds none.
+
+    The threshold is **past step 0**, for every caller (``rlrun local`` before any process starts, the orchestrator
+    and the trainer as they start). Step 0 is what a fresh start writes itself: the trainer's start-up checkpoint of
+    the starting weights, before any batch (batches are numbered from 1) — no trained step, no episode, nothing a
+    fresh start would lose, and a new one writes it again. So a run killed before its first step can be started again
+    without ``--resume``, by the launcher and the operator alike, and the orchestrator and trainer, which start
+    together, never take each other's step 0 for an earlier run's.
+
+    Args:
+        count_batches: False for the trainer, the one caller that must not count batches: its own orchestrator, started
+            with it, may already be shipping this run's first ones (the orchestrator counts them, by this same rule).
+    """
+    parents = (run_dir.checkpoints, run_dir.rollouts) if count_batches else (run_dir.checkpoints,)
+    return [p for p in parents if any(n > 0 for n in step_dirs(p))]

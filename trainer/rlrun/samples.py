@@ -15,11 +15,47 @@ flat tensors at ``memcpy`` speed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlrun.envs.base import Task
+
+if TYPE_CHECKING:
+    import torch
+
+#: The logprob an env token of a multi-turn episode carries: NaN, since it was not sampled and has none
+#: (:mod:`rlrun.orchestrator.turns`). The mask travels as the logprob: a token is trained exactly when its logprob
+#: is a number (:func:`is_sampled`, :func:`count_sampled`, on a tensor :func:`sampled_mask`); JSON holds an env
+#: token's logprob as ``null`` (:func:`logprobs_to_json`).
+ENV_TOKEN_LOGPROB = math.nan
+
+
+def is_sampled(logprob: float) -> bool:
+    """Whether a completion token with this logprob was sampled (trained), not an env token's
+    (:data:`ENV_TOKEN_LOGPROB`)."""
+    return not math.isnan(logprob)
+
+
+def count_sampled(logprobs: Sequence[float]) -> int:
+    """Tokens with these logprobs that were sampled (:func:`is_sampled`); env tokens are not counted."""
+    return sum(map(is_sampled, logprobs))
+
+
+def sampled_mask(logprobs: torch.Tensor) -> torch.Tensor:
+    """:func:`is_sampled` of each element of ``logprobs`` (any shape; a bool tensor of that shape)."""
+    return ~logprobs.isnan()
+
+
+def logprobs_to_json(logprobs: Sequence[float]) -> list[float | None]:
+    """``logprobs`` as JSON holds them: an env token's (:data:`ENV_TOKEN_LOGPROB`) as ``null``."""
+    return [x if is_sampled(x) else None for x in logprobs]
+
+
+def logprobs_from_json(values: Sequence[float | None]) -> list[float]:
+    """Inverse of :func:`logprobs_to_json`."""
+    return [ENV_TOKEN_LOGPROB if x is None else float(x) for x in values]
 
 
 def episode_id(group_id: int, member: int) -> str:

@@ -429,6 +429,13 @@ def render_crd() -> str:
     return header + yaml.safe_dump(build_crd(), sort_keys=False, allow_unicode=True, width=100)
 
 
+def stale_crds(root: Path) -> list[Path]:
+    """``rlrun crd --check``: the CRD files (:data:`CRD_FILE`, :data:`CHART_CRD_FILE`, relative to ``root``) missing
+    under ``root`` or differing from what :func:`render_crd` writes; empty when both are up to date."""
+    text = render_crd()
+    return [p for p in (CRD_FILE, CHART_CRD_FILE) if not (root / p).is_file() or (root / p).read_text() != text]
+
+
 def write_crds(root: Path) -> list[Path]:
     """Write the CRD to ``root/crds/`` and the chart's ``crds/``; returns the paths written."""
     text = render_crd()

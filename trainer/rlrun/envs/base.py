@@ -30,6 +30,9 @@ SPLITS: tuple[Split, ...] = ("train", "eval")
 Messages = list[dict[str, str]]
 #: Roles a chat prompt's messages may have.
 MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+#: A reward at least this solves its task: the top reward, 1, up to rounding (rewards are in ``[0, 1]``). What the
+#: sink calls a group "solved by all", the evaluation ``greedy_solved`` and ``pass@k``, the tiny model's build "solved".
+SOLVED_REWARD = 1.0 - 1e-9
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rich.table import Table
 
 from rlrun import roles
 from rlrun.api.spec import RLRunSpec
@@ -126,3 +127,16 @@ def eval_server(spec: RLRunSpec, run_dir: RunDir, cache_dir: Path | None, health
             yield f"http://127.0.0.1:{port}"
         finally:
             server.stop()
+
+
+def eval_table(run_dir: Path, line: dict[str, Any]) -> Table:
+    """``rlrun eval``'s table of an evaluation ``line`` (one line of ``eval.jsonl``,
+    :func:`rlrun.orchestrator.evaluation.evaluate_weights`): greedy solved, greedy reward, sampled reward and
+    pass@k (k: its ``samples_per_task``) per env, then over all envs; each a fraction or mean reward, 3 decimals."""
+    table = Table(title=f"{run_dir}: policy {line['policy_version']}, {line['tasks']} held-out tasks")
+    for col in ("env", "greedy solved", "greedy reward", "sampled reward", f"pass@{line['samples_per_task']}"):
+        table.add_column(col, justify="right")
+    for name, e in [*line["per_env"].items(), ("all", line)]:
+        cells = (e["greedy_solved"], e["greedy_reward"], e["sampled_reward"], e["pass_at_k"])
+        table.add_row(name, *(f"{v:.3f}" for v in cells))
+    return table

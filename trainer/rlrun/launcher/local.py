@@ -53,19 +53,16 @@ from rlrun.launcher.preflight import (
 from rlrun.launcher.processes import Child, ChildDied, death_report, free_port, role_exit_code, wait_http_ok
 from rlrun.launcher.progress import (
     Waiting,
+    done_line,
     eval_cell,
-    eval_report,
     label_restored,
+    print_summary,
     progress_cells,
-    reward_gain,
-    summary_table,
-    tracker_lines,
     tracker_plan,
 )
-from rlrun.ledger import check_ledger
 from rlrun.model.build_progress import build_progress
 from rlrun.model.resolve import resolve_model
-from rlrun.rundir import RunDir, read_jsonl, read_metrics
+from rlrun.rundir import RunDir, read_metrics
 
 #: ``python -m rlrun``: each role runs with this launcher's interpreter.
 RLRUN = (sys.executable, "-m", "rlrun")
@@ -135,9 +132,16 @@ class LocalLauncher:
     def _orchestrator_command(self, resume: bool, rollout_urls: list[str], control_port: int) -> list[str]:
         manifest, run_dir, cache = self._paths()
         return roles.orchestrator_command(
-            manifest, run_dir, cache, self.attempt, resume=resume, max_steps=self.max_steps,
-            rollout_urls=rollout_urls, control_port=control_port, program=RLRUN,
-        )  # fmt: skip
+            manifest,
+            run_dir,
+            cache,
+            self.attempt,
+            resume=resume,
+            max_steps=self.max_steps,
+            rollout_urls=rollout_urls,
+            control_port=control_port,
+            program=RLRUN,
+        )
 
     def _trainer_command(self, resume: bool) -> list[str]:
         """This attempt's trainer command, the same at its start and for a trainer-only restart. With
@@ -147,12 +151,17 @@ class LocalLauncher:
         this interpreter's environment (``python -m rlrun`` without one)."""
         manifest, run_dir, cache = self._paths()
         procs = self.spec.trainer.processes_per_node
-        script = Path(sys.executable).parent / "rlrun"
-        program = (str(script),) if procs > 1 and script.is_file() else RLRUN
+        script = Path(sys.executable).parent / "rlrun"  # torchrun's --no-python runs a script
+        program = (str(script),) if self._under_torchrun and script.is_file() else RLRUN
         command = roles.trainer_command(
             manifest, run_dir, cache, self.attempt, resume=resume, max_steps=self.max_steps, program=program
         )
-        return command if procs == 1 else roles.torchrun_command(command, procs, launcher=TORCHRUN)
+        return roles.trainer_argv(command, procs, launcher=TORCHRUN)
+
+    @property
+    def _under_torchrun(self) -> bool:
+        """Whether the trainer runs under torchrun (:func:`rlrun.roles.under_torchrun`; one node here)."""
+        return roles.under_torchrun(self.spec.trainer.processes_per_node)
 
     def _trainer_env(self) -> dict[str, str]:
         """The trainer's environment: its threads (:meth:`trainer_threads`) shared among its ranks, its exit
@@ -191,7 +200,7 @@ class LocalLauncher:
             fh.write(json.dumps({"attempt": n + 1, "resume": resume, "time": time.time()}) + "\n")
         return n + 1
 
-    def start_all(self, model_path: str, resume: bool) -> tuple[Child, Child]:
+    def start_all(self, resume: bool) -> tuple[Child, Child]:
         """Start rollout servers (waiting until healthy), then the trainer and the orchestrator."""
         console = self.console
         self.attempt = self._next_attempt(resume)
@@ -227,7 +236,7 @@ class LocalLauncher:
         """Give the trainer ``sig`` once. Under torchrun only torchrun gets it and forwards it to each
         rank (its ranks sit in sessions of their own); signalling the ranks as well would be their
         second signal, which means "exit now, skip the save"."""
-        if self.spec.trainer.processes_per_node > 1:
+        if self._under_torchrun:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(trainer.pid, sig)
         else:
@@ -243,8 +252,7 @@ class LocalLauncher:
         deadline = t0 + self.trainer_grace_s
         while trainer.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        under_torchrun = self.spec.trainer.processes_per_node > 1
-        code = role_exit_code(trainer.poll(), self._trainer_exit_report_path(), under_torchrun)
+        code = role_exit_code(trainer.poll(), self._trainer_exit_report_path(), self._under_torchrun)
         if code is None:
             self.console.print(
                 f"[yellow]the trainer did not save within its {self.trainer_grace_s:.0f} s grace period: killed; "
@@ -294,8 +302,8 @@ class LocalLauncher:
                 console.print(f"[red]error:[/red] {escape(str(exc))}")
                 return 2
             console.print(f"model: {model_path}")
-            trainer, orch = self.start_all(model_path, self.resume)
-            rows = self._follow(trainer, orch, model_path)
+            trainer, orch = self.start_all(self.resume)
+            rows = self._follow(trainer, orch)
         except ChildDied as exc:
             for line in death_report(exc):  # a permanent error: its message alone; else the log's last lines
                 console.print(line)
@@ -313,33 +321,11 @@ class LocalLauncher:
             self.stop_all()
             raise
         self.stop_all()
-        trained = {r["step"]: r for r in read_jsonl(self.run_dir.trainer_metrics) if "step" in r}  # the last of each
-        console.print(summary_table(rows, trained=trained))
-        gain = reward_gain(rows)
-        if gain:
-            console.print(
-                f"mean reward, first 10 steps {gain[0]:.3f} → last 10 steps {gain[1]:.3f} ({gain[1] - gain[0]:+.3f})"
-            )
-        for line in eval_report(read_jsonl(self.run_dir.evaluations)) + tracker_lines(self.run_dir):
-            console.print(line, markup=False)
-        report = check_ledger(self.run_dir.root / "ledger")
-        console.print(
-            f"ledger: {'ok' if report.ok else 'VIOLATED'} — {report.finished} finished episodes: {report.trained} trained, "
-            f"{report.rejected} rejected, {report.dropped_stale} dropped stale, {report.abandoned} abandoned, "
-            f"{report.leftover} left over"
-            + (f" (+{report.shipped_untrained} in batches shipped, not trained)" if report.shipped_untrained else "")
-            + "; "
-            f"{report.rolled_back} rolled back"
-        )
-        for problem in report.problems[:5]:
-            console.print(f"  [red]{problem}[/red]")
+        report = print_summary(console, self.run_dir, rows)
         preemptions = self.drill.records if self.drill is not None else []
         if preemptions:
             self.drill.record(rollout_restarts=self.rollout_starts - self.spec.rollout.replicas)
-        console.print(
-            f"done: {len(rows)} steps in {time.monotonic() - t_start:.0f} s, {len(preemptions)} "
-            f"preemption(s); run directory {self.run_dir.root}"
-        )
+        console.print(done_line(len(rows), time.monotonic() - t_start, len(preemptions), self.run_dir))
         return 0 if report.ok else 1
 
     def _progress(self, rows: list[dict], evaluations: list[dict], t0: float, trained: list[dict]) -> Table:
@@ -351,7 +337,7 @@ class LocalLauncher:
         table.add_row(*cells, *([evaluated] if evaluated else []))
         return table
 
-    def _follow(self, trainer: Child, orch: Child, model_path: str) -> list[dict]:
+    def _follow(self, trainer: Child, orch: Child) -> list[dict]:
         """Show progress until the trainer and the orchestrator have both exited 0 (running the drill when it
         is due); every step's last metrics line, in step order.
 
@@ -407,7 +393,7 @@ class LocalLauncher:
                         if new_trainer is not None:
                             trainer = new_trainer
                     else:
-                        restarted = drill.preempt(model_path, trainer, orch)
+                        restarted = drill.preempt(trainer, orch)
                         if restarted is not None:
                             trainer, orch = restarted
                     if drill.skipped is not None:  # its last steps first, then why there was no preemption

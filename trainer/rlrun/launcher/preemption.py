@@ -136,7 +136,7 @@ class Launcher(Protocol):
     health_timeout_s: float
     trainer_metrics_start: int
 
-    def start_all(self, model_path: str, resume: bool) -> tuple[Child, Child]:
+    def start_all(self, resume: bool) -> tuple[Child, Child]:
         """Start every process of the next attempt; its trainer and orchestrator."""
         ...
 
@@ -272,7 +272,7 @@ class PreemptionDrill:
         ]
         return max(parts, default=None)
 
-    def preempt(self, model_path: str, trainer: Child, orch: Child) -> tuple[Child, Child] | None:
+    def preempt(self, trainer: Child, orch: Child) -> tuple[Child, Child] | None:
         """The ``all`` drill: pause through the control server, the trainer's notice (it saves, the paused
         orchestrator pairs), SIGKILL everything, restart with ``--resume``; the new trainer and
         orchestrator, or None when the run finished before the pause (:attr:`skipped` says so)."""
@@ -316,7 +316,7 @@ class PreemptionDrill:
             "trainer_exit": code, "trainer_saved_step": part, "from_attempt": launcher.attempt,
         }  # fmt: skip
         self.records.append(record)
-        trainer, orch = launcher.start_all(model_path, resume=True)
+        trainer, orch = launcher.start_all(resume=True)
         self._watch_next_step(record)
         report, finished_at_once = self.await_resume_report(trainer, orch)
         if report is None:

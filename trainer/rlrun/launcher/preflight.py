@@ -15,7 +15,7 @@ from __future__ import annotations
 from rlrun.api.spec import RLRunSpec
 from rlrun.checkpoint import check_compatible, latest_complete_checkpoint, load_orchestrator_progress
 from rlrun.errors import CheckpointError, CheckpointMismatch
-from rlrun.rundir import RunDir, step_dirs
+from rlrun.rundir import RunDir, holds_a_run
 
 
 def trainer_shape_problem(spec: RLRunSpec) -> str | None:
@@ -30,8 +30,9 @@ def trainer_shape_problem(spec: RLRunSpec) -> str | None:
 
 
 def run_dir_problem(run_dir: RunDir) -> str | None:
-    """Without ``--resume``: why ``run_dir`` cannot hold a new run (it holds checkpoints or batches), or None."""
-    if step_dirs(run_dir.checkpoints) or step_dirs(run_dir.rollouts):
+    """Without ``--resume``: why ``run_dir`` cannot hold a new run (it holds one: :func:`rlrun.rundir.holds_a_run`,
+    checkpoints or batches past step 0, the rule the orchestrator and trainer apply as they start), or None."""
+    if holds_a_run(run_dir):
         return f"{run_dir.root} already holds a run; pass --resume to continue it, or --run-dir to start a new one"
     return None
 

@@ -4,7 +4,8 @@ wait that shows its time (:class:`Waiting`).
 The orchestrator writes one line per shipped step to ``<run_dir>/metrics.jsonl``
 (:mod:`rlrun.orchestrator.metrics`), the trainer one per trained step to ``trainer_metrics.jsonl``: the headline
 numbers come from both (reward, the groups solved by all / by none, truncation, staleness; the trainer's
-mismatch KL, the first sign of a weight-sync bug). A **restored batch** — cut from the queue a resume put
+mismatch KL, the first sign of a weight-sync bug). The run ends with :func:`print_summary` (the table, the reward
+gain, the held-out evaluation, the trackers, the ledger check) and :func:`done_line`. A **restored batch** — cut from the queue a resume put
 back, before its attempt generated anything — has no reward or throughput of its own, and is
 shown as restored rather than as zeros.
 """
@@ -20,7 +21,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rlrun.api.tracking import LoggingSpec
-from rlrun.rundir import RunDir
+from rlrun.ledger import LedgerReport, check_ledger
+from rlrun.rundir import RunDir, read_jsonl
 from rlrun.tracking.publisher import read_state
 
 
@@ -166,6 +168,43 @@ def eval_report(evaluations: list[dict]) -> list[str]:
         a, b = first[key], last[key]
         lines.append(f"  {label:<28} {a:.3f} → {b:.3f} ({b - a:+.3f})")
     return lines
+
+
+def ledger_line(report: LedgerReport) -> str:
+    """The summary's line on the ledger check (:func:`rlrun.ledger.check_ledger`): ok or VIOLATED, and each fate's
+    count of finished episodes."""
+    untrained = f" (+{report.shipped_untrained} in batches shipped, not trained)" if report.shipped_untrained else ""
+    return (
+        f"ledger: {'ok' if report.ok else 'VIOLATED'} — {report.finished} finished episodes: {report.trained} trained, "
+        f"{report.rejected} rejected, {report.dropped_stale} dropped stale, {report.abandoned} abandoned, "
+        f"{report.leftover} left over{untrained}; {report.rolled_back} rolled back"
+    )
+
+
+def print_summary(console: Console, run_dir: RunDir, rows: list[dict]) -> LedgerReport:
+    """Print what ``rlrun local`` shows once every process has exited 0: the :func:`summary_table` of ``rows`` (every
+    step's last metrics line, in step order) with the trainer's mismatch KL, the :func:`reward_gain`, the held-out
+    :func:`eval_report`, the :func:`tracker_lines`, and the ledger check (:func:`ledger_line`, then its first 5
+    problems). Returns the ledger check's report: the run succeeded only when it is ``ok``."""
+    trained = {r["step"]: r for r in read_jsonl(run_dir.trainer_metrics) if "step" in r}  # the last of each
+    console.print(summary_table(rows, trained=trained))
+    gain = reward_gain(rows)
+    if gain:
+        console.print(
+            f"mean reward, first 10 steps {gain[0]:.3f} → last 10 steps {gain[1]:.3f} ({gain[1] - gain[0]:+.3f})"
+        )
+    for line in eval_report(read_jsonl(run_dir.evaluations)) + tracker_lines(run_dir):
+        console.print(line, markup=False)
+    report = check_ledger(run_dir.root / "ledger")
+    console.print(ledger_line(report))
+    for problem in report.problems[:5]:
+        console.print(f"  [red]{problem}[/red]")
+    return report
+
+
+def done_line(steps: int, elapsed_s: float, preemptions: int, run_dir: RunDir) -> str:
+    """The launcher's last line: ``steps`` shipped in ``elapsed_s`` seconds, with ``preemptions`` drills."""
+    return f"done: {steps} steps in {elapsed_s:.0f} s, {preemptions} preemption(s); run directory {run_dir.root}"
 
 
 def tracker_lines(run_dir: RunDir) -> list[str]:

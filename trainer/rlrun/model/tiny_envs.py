@@ -41,7 +41,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 from rlrun.api.spec import EnvSpec
 from rlrun.envs import make_env
-from rlrun.envs.base import is_multi_turn
+from rlrun.envs.base import SOLVED_REWARD, is_multi_turn
 from rlrun.model.build_progress import BuildProgress, LineProgress
 from rlrun.model.chat_tokenizer import build_chat_tokenizer, extra_characters
 from rlrun.model.conversations import greedy_conversations
@@ -61,8 +61,6 @@ log = logging.getLogger(__name__)
 
 #: The env seed of the held-out (``eval`` split) tasks :func:`evaluate_greedy` scores.
 EVAL_SEED = 99
-#: A reward at least this is a solved task (as :mod:`rlrun.orchestrator.evaluation` counts ``greedy_solved``).
-SOLVED_REWARD = 1.0 - 1e-9
 #: Tokens a greedy completion may run past its demonstration's length before it is cut.
 SLACK_TOKENS = 16
 

@@ -98,18 +98,18 @@ class Admission:
             return self.settle([GroupCancellation(result.request, None, out, "failed", result.error)])
         self.metrics.add_tokens(result.tokens)
         g = result.request.group_id
-        self.all_failed = self.all_failed + 1 if result.failed and not result.episodes else 0
+        self.all_failed = self.all_failed + 1 if result.scored.failed and not result.episodes else 0
         if self.all_failed >= MAX_ALL_FAILED_REQUESTS:
             raise RewardsFailing(
                 f"the rewards of {self.all_failed} requests in a row failed for every member (env "
-                f"{result.request.task.env}); the last error: {result.failed[0][1]}"
+                f"{result.request.task.env}); the last error: {result.scored.failed[0][1]}"
             )
-        if result.failed:  # settled first: it may abandon the group, whose episodes are then admitted at once
-            self.metrics.reward_failed += len(result.failed)
-            members = tuple(m for m, _ in result.failed)
+        if result.scored.failed:  # settled first: it may abandon the group, whose episodes are then admitted at once
+            self.metrics.reward_failed += len(result.scored.failed)
+            members = tuple(m for m, _ in result.scored.failed)
             request = GroupRequest(g, result.request.task, len(members), min(members))
             out = self.dispatcher.has_work_out(g)
-            self.settle([GroupCancellation(request, None, out, "reward_failed", result.failed[0][1], members)])
+            self.settle([GroupCancellation(request, None, out, "reward_failed", result.scored.failed[0][1], members)])
         if self.journal is None or not result.episodes or g in self.sink.abandoned:
             return self._admit([(result, None)])  # nothing that can train: recorded abandoned at once
         self._unadmitted.append((self.journal.append(g, result.request.task, result.episodes), result))
@@ -131,7 +131,7 @@ class Admission:
         self.ledger.write_each(LedgerEvent.FINISHED, rows)
         for result, _ in results:
             g = self.dispatcher.take(result).request.group_id
-            self.metrics.add_scores(result.request.task.env, result.episodes, result.parts, result.turns)
+            self.metrics.add_scores(result.request.task.env, result.episodes, result.scored.parts, result.scored.turns)
             if self.kept is not None:
                 self.kept.finished(e.episode_id for e in result.episodes)
             self.sink.add_episodes(g, result.request.task, result.episodes, self.next_step())

@@ -13,7 +13,7 @@ its request was cancelled ``stale``, ``lost``, ``failed`` or ``reward_failed``, 
 ``done``; at a resume ``stale``, ``surplus`` or ``group_scored``), or a resume **continues** it at its last durable
 turn (``continued``: ids, turns, versions and the staleness floor they passed). A pause's snapshot holds every
 conversation kept here (:meth:`KeptConversations.current`), and a resume puts back the newest turn of each
-from the snapshot and the journal records after its cut (:func:`~.snapshot.with_journal`).
+from the snapshot and the journal records after its cut (:func:`~.resume.with_journal`).
 
 A turn record admitted after its conversation ended (the request was cancelled while the record waited for its
 commit) is not kept: an ended conversation never comes back within an attempt.

@@ -363,21 +363,19 @@ class Dispatcher:
                     conversations = await play_all(env, request.task, prompt_ids, completions, io, request.first_member)
         except UnusableCompletion as exc:
             log.warning("%s: %s", members, exc)
-            self._deliver(GroupResult(request, [], 0, error=str(exc)))
+            self._deliver(GroupResult(request, error=str(exc)))
             return
         except _REQUEST_ERRORS as exc:
             error = f"failed on every try for {self.retry_window_s:.0f} s ({_describe(exc, self.request_timeout_s)})"
             log.warning("%s %s", members, error)
-            self._deliver(GroupResult(request, [], 0, error=error))
+            self._deliver(GroupResult(request, error=error))
             return
         scored = await self.episodes.episodes(request, policy_version, prompt_ids, completions, conversations)
         if conversations is None:
             tokens = sum(len(c.token_ids) for c in completions or [])
         else:  # sampled in this request: a continued conversation's earlier turns were counted when sampled
             tokens = sum_sampled(conversations) - (kept.sampled_tokens if kept is not None else 0)
-        self._deliver(
-            GroupResult(request, scored.episodes, tokens, failed=scored.failed, parts=scored.parts, turns=scored.turns)
-        )
+        self._deliver(GroupResult(request, scored, tokens))
 
     def _turn_io(self, request: GroupRequest, policy_version: int, failed: set[str]) -> TurnIO:
         """How ``request``'s conversations sample turns (this dispatcher's retried requests) and keep them

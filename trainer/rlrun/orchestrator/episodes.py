@@ -15,13 +15,12 @@ import functools
 import json
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from rlrun.api.spec import RLRunSpec
 from rlrun.envs.base import Env, Messages, Task, is_multi_turn
 from rlrun.envs.replies import answer_text, reply_renderer
-from rlrun.orchestrator.groups import GroupRequest
+from rlrun.orchestrator.groups import GroupRequest, ScoredRequest
 from rlrun.orchestrator.turns import Conversation, TurnIO
 from rlrun.rewards.scoring import GroupScores, RewardContext, RewardFunction, RewardScorer, env_rewards, own_reward
 from rlrun.rollout.client import Completion
@@ -49,23 +48,6 @@ def tokenizer_codec(tokenizer: Any) -> tuple[Callable[[str], Sequence[int]], Cal
         return tuple(tokenizer.encode(text, add_special_tokens=False))
 
     return encode, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), tokenizer.eos_token_id
-
-
-@dataclass
-class ScoredRequest:
-    """A request's completions made into episodes.
-
-    Attributes:
-        episodes: the members whose rewards were computed, in member order.
-        failed: ``(member, error)`` of each member whose reward failed (:mod:`rlrun.rewards.scoring`): no episode.
-        parts: each reward function's scores of ``episodes`` by series (None: it did not apply).
-        turns: for a multi-turn env, ``num_turns``, ``tool_calls`` and ``tool_errors`` of each of ``episodes``.
-    """
-
-    episodes: list[Episode]
-    failed: list[tuple[int, str]] = field(default_factory=list)
-    parts: dict[str, list[float | None]] = field(default_factory=dict)
-    turns: dict[str, list[int]] = field(default_factory=dict)
 
 
 class PromptError(ValueError):

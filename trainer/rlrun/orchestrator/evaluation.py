@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from rlrun.api.spec import EvaluationSpec, RLRunSpec, SamplingSpec
-from rlrun.envs.base import Env, Task
+from rlrun.envs.base import SOLVED_REWARD, Env, Task
 from rlrun.orchestrator.episodes import EpisodeBuilder
 from rlrun.orchestrator.prompts import Overlong, fitting_eval_tasks
 from rlrun.orchestrator.turns import Conversation, play_all
@@ -56,8 +56,6 @@ log = logging.getLogger(__name__)
 #: What a task's request came to: its completions and, for a multi-turn env, their conversations (:mod:`.turns`).
 Answers = tuple[list[Completion], list[Conversation] | None]
 
-#: A completion solves its task when its reward reaches this (the top reward, 1, up to rounding).
-SOLVED_REWARD = 1.0 - 1e-9
 #: Longest hold of the weight pushes by one round, seconds (the round goes on; if the weights move before it
 #: is answered, it is discarded).
 MAX_HOLD_S = 60.0

@@ -12,22 +12,15 @@ is the same episode going on, and keeps its member number.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlrun.envs.base import Task
-from rlrun.samples import Episode, episode_id
+from rlrun.samples import Episode, count_sampled, episode_id, logprobs_from_json, logprobs_to_json
 
 if TYPE_CHECKING:
     from rlrun.rollout.client import RolloutClient
-
-
-def count_sampled(logprobs: Sequence[float]) -> int:
-    """Tokens with these logprobs that were sampled (trained): an env token's logprob is NaN and is not counted
-    (:func:`rlrun.orchestrator.turns.sampled_mask` says which)."""
-    return sum(not math.isnan(x) for x in logprobs)
 
 
 @dataclass(frozen=True)
@@ -76,7 +69,7 @@ class KeptConversation:
             "group_id": self.group_id, "member": self.member, "task": self.task.to_dict(),
             "policy_version": self.policy_version, "prompt_ids": list(self.prompt_ids),
             "completion_ids": list(self.completion_ids),
-            "logprobs": [None if math.isnan(x) else x for x in self.logprobs],
+            "logprobs": logprobs_to_json(self.logprobs),
             "state": self.state, "turns": self.turns, "reward": self.reward,
             "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
         }  # fmt: skip
@@ -87,7 +80,7 @@ class KeptConversation:
         return cls(
             int(d["group_id"]), int(d["member"]), Task.from_dict(d["task"]), int(d["policy_version"]),
             [int(x) for x in d["prompt_ids"]], [int(x) for x in d["completion_ids"]],
-            [math.nan if x is None else float(x) for x in d["logprobs"]], d["state"], int(d["turns"]),
+            logprobs_from_json(d["logprobs"]), d["state"], int(d["turns"]),
             float(d.get("reward", 0.0)), int(d.get("tool_calls", 0)), int(d.get("tool_errors", 0)),
         )  # fmt: skip
 
@@ -161,26 +154,43 @@ class GroupCancellation:
 
 
 @dataclass
+class ScoredRequest:
+    """A request's completions made into episodes (:meth:`rlrun.orchestrator.episodes.EpisodeBuilder.episodes`).
+
+    Attributes:
+        episodes: the members whose rewards were computed, in member order.
+        failed: ``(member, error)`` of each member whose reward (or multi-turn env) failed
+            (:mod:`rlrun.rewards.scoring`): no episode.
+        parts: each reward function's scores of ``episodes`` by series (None: it did not apply).
+        turns: for a multi-turn env, ``num_turns``, ``tool_calls`` and ``tool_errors`` of each of ``episodes``.
+    """
+
+    episodes: list[Episode] = field(default_factory=list)
+    failed: list[tuple[int, str]] = field(default_factory=list)
+    parts: dict[str, list[float | None]] = field(default_factory=dict)
+    turns: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
 class GroupResult:
     """What one group request came to.
 
     Attributes:
         request: the request.
-        episodes: its finished members (empty when it failed).
+        scored: its members made into episodes (nothing when it failed).
         tokens: completion tokens generated.
         error: why the request failed on every try for ``retry_window_seconds`` (None: it did not).
-        failed: ``(member, error)`` of each member whose reward (or multi-turn env) failed: no episode.
-        parts: each reward function's scores of ``episodes`` by series (None: it did not apply).
-        turns: for a multi-turn env, ``num_turns``, ``tool_calls`` and ``tool_errors`` of each of ``episodes``.
     """
 
     request: GroupRequest
-    episodes: list[Episode]
-    tokens: int
+    scored: ScoredRequest = field(default_factory=ScoredRequest)
+    tokens: int = 0
     error: str | None = None
-    failed: list[tuple[int, str]] = field(default_factory=list)
-    parts: dict[str, list[float | None]] = field(default_factory=dict)
-    turns: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def episodes(self) -> list[Episode]:
+        """Its finished members (:attr:`ScoredRequest.episodes`; empty when it failed)."""
+        return self.scored.episodes
 
 
 @dataclass(frozen=True)

@@ -33,29 +33,29 @@ from dataclasses import dataclass, field
 from rlrun.api.control import ResumeReport
 from rlrun.api.spec import RLRunSpec
 from rlrun.checkpoint import check_compatible, latest_complete_checkpoint
+from rlrun.envs.base import Task
 from rlrun.errors import OrchestratorError
 from rlrun.ledger import Ledger, LedgerEvent, ledger_attempts
 from rlrun.orchestrator.conversations import KeptConversations
 from rlrun.orchestrator.groups import GroupRequest
 from rlrun.orchestrator.journal_files import FRESH_BASE, JournalRecord, journal_root, replay
 from rlrun.orchestrator.sink import TrainSink
-from rlrun.orchestrator.snapshot import RestorePlan, SinkSnapshot, restore_plan, unpack, with_journal
+from rlrun.orchestrator.snapshot import RestorePlan, SinkSnapshot, restore_plan, unpack
 from rlrun.orchestrator.source import TrainSource
-from rlrun.rundir import RunDir, step_dirs
+from rlrun.rundir import RunDir, holds_a_run, step_dirs
 from rlrun.samples import Episode
 
 log = logging.getLogger(__name__)
 
 
 def check_fresh_run_dir(run_dir: RunDir) -> None:
-    """Refuse a run directory that already holds a run (checkpoints or batches past step 0).
-
-    Step 0 is the trainer's start-up checkpoint of this very run, so it does not count.
+    """Refuse a run directory that already holds a run (:func:`rlrun.rundir.holds_a_run`: checkpoints or batches
+    past step 0; step 0 may be the trainer's start-up checkpoint of this very run).
 
     Raises:
         OrchestratorError: naming what is there and what to do.
     """
-    leftovers = [p for p in (run_dir.checkpoints, run_dir.rollouts) if any(n > 0 for n in step_dirs(p))]
+    leftovers = holds_a_run(run_dir)
     if leftovers:
         raise OrchestratorError(
             f"{run_dir.root} already holds a run ({', '.join(str(p) for p in leftovers)}); "
@@ -108,7 +108,7 @@ class ResumePlan:
 
     Attributes:
         snapshot: the checkpoint's sink snapshot with the journal's records added.
-        replayed: the journaled episodes the snapshot did not have (:func:`~rlrun.orchestrator.snapshot.with_journal`).
+        replayed: the journaled episodes the snapshot did not have (:func:`with_journal`).
         records: the journal records read after the cut.
         plan: the staleness rule of the next step applied, every group's missing members
             (:func:`~rlrun.orchestrator.snapshot.restore_plan`).
@@ -129,6 +129,45 @@ def unjournaled_tasks(cursor: int, records: list[JournalRecord]) -> list[int]:
     requested again (their requests were in flight, or their episodes not yet durable, when the attempt died)."""
     drawn = {r.group_id for r in records if r.group_id >= cursor}
     return sorted(set(range(cursor, max(drawn) + 1)) - drawn) if drawn else []
+
+
+def with_journal(snap: SinkSnapshot, records: list[JournalRecord]) -> tuple[SinkSnapshot, list[Episode]]:
+    """The snapshot as it would have been with the journal ``records`` (after its cut) added to the sink.
+
+    Each record's episodes join their group's saved open group (a new open group when it has none):
+    they finished after the snapshot was taken, so neither its queue nor its open groups hold them.
+    An episode id the snapshot already holds is skipped and logged (the cut rules it out; a duplicate
+    would train twice). A turn record replaces the snapshot's conversation of its episode when it has more
+    turns; a conversation whose episode finished is not kept. Returns the new snapshot (``snap`` is not
+    changed) and the episodes added, in order.
+    """
+    held = {s.trace.episode_id for s in snap.pending_batch}
+    groups: dict[int, tuple[int, Task, list[Episode]]] = {}
+    for g, task, eps in snap.open_groups:
+        groups[g] = (g, task, list(eps))
+        held.update(e.episode_id for e in eps)
+    conversations = {c.episode_id: c for c in snap.conversations}
+    added: list[Episode] = []
+    for rec in records:
+        if rec.conversation is not None:
+            c, before = rec.conversation, conversations.get(rec.conversation.episode_id)
+            if before is None or c.turns >= before.turns:
+                conversations[c.episode_id] = c
+            continue
+        group = groups.setdefault(rec.group_id, (rec.group_id, rec.task, []))
+        for e in rec.episodes:
+            if e.episode_id in held:
+                skipped = "journal record %d of attempt %d: episode %s is in the snapshot already; skipped"
+                log.warning(skipped, rec.seq, rec.attempt, e.episode_id)
+                continue
+            held.add(e.episode_id)
+            group[2].append(e)
+            added.append(e)
+    kept = [c for eid, c in sorted(conversations.items()) if eid not in held]
+    merged = SinkSnapshot(
+        snap.pending_batch, list(groups.values()), snap.emitted_train_groups, dict(snap.counters), kept
+    )
+    return merged, added
 
 
 def plan_resume(

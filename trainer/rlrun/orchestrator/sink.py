@@ -26,7 +26,7 @@ from typing import Any
 
 from rlrun.api.algorithm import AdvantageSpec
 from rlrun.api.spec import RLRunSpec
-from rlrun.envs.base import Task
+from rlrun.envs.base import SOLVED_REWARD, Task
 from rlrun.ledger import LedgerEvent
 from rlrun.orchestrator.advantages import group_advantages
 from rlrun.orchestrator.groups import GroupCancellation, GroupRequest
@@ -38,8 +38,6 @@ from rlrun.samples import Episode, TrainingSample
 Record = Callable[..., None]
 
 ZERO_ADVANTAGE = 1e-9
-#: A reward at least this is the top reward (rewards are in [0, 1]): a member that "solved" the task.
-SOLVED_REWARD = 1.0 - 1e-9
 
 
 @dataclass

@@ -11,8 +11,8 @@ Saved (in ``progress.pt``, beside progress and the train-source state):
 - the train source's pending resume requests (in the source state).
 
 Not saved: in-flight rollouts and unconsumed results — they are regenerated with
-their group, unless the episode journal holds them (:func:`with_journal` adds the journal
-records after the snapshot's cut before :func:`restore_plan` runs). Token ids and logprobs go into flat tensors, everything else into JSON;
+their group, unless the episode journal holds them (:func:`rlrun.orchestrator.resume.with_journal` adds the
+journal records after the snapshot's cut before :func:`restore_plan` runs). Token ids and logprobs go into flat tensors, everything else into JSON;
 no object is pickled.
 
 Guarantee: the capture (:meth:`rlrun.orchestrator.sink.TrainSink.snapshot`, which the sink hands
@@ -27,7 +27,6 @@ completed with its same task and group id (invariant 3).
 from __future__ import annotations
 
 import dataclasses
-import logging
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,11 +37,8 @@ import torch
 from rlrun.api.control import SnapshotCounts
 from rlrun.envs.base import Task
 from rlrun.orchestrator.groups import GroupRequest, KeptConversation
-from rlrun.orchestrator.journal_files import JournalRecord
 from rlrun.orchestrator.staleness import min_fresh_version, split_fresh
 from rlrun.samples import Episode, QueuedTrace, TrainingSample
-
-log = logging.getLogger(__name__)
 
 #: 2: open-group episodes carry their member number (1: parsed from the episode id).
 SINK_STATE_VERSION = 2
@@ -249,45 +245,6 @@ def _offsets(lens: torch.Tensor) -> list[int]:
     for n in lens.tolist():
         out.append(out[-1] + n)
     return out
-
-
-def with_journal(snap: SinkSnapshot, records: list[JournalRecord]) -> tuple[SinkSnapshot, list[Episode]]:
-    """The snapshot as it would have been with the journal ``records`` (after its cut) added to the sink.
-
-    Each record's episodes join their group's saved open group (a new open group when it has none):
-    they finished after the snapshot was taken, so neither its queue nor its open groups hold them.
-    An episode id the snapshot already holds is skipped and logged (the cut rules it out; a duplicate
-    would train twice). A turn record replaces the snapshot's conversation of its episode when it has more
-    turns; a conversation whose episode finished is not kept. Returns the new snapshot (``snap`` is not
-    changed) and the episodes added, in order.
-    """
-    held = {s.trace.episode_id for s in snap.pending_batch}
-    groups: dict[int, tuple[int, Task, list[Episode]]] = {}
-    for g, task, eps in snap.open_groups:
-        groups[g] = (g, task, list(eps))
-        held.update(e.episode_id for e in eps)
-    conversations = {c.episode_id: c for c in snap.conversations}
-    added: list[Episode] = []
-    for rec in records:
-        if rec.conversation is not None:
-            c, before = rec.conversation, conversations.get(rec.conversation.episode_id)
-            if before is None or c.turns >= before.turns:
-                conversations[c.episode_id] = c
-            continue
-        group = groups.setdefault(rec.group_id, (rec.group_id, rec.task, []))
-        for e in rec.episodes:
-            if e.episode_id in held:
-                log.warning("journal record %d of attempt %d: episode %s is in the snapshot already; skipped",
-                            rec.seq, rec.attempt, e.episode_id)  # fmt: skip
-                continue
-            held.add(e.episode_id)
-            group[2].append(e)
-            added.append(e)
-    kept = [c for eid, c in sorted(conversations.items()) if eid not in held]
-    merged = SinkSnapshot(
-        snap.pending_batch, list(groups.values()), snap.emitted_train_groups, dict(snap.counters), kept
-    )
-    return merged, added
 
 
 @dataclass

@@ -14,7 +14,7 @@ generation prompt (:func:`rlrun.envs.replies.reply_renderer`). The sampled turn 
 the template ends an assistant message with, so the stream reads as the template would have rendered
 it, without ever rendering what the model said.
 
-The mask: an env token's logprob is :data:`ENV_TOKEN_LOGPROB` (NaN: it was not sampled, it has none), and
+The mask: an env token's logprob is :data:`~rlrun.samples.ENV_TOKEN_LOGPROB` (NaN: it was not sampled, it has none), and
 :func:`rlrun.batch.collate` puts the loss mask on sampled tokens only; the episode journal and sink
 snapshots store logprobs as float64, so the mask survives them unchanged.
 
@@ -37,17 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from rlrun.envs.base import EnvStateError, Messages, MultiTurnEnv, Task
-from rlrun.orchestrator.groups import KeptConversation, count_sampled
+from rlrun.orchestrator.groups import KeptConversation
 from rlrun.rollout.client import Completion
-
-#: The logprob an env token carries in an episode: none (it was not sampled); the loss mask is 0 there.
-ENV_TOKEN_LOGPROB = float("nan")
+from rlrun.samples import ENV_TOKEN_LOGPROB, count_sampled
 
 
 def kept_state(state: Any, env: str) -> Any:
@@ -68,12 +65,6 @@ def kept_state(state: Any, env: str) -> Any:
         ) from None
 
 
-def sampled_mask(logprobs: Sequence[float]) -> list[bool]:
-    """Per completion token: True where it was sampled (trained), False for an env token (NaN logprob); how many:
-    :func:`~rlrun.orchestrator.groups.count_sampled`."""
-    return [not math.isnan(x) for x in logprobs]
-
-
 @dataclass
 class Conversation:
     """One member's episode so far.
@@ -82,7 +73,7 @@ class Conversation:
         prompt_len: tokens of the prompt.
         ids: the whole stream: the prompt, then each sampled turn and env answer (what the next turn is
             prompted with).
-        logprobs: per token after the prompt: the sampling logprob, or :data:`ENV_TOKEN_LOGPROB`.
+        logprobs: per token after the prompt: the sampling logprob, or :data:`~rlrun.samples.ENV_TOKEN_LOGPROB`.
         state: the env's state (JSON-compatible).
         turns: model turns played.
         reward: the env's per-turn rewards (:attr:`~rlrun.envs.base.Reply.reward`), summed.
@@ -108,11 +99,6 @@ class Conversation:
     def completion_ids(self) -> list[int]:
         """Every token after the prompt (sampled and env)."""
         return self.ids[self.prompt_len :]
-
-    @property
-    def env_tokens(self) -> int:
-        """Tokens the env added (not trained)."""
-        return len(self.logprobs) - count_sampled(self.logprobs)
 
     def kept(self, group_id: int, member: int, task: Task, policy_version: int) -> KeptConversation:
         """This conversation as member ``member`` of group ``group_id`` keeps it (ready for its next turn): its stream

@@ -338,7 +338,9 @@ class RewardScorer:
                         return _failed(rewards, texts, self._no_thread(timeout_s))
                 left = max(0.0, started + timeout_s - time.monotonic())
                 scores = await asyncio.wait_for(asyncio.shield(future), left)
-                if call.run_s is not None and call.run_s > timeout_s:  # done, but past its time (a busy loop saw it late)
+                if (
+                    call.run_s is not None and call.run_s > timeout_s
+                ):  # done, but past its time (a busy loop saw it late)
                     raise asyncio.TimeoutError
             except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
                 if call.give_up() is not None and not future.done():

@@ -189,6 +189,14 @@ def fake_vllm_app(**kwargs):
     return app
 
 
+def model_eos_id(model: str) -> int:
+    """The EOS token id the fake ends its completions with for ``model`` (a directory): its ``config.json``'s
+    ``eos_token_id`` (the first one when it lists several; 0 without one, or for a model that is no directory)."""
+    config = Path(model) / "config.json"
+    eos = json.loads(config.read_text()).get("eos_token_id") if config.is_file() else None
+    return (eos[0] if isinstance(eos, list) else eos) or 0
+
+
 def serve_fake_vllm(host: str, port: int, **kwargs) -> None:
     """Serve :func:`fake_vllm_app` on ``host:port`` until the process ends (blocking: run it in a process
     of its own)."""

@@ -67,7 +67,7 @@ from rlrun.api.spec import RLRunSpec
 from rlrun.batch import TrainBatch, read_batch
 from rlrun.checkpoint import WEIGHTS_FILE, check_compatible
 from rlrun.ledger import Ledger, LedgerEvent
-from rlrun.rundir import RunDir, end_torn_line, publish_dir, run_dir_attempt, step_dirs, write_meta
+from rlrun.rundir import RunDir, end_torn_line, holds_a_run, publish_dir, run_dir_attempt, write_meta
 from rlrun.training.batches import Noticed, batch_accepted, wait_for_batch
 from rlrun.training.distributed import (
     DataParallel,
@@ -180,10 +180,10 @@ class Trainer:
         self.optimizer = new_optimizer(self.model, spec)
         self.lr_scheduler = new_scheduler(self.optimizer, spec)  # its horizon is spec.max_steps, not max_steps
         restored = resume and self._restore()
-        # Batches may already be arriving from this run's orchestrator; checkpoints past 0 cannot be ours.
+        # Batches may already be arriving from this run's orchestrator: only checkpoints count (holds_a_run).
         # With --resume and nothing complete to resume from, they are a dead attempt's: removed below.
         # (Every rank sees the same directory here and raises alike: nothing was written yet.)
-        if not restored and not resume and [n for n in step_dirs(run_dir.checkpoints) if n > 0]:
+        if not restored and not resume and holds_a_run(run_dir, count_batches=False):
             raise RuntimeError(
                 f"{run_dir.root} already holds a run; resume it with --resume or choose another --run-dir"
             )
