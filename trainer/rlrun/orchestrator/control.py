@@ -154,5 +154,5 @@ def status_report(orch: Any) -> StatusReport:
         last_checkpoint=checkpoints.last_written,
         last_pause=orch.last_pause,
         resume=orch.resume_report,
-        rollout_endpoints=sorted(dispatcher.clients) if dispatcher else sorted(orch.rollout_urls),
+        rollout_endpoints=sorted(dispatcher.pool.clients) if dispatcher else sorted(orch.rollout_urls),
     )

@@ -15,13 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from rlrun.envs.base import Task
 from rlrun.samples import Episode, episode_id
-
-if TYPE_CHECKING:
-    from rlrun.rollout.client import RolloutClient
 
 
 def count_sampled(logprobs: Sequence[float]) -> int:
@@ -181,19 +178,3 @@ class GroupResult:
     failed: list[tuple[int, str]] = field(default_factory=list)
     parts: dict[str, list[float | None]] = field(default_factory=dict)
     turns: dict[str, list[int]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class EndpointChange:
-    """What :meth:`~rlrun.orchestrator.dispatcher.Dispatcher.set_endpoints` changed.
-
-    Attributes:
-        added: clients of the endpoints that are new (they need the current weights).
-        removed: the endpoints dropped, sorted.
-        lost: one ``lost`` cancellation per request that was in flight on a removed endpoint
-            (already cancelled; the caller settles them, :func:`~rlrun.orchestrator.cancellation.settle`).
-    """
-
-    added: list[RolloutClient]
-    removed: list[str]
-    lost: list[GroupCancellation]

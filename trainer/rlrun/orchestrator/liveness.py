@@ -150,11 +150,12 @@ class LivenessGuard:
             del self._idle[url]
         # every server at once: the follower loop that calls this also pushes weights, and one server's slow
         # /metrics must not hold the others' looks (nor the next update) for its timeout each
-        looked = [u for u in out if (c := self.dispatcher.clients.get(u)) is not None and not c.updating]
-        answers = await asyncio.gather(*(self.dispatcher.clients[u].load() for u in looked))
+        clients = self.dispatcher.pool.clients
+        looked = [u for u in out if (c := clients.get(u)) is not None and not c.updating]
+        answers = await asyncio.gather(*(clients[u].load() for u in looked))
         loads = dict(zip(looked, answers, strict=True))
         for url, keys in out.items():
-            client = self.dispatcher.clients.get(url)
+            client = clients.get(url)
             load = loads.get(url)
             if client is None or client.updating or load is None or load.requests != 0:
                 self._idle.pop(url, None)  # gone, being given weights, working, or cannot say: nothing to do
@@ -172,7 +173,7 @@ class LivenessGuard:
             del self._idle[url]
             idle_s = time.monotonic() - seen[0]
             lost = self.dispatcher.lose(sorted(stuck), f"reported no request running or waiting for {idle_s:.0f} s")
-            self.dispatcher.last_failure[url] = time.monotonic()  # their next tries prefer another server
+            self.dispatcher.pool.note_failure(url)  # their next tries prefer another server
             self.settle(lost)  # before any await: no snapshot sees them neither in flight nor requested
             self.lost_requests += len(lost)
             asked_again += len(lost)

@@ -297,7 +297,7 @@ class Orchestrator:
         return None if self.paused or self.phase != "running" else (self.shipped, self.sink.counters.episodes_finished)
 
     def _clients(self) -> list[RolloutClient]:
-        return list(self.dispatcher.clients.values()) if self.dispatcher is not None else []
+        return list(self.dispatcher.pool.clients.values()) if self.dispatcher is not None else []
 
     async def _load_last(self) -> None:  # the last step's weights, for the final evaluation
         await self.weights.load(self._clients(), self.weights.weights_dir(self.max_steps), self.max_steps)
@@ -355,7 +355,7 @@ class Orchestrator:
         )
         self.dispatcher.episodes.tell_rewards(self.max_steps, self.metrics.log_metric)  # TRL's trainer arguments
         self.endpoints.bind(
-            self.dispatcher, self.weights, self.client_factory, self._settle, self._dispatch_within_budget
+            self.dispatcher.pool, self.dispatcher.lose_on, self.weights, self._settle, self._dispatch_within_budget
         )
         evaluator = Evaluator.for_run(
             self.spec, self.envs, tokenizer, self.run_dir.evaluations, self.attempt, self.dispatcher.episodes
@@ -369,7 +369,7 @@ class Orchestrator:
         follower, error = None, None
         try:
             await PromptLimit(self.spec, self.ledger, self.metrics).start(self.dispatcher.episodes, self.source)
-            await wait_until_healthy(self.dispatcher, self.health_timeout_s, self._stop)
+            await wait_until_healthy(self.dispatcher.pool, self.health_timeout_s, self._stop)
             if self._stop.is_set():  # stopped (SIGTERM after a pause) before it started
                 log.info("stopped before starting")
                 return self.shipped
