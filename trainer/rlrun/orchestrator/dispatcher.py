@@ -193,7 +193,8 @@ class Dispatcher:
         """Start rolling out ``request`` with the current policy ``policy_version``, in requests of at most
         ``members_per_request`` members (each a :class:`GroupRequest` of its own, same group id)."""
         if request.resume_from is not None:  # a continued episode keeps its first turn's version (its staleness)
-            parts, policy_version = [request], request.resume_from.policy_version
+            parts = [request]
+            policy_version = request.resume_from.policy_version
         else:
             size = self.members_per_request or request.members
             parts = [
@@ -263,7 +264,8 @@ class Dispatcher:
         completions, conversations = None, None
         try:
             if kept is not None or self.episodes.multi_turn(request.task):
-                env, io = self.episodes.envs[request.task.env], self._turn_io(request, policy_version, failed)
+                env = self.episodes.envs[request.task.env]
+                io = self._turn_io(request, policy_version, failed)
             if kept is not None:
                 conversations = [await go_on(env, request.task, Conversation.from_kept(kept), io, kept.member)]
             else:

@@ -262,6 +262,12 @@ class EndpointMembership:
             )
         self.bench(await self.weights.catch_up(change.added))
 
+    async def look(self) -> None:
+        """The membership's periodic look (the orchestrator's follower loop): :meth:`catch_up_lagging`, then
+        :meth:`rejoin_benched`."""
+        await self.catch_up_lagging()
+        await self.rejoin_benched()
+
     async def catch_up_lagging(self) -> None:
         """Give the servers in use that hold an older policy than the current one the current weights: one
         caught up to ``v`` while the update to ``v + 1`` went to the servers listed when it began holds ``v``
