@@ -315,9 +315,9 @@ class Orchestrator:
     async def run(self) -> int:
         """Run until batch ``max_steps`` is shipped and checkpointed, or a pause then stop; returns the step.
 
-        Its teardown is a checklist (:class:`contextlib.AsyncExitStack`): each stage registers its close as it starts,
-        and they run in reverse. The journal, metrics and trackers start after the control server and close after it:
-        their closes are registered first, and do nothing for one never started.
+        Its teardown is a checklist (:class:`contextlib.AsyncExitStack`): each stage registers its close as it starts
+        (a failed set-up closes what had started), and they run in reverse. The journal, metrics and trackers start
+        after the control server and close after it: their closes are registered first, and do nothing if not started.
 
         Raises:
             OrchestratorError: unusable run dir, rollout servers that never get healthy, or no batch can form.
