@@ -103,7 +103,10 @@ async def one(seed: int, model: Path, root: Path, run_timeout: float) -> dict:
     try:
         done, _ = await asyncio.wait({task}, timeout=run_timeout)
         if not done:
-            print(f"stall: seed {seed}: {json.dumps(stall_accounting(orch), default=str)}", file=sys.stderr)
+            print(
+                f"stall: seed {seed}: {json.dumps(stall_accounting(orch.view(detail=True)), default=str)}",
+                file=sys.stderr,
+            )
             task.cancel()
             return {"seed": seed, "stalled": True}
         report = check_ledger(run_dir.root / "ledger")

@@ -1,4 +1,5 @@
-"""A :class:`~rlrun.orchestrator.dispatcher.Dispatcher` over fake rollout transports, with a one-character tokenizer."""
+"""A :class:`~rlrun.orchestrator.dispatcher.Dispatcher` over fake rollout transports, with a one-character tokenizer,
+and the faulty rollout servers the dispatcher, endpoint and liveness tests share."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.episodes import EpisodeBuilder
 from rlrun.orchestrator.groups import GroupResult
 from rlrun.rollout.client import RolloutClient
+from rlrun.rollout.fake import fake_vllm_transport
 
 ENV = ReverseTextEnv()
 CHARS = {c: i + 2 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz= ")}
@@ -37,3 +39,42 @@ def make_dispatcher(
         request_timeout_s=timeout_s,
     )
     return dispatcher, results
+
+
+async def drain(results: asyncio.Queue, count: int, timeout: float = 5.0) -> list[GroupResult]:
+    """The next ``count`` results of a dispatcher's queue (each within ``timeout`` seconds)."""
+    return [await asyncio.wait_for(results.get(), timeout) for _ in range(count)]
+
+
+def never_answers() -> httpx.MockTransport:
+    """A rollout server that takes every request and never answers (hung, or a straggler)."""
+
+    async def hang(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(3600)
+        raise AssertionError("never answered")
+
+    return httpx.MockTransport(hang)
+
+
+class Mute(httpx.AsyncBaseTransport):
+    """A server that takes completion requests and never answers them while its ``/metrics`` says it runs
+    ``running`` requests (0: it lost them, issue 26; None: it has no ``/metrics``)."""
+
+    def __init__(self, running: int | None = 0, started_at: float | None = None) -> None:
+        self.inner = fake_vllm_transport(error_rate=0.3)
+        self.running = running
+        self.started_at = started_at  # its process_start_time_seconds (None: not reported)
+        self.taken = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/completions":
+            self.taken += 1
+            await asyncio.sleep(3600)
+        if request.url.path == "/metrics":
+            if self.running is None:
+                return httpx.Response(404, text="Not Found")
+            text = f'vllm:num_requests_running{{model_name="policy"}} {self.running}\n'
+            if self.started_at is not None:
+                text += f"process_start_time_seconds {self.started_at}\n"
+            return httpx.Response(200, text=text)
+        return await self.inner.handle_async_request(request)

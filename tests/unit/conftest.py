@@ -59,3 +59,13 @@ def thinking_model(tmp_path, tiny_model):
     """The tiny model with a chat template that drops past assistant turns' thinking, as Qwen3's does
     (:data:`tests.support.chat_models.STRIPPING_TEMPLATE`); ``<|endoftext|>`` (its EOS) ends each message."""
     return with_template(tiny_model, tmp_path / "thinking-model", STRIPPING_TEMPLATE)
+
+
+@pytest.fixture
+def quick_guard(monkeypatch):
+    """The liveness guard's looks in tenths of seconds (its defaults: 2 s, 2 s, 3 s)."""
+    from rlrun.orchestrator import liveness
+
+    monkeypatch.setattr(liveness, "CHECK_EVERY_S", 0.1)
+    monkeypatch.setattr(liveness, "GRACE_S", 0.2)
+    monkeypatch.setattr(liveness, "CONFIRM_S", 0.5)

@@ -3,41 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 
 import httpx
-import pytest
 import torch
 from rlrun.orchestrator.dispatcher import Dispatcher
-from rlrun.orchestrator.endpoints import DispatchError, wait_until_healthy
 from rlrun.orchestrator.groups import GroupRequest, GroupResult
 from rlrun.orchestrator.weights import push_weights
-from rlrun.rollout.client import RolloutClient
 from rlrun.rollout.fake import fake_vllm_transport
 from safetensors.torch import save_file
 
-from tests.support.dispatcher import CHARS, ENV, make_dispatcher
+from tests.support.dispatcher import CHARS, drain, make_dispatcher, never_answers
 from tests.support.samples import task
-
-
-def never_answers() -> httpx.MockTransport:
-    """A rollout server that takes every request and never answers (hung, or a straggler)."""
-
-    async def hang(request: httpx.Request) -> httpx.Response:
-        await asyncio.sleep(3600)
-        raise AssertionError("never answered")
-
-    return httpx.MockTransport(hang)
-
-
-async def drain(results: asyncio.Queue, count: int, timeout: float = 5.0) -> list[GroupResult]:
-    return [await asyncio.wait_for(results.get(), timeout) for _ in range(count)]
 
 
 async def test_a_group_split_into_requests_arrives_once_per_request_with_its_dispatch_version():
     dispatcher, results = make_dispatcher({"http://a": fake_vllm_transport(error_rate=0.0)}, members_per_request=3)
-    dispatcher.clients["http://a"].loaded_version = 5  # the server holds policy 5
+    dispatcher.pool.clients["http://a"].loaded_version = 5  # the server holds policy 5
     dispatcher.dispatch(GroupRequest(7, task(7), members=8, first_member=4), policy_version=5)
     assert dispatcher.inflight_samples == 8 and len(dispatcher.inflight) == 3  # 3 + 3 + 2 members
     got = await drain(results, 3)
@@ -52,31 +34,6 @@ async def test_a_group_split_into_requests_arrives_once_per_request_with_its_dis
     for r in got:
         dispatcher.take(r)
     assert dispatcher.outstanding_samples == 0 and dispatcher.emitted_requests() == []
-    await dispatcher.aclose()
-
-
-async def test_a_request_goes_only_to_a_server_holding_its_policy_version():
-    served = {"http://caught-up": 0, "http://joining": 0}
-
-    def server(url: str) -> httpx.MockTransport:
-        inner = fake_vllm_transport(error_rate=0.0)
-
-        async def handle(request: httpx.Request) -> httpx.Response:
-            served[url] += request.url.path == "/v1/completions"
-            return await inner.handle_async_request(request)
-
-        return httpx.MockTransport(handle)
-
-    dispatcher, results = make_dispatcher({u: server(u) for u in served}, members_per_request=1)
-    dispatcher.clients["http://caught-up"].loaded_version = 2  # "joining" still holds 0: its catch-up runs
-    dispatcher.load["http://caught-up"] = 100  # even much busier, the server holding policy 2 takes them all
-    dispatcher.dispatch(GroupRequest(3, task(3), members=4), policy_version=2)
-    got = await drain(results, 4)
-    assert served == {"http://caught-up": 4, "http://joining": 0} and all(r.error is None for r in got)
-    dispatcher.clients["http://joining"].loaded_version = 2  # caught up: it gets its share again
-    dispatcher.dispatch(GroupRequest(4, task(4), members=4), policy_version=2)
-    await drain(results, 4)
-    assert served["http://joining"] == 4
     await dispatcher.aclose()
 
 
@@ -117,7 +74,7 @@ async def test_a_hung_server_times_out_and_the_request_moves_to_another():
     dispatcher.dispatch(GroupRequest(1, task(1), members=4), policy_version=0)  # both idle: "hung" is tried first
     [result] = await drain(results, 1)
     assert result.error is None and len(result.episodes) == 4
-    assert "http://hung" in dispatcher.last_failure
+    assert "http://hung" in dispatcher.pool.last_failure
     # the next request avoids the server that failed recently, though it is as idle as the other one
     dispatcher.dispatch(GroupRequest(2, task(2), members=4), policy_version=0)
     [result] = await drain(results, 1, timeout=0.19)
@@ -178,27 +135,6 @@ async def test_cancel_stale_cancels_only_old_requests_and_says_which_groups_stil
     await dispatcher.aclose()
 
 
-async def test_wait_until_healthy_waits_for_endpoints_and_gives_up_on_a_dead_one():
-    def health(ok: bool):
-        return httpx.MockTransport(lambda request: httpx.Response(200 if ok else 503, json={}))
-
-    dispatcher, _ = make_dispatcher({})
-    stop = asyncio.Event()
-    waiting = asyncio.create_task(wait_until_healthy(dispatcher, timeout_s=5, stop=stop))
-    await asyncio.sleep(0.3)
-    assert not waiting.done()  # no endpoints yet: waits (no deadline)
-    dispatcher.client_factory = lambda url: RolloutClient(url, transport=health(True))
-    dispatcher.set_endpoints(["http://a/"])
-    await asyncio.wait_for(waiting, 5)
-    assert list(dispatcher.clients) == ["http://a"]
-
-    dispatcher.client_factory = lambda url: RolloutClient(url, transport=health(False))
-    dispatcher.set_endpoints(["http://b"])
-    with pytest.raises(DispatchError, match=r"not healthy after 1 s: \['http://b'\]"):
-        await wait_until_healthy(dispatcher, timeout_s=1, stop=stop)
-    await dispatcher.aclose()
-
-
 def test_requests_carry_the_prompt_tokens_and_sampling_settings():
     seen = []
 
@@ -216,75 +152,6 @@ def test_requests_carry_the_prompt_tokens_and_sampling_settings():
     assert seen[0]["prompt"] == [CHARS[c] for c in "ab="] and seen[0]["n"] == 2 and seen[0]["max_tokens"] == 8
 
 
-async def test_requests_on_a_removed_endpoint_end_at_once_and_their_group_goes_on_elsewhere_uncounted(tmp_path):
-    from rlrun.ledger import Ledger
-    from rlrun.orchestrator.cancellation import settle
-    from rlrun.orchestrator.sink import TrainSink
-    from rlrun.orchestrator.source import TrainSource
-
-    transports = {"http://lost": never_answers(), "http://up": fake_vllm_transport(error_rate=0.0)}
-    dispatcher, results = make_dispatcher(transports, timeout_s=600, retry_window_s=600)
-    dispatcher.set_endpoints(["http://lost"])  # the only server: the group's two requests wait on it
-    source = TrainSource([(ENV, 1.0)], seed=0)
-    ledger = Ledger(tmp_path, attempt=0, role="orchestrator")
-    sink = TrainSink(group_size=4, batch_size=8, max_off_policy_steps=1, record=ledger.record)
-    request = source.next_group(4)
-    dispatcher.members_per_request = 2
-    dispatcher.dispatch(request, policy_version=0)
-    await asyncio.sleep(0.05)
-    assert dispatcher.inflight_samples == 4
-    t0 = asyncio.get_running_loop().time()
-    change = dispatcher.set_endpoints(["http://up"])  # the node of "lost" is gone
-    assert change.removed == ["http://lost"] and [c.base_url for c in change.added] == ["http://up"]
-    # each says whether its group has other requests out once all of them are cancelled
-    assert [(c.reason, c.request.first_member, c.others_out) for c in change.lost] == [
-        ("lost", 0, False),
-        ("lost", 2, False),
-    ]
-    assert dispatcher.inflight == {} and dispatcher.cancelled_groups == 2
-    assert settle(change.lost, sink, source, dispatcher, ledger, max_group_retries=0) == 2
-    assert source.retries(request.group_id) == 0  # a lost node is not the group's fault: no retry counted
-    while source.resume_requests:  # re-requested with new member numbers, before any new task
-        dispatcher.dispatch(source.next_group(4), policy_version=0)
-    got = await drain(results, 2, timeout=1.0)
-    assert asyncio.get_running_loop().time() - t0 < 1.0
-    assert sorted(e.member for r in got for e in r.episodes) == [4, 5, 6, 7]
-    assert {r.request.group_id for r in got} == {request.group_id} and all(r.error is None for r in got)
-    ledger.flush()
-    cancelled = [json.loads(line) for line in ledger.path.read_text().splitlines()]
-    assert {(e["e"], e["reason"], e["error"]) for e in cancelled} == {
-        ("cancelled", "lost", "rollout endpoint http://lost removed")
-    }
-    ledger.close()
-    await dispatcher.aclose()
-
-
-async def test_a_benched_endpoint_gets_no_requests_until_it_rejoins_and_the_endpoint_set_can_drop_it():
-    transports = {"http://a": never_answers(), "http://b": fake_vllm_transport(error_rate=0.0)}
-    dispatcher, _ = make_dispatcher(transports, timeout_s=600, retry_window_s=600)
-    dispatcher.set_endpoints(["http://a"])
-    dispatcher.dispatch(GroupRequest(1, task(), 2), policy_version=0)
-    await asyncio.sleep(0.05)
-    lost = dispatcher.bench("http://a", "ReadError: connection closed")
-    assert [(c.reason, c.error) for c in lost] == [
-        ("lost", "rollout endpoint http://a benched (ReadError: connection closed)")
-    ]
-    assert dispatcher.inflight == {} and dispatcher.clients == {}
-    assert dispatcher.bench("http://a", "again") == []  # no longer in use: nothing to bench
-    # The operator still lists it: it stays benched, not re-added with old weights.
-    change = dispatcher.set_endpoints(["http://a", "http://b"])
-    assert [c.base_url for c in change.added] == ["http://b"] and list(dispatcher.clients) == ["http://b"]
-    assert dispatcher.benched == {"http://a": "ReadError: connection closed"}
-    assert dispatcher.rejoin(RolloutClient("http://a", transport=transports["http://a"]))
-    assert sorted(dispatcher.clients) == ["http://a", "http://b"] and dispatcher.load["http://a"] == 0
-    dispatcher.bench("http://a", "gone again")
-    dispatcher.set_endpoints(["http://b"])  # the operator drops it: it is forgotten and cannot rejoin
-    assert dispatcher.benched == {}
-    assert not dispatcher.rejoin(RolloutClient("http://a", transport=transports["http://a"]))
-    assert list(dispatcher.clients) == ["http://b"]
-    await dispatcher.aclose()
-
-
 def test_a_run_encodes_prompts_through_the_fast_backend_like_the_tokenizer_and_once_per_text(tiny_model):
     from rlrun.manifest import load_manifest
     from transformers import AutoTokenizer
@@ -296,44 +163,6 @@ def test_a_run_encodes_prompts_through_the_fast_backend_like_the_tokenizer_and_o
     encode = d.episodes.encode
     assert [list(encode(p)) for p in prompts] == [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
     assert encode(prompts[0]) is encode(prompts[0])  # cached: the same ids object
-
-
-async def test_no_completion_is_sent_to_a_server_in_its_reload_window_nor_out_when_it_pauses(tmp_path):
-    # Issue 35.4: a server that had begun its reload was given requests (and requests out on it were paused over),
-    # so completions came from weights other than those it held when they were sent. Two servers, one reloading
-    # ten times slower; requests keep coming before, during and after the update.
-    weights = tmp_path / "step_1"
-    weights.mkdir()
-    save_file({"w": torch.zeros(2)}, str(weights / "model.safetensors"))
-    servers = {
-        "http://fast": fake_vllm_transport(samples_per_s=40, error_rate=0.0, reload_s=0.05),
-        "http://slow": fake_vllm_transport(samples_per_s=40, error_rate=0.0, reload_s=0.5),
-    }
-    dispatcher, results = make_dispatcher(servers, members_per_request=1)
-    for g in range(4):  # 16 requests out on both servers when the update begins
-        dispatcher.dispatch(GroupRequest(g, task(g), members=4), policy_version=0)
-    await asyncio.sleep(0.05)
-    update = asyncio.create_task(push_weights(list(dispatcher.clients.values()), weights, 1, None))
-    await asyncio.sleep(0.01)
-    for g in range(4, 8):  # dispatched while the servers reload, labelled with the policy they held (the follower's)
-        dispatcher.dispatch(GroupRequest(g, task(g), members=4), policy_version=0)
-    got = []
-    while not update.done():  # answered during the update: on the fast server, once it has resumed
-        with contextlib.suppress(asyncio.TimeoutError):
-            got.append(await asyncio.wait_for(results.get(), 0.02))
-    assert (await update).unreachable == {}
-    for g in range(8, 10):
-        dispatcher.dispatch(GroupRequest(g, task(g), members=4), policy_version=1)
-    during = {r.request.group_id for r in got if r.request.group_id >= 4}
-    got += await drain(results, 40 - len(got))
-    assert all(r.error is None for r in got) and len(got) == 40
-    assert [(s.counts.sent_in_reload, s.counts.in_flight_at_pause, s.counts.reloads) for s in servers.values()] == [
-        (0, 0, 1),
-        (0, 0, 1),
-    ]
-    assert during  # the fast server served while the slow one still reloaded
-    assert {c.loaded_version for c in dispatcher.clients.values()} == {1}
-    await dispatcher.aclose()
 
 
 class QueuedAcrossPause(httpx.AsyncBaseTransport):
@@ -363,7 +192,7 @@ async def test_a_completion_answered_after_its_servers_pause_is_asked_again_and_
     save_file({"w": torch.zeros(2)}, str(weights / "model.safetensors"))
     server = QueuedAcrossPause()
     dispatcher, results = make_dispatcher({"http://a": server})
-    [client] = dispatcher.clients.values()
+    [client] = dispatcher.pool.clients.values()
     client.drain_s = 0.2  # the update waits this long for the answer, then pauses anyway
     dispatcher.dispatch(GroupRequest(1, task(1), members=4), policy_version=0)
     await asyncio.sleep(0.05)

@@ -239,7 +239,7 @@ async def test_a_restarted_trainer_publishes_the_weights_it_resumed_from_so_a_he
         assert await asyncio.wait_for(train, 30) == 1
         shutil.rmtree(run_dir.broadcast(1))  # gone: only checkpoint 1 holds policy 1
         # what the stall report would say if nothing came: which policy is missing, and where it is not
-        waiting = stall_accounting(orch)["waiting_for"]
+        waiting = stall_accounting(orch.view(detail=True))["waiting_for"]
         assert waiting.startswith("policy 1: the servers hold 0; newest broadcast of this attempt: None (weight pushes")
         second = await asyncio.to_thread(Trainer, run_spec, run_dir, str(tiny_model), resume=True, attempt=1)
         assert second.step == 1 and (run_dir.broadcast(1) / "model.safetensors").is_file()

@@ -12,17 +12,16 @@ import time
 import httpx
 import pytest
 from rlrun.ledger import check_ledger, read_ledger
-from rlrun.orchestrator import endpoints, liveness
-from rlrun.orchestrator.groups import GroupRequest
+from rlrun.orchestrator import endpoints
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rollout.client import RolloutClient, RolloutError
 from rlrun.rollout.fake import fake_vllm_transport
 from rlrun.rundir import RunDir
 from rlrun.training.fake import start_fake_trainer
 
+from tests.support.dispatcher import Mute
 from tests.support.manifests import parse
 from tests.support.polling import wait_for_async
-from tests.support.samples import task
 
 
 def spec(**rollout):
@@ -273,8 +272,8 @@ async def test_a_server_lost_during_a_weight_update_is_benched_and_the_run_goes_
     assert await run_to_the_end(orch, run_dir, tiny_model) == 2  # no ReadError out of the weight follower
     assert "vanished" in lost.log
     assert orch.policy_version >= 1  # the update went on for the server that stayed
-    assert orch.dispatcher.benched.keys() == {"http://lost:1"}
-    assert "http://lost:1" not in orch.dispatcher.clients
+    assert orch.dispatcher.pool.benched.keys() == {"http://lost:1"}
+    assert "http://lost:1" not in orch.dispatcher.pool.clients
     report = check_ledger(run_dir.root / "ledger")
     assert report.ok and report.steps == 2 and report.trained == 16, report.problems
 
@@ -292,19 +291,19 @@ async def test_a_benched_server_that_answers_again_gets_the_current_weights_befo
     stop = start_fake_trainer(run_dir, tiny_model, 2, 1, attempt=1)
     run = asyncio.create_task(orch.run())
     try:
-        while orch.dispatcher is None or "http://back:1" not in orch.dispatcher.benched:
+        while orch.dispatcher is None or "http://back:1" not in orch.dispatcher.pool.benched:
             assert not run.done(), run.exception() if run.done() else None
             await asyncio.sleep(0.01)
         benched_at = orch.policy_version
         back.gone = False  # the server answers again
-        await wait_for_async(lambda: "http://back:1" in orch.dispatcher.clients, 10, "the rejoin")
+        await wait_for_async(lambda: "http://back:1" in orch.dispatcher.pool.clients, 10, "the rejoin")
         await wait_for_async((run_dir.trainer_checkpoint(2) / "progress.json").is_file, 10, "trainer step 2")
         stop.set()
         stop = start_fake_trainer(run_dir, tiny_model, orch.max_steps, 1, attempt=1, first_step=2)
         assert await asyncio.wait_for(run, 30) == 4
     finally:
         stop.set()
-    assert "http://back:1" in orch.dispatcher.clients and not orch.dispatcher.benched
+    assert "http://back:1" in orch.dispatcher.pool.clients and not orch.dispatcher.pool.benched
     after = back.log[back.log.index("vanished") + 1 :]
     # The rejoin: health, then a whole weight update to the version current then; only then completions.
     update = ["/health", "/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume"]
@@ -414,7 +413,7 @@ async def test_a_server_added_during_a_weight_update_never_serves_a_version_it_d
     newer = [(label, made, ep) for label, made, ep in labelled if label > made]
     assert newer == [], "episodes labelled with a newer policy than the weights that generated them"
     assert new.served > 0 and old.overlaps == 0 and new.overlaps == 0
-    assert orch.dispatcher.clients["http://new:1"].loaded_version == new.held == orch.policy_version
+    assert orch.dispatcher.pool.clients["http://new:1"].loaded_version == new.held == orch.policy_version
     report = check_ledger(run_dir.root / "ledger")
     assert report.ok and report.steps == 4, report.problems
 
@@ -436,38 +435,6 @@ async def test_weight_updates_of_one_server_never_overlap_nor_go_back(tmp_path):
     await client.aclose()
 
 
-class Mute(httpx.AsyncBaseTransport):
-    """A server that takes completion requests and never answers them while its ``/metrics`` says it runs
-    ``running`` requests (0: it lost them, issue 26; None: it has no ``/metrics``)."""
-
-    def __init__(self, running: int | None = 0, started_at: float | None = None) -> None:
-        self.inner = fake_vllm_transport(error_rate=0.3)
-        self.running = running
-        self.started_at = started_at  # its process_start_time_seconds (None: not reported)
-        self.taken = 0
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v1/completions":
-            self.taken += 1
-            await asyncio.sleep(3600)
-        if request.url.path == "/metrics":
-            if self.running is None:
-                return httpx.Response(404, text="Not Found")
-            text = f'vllm:num_requests_running{{model_name="policy"}} {self.running}\n'
-            if self.started_at is not None:
-                text += f"process_start_time_seconds {self.started_at}\n"
-            return httpx.Response(200, text=text)
-        return await self.inner.handle_async_request(request)
-
-
-@pytest.fixture
-def quick_guard(monkeypatch):
-    """The liveness guard's looks in tenths of seconds (its defaults: 2 s, 2 s, 3 s)."""
-    monkeypatch.setattr(liveness, "CHECK_EVERY_S", 0.1)
-    monkeypatch.setattr(liveness, "GRACE_S", 0.2)
-    monkeypatch.setattr(liveness, "CONFIRM_S", 0.5)
-
-
 async def test_requests_a_server_lost_are_asked_again_within_seconds_not_at_the_timeout(
     tmp_path, tiny_model, quick_guard
 ):
@@ -483,67 +450,3 @@ async def test_requests_a_server_lost_are_asked_again_within_seconds_not_at_the_
     assert [e for e in events(run_dir, "cancelled") if e["reason"] != "lost"] == []  # not counted as retries
     report = check_ledger(run_dir.root / "ledger")
     assert report.ok and report.steps == 2 and report.trained == 16, report.problems
-
-
-@pytest.mark.parametrize("running", [3, None])  # slow but working; or cannot say
-async def test_the_guard_never_fires_on_a_server_that_works_or_cannot_say(running, quick_guard):
-
-    from tests.unit.test_dispatcher import make_dispatcher
-
-    dispatcher, _ = make_dispatcher({"http://slow:1": Mute(running=running)})
-    settled: list = []
-    guard = liveness.LivenessGuard()
-    guard.bind(dispatcher, settled.extend)
-    dispatcher.dispatch(GroupRequest(1, task(), 4), policy_version=0)
-    for _ in range(20):  # 2 s of looks: 4 × the time it takes to declare a mute server's requests lost
-        await asyncio.sleep(0.1)
-        await guard.check()
-    assert settled == [] and guard.lost_requests == 0 and dispatcher.inflight_samples == 4
-    await dispatcher.aclose()
-
-
-async def test_a_server_warming_up_gets_the_longer_window(monkeypatch, quick_guard):
-    """vLLM's counts read 0 during its first (long) engine steps after start: a server whose process started
-    within WARMUP_S is declared lost only after WARMUP_CONFIRM_S, one started earlier after CONFIRM_S."""
-    from tests.unit.test_dispatcher import make_dispatcher
-
-    monkeypatch.setattr(liveness, "WARMUP_CONFIRM_S", 1.5)
-    now = time.time()
-    servers = {
-        "http://fresh:1": Mute(running=0, started_at=now - 5),
-        "http://old:1": Mute(running=0, started_at=now - 600),
-    }
-    declared: dict[str, float] = {}
-    for url, server in servers.items():
-        dispatcher, _ = make_dispatcher({url: server})
-        guard = liveness.LivenessGuard()
-        t0 = time.monotonic()
-        guard.bind(dispatcher, lambda lost, url=url, t0=t0: declared.setdefault(url, time.monotonic() - t0))
-        dispatcher.dispatch(GroupRequest(1, task(), 4), policy_version=0)
-        while url not in declared and time.monotonic() - t0 < 5:
-            await asyncio.sleep(0.05)
-            await guard.check()
-        await dispatcher.aclose()
-    assert declared["http://old:1"] < 1.2  # grace 0.2 + confirm 0.5 (+ a look)
-    assert 1.5 < declared["http://fresh:1"] < 2.5  # grace 0.2 + warm-up confirm 1.5
-
-
-async def test_the_stall_report_names_the_accounting_once_per_stall(monkeypatch, caplog):
-    monkeypatch.setattr(liveness, "STALL_REPORT_S", 0.2)
-    state = {"progress": (3, 100)}
-    guard = liveness.LivenessGuard()
-    guard.bind(None, None, lambda: state["progress"], lambda: {"queue": 124, "open_groups": {7: {"finished": 4}}})
-    assert not guard.check_stall()  # first look: the clock starts
-    await asyncio.sleep(0.25)
-    with caplog.at_level("ERROR", logger=liveness.__name__):
-        assert guard.check_stall()
-    assert "'queue': 124" in caplog.text and "has not moved for" in caplog.text
-    await asyncio.sleep(0.25)
-    assert not guard.check_stall()  # once per stall
-    state["progress"] = (3, 104)  # an episode finished: the run moved
-    assert not guard.check_stall()
-    await asyncio.sleep(0.25)
-    assert guard.check_stall() and guard.stalls_reported == 2
-    state["progress"] = None  # paused or done: never a stall
-    await asyncio.sleep(0.25)
-    assert not guard.check_stall() and not guard.check_stall()

@@ -141,3 +141,58 @@ async def test_a_cancelled_run_stops_even_when_a_result_arrives_with_the_cancel(
     assert stopped["outcome"] == "interrupted" and stopped["step"] == 0
     report = check_ledger(run_dir.root / "ledger")
     assert report.ok and not report.interrupted and report.tasks_leftover == report.tasks > 0, report.problems
+
+
+async def test_a_failing_run_closes_what_it_started_in_the_checklists_order(tmp_path, tiny_model, monkeypatch):
+    """The run's teardown (an AsyncExitStack): the work stops, the checkpoint manager's last look, the ledger's last
+    lines with the error, the dispatcher, the journal, the step metrics, the trackers, the ledger — in that order."""
+    from rlrun.ledger import Ledger
+    from rlrun.orchestrator import loop
+    from rlrun.orchestrator.checkpointing import CheckpointManager
+    from rlrun.orchestrator.dispatcher import Dispatcher
+    from rlrun.orchestrator.evaluation import EvalRounds
+    from rlrun.orchestrator.journal import Journal
+    from rlrun.orchestrator.metrics import StepMetrics
+    from rlrun.tracking.publisher import TrackerPublisher
+
+    closed: list[str] = []
+
+    def noting(cls, name: str, label: str):
+        original = getattr(cls, name)
+
+        def wrapper(*args, **kwargs):
+            closed.append(label)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(cls, name, wrapper)
+
+    for cls, name, label in [
+        (EvalRounds, "cancel", "evaluation"),
+        (CheckpointManager, "finish", "checkpoints"),
+        (Dispatcher, "aclose", "dispatcher"),
+        (Journal, "aclose", "journal"),
+        (StepMetrics, "close", "metrics"),
+        (TrackerPublisher, "close", "trackers"),
+        (Ledger, "close", "ledger"),
+    ]:
+        noting(cls, name, label)
+    monkeypatch.setattr(loop, "record_stop", lambda *args: closed.append(f"record_stop {args[-1]!r}"))
+
+    def fail(self, version):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(EvalRounds, "start", fail)  # the journal is open, the follower not yet running
+    orch = orchestrator(spec(), RunDir(tmp_path), tiny_model)
+    with pytest.raises(RuntimeError, match="boom"):
+        await asyncio.wait_for(orch.run(), 60)
+    assert orch.admission.stopped
+    assert closed == [
+        "evaluation",
+        "checkpoints",
+        "record_stop RuntimeError('boom')",
+        "dispatcher",
+        "journal",
+        "metrics",
+        "trackers",
+        "ledger",
+    ]

@@ -9,7 +9,7 @@ Three kinds of request end without members:
   ``rollout.request_timeout_seconds``), or whose answer held a completion that cannot be
   trained (``abort``, no tokens: at once), arrives as a result with an error;
 - **lost**: a request in flight on an endpoint that ``PUT /rollout-endpoints`` removed (its
-  node is gone) is cancelled at once (:meth:`Dispatcher.set_endpoints`) instead of waiting
+  node is gone) is cancelled at once (:meth:`Dispatcher.lose_on`) instead of waiting
   for its timeout;
 - **reward failed**: members whose completions came back but whose reward raised, timed out or
   was no number (:mod:`rlrun.rewards.scoring`) — recorded ``reward_failed`` with their ids, the

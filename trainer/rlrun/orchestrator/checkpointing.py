@@ -57,20 +57,28 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from rlrun.api.control import CheckpointWritten, SnapshotCounts
+from rlrun.api.spec import RLRunSpec
 from rlrun.checkpoint import (
     TRAINER_PROGRESS_FILE,
     mark_verified,
     prune_checkpoints,
+    run_identity,
     save_orchestrator_progress,
     usable_steps,
 )
+from rlrun.envs.base import Env
 from rlrun.errors import OrchestratorError
 from rlrun.ledger import Ledger, LedgerEvent, has_stopped
 from rlrun.orchestrator import snapshot as sink_snapshot
+from rlrun.orchestrator.conversations import KeptConversations
+from rlrun.orchestrator.dispatcher import Dispatcher
+from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.journal import Journal
+from rlrun.orchestrator.sink import TrainSink
+from rlrun.orchestrator.source import TrainSource
 from rlrun.rundir import RunDir, step_dirs, written_by
 
 log = logging.getLogger(__name__)
@@ -79,6 +87,41 @@ log = logging.getLogger(__name__)
 #: JSON-compatible progress for checkpoint ``step`` (``ledger_line`` is added here), its
 #: :class:`~rlrun.orchestrator.snapshot.SinkSnapshot`, and the snapshot's contract counts.
 Capture = Callable[[int], tuple[dict[str, Any], sink_snapshot.SinkSnapshot, SnapshotCounts]]
+
+
+class Captured(Protocol):
+    """The part of the orchestrator (:class:`~rlrun.orchestrator.loop.Orchestrator`) its checkpoint part is made of."""
+
+    spec: RLRunSpec
+    envs: dict[str, Env]
+    attempt: int
+    shipped: int
+    weights: WeightFollower
+    source: TrainSource
+    sink: TrainSink
+    dispatcher: Dispatcher | None
+    kept: KeptConversations
+    journal: Journal | None
+
+
+def capture_of(orch: Captured, step: int) -> tuple[dict[str, Any], sink_snapshot.SinkSnapshot, SnapshotCounts]:
+    """``orch``'s part of checkpoint ``step`` (a :data:`Capture`; no awaits): its progress (the batches shipped, the
+    policy the servers hold, the source's state, the run's identity, the journal's cut), the sink snapshot with the
+    requests out (in flight, delivered not taken) and the kept conversations, and the snapshot's counts."""
+    progress = {
+        "step": step,
+        "shipped": orch.shipped,
+        "policy_version": orch.weights.version,
+        "attempt": orch.attempt,
+        "source": orch.source.state(),
+        "identity": run_identity(orch.spec, orch.envs),
+        "time": time.time(),
+    }
+    snap = orch.sink.snapshot(orch.dispatcher.emitted_requests() if orch.dispatcher is not None else [])
+    snap.conversations = orch.kept.current()
+    if orch.journal is not None:  # the same step as the snapshot: records after this cut are replayed
+        progress["journal"] = orch.journal.cut()
+    return progress, snap, snap.counts(list(orch.source.resume_requests))
 
 
 class CheckpointManager:
@@ -234,6 +277,18 @@ class CheckpointManager:
                 written.requested_groups, removed or "nothing",
             )  # fmt: skip
             return written
+
+    async def finish(self, done: bool) -> None:
+        """The attempt's last look, at its teardown: with the run ``done``, prune again (the last save's prune may
+        have been cut short by a cancel: retention holds); paused, complete a trainer part saved on notice since
+        the last look with the pause snapshot (a failure is logged: the pause's own checkpoint stands)."""
+        if done:
+            await self.prune()
+        elif self.paused_capture is not None:
+            try:
+                await self.complete_new_trainer_parts()
+            except Exception as exc:
+                log.warning("could not pair the pause snapshot with a newer trainer part: %s", exc)
 
     async def prune(self) -> list[int]:
         """Apply retention (module docstring); returns the checkpoint steps deleted."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from rlrun.api.control import EndpointsUpdate, PauseResult, StatusReport
 from rlrun.orchestrator.prometheus import exposition
+from rlrun.orchestrator.view import OrchestratorView
 
 log = logging.getLogger(__name__)
 
@@ -135,24 +136,23 @@ class ControlServer:
             await self._runner.cleanup()
 
 
-def status_report(orch: Any) -> StatusReport:
-    """What ``GET /status`` answers, read off ``orch``'s stages."""
-    dispatcher, checkpoints = orch.dispatcher, orch.checkpoints
+def status_report(view: OrchestratorView) -> StatusReport:
+    """What ``GET /status`` answers, read off the orchestrator's ``view``."""
     return StatusReport(
-        phase=orch.phase,
-        attempt=orch.attempt_number,
-        run_dir_attempt=orch.attempt,
-        step=orch.shipped,
-        policy_version=orch.policy_version,
-        max_steps=orch.max_steps,
-        last_checkpoint_step=checkpoints.last_step if checkpoints.last_step >= 0 else None,
-        queued_traces=len(orch.sink.queue),
-        open_groups=len(orch.sink.open_groups),
-        finished_episodes_kept=orch.sink.finished_episodes_kept,
-        inflight_samples=dispatcher.inflight_samples if dispatcher else 0,
-        resume_requests=len(orch.source.resume_requests),
-        last_checkpoint=checkpoints.last_written,
-        last_pause=orch.last_pause,
-        resume=orch.resume_report,
-        rollout_endpoints=sorted(dispatcher.clients) if dispatcher else sorted(orch.rollout_urls),
+        phase=view.phase,
+        attempt=view.attempt,
+        run_dir_attempt=view.run_dir_attempt,
+        step=view.step,
+        policy_version=view.policy_version,
+        max_steps=view.max_steps,
+        last_checkpoint_step=view.last_checkpoint_step if view.last_checkpoint_step >= 0 else None,
+        queued_traces=view.queued,
+        open_groups=view.open_groups,
+        finished_episodes_kept=view.finished_episodes_kept,
+        inflight_samples=view.inflight_samples,
+        resume_requests=view.requested_groups,
+        last_checkpoint=view.last_checkpoint,
+        last_pause=view.last_pause,
+        resume=view.resume,
+        rollout_endpoints=view.rollout_endpoints,
     )

@@ -6,27 +6,20 @@ all because it was cancelled (counted in ``cancelled_groups``); each episode car
 policy version that was current when its group was dispatched. No request waits forever.
 
 One request with ``n = members`` samples a whole group (they share the prompt) unless
-``rollout.members_per_request`` splits it, so that members finish at different times.
-Requests go to the least-loaded endpoint among those holding at least the version the request
-is labelled with (``RolloutClient.loaded_version``, set when a reload is confirmed) and not in a
-weight update's reload window (:mod:`rlrun.rollout.client`): the label is never newer than the
-weights that produce the tokens, and those are the weights the server held when it was sent,
-whatever the order of weight updates and endpoint changes (while every server holding the version
-reloads, a request waits for the first to resume). A request that fails on a server — a transport
-error, an error answer, or no answer within ``rollout.request_timeout_seconds`` — is retried (tenacity), on a server
-that has not failed recently when there is one, for up to ``rollout.retry_window_seconds``;
-then its result carries the error, so the orchestrator can request the members again or
-abandon the group (:mod:`~rlrun.orchestrator.cancellation`). An answer with a completion that
-cannot be trained (``UnusableCompletion``: no tokens, ``abort``, ``error``…) fails the request
-at once, to be requested again within ``rollout.max_group_retries``: never scored (a reward 0
-would bias its siblings' advantages). The endpoint set can be replaced at run time
-(:meth:`set_endpoints`): a request in flight on a removed endpoint is cancelled at once and
-returned for settling as ``lost`` (a :class:`~rlrun.orchestrator.cancellation.GroupCancellation`,
-as :meth:`cancel_stale` returns). An endpoint unreachable during a weight update is
-**benched** (:meth:`bench`): no requests, its in-flight ones lost like a removed endpoint's,
-until it answers again and has the current weights (:meth:`rejoin`) or is dropped. A multi-turn
-env's request samples every member's first turn at once, then each member's next turns one
-request each (:mod:`.turns`; same retries and version rule); its members share one fate.
+``rollout.members_per_request`` splits it, so that members finish at different times. Each try of a request goes
+to the server the :class:`~rlrun.orchestrator.endpoints.RolloutPool` picks (one holding the version the request is
+labelled with and not reloading: the label is never newer than the weights that produce the tokens). A request
+that fails on a server — a transport error, an error answer, or no answer within
+``rollout.request_timeout_seconds`` — is retried (tenacity), on a server that has not failed recently when there is
+one, for up to ``rollout.retry_window_seconds``; then its result carries the error, so the orchestrator can
+request the members again or abandon the group (:mod:`~rlrun.orchestrator.cancellation`). An answer with a
+completion that cannot be trained (``UnusableCompletion``: no tokens, ``abort``, ``error``…) fails the request at
+once, to be requested again within ``rollout.max_group_retries``: never scored (a reward 0 would bias its siblings'
+advantages). A server the pool takes out of use (removed from the endpoint set, or benched) loses the requests in
+flight on it: :meth:`Dispatcher.lose_on` cancels them at once and returns them for settling as ``lost`` (a
+:class:`~rlrun.orchestrator.cancellation.GroupCancellation`, as :meth:`Dispatcher.cancel_stale` returns). A
+multi-turn env's request samples every member's first turn at once, then each member's next turns one request each
+(:mod:`.turns`; same retries and version rule); its members share one fate.
 """
 
 from __future__ import annotations
@@ -44,16 +37,13 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_e
 
 from rlrun.api.spec import RLRunSpec, SamplingSpec
 from rlrun.envs.base import Env
+from rlrun.orchestrator.endpoints import RolloutPool
 from rlrun.orchestrator.episodes import EpisodeBuilder
-from rlrun.orchestrator.groups import EndpointChange, GroupCancellation, GroupRequest, GroupResult, KeptConversation
+from rlrun.orchestrator.groups import GroupCancellation, GroupRequest, GroupResult, KeptConversation
 from rlrun.orchestrator.turns import Conversation, TurnIO, go_on, play_all, sum_sampled
 from rlrun.rollout.client import Completion, RolloutClient, RolloutError, ServerReloading, UnusableCompletion
 
 log = logging.getLogger(__name__)
-
-
-#: Most seconds a request waiting for a server to end its reload waits before it looks at the endpoints again.
-RELOAD_LOOK_S = 1.0
 
 #: What a failed try of a request raises: the server is gone, answered an error, or took too long.
 _REQUEST_ERRORS = (httpx.TransportError, RolloutError, asyncio.TimeoutError)
@@ -81,7 +71,7 @@ class Dispatcher:
     """Runs group requests against a set of rollout endpoints.
 
     Args:
-        endpoints: base URLs of the rollout servers.
+        endpoints: base URLs of the rollout servers (its :attr:`pool` begins with them).
         episodes: makes prompts' token ids and scored episodes (:class:`EpisodeBuilder`).
         sampling: sampling parameters.
         results: the ``asyncio.Queue[GroupResult]`` finished and failed requests go to.
@@ -92,6 +82,7 @@ class Dispatcher:
         request_timeout_s: most seconds one try of a request may take on one server.
 
     Attributes:
+        pool: the rollout servers in use (:class:`~rlrun.orchestrator.endpoints.RolloutPool`), which picks each try's.
         failures: unexpected exceptions of request tasks (bugs, not rollout failures): the
             orchestrator re-raises the first.
     """
@@ -107,20 +98,15 @@ class Dispatcher:
         members_per_request: int | None = None,
         request_timeout_s: float = 300.0,
     ) -> None:
-        self.client_factory = client_factory
-        self.clients: dict[str, RolloutClient] = {}
-        self.benched: dict[str, str] = {}  # endpoint → why it gets no requests until it rejoins
-        self.load: dict[str, int] = {}
+        self.pool = RolloutPool(endpoints, client_factory, retry_window_s)
         self.inflight: dict[tuple[int, int], _Inflight] = {}
         self.cancelled_groups = 0
-        self.set_endpoints(endpoints)
         self.episodes = episodes
         self.sampling = sampling
         self.results = results
         self.retry_window_s = retry_window_s
         self.request_timeout_s = request_timeout_s
         self.members_per_request = members_per_request
-        self.last_failure: dict[str, float] = {}  # endpoint → when a request last failed there (monotonic)
         # results put on the queue and not yet taken by the consumer, by (group id, first member)
         self.undelivered: dict[tuple[int, int], GroupRequest] = {}
         self.failures: list[BaseException] = []
@@ -151,58 +137,12 @@ class Dispatcher:
             request_timeout_s=spec.rollout.request_timeout_seconds,
         )
 
-    def set_endpoints(self, endpoints: list[str]) -> EndpointChange:
-        """Replace the endpoint set; returns the new clients and the requests lost with removed endpoints.
-
-        A request in flight on a removed endpoint is cancelled at once (counted in
-        ``cancelled_groups``) and comes back as a ``lost`` cancellation in
-        :attr:`EndpointChange.lost`, saying whether other requests of its group are still out;
-        the caller must settle them before its next ``await`` (until then no one is asked for
-        their members). A request between tries (its last server failed) is not lost: its next
-        try picks among the remaining endpoints.
-        """
-        wanted = [e.rstrip("/") for e in endpoints]
-        for url in [u for u in self.benched if u not in wanted]:
-            del self.benched[url]
-        removed = sorted(url for url in self.clients if url not in wanted)
-        cancellations = self._drop(removed, "removed")
-        added = []
-        for url in wanted:
-            if url not in self.clients and url not in self.benched:  # a benched one rejoins once caught up
-                self.clients[url] = self.client_factory(url)
-                self.load[url] = 0
-                added.append(self.clients[url])
-        return EndpointChange(added, removed, cancellations)
-
-    def bench(self, url: str, reason: str) -> list[GroupCancellation]:
-        """Stop using endpoint ``url`` (it missed a weight update: ``reason``) until :meth:`rejoin`.
-
-        Its in-flight requests are cancelled and returned as ``lost`` cancellations, to be settled
-        before the caller's next ``await`` (as for :meth:`set_endpoints`). Unknown URLs (removed
-        meanwhile) are ignored.
-        """
-        if url not in self.clients:
-            return []
-        self.benched[url] = reason
-        return self._drop([url], f"benched ({reason})")
-
-    def rejoin(self, client: RolloutClient) -> bool:
-        """Use benched endpoint ``client.base_url`` again, through ``client`` (it has the current weights);
-        False when it is no longer benched (the endpoint set dropped it meanwhile)."""
-        if self.benched.pop(client.base_url, None) is None:
-            return False
-        self.clients[client.base_url] = client
-        self.load[client.base_url] = 0
-        return True
-
-    def _drop(self, urls: list[str], why: str) -> list[GroupCancellation]:
-        """Remove the clients of ``urls``, cancelling their in-flight requests (returned as ``lost``)."""
-        lost = self.lose([_key(e.request) for e in self.inflight.values() if e.url in urls], why)
-        for url in urls:
-            client = self.clients.pop(url)
-            self.load.pop(url, None)
-            asyncio.get_event_loop().create_task(client.aclose())
-        return lost
+    def lose_on(self, urls: list[str], why: str) -> list[GroupCancellation]:
+        """Cancel the requests whose current try waits on a server in ``urls`` (the pool took it out of use:
+        removed or benched), returned as ``lost`` cancellations (:meth:`lose`) to settle before the caller's next
+        ``await``. A request between tries (its last server failed) is not lost: its next try picks among the
+        servers left."""
+        return self.lose([_key(e.request) for e in self.inflight.values() if e.url in urls], why)
 
     def lose(self, keys: list[tuple[int, int]], why: str) -> list[GroupCancellation]:
         """Cancel in-flight requests ``keys`` (their server is gone, or not working on them: :mod:`.liveness`), returned
@@ -253,7 +193,8 @@ class Dispatcher:
         """Start rolling out ``request`` with the current policy ``policy_version``, in requests of at most
         ``members_per_request`` members (each a :class:`GroupRequest` of its own, same group id)."""
         if request.resume_from is not None:  # a continued episode keeps its first turn's version (its staleness)
-            parts, policy_version = [request], request.resume_from.policy_version
+            parts = [request]
+            policy_version = request.resume_from.policy_version
         else:
             size = self.members_per_request or request.members
             parts = [
@@ -272,35 +213,6 @@ class Dispatcher:
             del self.inflight[key]
         if raised:  # the run stops on it; listed until then, so the stop records its group as left over
             self.failures.append(task.exception())
-
-    async def _pick(self, failed: set[str], policy_version: int) -> str:
-        """The least-loaded endpoint holding at least ``policy_version`` (the version the request is labelled
-        with: a label never newer than the weights that produce the tokens) and not reloading, avoiding those that
-        failed this request or failed recently (within the retry window) while others remain; while every endpoint
-        holding it reloads (all are given new weights at once), the first to resume.
-
-        Raises:
-            RolloutError: no endpoints, or none holds ``policy_version`` yet (one joining is being caught up):
-                the request's next try asks again.
-        """
-        while True:
-            if not self.clients:
-                raise RolloutError("no rollout endpoints")
-            holding = [u for u in self.load if self.clients[u].loaded_version >= policy_version]
-            if not holding:
-                raise RolloutError(f"no rollout server holds policy {policy_version} yet")
-            if serving := [u for u in holding if not self.clients[u].reloading]:
-                break
-            waits = [asyncio.ensure_future(self.clients[u].wait_serving()) for u in holding]
-            try:  # looked at again after RELOAD_LOOK_S whatever happens: the endpoints may change meanwhile
-                await asyncio.wait(waits, timeout=RELOAD_LOOK_S, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
-        recent = time.monotonic() - self.retry_window_s
-        healthy = [u for u in serving if u not in failed and self.last_failure.get(u, -1e18) < recent]
-        candidates = healthy or [u for u in serving if u not in failed] or serving
-        return min(candidates, key=self.load.__getitem__)
 
     async def _sample(
         self, request: GroupRequest, prompt_ids: Sequence[int], n: int, policy_version: int, failed: set[str]
@@ -321,14 +233,14 @@ class Dispatcher:
         ):
             with attempt:
                 while True:
-                    url = await self._pick(failed, policy_version)
-                    self.load[url] += n
+                    url = await self.pool.pick(failed, policy_version)
                     if entry is not None:  # a multi-turn request's members share it: the latest try is shown
                         entry.url, entry.sent_at = url, time.monotonic()
                     try:
-                        return await asyncio.wait_for(
-                            self.clients[url].complete(prompt_ids, self.sampling, n=n), self.request_timeout_s
-                        )
+                        with self.pool.sending(url, n) as client:
+                            return await asyncio.wait_for(
+                                client.complete(prompt_ids, self.sampling, n=n), self.request_timeout_s
+                            )
                     except ServerReloading as exc:  # not the server's failure: ask again at once
                         if exc.answered_after_pause:
                             log.info("%s: %s; asked again", members, exc)
@@ -337,14 +249,12 @@ class Dispatcher:
                         raise  # the server works; the answer is what cannot be used
                     except _REQUEST_ERRORS as exc:
                         failed.add(url)
-                        self.last_failure[url] = time.monotonic()
+                        self.pool.note_failure(url)
                         log.warning("%s failed on %s: %s", members, url, _describe(exc, self.request_timeout_s))
                         raise
                     finally:
                         if entry is not None and entry.url == url:
                             entry.url = None
-                        if url in self.load:
-                            self.load[url] -= n
 
     async def _run(self, request: GroupRequest, policy_version: int) -> None:
         kept = request.resume_from  # a multi-turn episode continued at its last durable turn
@@ -354,7 +264,8 @@ class Dispatcher:
         completions, conversations = None, None
         try:
             if kept is not None or self.episodes.multi_turn(request.task):
-                env, io = self.episodes.envs[request.task.env], self._turn_io(request, policy_version, failed)
+                env = self.episodes.envs[request.task.env]
+                io = self._turn_io(request, policy_version, failed)
             if kept is not None:
                 conversations = [await go_on(env, request.task, Conversation.from_kept(kept), io, kept.member)]
             else:
@@ -436,8 +347,7 @@ class Dispatcher:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.inflight.clear()
-        for c in self.clients.values():
-            await c.aclose()
+        await self.pool.aclose()
         self.episodes.close()
 
 

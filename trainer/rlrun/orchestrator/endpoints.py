@@ -1,29 +1,39 @@
-"""Endpoint membership: which rollout servers get requests, as servers come, go, miss and regain weights.
+"""The rollout servers in use: one owner of them (:class:`RolloutPool`) and the policy that changes them
+(:class:`EndpointMembership`), as servers come, go, miss and regain weights.
 
-Guarantee: a rollout server gets a request only while it holds the current weights and is not reloading (the
-dispatcher checks each server's confirmed version, :attr:`~rlrun.rollout.client.RolloutClient.loaded_version`, and
-its reload window, :attr:`~rlrun.rollout.client.RolloutClient.reloading`). A
-server added (``PUT /rollout-endpoints``) gets no request until it is caught up; one that missed an
+Guarantee: a rollout server gets a request only while it holds the current weights and is not reloading. The pool
+alone holds the servers — their clients, load, benching and last failure — and :meth:`RolloutPool.pick` enforces
+the rule: a request goes to the least-loaded server holding at least the version it is labelled with
+(:attr:`~rlrun.rollout.client.RolloutClient.loaded_version`, set when a reload is confirmed) and not in a weight
+update's reload window (:attr:`~rlrun.rollout.client.RolloutClient.reloading`), so the label is never newer than
+the weights that produce the tokens, and those are the weights the server held when it was sent, whatever the
+order of weight updates and endpoint changes (while every server holding the version reloads, a request waits for
+the first to resume); a server that failed the request, or failed one recently (within the retry window), is
+passed over while others remain.
+
+A server added (``PUT /rollout-endpoints``) gets no request until it is caught up; one that missed an
 update while it was being caught up (the update's server list was made before it joined) is caught up
 again at the next look (:meth:`EndpointMembership.catch_up_lagging`); one that cannot be reached during a weight
 update is **benched** — its requests are requested again elsewhere at once — and rejoins only after
 it answers ``/health`` and is given the current weights (tried every :data:`REJOIN_EVERY_S` per
 server); a removed server's requests are requested again at once too, not counted as retries.
 
-A policy object in the manner of prime-rl's ``concurrency.py``: it owns no task and no connection
-pool (the dispatcher owns the clients, the weight follower the versions); :meth:`EndpointMembership.bind`
-wires it to them, and what it takes out of use comes back as cancellations for the loop to settle.
+Policy objects in the manner of prime-rl's ``concurrency.py``: neither owns a task. The pool says which servers
+went out of use; the dispatcher, which keeps the requests in flight, cancels those that were on them
+(:meth:`~rlrun.orchestrator.dispatcher.Dispatcher.lose_on`), and :class:`EndpointMembership` (wired by
+:meth:`~EndpointMembership.bind`) hands those cancellations to the loop to settle.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from rlrun.errors import OrchestratorError
-from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.groups import GroupCancellation
 from rlrun.rollout.client import RolloutClient, RolloutError
@@ -33,13 +43,153 @@ log = logging.getLogger(__name__)
 #: How often a benched rollout server is asked whether it is back, seconds.
 REJOIN_EVERY_S = 2.0
 
+#: Most seconds a request waiting for a server to end its reload waits before it looks at the endpoints again.
+RELOAD_LOOK_S = 1.0
+
 
 class DispatchError(OrchestratorError):
     """The rollout servers cannot be used (message names them and says what to do)."""
 
 
-async def wait_until_healthy(dispatcher: Dispatcher, timeout_s: float, stop: asyncio.Event) -> None:
-    """Wait until every endpoint of ``dispatcher`` answers ``/health``; with none yet, wait for endpoints to be set (no deadline:
+@dataclass(frozen=True)
+class EndpointChange:
+    """What :meth:`RolloutPool.set_endpoints` changed.
+
+    Attributes:
+        added: clients of the endpoints that are new (they need the current weights).
+        removed: the endpoints dropped, sorted (the requests in flight on them are lost).
+    """
+
+    added: list[RolloutClient]
+    removed: list[str]
+
+
+class RolloutPool:
+    """The rollout servers in use and the pick among them (see the module docstring).
+
+    Args:
+        endpoints: base URLs of the rollout servers to begin with.
+        client_factory: ``client_factory(url: str) -> RolloutClient`` for each endpoint (tests and benchmarks pass
+            fakes).
+        retry_window_s: how long a server that failed a request counts as failed recently, seconds.
+
+    Attributes:
+        clients: the servers in use, by base URL.
+        load: completions out on each server in use (requests of ``n`` samples count ``n``).
+        benched: the servers out of use until they rejoin, with why (:meth:`bench`).
+        last_failure: when a request last failed on each server (monotonic seconds).
+    """
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        client_factory: Callable[[str], RolloutClient] = RolloutClient,
+        retry_window_s: float = 120.0,
+    ) -> None:
+        self.client_factory = client_factory
+        self.retry_window_s = retry_window_s
+        self.clients: dict[str, RolloutClient] = {}
+        self.load: dict[str, int] = {}
+        self.benched: dict[str, str] = {}
+        self.last_failure: dict[str, float] = {}
+        self.set_endpoints(endpoints)
+
+    def set_endpoints(self, endpoints: list[str]) -> EndpointChange:
+        """Replace the endpoint set; returns the new clients and the endpoints removed.
+
+        The requests in flight on a removed endpoint are lost: the caller cancels them before its next ``await``
+        (:meth:`~rlrun.orchestrator.dispatcher.Dispatcher.lose_on`). A benched endpoint still listed stays benched
+        (it rejoins once caught up, :meth:`rejoin`); one no longer listed is forgotten.
+        """
+        wanted = [e.rstrip("/") for e in endpoints]
+        for url in [u for u in self.benched if u not in wanted]:
+            del self.benched[url]
+        removed = sorted(url for url in self.clients if url not in wanted)
+        self._drop(removed)
+        added = []
+        for url in wanted:
+            if url not in self.clients and url not in self.benched:  # a benched one rejoins once caught up
+                self.clients[url] = self.client_factory(url)
+                self.load[url] = 0
+                added.append(self.clients[url])
+        return EndpointChange(added, removed)
+
+    def bench(self, url: str, reason: str) -> bool:
+        """Stop using endpoint ``url`` (it missed a weight update: ``reason``) until :meth:`rejoin`; returns whether
+        it was in use (False for one removed meanwhile). Its requests in flight are lost, as a removed endpoint's."""
+        if url not in self.clients:
+            return False
+        self.benched[url] = reason
+        self._drop([url])
+        return True
+
+    def rejoin(self, client: RolloutClient) -> bool:
+        """Use benched endpoint ``client.base_url`` again, through ``client`` (it has the current weights);
+        False when it is no longer benched (the endpoint set dropped it meanwhile)."""
+        if self.benched.pop(client.base_url, None) is None:
+            return False
+        self.clients[client.base_url] = client
+        self.load[client.base_url] = 0
+        return True
+
+    def _drop(self, urls: list[str]) -> None:
+        """Take the clients of ``urls`` out of use and close them (in the background: no await here)."""
+        for url in urls:
+            client = self.clients.pop(url)
+            self.load.pop(url, None)
+            asyncio.get_event_loop().create_task(client.aclose())
+
+    async def pick(self, failed: set[str], policy_version: int) -> str:
+        """The least-loaded endpoint holding at least ``policy_version`` (the version the request is labelled
+        with: a label never newer than the weights that produce the tokens) and not reloading, avoiding those that
+        failed this request (``failed``) or failed recently (within the retry window) while others remain; while
+        every endpoint holding it reloads (all are given new weights at once), the first to resume.
+
+        Raises:
+            RolloutError: no endpoints, or none holds ``policy_version`` yet (one joining is being caught up):
+                the request's next try asks again.
+        """
+        while True:
+            if not self.clients:
+                raise RolloutError("no rollout endpoints")
+            holding = [u for u in self.load if self.clients[u].loaded_version >= policy_version]
+            if not holding:
+                raise RolloutError(f"no rollout server holds policy {policy_version} yet")
+            if serving := [u for u in holding if not self.clients[u].reloading]:
+                break
+            waits = [asyncio.ensure_future(self.clients[u].wait_serving()) for u in holding]
+            try:  # looked at again after RELOAD_LOOK_S whatever happens: the endpoints may change meanwhile
+                await asyncio.wait(waits, timeout=RELOAD_LOOK_S, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+        recent = time.monotonic() - self.retry_window_s
+        healthy = [u for u in serving if u not in failed and self.last_failure.get(u, -1e18) < recent]
+        candidates = healthy or [u for u in serving if u not in failed] or serving
+        return min(candidates, key=self.load.__getitem__)
+
+    @contextlib.contextmanager
+    def sending(self, url: str, samples: int) -> Iterator[RolloutClient]:
+        """The client of picked endpoint ``url``, its load raised by ``samples`` while the request is out."""
+        self.load[url] += samples
+        try:
+            yield self.clients[url]
+        finally:
+            if url in self.load:  # dropped meanwhile: nothing to count down
+                self.load[url] -= samples
+
+    def note_failure(self, url: str) -> None:
+        """A request failed on ``url`` (or was lost there): its next tries, and others', prefer another server."""
+        self.last_failure[url] = time.monotonic()
+
+    async def aclose(self) -> None:
+        """Close the clients of the servers in use (a dropped one's was closed when it was dropped)."""
+        for client in self.clients.values():
+            await client.aclose()
+
+
+async def wait_until_healthy(pool: RolloutPool, timeout_s: float, stop: asyncio.Event) -> None:
+    """Wait until every endpoint of ``pool`` answers ``/health``; with none yet, wait for endpoints to be set (no deadline:
     on Kubernetes the operator sends them once rollout pods are ready, which may take as long as scheduling a
     GPU node; the operator reports that wait). Returns early once ``stop`` is set.
 
@@ -47,17 +197,17 @@ async def wait_until_healthy(dispatcher: Dispatcher, timeout_s: float, stop: asy
         DispatchError: endpoints still unhealthy ``timeout_s`` seconds after they were set.
     """
     noted = time.monotonic()
-    while not dispatcher.clients and not stop.is_set():
+    while not pool.clients and not stop.is_set():
         if time.monotonic() - noted > 30:
             log.info("waiting for rollout endpoints (PUT /rollout-endpoints on the control server)")
             noted = time.monotonic()
         await asyncio.sleep(0.2)
     deadline = time.monotonic() + timeout_s
-    pending = set(dispatcher.clients)
+    pending = set(pool.clients)
     while pending and not stop.is_set():
-        pending &= set(dispatcher.clients)  # endpoints removed meanwhile are not waited for
+        pending &= set(pool.clients)  # endpoints removed meanwhile are not waited for
         for url in list(pending):
-            if await dispatcher.clients[url].healthy():
+            if await pool.clients[url].healthy():
                 pending.discard(url)
         if pending:
             if time.monotonic() > deadline:
@@ -70,22 +220,24 @@ class EndpointMembership:
 
     def __init__(self) -> None:
         self._rejoin_tried: dict[str, float] = {}  # benched endpoint → when it was last asked (monotonic)
-        self.dispatcher: Dispatcher | None = None
+        self.pool: RolloutPool | None = None
 
     def bind(
         self,
-        dispatcher: Dispatcher,
+        pool: RolloutPool,
+        lose: Callable[[list[str], str], list[GroupCancellation]],
         weights: WeightFollower,
-        client_factory: Callable[[str], RolloutClient],
         settle: Callable[[list[GroupCancellation]], None],
         capacity: Callable[[], None],
     ) -> None:
-        """Wire it to the stages: the ``dispatcher`` whose endpoints it sets, the ``weights`` follower that
-        catches servers up, ``client_factory`` for a rejoining server, ``settle`` for the requests it takes
-        out of use, and ``capacity`` to call when a server comes back (more may be dispatched)."""
-        self.dispatcher = dispatcher
+        """Wire it to the stages: the ``pool`` of servers it changes; ``lose(urls, why)``, which cancels the requests
+        in flight on servers taken out of use and returns them (the dispatcher's
+        :meth:`~rlrun.orchestrator.dispatcher.Dispatcher.lose_on`); the ``weights`` follower that catches servers
+        up; ``settle`` for the requests lost; and ``capacity`` to call when a server comes back (more may be
+        dispatched)."""
+        self.pool = pool
+        self.lose = lose
         self.weights = weights
-        self.client_factory = client_factory
         self.settle = settle
         self.capacity = capacity
 
@@ -99,20 +251,28 @@ class EndpointMembership:
         Raises:
             WeightsError, RolloutError: a new server could not be given the current weights.
         """
-        change = self.dispatcher.set_endpoints(urls)
-        self.settle(change.lost)  # before any await: no snapshot sees them neither in flight nor requested
-        if change.lost:
+        change = self.pool.set_endpoints(urls)
+        lost = self.lose(change.removed, "removed")
+        self.settle(lost)  # before any await: no snapshot sees them neither in flight nor requested
+        if lost:
             log.info(
                 "cancelled %d requests in flight on removed endpoints %s; their members are requested again",
-                len(change.lost), change.removed,
-            )  # fmt: skip
+                len(lost),
+                change.removed,
+            )
         self.bench(await self.weights.catch_up(change.added))
+
+    async def look(self) -> None:
+        """The membership's periodic look (the orchestrator's follower loop): :meth:`catch_up_lagging`, then
+        :meth:`rejoin_benched`."""
+        await self.catch_up_lagging()
+        await self.rejoin_benched()
 
     async def catch_up_lagging(self) -> None:
         """Give the servers in use that hold an older policy than the current one the current weights: one
         caught up to ``v`` while the update to ``v + 1`` went to the servers listed when it began holds ``v``
         and gets no request until then."""
-        lagging = [c for c in self.dispatcher.clients.values() if c.loaded_version < self.weights.version]
+        lagging = [c for c in self.pool.clients.values() if c.loaded_version < self.weights.version]
         if lagging:
             log.info("catching up rollout servers %s to policy %d", [c.base_url for c in lagging], self.weights.version)
             self.bench(await self.weights.catch_up(lagging))
@@ -122,27 +282,27 @@ class EndpointMembership:
         """Take rollout servers that missed a weight update (``{url: error}``) out of use; their requests
         are asked again."""
         for url, error in unreachable.items():
-            lost = self.dispatcher.bench(url, error)
+            lost = self.lose([url], f"benched ({error})") if self.pool.bench(url, error) else []
             self.settle(lost)  # before any await, as for a removed endpoint
             log.warning(
                 "rollout server %s benched until it answers and has policy %d; %d requests on it asked again",
-                url, self.weights.version, len(lost),
-            )  # fmt: skip
+                url,
+                self.weights.version,
+                len(lost),
+            )
 
     async def rejoin_benched(self) -> None:
         """Give each benched rollout server that answers ``/health`` the current weights, then use it again
         (tried at most every :data:`REJOIN_EVERY_S` per server)."""
         now = time.monotonic()
-        for url in list(self.dispatcher.benched):
+        for url in list(self.pool.benched):
             if now - self._rejoin_tried.get(url, -1e18) < REJOIN_EVERY_S:
                 continue
             self._rejoin_tried[url] = now
-            client = self.client_factory(url)
+            client = self.pool.client_factory(url)
             try:
                 rejoined = (
-                    await client.healthy()
-                    and not await self.weights.catch_up([client])
-                    and self.dispatcher.rejoin(client)
+                    await client.healthy() and not await self.weights.catch_up([client]) and self.pool.rejoin(client)
                 )
             except RolloutError as exc:  # it answers but cannot reload yet: it stays benched, asked again later
                 log.warning("benched rollout server %s could not catch up: %s", url, exc)

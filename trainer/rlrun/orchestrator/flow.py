@@ -59,11 +59,19 @@ class FlowControl:
         last = min(last_useful_step(policy_version, self.max_off_policy_steps), self.max_steps)
         return self.batch_size * (last - shipped)
 
+    @staticmethod
+    def committed(sink: TrainSink, dispatcher: Dispatcher | None) -> int:
+        """Samples committed to the next batches: queued, finished and kept in open groups, and dispatched but not
+        yet consumed (in flight, or delivered and not taken: :attr:`Dispatcher.outstanding_samples`; none before
+        there is a dispatcher). What :meth:`may_dispatch` weighs against :meth:`budget`."""
+        outstanding = dispatcher.outstanding_samples if dispatcher is not None else 0
+        return len(sink.queue) + sink.finished_episodes_kept + outstanding
+
     def may_dispatch(self, committed: int, inflight: int, policy_version: int, shipped: int) -> bool:
         """Whether one more group may be dispatched.
 
         Args:
-            committed: samples queued, in open groups, or dispatched and not yet consumed.
+            committed: samples queued, in open groups, or dispatched and not yet consumed (:meth:`committed`).
             inflight: completions requested from rollout servers and not yet returned.
             policy_version: the policy version the rollout servers hold.
             shipped: batches shipped or cut (being written).
@@ -81,6 +89,16 @@ class FlowControl:
         staleness bound (a batch left to fill: budget > 0) and the in-flight limit apply.
         """
         return self.budget(policy_version, shipped) > 0 and inflight + members <= self.max_inflight
+
+
+def hold_reason(hold_below: int, restored_step: int) -> str:
+    """Why a resume dispatches nothing yet (:func:`dispatch_round`'s ``hold_below``), in words: its snapshot was taken
+    at policy ``hold_below`` and the servers start on ``restored_step``, the trainer checkpoint's."""
+    return (
+        f"the snapshot was taken at policy {hold_below} and the servers start on {restored_step} (the trainer's "
+        f"checkpoint): nothing is dispatched until the trainer has retrained steps {restored_step + 1}–{hold_below} "
+        "from the kept batches, so the saved groups are asked of weights as new as before"
+    )
 
 
 def dispatch_round(
@@ -107,7 +125,7 @@ def dispatch_round(
     """
     if policy_version < hold_below:
         return 0
-    committed = len(sink.queue) + sink.finished_episodes_kept + dispatcher.outstanding_samples
+    committed = flow.committed(sink, dispatcher)
     rows = []
     try:
         while True:

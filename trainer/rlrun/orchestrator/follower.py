@@ -78,6 +78,20 @@ class WeightFollower:
             log.warning("rollout server %s unreachable during the update to policy %d: %s", url, version, error)
         return push
 
+    async def begin(self, clients: list[RolloutClient], step: int | None, model: str | Path) -> dict[str, str]:
+        """Load the weights an attempt begins with: trainer checkpoint ``step``'s (a resume), else — when weights are
+        checked (:attr:`reference`), as the servers may hold another run's — the initial ``model``'s as policy 0;
+        returns the servers unreachable (base URL → error).
+
+        Raises:
+            WeightsError, RolloutError: as :meth:`load`.
+        """
+        if step is not None:
+            return (await self.load(clients, self.run_dir.trainer_checkpoint(step), step)).unreachable
+        if self.reference is not None:
+            return (await self.load(clients, model, 0)).unreachable
+        return {}
+
     async def catch_up(self, clients: list[RolloutClient]) -> dict[str, str]:
         """Give servers that just joined the current policy (nothing to do at version 0: they start on it);
         returns those unreachable (base URL → error).

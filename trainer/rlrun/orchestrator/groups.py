@@ -14,13 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from rlrun.envs.base import Task
 from rlrun.samples import Episode, count_sampled, episode_id, logprobs_from_json, logprobs_to_json
-
-if TYPE_CHECKING:
-    from rlrun.rollout.client import RolloutClient
 
 
 @dataclass(frozen=True)
@@ -191,19 +188,3 @@ class GroupResult:
     def episodes(self) -> list[Episode]:
         """Its finished members (:attr:`ScoredRequest.episodes`; empty when it failed)."""
         return self.scored.episodes
-
-
-@dataclass(frozen=True)
-class EndpointChange:
-    """What :meth:`~rlrun.orchestrator.dispatcher.Dispatcher.set_endpoints` changed.
-
-    Attributes:
-        added: clients of the endpoints that are new (they need the current weights).
-        removed: the endpoints dropped, sorted.
-        lost: one ``lost`` cancellation per request that was in flight on a removed endpoint
-            (already cancelled; the caller settles them, :func:`~rlrun.orchestrator.cancellation.settle`).
-    """
-
-    added: list[RolloutClient]
-    removed: list[str]
-    lost: list[GroupCancellation]

@@ -53,12 +53,13 @@ from rlrun.orchestrator.journal_files import (
     attempt_dirs,
     encode_record,
     encode_turn,
+    journal_root,
     read_base,
     scan_segment,
     segments,
     write_small_atomic,
 )
-from rlrun.rundir import _fault_point, fsync_dir
+from rlrun.rundir import RunDir, _fault_point, fsync_dir
 from rlrun.samples import Episode
 
 log = logging.getLogger(__name__)
@@ -246,6 +247,21 @@ class Journal:
             fsync_dir(self.dir)
             fsync_dir(self.root)
         return removed
+
+    @classmethod
+    async def open(
+        cls, run_dir: RunDir, attempt: int, base: dict[str, Any], on_durable: Callable[[int], None]
+    ) -> Journal:
+        """Attempt ``attempt``'s journal under ``run_dir``'s ``journal/`` (:func:`journal_root`), made in a thread (it
+        creates and syncs files), from the snapshot's ``base``; ``on_durable`` is called on the running event loop."""
+        loop = asyncio.get_running_loop()
+        return await asyncio.to_thread(cls, journal_root(run_dir), attempt, base, on_durable, loop)
+
+    async def aclose(self) -> None:
+        """:meth:`close` in a thread (what is pending becomes durable: the next attempt replays it), then log the
+        journal's counts."""
+        await asyncio.to_thread(self.close)
+        log.info("journal: %d records, %d fsyncs, %d bytes", self.next_seq, self.fsyncs, self.bytes_written)
 
     def close(self) -> None:
         """Commit what is pending, stop the writer and close the file (blocking; call in a thread)."""

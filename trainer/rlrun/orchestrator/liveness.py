@@ -46,13 +46,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from rlrun.api.spec import RLRunSpec
 from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.groups import GroupCancellation
 from rlrun.orchestrator.no_signal import NoSignalGuard
 from rlrun.orchestrator.sink import TrainSink
+from rlrun.orchestrator.view import OrchestratorView
 
 log = logging.getLogger(__name__)
 
@@ -150,11 +150,12 @@ class LivenessGuard:
             del self._idle[url]
         # every server at once: the follower loop that calls this also pushes weights, and one server's slow
         # /metrics must not hold the others' looks (nor the next update) for its timeout each
-        looked = [u for u in out if (c := self.dispatcher.clients.get(u)) is not None and not c.updating]
-        answers = await asyncio.gather(*(self.dispatcher.clients[u].load() for u in looked))
+        clients = self.dispatcher.pool.clients
+        looked = [u for u in out if (c := clients.get(u)) is not None and not c.updating]
+        answers = await asyncio.gather(*(clients[u].load() for u in looked))
         loads = dict(zip(looked, answers, strict=True))
         for url, keys in out.items():
-            client = self.dispatcher.clients.get(url)
+            client = clients.get(url)
             load = loads.get(url)
             if client is None or client.updating or load is None or load.requests != 0:
                 self._idle.pop(url, None)  # gone, being given weights, working, or cannot say: nothing to do
@@ -172,7 +173,7 @@ class LivenessGuard:
             del self._idle[url]
             idle_s = time.monotonic() - seen[0]
             lost = self.dispatcher.lose(sorted(stuck), f"reported no request running or waiting for {idle_s:.0f} s")
-            self.dispatcher.last_failure[url] = time.monotonic()  # their next tries prefer another server
+            self.dispatcher.pool.note_failure(url)  # their next tries prefer another server
             self.settle(lost)  # before any await: no snapshot sees them neither in flight nor requested
             self.lost_requests += len(lost)
             asked_again += len(lost)
@@ -184,35 +185,37 @@ class LivenessGuard:
         return asked_again
 
 
-def stall_accounting(orch: Any) -> dict:
-    """What the stall report logs of orchestrator ``orch`` (:class:`~rlrun.orchestrator.loop.Orchestrator`): where
-    every sample the next batch needs is (queued, kept in open groups, out, requested, journaled not admitted)
-    and the flow budget that decides whether more is dispatched."""
-    d, sink, source = orch.dispatcher, orch.sink, orch.source
-    out: dict[int, list[tuple[int, int, str | None]]] = {}
-    for (group, first), entry in d.inflight.items():
-        out.setdefault(group, []).append((first, entry.request.members, entry.url))
-    budget, v = orch.flow.budget(orch.policy_version, orch.cut), orch.policy_version
-    newest = orch.weights.newest_broadcast()
-    need = max(orch.hold_below, orch.cut - orch.flow.max_off_policy_steps)  # the least policy that may dispatch
+def stall_accounting(view: OrchestratorView) -> dict:
+    """What the stall report logs of the orchestrator's ``view`` (built with its :attr:`~.view.OrchestratorView.work`):
+    where every sample the next batch needs is (queued, kept in open groups, out, requested, journaled not admitted)
+    and the flow budget that decides whether more is dispatched.
+
+    Raises:
+        ValueError: a view without its work detail.
+    """
+    work = view.work
+    if work is None:
+        raise ValueError("the stall report needs the view's work detail (Orchestrator.view(detail=True))")
+    v = view.policy_version
+    need = max(view.hold_below, view.cut - work.max_off_policy_steps)  # the least policy that may dispatch
     waiting = None
-    if budget <= 0 or v < orch.hold_below:  # nothing may be dispatched until the servers hold a newer policy
+    if view.budget <= 0 or v < view.hold_below:  # nothing may be dispatched until the servers hold a newer policy
         waiting = (
-            f"policy {need}: the servers hold {v}; newest broadcast of this attempt: {newest}"
-            f"{' (weight pushes held by an evaluation round)' if orch.evaluation.holding else ''}; the trainer "
-            f"publishes {need} after training batch {need} (shipped: {orch.shipped})"
+            f"policy {need}: the servers hold {v}; newest broadcast of this attempt: {work.newest_broadcast}"
+            f"{' (weight pushes held by an evaluation round)' if work.weights_held else ''}; the trainer "
+            f"publishes {need} after training batch {need} (shipped: {view.step})"
         )
     return {
         "waiting_for": waiting,
-        "step_shipped": orch.shipped,
-        "cut": orch.cut,
-        "policy_version": orch.policy_version,
-        "queue": len(sink.queue),
-        "open_groups": {g: {"finished": len(o.episodes), "out": out.get(g, [])} for g, o in sink.open_groups.items()},
-        "inflight_samples": d.inflight_samples,
-        "delivered_not_taken": sorted(d.undelivered),
-        "requested": [(r.group_id, r.first_member, r.members) for r in source.resume_requests],
-        "journaled_not_admitted": orch.admission.unadmitted,
-        "budget": budget,
-        "committed": len(sink.queue) + sink.finished_episodes_kept + d.outstanding_samples,
+        "step_shipped": view.step,
+        "cut": view.cut,
+        "policy_version": v,
+        "queue": view.queued,
+        "open_groups": {g: {"finished": n, "out": work.out.get(g, [])} for g, n in work.finished.items()},
+        "inflight_samples": view.inflight_samples,
+        "delivered_not_taken": work.delivered_not_taken,
+        "requested": work.requested,
+        "journaled_not_admitted": view.journaled_not_admitted,
+        "budget": view.budget,
+        "committed": view.committed,
     }

@@ -14,30 +14,27 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from transformers import AutoTokenizer
 
-from rlrun.api.control import OrchestratorPhase, PauseResult, ResumeReport, SnapshotCounts, StatusReport
+from rlrun.api.control import OrchestratorPhase, PauseResult, ResumeReport, StatusReport
 from rlrun.api.spec import RLRunSpec
 from rlrun.batch import write_batch
-from rlrun.checkpoint import run_identity
 from rlrun.envs import make_env
 from rlrun.ledger import LEDGER_VERSION, Ledger, LedgerEvent
-from rlrun.orchestrator import snapshot as sink_snapshot
 from rlrun.orchestrator.admission import Admission
 from rlrun.orchestrator.cancellation import settle
-from rlrun.orchestrator.checkpointing import CheckpointManager
+from rlrun.orchestrator.checkpointing import CheckpointManager, capture_of
 from rlrun.orchestrator.control import ControlServer, status_report
 from rlrun.orchestrator.conversations import KeptConversations
 from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.endpoints import EndpointMembership, wait_until_healthy
 from rlrun.orchestrator.evaluation import EvalRounds, Evaluator
-from rlrun.orchestrator.flow import FlowControl, dispatch_round
+from rlrun.orchestrator.flow import FlowControl, dispatch_round, hold_reason
 from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.groups import GroupCancellation, GroupResult
 from rlrun.orchestrator.journal import Journal
-from rlrun.orchestrator.journal_files import FRESH_BASE, journal_root
+from rlrun.orchestrator.journal_files import FRESH_BASE
 from rlrun.orchestrator.liveness import LivenessGuard, stall_accounting
 from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.orchestrator.prometheus import registry_for
@@ -46,6 +43,7 @@ from rlrun.orchestrator.resume import Stages, begin_attempt, record_stop
 from rlrun.orchestrator.signals import TerminationHandler
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.source import TrainSource
+from rlrun.orchestrator.view import view_of
 from rlrun.orchestrator.weights import weights_signature
 from rlrun.rollout.client import RolloutClient
 from rlrun.rundir import RunDir, run_dir_attempt, write_file_atomic
@@ -125,7 +123,7 @@ class Orchestrator:
         self.sink = TrainSink.for_spec(spec, record=self.ledger.record)
         self.flow = FlowControl.of(spec, self.max_steps)
         self.checkpoints = CheckpointManager(
-            self.run_dir, attempt, spec.checkpoint.keep_last, self.ledger, self._capture
+            self.run_dir, attempt, spec.checkpoint.keep_last, self.ledger, lambda step: capture_of(self, step)
         )
         self.weights = WeightFollower(self.run_dir, attempt, reference=None)
         self.metrics = StepMetrics(self.run_dir.metrics, attempt, self.weights)
@@ -151,12 +149,13 @@ class Orchestrator:
         self.resume_report: ResumeReport | None = None
         self.control: ControlServer | None = None
         if control_port is not None:
-            self.control = ControlServer(self, control_host, control_port, control_token or "", registry_for(self))
+            self.control = ControlServer(self, control_host, control_port, control_token or "", registry_for(self.view))
         deadline = spec.preemption.snapshot_timeout_seconds
         # paused, it pairs the trainer's save on notice before it stops, leaving a margin for that write
         pair = lambda left: self.checkpoints.pair_notice_save(left - max(1.0, 0.1 * deadline))  # noqa: E731
         self.termination = TerminationHandler(self.pause, self.request_stop, deadline, pair)
         self._pause_result: asyncio.Future[PauseResult] | None = None
+        self._follower: asyncio.Task | None = None  # the follower loop (:meth:`_follow_trainer`), once running
         self._stop = asyncio.Event()
 
     @property
@@ -178,7 +177,10 @@ class Orchestrator:
 
     def status(self) -> StatusReport:
         """What ``GET /status`` answers (:func:`.control.status_report`)."""
-        return status_report(self)
+        return status_report(self.view())
+
+    #: ``view(detail=False)``: this orchestrator now, read-only (:func:`.view.view_of`)
+    view = view_of
 
     async def pause(self) -> PauseResult:
         """Stop dispatching and shipping, write the snapshot, and return its counts (idempotent).
@@ -222,30 +224,15 @@ class Orchestrator:
         """Make :meth:`run` return (after a pause, the process then exits)."""
         self._stop.set()
 
-    def _capture(self, step: int) -> tuple[dict[str, Any], sink_snapshot.SinkSnapshot, SnapshotCounts]:
-        """The orchestrator's part of checkpoint ``step`` (the checkpoint manager's ``capture``; no awaits)."""
-        progress = {
-            "step": step,
-            "shipped": self.shipped,
-            "policy_version": self.policy_version,
-            "attempt": self.attempt,
-            "source": self.source.state(),
-            "identity": run_identity(self.spec, self.envs),
-            "time": time.time(),
-        }
-        snap = self.sink.snapshot(self.dispatcher.emitted_requests() if self.dispatcher is not None else [])
-        snap.conversations = self.kept.current()
-        if self.journal is not None:  # the same step as the snapshot: records after this cut are replayed
-            progress["journal"] = self.journal.cut()
-        return progress, snap, snap.counts(list(self.source.resume_requests))
-
     # -- the work -----------------------------------------------------------------------------
 
     def _dispatch_within_budget(self) -> None:
         """Dispatch groups (resume requests first) while :class:`FlowControl` allows (:func:`.flow.dispatch_round`)."""
         if not self.paused:
-            dispatch_round(self.flow, self.source, self.sink, self.dispatcher, self.ledger, self.policy_version,
-                           self.cut, self.hold_below)  # fmt: skip
+            v = self.policy_version
+            dispatch_round(
+                self.flow, self.source, self.sink, self.dispatcher, self.ledger, v, self.cut, self.hold_below
+            )
 
     def _settle(self, cancellations: list[GroupCancellation]) -> None:
         settle(cancellations, self.sink, self.source, self.dispatcher, self.ledger, self.retries, self.kept)
@@ -285,8 +272,7 @@ class Orchestrator:
                     self._dispatch_within_budget()
                     self.evaluation.updated(before, self.policy_version)
             if not self.paused:
-                await self.endpoints.catch_up_lagging()
-                await self.endpoints.rejoin_benched()
+                await self.endpoints.look()
                 await self.liveness.check()
             # Paused: the trainer's save on notice is completed with the pause snapshot (checkpointing.py).
             if not self.paused or self.checkpoints.paused_capture is not None:
@@ -297,7 +283,7 @@ class Orchestrator:
         return None if self.paused or self.phase != "running" else (self.shipped, self.sink.counters.episodes_finished)
 
     def _clients(self) -> list[RolloutClient]:
-        return list(self.dispatcher.clients.values()) if self.dispatcher is not None else []
+        return list(self.dispatcher.pool.clients.values()) if self.dispatcher is not None else []
 
     async def _load_last(self) -> None:  # the last step's weights, for the final evaluation
         await self.weights.load(self._clients(), self.weights.weights_dir(self.max_steps), self.max_steps)
@@ -313,28 +299,25 @@ class Orchestrator:
         restored = await begin_attempt(self.resume, self.run_dir, self.spec, stages)
         if self.use_journal:
             base = restored.journal_base if restored is not None else FRESH_BASE
-            on_durable, loop = self.admission.on_durable, asyncio.get_running_loop()
-            self.journal = await asyncio.to_thread(
-                Journal, journal_root(self.run_dir), self.attempt, base, on_durable, loop
-            )
+            self.journal = await Journal.open(self.run_dir, self.attempt, base, self.admission.on_durable)
             self.checkpoints.journal = self.admission.journal = self.journal
         if restored is not None:
-            self.shipped, self.resume_report = restored.shipped, restored.report
-            self.cut = self.shipped
+            self.shipped = restored.shipped
+            self.cut = restored.shipped
+            self.resume_report = restored.report
             self.checkpoints.resumed_from(restored.step)
             self.hold_below = restored.policy_version
             if self.hold_below > restored.step:
-                log.info("resume: the snapshot was taken at policy %d and the servers start on %d (the trainer's "
-                         "checkpoint): nothing is dispatched until the trainer has retrained steps %d–%d from the kept "
-                         "batches, so the saved groups are asked of weights as new as before", self.hold_below,
-                         restored.step, restored.step + 1, self.hold_below)  # fmt: skip
-            weights = self.run_dir.trainer_checkpoint(restored.step)
-            self.endpoints.bench((await self.weights.load(self._clients(), weights, restored.step)).unreachable)
-        elif self.weights.reference is not None:  # servers may hold another run's weights: start from ours
-            self.endpoints.bench((await self.weights.load(self._clients(), self.model_path, 0)).unreachable)
+                log.info("resume: %s", hold_reason(self.hold_below, restored.step))
+        step = restored.step if restored is not None else None
+        self.endpoints.bench(await self.weights.begin(self._clients(), step, self.model_path))
 
     async def run(self) -> int:
         """Run until batch ``max_steps`` is shipped and checkpointed, or a pause then stop; returns the step.
+
+        Its teardown is a checklist (:class:`contextlib.AsyncExitStack`): each stage registers its close as it starts
+        (a failed set-up closes what had started), and they run in reverse. The journal, metrics and trackers start
+        after the control server and close after it: their closes are registered first, and do nothing if not started.
 
         Raises:
             OrchestratorError: unusable run dir, rollout servers that never get healthy, or no batch can form.
@@ -344,8 +327,24 @@ class Orchestrator:
         sys.setswitchinterval(LOOP_SWITCH_INTERVAL_S)
         self.ledger.write(LedgerEvent.STARTED, role="orchestrator", ledger_version=LEDGER_VERSION)
         self.termination.install()
-        if self.control is not None:
-            await self.control.start()
+        async with contextlib.AsyncExitStack() as teardown:
+            teardown.callback(self.ledger.close)
+            # the trackers log what is final: the last steps, the last evaluation
+            teardown.push_async_callback(asyncio.to_thread, self.tracking.close)
+            teardown.callback(self.metrics.close)
+            teardown.push_async_callback(self._close_journal)  # after the dispatcher: nothing is journaled then
+            if self.control is not None:
+                await self.control.start()
+                teardown.push_async_callback(self.control.stop)
+            await self._wire()
+            teardown.push_async_callback(self.dispatcher.aclose)
+            teardown.push(self._record_stop)  # an exit callback: it sees the error the run ends with
+            teardown.push_async_callback(lambda: self.checkpoints.finish(self._done()))
+            teardown.push_async_callback(self._stop_work)
+            return await self._run_attempt()
+
+    async def _wire(self) -> None:
+        """Make the dispatcher (the tokenizer loaded off the loop) and bind the stages to it and each other."""
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self.model_path)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if Path(self.model_path).is_dir():
@@ -355,90 +354,95 @@ class Orchestrator:
         )
         self.dispatcher.episodes.tell_rewards(self.max_steps, self.metrics.log_metric)  # TRL's trainer arguments
         self.endpoints.bind(
-            self.dispatcher, self.weights, self.client_factory, self._settle, self._dispatch_within_budget
+            self.dispatcher.pool, self.dispatcher.lose_on, self.weights, self._settle, self._dispatch_within_budget
         )
         evaluator = Evaluator.for_run(
             self.spec, self.envs, tokenizer, self.run_dir.evaluations, self.attempt, self.dispatcher.episodes
         )
         self.evaluation.bind(evaluator, self._clients, self.max_steps)
-        self.liveness.bind(self.dispatcher, self._settle, self._progress, lambda: stall_accounting(self), self.sink)
+        report = lambda: stall_accounting(self.view(detail=True))  # noqa: E731
+        self.liveness.bind(self.dispatcher, self._settle, self._progress, report, self.sink)
         self.admission.bind(
-            self.sink, self.source, self.dispatcher, self.ledger, self.metrics, self.results, self._settle,
-            next_step=lambda: self.cut + 1, holding=lambda: self.paused or self.phase == "done", kept=self.kept,
-        )  # fmt: skip
-        follower, error = None, None
-        try:
-            await PromptLimit(self.spec, self.ledger, self.metrics).start(self.dispatcher.episodes, self.source)
-            await wait_until_healthy(self.dispatcher, self.health_timeout_s, self._stop)
-            if self._stop.is_set():  # stopped (SIGTERM after a pause) before it started
-                log.info("stopped before starting")
-                return self.shipped
-            await self._begin()
-            self.evaluation.start(self.policy_version)
-            self.metrics.start()
-            await asyncio.to_thread(self.tracking.start, self.resume_report)  # its imports, before the loop is busy
-            if not self.paused:  # a pause during set-up stands
-                self.phase = "running"
-            follower = asyncio.create_task(self._follow_trainer())
-            log.info(
-                "orchestrator running (attempt %d, run-directory attempt %d): step %d of %d, endpoints %s",
-                self.attempt_number, self.attempt, self.shipped, self.max_steps, self.rollout_urls,
-            )  # fmt: skip
-            await self._ship_ready_batches()  # a restored full batch ships at once
-            self._dispatch_within_budget()
-            while not self._done() and not self._stop.is_set():
-                if follower.done():
-                    follower.result()  # re-raises its error
-                if self.dispatcher.failures:
-                    raise self.dispatcher.failures[0]
-                if self.paused:  # wait to be stopped; results are regenerated after resume
-                    await asyncio.sleep(self.poll_s)
-                    continue
-                try:
-                    results = [await within(self.results.get(), self.poll_s)]  # a cancel is never lost (timeouts.py)
-                except asyncio.TimeoutError:
-                    results = []
-                if self.paused:  # a snapshot was taken meanwhile and lists these as emitted: they are re-run
-                    continue
-                while not self.results.empty():
-                    results.append(self.results.get_nowait())
-                for result in results:
-                    if result is not None:  # None only wakes the loop (episodes admitted)
-                        self.admission.consume(result)
-                await self._ship_ready_batches()
-                self._dispatch_within_budget()
-            if self._done():
-                self.phase = "done"
-                log.info("orchestrator done: %d steps shipped and checkpointed", self.shipped)
-                await self.evaluation.finish(self.policy_version, self._load_last)
+            self.sink,
+            self.source,
+            self.dispatcher,
+            self.ledger,
+            self.metrics,
+            self.results,
+            self._settle,
+            next_step=lambda: self.cut + 1,
+            holding=lambda: self.paused or self.phase == "done",
+            kept=self.kept,
+        )
+
+    async def _run_attempt(self) -> int:
+        """Begin the attempt, then pass results, ship batches and dispatch until done or stopped; returns the step."""
+        await PromptLimit(self.spec, self.ledger, self.metrics).start(self.dispatcher.episodes, self.source)
+        await wait_until_healthy(self.dispatcher.pool, self.health_timeout_s, self._stop)
+        if self._stop.is_set():  # stopped (SIGTERM after a pause) before it started
+            log.info("stopped before starting")
             return self.shipped
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            self.admission.stopped = True  # nothing counts from here: the next attempt replays what is journaled
-            self.evaluation.cancel()
-            if follower is not None:
-                follower.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await follower
-            if self._done():  # the last save's prune may have been cut short by the cancel: retention holds
-                await self.checkpoints.prune()
-            elif self.checkpoints.paused_capture is not None:  # a trainer part saved on notice since the last look
-                try:
-                    await self.checkpoints.complete_new_trainer_parts()
-                except Exception as exc:  # the pause's own checkpoint stands
-                    log.warning("could not pair the pause snapshot with a newer trainer part: %s", exc)
-            out = self.dispatcher.emitted_requests() if self.dispatcher is not None else []  # before it forgets them
-            outcome = "complete" if self.phase == "done" else "paused" if self.paused else None
-            record_stop(Stages(self.source, self.sink, self.ledger, self.kept), out, self.shipped, outcome, error)
-            await self.dispatcher.aclose()
-            if self.control is not None:
-                await self.control.stop()
-            if self.journal is not None:  # what is pending becomes durable: the next attempt replays it
-                await asyncio.to_thread(self.journal.close)
-                j = self.journal
-                log.info("journal: %d records, %d fsyncs, %d bytes", j.next_seq, j.fsyncs, j.bytes_written)
-            self.metrics.close()
-            await asyncio.to_thread(self.tracking.close)  # logs what is final: the last steps, the last evaluation
-            self.ledger.close()
+        await self._begin()
+        self.evaluation.start(self.policy_version)
+        self.metrics.start()
+        await asyncio.to_thread(self.tracking.start, self.resume_report)  # its imports, before the loop is busy
+        if not self.paused:  # a pause during set-up stands
+            self.phase = "running"
+        self._follower = asyncio.create_task(self._follow_trainer())
+        log.info(
+            "orchestrator running (attempt %d, run-directory attempt %d): step %d of %d, endpoints %s",
+            self.attempt_number,
+            self.attempt,
+            self.shipped,
+            self.max_steps,
+            self.rollout_urls,
+        )
+        await self._ship_ready_batches()  # a restored full batch ships at once
+        self._dispatch_within_budget()
+        while not self._done() and not self._stop.is_set():
+            if self._follower.done():
+                self._follower.result()  # re-raises its error
+            if self.dispatcher.failures:
+                raise self.dispatcher.failures[0]
+            if self.paused:  # wait to be stopped; results are regenerated after resume
+                await asyncio.sleep(self.poll_s)
+                continue
+            try:
+                results = [await within(self.results.get(), self.poll_s)]  # a cancel is never lost (timeouts.py)
+            except asyncio.TimeoutError:
+                results = []
+            if self.paused:  # a snapshot was taken meanwhile and lists these as emitted: they are re-run
+                continue
+            while not self.results.empty():
+                results.append(self.results.get_nowait())
+            for result in results:
+                if result is not None:  # None only wakes the loop (episodes admitted)
+                    self.admission.consume(result)
+            await self._ship_ready_batches()
+            self._dispatch_within_budget()
+        if self._done():
+            self.phase = "done"
+            log.info("orchestrator done: %d steps shipped and checkpointed", self.shipped)
+            await self.evaluation.finish(self.policy_version, self._load_last)
+        return self.shipped
+
+    # -- the teardown (run's checklist) --------------------------------------------------------
+
+    async def _stop_work(self) -> None:
+        """Nothing counts from here (the next attempt replays what is journaled); evaluation and follower stop."""
+        self.admission.stopped = True
+        self.evaluation.cancel()
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._follower
+
+    def _record_stop(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        """The attempt's last ledger lines (:func:`.resume.record_stop`) with the error it ends with (None: none)."""
+        out = self.dispatcher.emitted_requests()
+        outcome = "complete" if self.phase == "done" else "paused" if self.paused else None
+        record_stop(Stages(self.source, self.sink, self.ledger, self.kept), out, self.shipped, outcome, error)
+
+    async def _close_journal(self) -> None:  # nothing to do for a journal never opened
+        if self.journal is not None:
+            await self.journal.aclose()

@@ -1,6 +1,6 @@
 """The orchestrator's Prometheus metrics: ``GET /metrics`` on the control server (:mod:`.control`).
 
-Read off the orchestrator's stages when scraped, by a custom collector (``prometheus_client``'s
+Read off a view of the orchestrator (:mod:`.view`) built when scraped, by a custom collector (``prometheus_client``'s
 ``Collector``): nothing is counted on the event loop between scrapes, so the metrics cost the loop nothing
 but the scrape itself (a few hundred microseconds for these ~25 series). Names follow Prometheus'
 conventions: the ``rlrun_`` prefix, base units (seconds), ``_total`` for counters, ``_ratio`` for shares;
@@ -9,11 +9,12 @@ conventions: the ``rlrun_`` prefix, base units (seconds), ``_total`` for counter
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from rlrun.orchestrator.view import OrchestratorView
 
 #: name (without a counter's ``_total``) → (``gauge`` or ``counter``, help). Gauges named after ``metrics.jsonl`` keys
 #: hold the last shipped step's value (absent before the first step).
@@ -68,41 +69,43 @@ _LAST_STEP = {
 
 
 class OrchestratorCollector:
-    """Collects :data:`METRICS` off ``orch`` (:class:`~rlrun.orchestrator.loop.Orchestrator`) at each scrape."""
+    """Collects :data:`METRICS` at each scrape off a fresh view of the orchestrator: ``view()`` builds it
+    (:meth:`~rlrun.orchestrator.loop.Orchestrator.view`)."""
 
-    def __init__(self, orch: Any) -> None:
-        self.orch = orch
+    def __init__(self, view: Callable[[], OrchestratorView]) -> None:
+        self.view = view
 
     def values(self) -> dict[str, float | None]:
         """Each metric's value now (None: not known yet)."""
-        o, sink, d, j = self.orch, self.orch.sink, self.orch.dispatcher, self.orch.journal
-        c = sink.counters
-        last_write, last_pause = o.checkpoints.last_written, o.last_pause
-        line = o.metrics.last_line or {}
+        v = self.view()
+        c, last_write, last_pause = v.counters, v.last_checkpoint, v.last_pause
+        line = v.last_step_metrics or {}
         out: dict[str, float | None] = {
-            "rlrun_step": o.shipped,
-            "rlrun_max_steps": o.max_steps,
-            "rlrun_policy_version": o.policy_version,
-            "rlrun_attempt": o.attempt_number,
-            "rlrun_last_checkpoint_step": o.checkpoints.last_step,
-            "rlrun_queue_samples": len(sink.queue),
-            "rlrun_open_groups": len(sink.open_groups),
-            "rlrun_inflight_completions": d.inflight_samples if d is not None else 0,
-            "rlrun_requested_groups": len(o.source.resume_requests),
-            "rlrun_conversations_kept": len(o.kept),
+            "rlrun_step": v.step,
+            "rlrun_max_steps": v.max_steps,
+            "rlrun_policy_version": v.policy_version,
+            "rlrun_attempt": v.attempt,
+            "rlrun_last_checkpoint_step": v.last_checkpoint_step,
+            "rlrun_queue_samples": v.queued,
+            "rlrun_open_groups": v.open_groups,
+            "rlrun_inflight_completions": v.inflight_samples,
+            "rlrun_requested_groups": v.requested_groups,
+            "rlrun_conversations_kept": v.conversations_kept,
             "rlrun_episodes_finished": c.episodes_finished,
             "rlrun_samples_dropped_stale": c.samples_dropped_stale,
             "rlrun_groups_abandoned": c.groups_abandoned,
             "rlrun_groups_rejected": c.groups_rejected,
-            "rlrun_requests_cancelled": d.cancelled_groups if d is not None else 0,
-            "rlrun_episodes_reward_failed": o.metrics.reward_failed,
-            "rlrun_journal_records": j.next_seq if j is not None else 0,
-            "rlrun_journal_fsyncs": j.fsyncs if j is not None else 0,
-            "rlrun_journal_bytes": j.bytes_written if j is not None else 0,
+            "rlrun_requests_cancelled": v.requests_cancelled,
+            "rlrun_episodes_reward_failed": v.rewards_failed,
+            "rlrun_journal_records": v.journal_records,
+            "rlrun_journal_fsyncs": v.journal_fsyncs,
+            "rlrun_journal_bytes": v.journal_bytes,
             "rlrun_checkpoint_write_seconds": last_write.seconds if last_write is not None else None,
-            "rlrun_pause_seconds": last_pause.seconds if last_pause is not None and last_pause.step is not None else None,
-            "rlrun_weight_update_seconds": o.weights.last_push.seconds if o.weights.last_push is not None else None,
-        }  # fmt: skip
+            "rlrun_pause_seconds": (
+                last_pause.seconds if last_pause is not None and last_pause.step is not None else None
+            ),
+            "rlrun_weight_update_seconds": v.weight_update_seconds,
+        }
         out.update({name: line.get(key) for name, key in _LAST_STEP.items()})
         return out
 
@@ -116,10 +119,11 @@ class OrchestratorCollector:
             yield family(name, text, value=float(value))
 
 
-def registry_for(orch: Any) -> CollectorRegistry:
-    """A registry holding ``orch``'s collector alone (not the process-global one: tests run several)."""
+def registry_for(view: Callable[[], OrchestratorView]) -> CollectorRegistry:
+    """A registry holding the collector of the orchestrator whose ``view()`` it reads, alone (not the
+    process-global one: tests run several)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(OrchestratorCollector(orch))
+    registry.register(OrchestratorCollector(view))
     return registry
 
 

@@ -10,7 +10,7 @@ completions out answered first; pause(wait) → reload → reset prefix cache �
 A server that cannot be reached during its update (a transport error: its node is going
 away, or its endpoint was removed and its client closed meanwhile) does not fail the
 update of the others: it is reported as ``unreachable`` and the caller takes it out of use
-until it has the current weights (:meth:`rlrun.orchestrator.dispatcher.Dispatcher.bench`).
+until it has the current weights (:meth:`rlrun.orchestrator.endpoints.RolloutPool.bench`).
 A server that answers with an error is not unreachable: that error is raised.
 """
 
