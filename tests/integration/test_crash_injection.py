@@ -30,37 +30,30 @@ from pathlib import Path
 
 import pytest
 from rlrun.checkpoint import complete_steps, latest_complete_checkpoint
+from rlrun.launcher.processes import free_port
 from rlrun.ledger import check_ledger
 from rlrun.orchestrator.journal import JOURNAL_PHASES
+from rlrun.roles import CONTROL_TOKEN_ENV, orchestrator_command, trainer_command
 from rlrun.rollout.fake import fake_vllm_transport
 from rlrun.rundir import SAVE_PHASES, RunDir
 from rlrun.training.fake import fake_trainer
 
 from tests.support.manifests import SHORT_RUN, parse, write_manifest
 from tests.support.orchestrators import make_orchestrator, trainer_start_part
-from tests.support.runs import metrics
+from tests.support.runs import RLRUN, metrics
 
 MAX_STEPS = 8
 
 
 def start(role, manifest, run_dir, cache_dir, url, attempt, resume, env_extra=None):
-    argv = [
-        sys.executable,
-        "-m",
-        "rlrun",
-        role,
-        str(manifest),
-        "--run-dir",
-        str(run_dir),
-        "--cache-dir",
-        str(cache_dir),
-    ]
-    argv += ["--attempt", str(attempt)]
-    if role == "orchestrator":
-        argv += ["--rollout-url", url]
-    if resume:
-        argv.append("--resume")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    """``rlrun trainer`` or ``rlrun orchestrator`` (rollouts from ``url``, its control server on a free port), as
+    ``rlrun local`` starts them; its output in ``run_dir/<role>-<attempt>.log``."""
+    args = (str(manifest), str(run_dir), str(cache_dir), attempt)
+    if role == "trainer":
+        argv = trainer_command(*args, resume=resume, program=RLRUN)
+    else:
+        argv = orchestrator_command(*args, resume=resume, control_port=free_port(), rollout_urls=[url], program=RLRUN)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", CONTROL_TOKEN_ENV: "crash-injection", **(env_extra or {})}
     log = open(run_dir / f"{role}-{attempt}.log", "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 

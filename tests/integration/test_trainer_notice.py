@@ -10,20 +10,20 @@ import asyncio
 import json
 import os
 import signal
-import sys
 
 import psutil
 from rlrun.checkpoint import latest_complete_checkpoint, load_orchestrator_progress
 from rlrun.launcher.preemption import steps_recomputed
 from rlrun.ledger import check_ledger, read_ledger
 from rlrun.manifest import load_manifest
+from rlrun.roles import trainer_command
 from rlrun.rundir import RunDir, step_dirs
 from rlrun.training.trainer import Trainer
 
 from tests.support.manifests import SHORT_RUN, write_manifest
 from tests.support.orchestrators import make_orchestrator
 from tests.support.polling import wait_for_async
-from tests.support.runs import metrics
+from tests.support.runs import RLRUN, metrics
 
 MAX_STEPS = 6
 
@@ -122,9 +122,9 @@ async def test_paused_orchestrator_pairs_its_pause_snapshot_with_the_part_the_tr
 
 async def start_real_trainer(manifest, run_dir: RunDir, cache_dir, **env: str) -> asyncio.subprocess.Process:
     """``rlrun trainer`` (attempt 1) as a process of its own, started once its step-0 part is written."""
-    argv = ["-m", "rlrun", "trainer", str(manifest), "--run-dir", str(run_dir.root), "--attempt", "1"]
+    argv = trainer_command(str(manifest), str(run_dir.root), str(cache_dir), 1, resume=False, program=RLRUN)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, *argv, "--cache-dir", str(cache_dir), env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        *argv, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     await wait_for_async(lambda: (run_dir.trainer_checkpoint(0) / "progress.json").is_file(), 60, what="trainer start")
