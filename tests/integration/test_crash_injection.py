@@ -21,7 +21,6 @@ import logging
 import multiprocessing
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,38 +29,31 @@ import time
 from pathlib import Path
 
 import pytest
-from rlrun.checkpoint import TRAINER_PROGRESS_FILE, WEIGHTS_FILE, complete_steps, latest_complete_checkpoint
+from rlrun.checkpoint import complete_steps, latest_complete_checkpoint
+from rlrun.launcher.processes import free_port
 from rlrun.ledger import check_ledger
 from rlrun.orchestrator.journal import JOURNAL_PHASES
-from rlrun.orchestrator.loop import Orchestrator
-from rlrun.rollout.fake import fake_client_factory
-from rlrun.rundir import SAVE_PHASES, RunDir, publish_dir, write_meta
+from rlrun.roles import CONTROL_TOKEN_ENV, orchestrator_command, trainer_command
+from rlrun.rollout.fake import fake_vllm_transport
+from rlrun.rundir import SAVE_PHASES, RunDir
 from rlrun.training.fake import fake_trainer
 
 from tests.support.manifests import SHORT_RUN, parse, write_manifest
-from tests.support.runs import metrics
+from tests.support.orchestrators import make_orchestrator, trainer_start_part
+from tests.support.runs import RLRUN, metrics
 
 MAX_STEPS = 8
 
 
 def start(role, manifest, run_dir, cache_dir, url, attempt, resume, env_extra=None):
-    argv = [
-        sys.executable,
-        "-m",
-        "rlrun",
-        role,
-        str(manifest),
-        "--run-dir",
-        str(run_dir),
-        "--cache-dir",
-        str(cache_dir),
-    ]
-    argv += ["--attempt", str(attempt)]
-    if role == "orchestrator":
-        argv += ["--rollout-url", url]
-    if resume:
-        argv.append("--resume")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    """``rlrun trainer`` or ``rlrun orchestrator`` (rollouts from ``url``, its control server on a free port), as
+    ``rlrun local`` starts them; its output in ``run_dir/<role>-<attempt>.log``."""
+    args = (str(manifest), str(run_dir), str(cache_dir), attempt)
+    if role == "trainer":
+        argv = trainer_command(*args, resume=resume, program=RLRUN)
+    else:
+        argv = orchestrator_command(*args, resume=resume, control_port=free_port(), rollout_urls=[url], program=RLRUN)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", CONTROL_TOKEN_ENV: "crash-injection", **(env_extra or {})}
     log = open(run_dir / f"{role}-{attempt}.log", "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
 
@@ -204,12 +196,10 @@ def journal_spec(multi_turn: bool = False):
     ).spec
 
 
-def until_one_client_factory(model: str, seed: int, samples_per_s: float = 100.0):
-    """Clients of one fake server that answers each turn ``1`` (a fifth of the time) or ``2``, then EOS, at
+def until_one_transport(model: str, seed: int, samples_per_s: float = 100.0):
+    """One fake server that answers each turn ``1`` (a fifth of the time) or ``2``, then EOS, at
     ``samples_per_s`` completions per second over all requests (the rest of the API as the fake's)."""
     import httpx
-    from rlrun.rollout.client import RolloutClient
-    from rlrun.rollout.fake import fake_vllm_transport
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -230,8 +220,7 @@ def until_one_client_factory(model: str, seed: int, samples_per_s: float = 100.0
         ]  # fmt: skip
         return httpx.Response(200, json={"choices": choices})
 
-    transport = httpx.MockTransport(handler)
-    return lambda url: RolloutClient(url, transport=transport)
+    return httpx.MockTransport(handler)
 
 
 def _one_attempt(
@@ -247,22 +236,12 @@ def _one_attempt(
     spec = journal_spec(multi_turn)
     ckpt = latest_complete_checkpoint(run_dir) if resume else None
     if not resume:  # the trainer's start-up checkpoint, as the real trainer publishes it
-
-        def part(tmp):
-            shutil.copy(Path(model) / WEIGHTS_FILE, tmp / WEIGHTS_FILE)
-            (tmp / TRAINER_PROGRESS_FILE).write_text(json.dumps({"step": 0}))
-            write_meta(tmp, 0, attempt)
-
-        run_dir.checkpoint(0).mkdir(parents=True, exist_ok=True)
-        publish_dir(run_dir.trainer_checkpoint(0), part)
-    clients = (
-        until_one_client_factory(model, seed=attempt) if multi_turn
-        else fake_client_factory(samples_per_s=100, error_rate=0.3, seed=attempt)
+        trainer_start_part(run_dir, model, attempt)
+    server = (
+        until_one_transport(model, seed=attempt) if multi_turn
+        else fake_vllm_transport(samples_per_s=100, error_rate=0.3, seed=attempt)
     )  # fmt: skip
-    orch = Orchestrator(
-        spec, run_dir, ["http://fake-rollout:1"], model, resume=resume, attempt=attempt, poll_s=0.01,
-        client_factory=clients,
-    )  # fmt: skip
+    orch = make_orchestrator(spec, run_dir, model, server, attempt=attempt, resume=resume)
     stop = threading.Event()
 
     def trainer() -> None:  # starts once the resume has removed batches past the snapshot, as the real one waits

@@ -10,21 +10,20 @@ import asyncio
 import json
 import os
 import signal
-import sys
 
 import psutil
 from rlrun.checkpoint import latest_complete_checkpoint, load_orchestrator_progress
 from rlrun.launcher.preemption import steps_recomputed
 from rlrun.ledger import check_ledger, read_ledger
 from rlrun.manifest import load_manifest
-from rlrun.orchestrator.loop import Orchestrator
-from rlrun.rollout.fake import fake_client_factory
+from rlrun.roles import trainer_command
 from rlrun.rundir import RunDir, step_dirs
 from rlrun.training.trainer import Trainer
 
 from tests.support.manifests import SHORT_RUN, write_manifest
+from tests.support.orchestrators import make_orchestrator
 from tests.support.polling import wait_for_async
-from tests.support.runs import metrics
+from tests.support.runs import RLRUN, metrics
 
 MAX_STEPS = 6
 
@@ -39,13 +38,6 @@ def run_spec(tmp_path):
         checkpoint={"interval": 10, "keep_last": 2},
     )
     return path, load_manifest(path).spec
-
-
-def orchestrator(spec, run_dir, model, attempt=1, resume=False) -> Orchestrator:
-    return Orchestrator(
-        spec, run_dir, ["http://fake-rollout:1"], str(model), resume=resume, attempt=attempt, poll_s=0.01,
-        client_factory=fake_client_factory(error_rate=0.3),
-    )  # fmt: skip
 
 
 async def train_until_notice(trainer: Trainer, at_step: int) -> int:
@@ -71,7 +63,7 @@ async def test_trainer_only_restart_resumes_from_the_step_saved_on_notice_and_re
     _, spec = run_spec(tmp_path)
     run_dir = RunDir(tmp_path / "run")
     first = Trainer(spec, run_dir, str(tiny_model), attempt=1)
-    orch = orchestrator(spec, run_dir, tiny_model)
+    orch = make_orchestrator(spec, run_dir, tiny_model)
     orch_task = asyncio.create_task(orch.run())
     saved = await train_until_notice(first, at_step=2)
     assert 2 <= saved < MAX_STEPS
@@ -97,7 +89,7 @@ async def test_paused_orchestrator_pairs_its_pause_snapshot_with_the_part_the_tr
     _, spec = run_spec(tmp_path)
     run_dir = RunDir(tmp_path / "run")
     trainer = Trainer(spec, run_dir, str(tiny_model), attempt=1)
-    orch = orchestrator(spec, run_dir, tiny_model)
+    orch = make_orchestrator(spec, run_dir, tiny_model)
     orch_task = asyncio.create_task(orch.run())
     train = asyncio.create_task(asyncio.to_thread(trainer.run))
     await wait_for_async(lambda: trainer.step >= 2 or train.done(), 60, what="trainer step 2")
@@ -118,7 +110,7 @@ async def test_paused_orchestrator_pairs_its_pause_snapshot_with_the_part_the_tr
     assert latest_complete_checkpoint(run_dir).step == saved
     trainer2 = await asyncio.to_thread(Trainer, spec, run_dir, str(tiny_model), resume=True, attempt=2)
     assert trainer2.step == saved
-    orch2 = orchestrator(spec, run_dir, tiny_model, attempt=2, resume=True)
+    orch2 = make_orchestrator(spec, run_dir, tiny_model, attempt=2, resume=True)
     orch2_task = asyncio.create_task(orch2.run())
     assert await asyncio.wait_for(asyncio.to_thread(trainer2.run), 60) == MAX_STEPS
     assert await asyncio.wait_for(orch2_task, 60) == MAX_STEPS
@@ -130,9 +122,9 @@ async def test_paused_orchestrator_pairs_its_pause_snapshot_with_the_part_the_tr
 
 async def start_real_trainer(manifest, run_dir: RunDir, cache_dir, **env: str) -> asyncio.subprocess.Process:
     """``rlrun trainer`` (attempt 1) as a process of its own, started once its step-0 part is written."""
-    argv = ["-m", "rlrun", "trainer", str(manifest), "--run-dir", str(run_dir.root), "--attempt", "1"]
+    argv = trainer_command(str(manifest), str(run_dir.root), str(cache_dir), 1, resume=False, program=RLRUN)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, *argv, "--cache-dir", str(cache_dir), env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        *argv, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip
     await wait_for_async(lambda: (run_dir.trainer_checkpoint(0) / "progress.json").is_file(), 60, what="trainer start")
@@ -146,7 +138,7 @@ async def test_a_repeated_sigterm_does_not_skip_the_save_on_notice(tmp_path, tin
     # signal is sent then, and delivered there once it goes on (SIGCONT).
     manifest, spec = run_spec(tmp_path)
     run_dir = RunDir(tmp_path / "run")
-    orch = orchestrator(spec, run_dir, tiny_model)
+    orch = make_orchestrator(spec, run_dir, tiny_model)
     stall = {"RLRUN_CRASH_AT": "trainer_notice_save", "RLRUN_CRASH_SIGNAL": "STOP"}
     proc = await start_real_trainer(manifest, run_dir, cache_dir, **stall)
     orch_task = asyncio.create_task(orch.run())
@@ -179,7 +171,7 @@ async def test_trainer_killed_while_saving_on_notice_leaves_the_previous_checkpo
     # the fill of its notice part (before the rename that would publish it).
     manifest, spec = run_spec(tmp_path)
     run_dir = RunDir(tmp_path / "run")
-    orch = orchestrator(spec, run_dir, tiny_model)
+    orch = make_orchestrator(spec, run_dir, tiny_model)
     proc = await start_real_trainer(manifest, run_dir, cache_dir, RLRUN_CRASH_AT="trainer_notice_save")
     orch_task = asyncio.create_task(orch.run())
     await wait_for_async(lambda: len(metrics(run_dir.trainer_metrics)) >= 2, 60, what="trainer step 2")

@@ -24,6 +24,7 @@ from rlrun.checkpoint import WEIGHTS_FILE, latest_complete_checkpoint, save_orch
 from rlrun.dcp_format import SHARDED_DIR, verify_sharded
 from rlrun.ledger import read_ledger
 from rlrun.manifest import load_manifest
+from rlrun.roles import torchrun_command, trainer_command
 from rlrun.rundir import META_FILE, RunDir
 from rlrun.samples import QueuedTrace, TrainingSample
 from rlrun.training.trainer import Trainer
@@ -62,13 +63,16 @@ def _pair(run_dir: RunDir, step: int) -> None:
     save_orchestrator_progress(run_dir, step, {"step": step, "shipped": STEPS})
 
 
-def _torchrun(manifest: Path, run_dir: RunDir, cache_dir: Path, max_steps: int, *extra: str) -> None:
-    bindir = Path(sys.executable).parent
-    argv = [
-        str(bindir / "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "0",
-        "--no-python", str(bindir / "rlrun"), "trainer", str(manifest), "--run-dir", str(run_dir.root),
-        "--max-steps", str(max_steps), "--cache-dir", str(cache_dir), *extra,
-    ]  # fmt: skip
+def two_ranks(manifest: Path, run_dir: RunDir, cache_dir: Path, resume: bool = False, **kwargs) -> list[str]:
+    """torchrun's command line for ``rlrun trainer`` (attempt 0) as two ranks, as both launchers build it."""
+    bindir = Path(sys.executable).parent  # the scripts of this interpreter's environment
+    args = (str(manifest), str(run_dir.root), str(cache_dir), 0)
+    trainer = trainer_command(*args, resume=resume, program=[str(bindir / "rlrun")], **kwargs)
+    return torchrun_command(trainer, 2, launcher=[str(bindir / "torchrun")])
+
+
+def _torchrun(manifest: Path, run_dir: RunDir, cache_dir: Path, max_steps: int, resume: bool = False) -> None:
+    argv = two_ranks(manifest, run_dir, cache_dir, resume, max_steps=max_steps)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("RLRUN_TERMINATION_LOG", None)
     log = run_dir.root.parent / f"{run_dir.root.name}.torchrun.log"
@@ -121,7 +125,7 @@ def runs(tmp_path_factory, cache_dir, tiny_model) -> dict:
     out["two_resumed_from"] = resumed.step
     resumed.run()
     Trainer(spec, one, str(tiny_model), max_steps=STEPS, resume=True).run()
-    _torchrun(manifest, one_to_two, cache_dir, STEPS, "--resume")  # 1 → 2
+    _torchrun(manifest, one_to_two, cache_dir, STEPS, resume=True)  # 1 → 2
     return out
 
 
@@ -200,12 +204,7 @@ def test_a_notice_to_one_rank_makes_both_save_the_same_sharded_part(tmp_path, ca
     run_dir = RunDir(tmp_path / "run").ensure()
     for step in (1, 2):
         write_batch(run_dir.rollout_batch(step), step, _samples(step), pad_id=0)
-    bindir = Path(sys.executable).parent
-    argv = [
-        str(bindir / "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", "2", "--max-restarts", "0",
-        "--no-python", str(bindir / "rlrun"), "trainer", str(manifest), "--run-dir", str(run_dir.root),
-        "--cache-dir", str(cache_dir),
-    ]  # fmt: skip
+    argv = two_ranks(manifest, run_dir, cache_dir)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("RLRUN_TERMINATION_LOG", None)
     log = tmp_path / "torchrun.log"

@@ -7,8 +7,8 @@ every 0.2 s here (``RLRUN_OPERATOR_STATUS_INTERVAL_SECONDS``, read when the modu
 first imported — set before that by this conftest). Every (group, resource, verb) the
 operator used is collected into :data:`RBAC_USAGE` for the RBAC proof.
 
-The emulator's own tests (``test_emulator.py``) get ``kube`` (an emulator serving a small CRD of
-their own), ``http``, ``api`` and ``run_kubectl`` (clients of it).
+The emulator's own tests (``test_emulator_*.py``) get ``kube`` (an emulator serving a small CRD of
+their own, ``tests/support/emulator_objects.py``), ``http``, ``api`` and ``run_kubectl`` (clients of it).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from rlrun.api.control import ExitReport
 from rlrun_operator import handlers
 
 from tests.support.binaries import kubectl
+from tests.support.emulator_objects import GADGET_CRD, WIDGET_CRD
 from tests.support.fake_orchestrator import FakeOrchestrators
 from tests.support.kube import KopfThread, KubeServer
 from tests.support.polling import wait_for
@@ -150,62 +151,6 @@ def validate_created_objects(kube: KubeServer) -> None:
 
 
 # -- the emulator's own tests: a small CRD of their own, a running emulator, clients of it --------------
-
-#: A namespaced CRD with a status subresource, a short name, a schema with defaults and bounds.
-WIDGET_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "widgets.example.com"},
-    "spec": {
-        "group": "example.com",
-        "scope": "Namespaced",
-        "names": {
-            "kind": "Widget",
-            "listKind": "WidgetList",
-            "plural": "widgets",
-            "singular": "widget",
-            "shortNames": ["wd"],
-        },
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "required": ["size"],
-                                "properties": {
-                                    "size": {"type": "integer", "minimum": 0, "exclusiveMinimum": True},
-                                    "color": {"type": "string", "enum": ["red", "blue"], "default": "red"},
-                                    "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                                },
-                            },
-                            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                        },
-                    }
-                },
-            }
-        ],
-    },
-}
-
-#: A cluster-scoped CRD without a status subresource or schema.
-GADGET_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "gadgets.example.com"},
-    "spec": {
-        "group": "example.com",
-        "scope": "Cluster",
-        "names": {"kind": "Gadget", "plural": "gadgets"},
-        "versions": [{"name": "v1", "served": True, "storage": True}],
-    },
-}
 
 
 @pytest.fixture

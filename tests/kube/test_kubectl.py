@@ -59,6 +59,7 @@ def test_kubectl_apply_get_watch_suspend_and_delete(cluster):
     assert during.split("\n")[1].split()[6] == "1"  # counted as soon as it is seen
     wait_for(lambda: len(k("get", "pods", selector, "-l=rlrun.dev/attempt=1", "-o", "name").split()) == 3, what="a1")
     report = resume_report(open_groups=3, requested_groups=1, queued_traces=104, finished_episodes_kept=8)
+    report = report.model_dump(mode="json")
     fake.status.update(phase="running", attempt=1, resume=report)
     for pod in ("reverse-text-orchestrator-a1", "reverse-text-rollout-0-a1"):
         k("patch", "pod", pod, "--subresource=status", "--type=merge", "-p", json.dumps(ready))

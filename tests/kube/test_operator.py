@@ -92,9 +92,8 @@ def test_status_follows_the_orchestrator_and_ready_rollouts_get_pushed(cluster):
     assert ready["observedGeneration"] == cluster.rlrun()["metadata"]["generation"]
     validate_rlrun(cluster.rlrun())
     # a resume report becomes the printer columns' totals: resumed groups are open + requested ones
-    fake.status["resume"] = resume_report(
-        open_groups=2, requested_groups=1, queued_traces=104, finished_episodes_kept=8
-    )
+    report = resume_report(open_groups=2, requested_groups=1, queued_traces=104, finished_episodes_kept=8)
+    fake.status["resume"] = report.model_dump(mode="json")
     wait_for(lambda: cluster.status().get("resumedGroups") == 3, what="resumedGroups")
     assert cluster.status()["resumedTraces"] == 104 and cluster.status()["lastResume"]["groups"] == 3
     # the rollout pod goes unready: the orchestrator is told at once, and the run is Degraded
@@ -130,7 +129,9 @@ def test_suspend_pauses_then_removes_pods_and_unsuspend_resumes_as_next_attempt(
     fake.status.update(
         phase="running",
         attempt=1,
-        resume=resume_report(open_groups=3, requested_groups=1, queued_traces=104, finished_episodes_kept=8),
+        resume=resume_report(open_groups=3, requested_groups=1, queued_traces=104, finished_episodes_kept=8).model_dump(
+            mode="json"
+        ),
     )
     resumed = wait_for(lambda: (c := cluster.condition("Resumed")) and c["status"] == "True" and c, what="Resumed")
     assert (
@@ -288,7 +289,7 @@ def test_an_answer_from_another_attempts_orchestrator_is_not_taken(cluster):
     cluster.kube.create("rlruns", manifest(), NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="pods")
     fake = cluster.orchestrators.run(NAMESPACE, "demo")
-    fake.status.update(attempt=5, step=99, resume=resume_report(open_groups=7, queued_traces=1))
+    fake.status.update(attempt=5, step=99, resume=resume_report(open_groups=7, queued_traces=1).model_dump(mode="json"))
     ready = wait_for(lambda: (c := cluster.condition("Ready")) and "attempt 5" in c["message"] and c, what="refused")
     assert ready["status"] == "False" and cluster.status().get("step") == 0 and cluster.status()["resumedGroups"] == 0
 

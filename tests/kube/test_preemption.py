@@ -85,6 +85,7 @@ def node_rule(pod: dict) -> list:
 
 def confirm_resume(fake, attempt: int = 1) -> None:
     report = resume_report(open_groups=3, requested_groups=1, queued_traces=104, finished_episodes_kept=8)
+    report = report.model_dump(mode="json")
     fake.status.update(phase="running", attempt=attempt, resume=report)
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
-import shutil
 import threading
 
 import pytest
@@ -19,12 +17,12 @@ import yaml
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.manifest import parse_manifest
 from rlrun.orchestrator.loop import Orchestrator
-from rlrun.rollout.fake import fake_client_factory
-from rlrun.rundir import RunDir, publish_dir
+from rlrun.rundir import RunDir
 from rlrun_operator import handlers
 
 from tests.kube.conftest import NAMESPACE
 from tests.support.manifests import manifest
+from tests.support.orchestrators import make_orchestrator, trainer_start_part
 from tests.support.polling import wait_for
 
 
@@ -62,21 +60,11 @@ def real_orchestrator(cluster, tmp_path, tiny_model, monkeypatch):
     configmap = wait_for(lambda: cluster.kube.get("configmaps", "demo-config", NAMESPACE), what="ConfigMap")
     run = parse_manifest(yaml.safe_load(configmap["data"]["rlrun.yaml"]))  # what every pod reads
     run_dir = RunDir(tmp_path / "run")
-
-    def trainer_part(tmp):  # the trainer's start-up checkpoint: a pause pairs its snapshot with it
-        shutil.copy(tiny_model / "model.safetensors", tmp / "model.safetensors")
-        (tmp / "progress.json").write_text(json.dumps({"step": 0, "attempt": 0}))
-
-    run_dir.checkpoint(0).mkdir(parents=True)
-    publish_dir(run_dir.trainer_checkpoint(0), trainer_part)
-    orchestrator = Orchestrator(
-        run.spec,
-        run_dir,
-        [],  # as in the pod: endpoints come from the operator
-        str(tiny_model),
-        control_port=0,
-        control_token=base64.b64decode(secret["data"]["token"]).decode(),
-        client_factory=fake_client_factory(error_rate=0.3),
+    trainer_start_part(run_dir, tiny_model)  # a pause pairs its snapshot with it
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    # as in the pod: attempt 0, the endpoints come from the operator
+    orchestrator = make_orchestrator(
+        run.spec, run_dir, tiny_model, urls=[], attempt=0, poll_s=0.05, control_port=0, control_token=token
     )
     thread = OrchestratorThread(orchestrator)
     port = thread.start()

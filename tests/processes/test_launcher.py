@@ -16,7 +16,8 @@ from rlrun.launcher.preemption import LaunchError
 from rlrun.launcher.processes import Child, ChildDied, role_exit_code, wait_http_ok
 from rlrun.rundir import RunDir
 
-from tests.support.launcher import make_launcher, metrics_row, resume_report, write_ledger
+from tests.support.fake_orchestrator import resume_report
+from tests.support.launcher import RESUMED, make_launcher, metrics_row, write_ledger
 from tests.support.polling import wait_for
 
 
@@ -28,7 +29,7 @@ def test_resume_report_wait_reads_the_ledger_when_the_orchestrator_exits_0_at_on
     launcher, _ = make_launcher(tmp_path, preempt_at_step=3)
     launcher.health_timeout_s = 5  # the deadline a wait that ignored the exit would run into
     launcher.attempt = 2
-    expected = resume_report(from_step=4, shipped=6)
+    expected = resume_report(4, **{**RESUMED, "shipped": 6})
     write_ledger(RunDir(tmp_path / "run"), 2, [{"e": "resumed", "report": expected.model_dump(mode="json")}])
     trainer = child(tmp_path, "trainer", "pass")
     orch = child(tmp_path, "orchestrator", "pass")

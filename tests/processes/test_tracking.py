@@ -13,12 +13,13 @@ import pytest
 from rlrun.rundir import RunDir
 from rlrun.tracking.publisher import read_state
 
+from tests.support.fake_orchestrator import resume_report
 from tests.support.polling import wait_for
 from tests.support.trackers import (
     LOGGING,
+    PUT_BACK,
     attempt_lines,
     publisher,
-    resume_report,
     tensorboard_scalars,
     two_attempts,
     wandb_offline_runs,
@@ -101,18 +102,17 @@ PAUSED_THEN_KILLED = """
 import asyncio, json, os, signal, sys
 from pathlib import Path
 import psutil
-from rlrun.orchestrator.loop import Orchestrator
-from rlrun.rollout.fake import fake_client_factory
+from rlrun.rollout.fake import fake_vllm_transport
 from rlrun.rundir import RunDir
 from rlrun.training.fake import start_fake_trainer
 from rlrun.tracking.publisher import read_state
 from tests.support.manifests import parse
+from tests.support.orchestrators import make_orchestrator
 from tests.support.trackers import LOGGING
 run_dir, model = RunDir(sys.argv[1]), Path(sys.argv[2])
 spec = parse("paused", group_size=4, batch_size=8, max_steps=8, logging={"wandb": LOGGING["wandb"]},
              checkpoint={"interval": 1, "keep_last": 2}).spec
-orch = Orchestrator(spec, run_dir, ["http://fake:1"], str(model), attempt=1, poll_s=0.01,
-                    client_factory=fake_client_factory(samples_per_s=8))
+orch = make_orchestrator(spec, run_dir, model, fake_vllm_transport(samples_per_s=8))
 stop = start_fake_trainer(run_dir, model, 8, 1, attempt=1)
 
 async def main():
@@ -140,7 +140,7 @@ def test_an_attempt_killed_after_its_pause_leaves_each_step_once_in_the_wandb_fi
     assert read_state(run_dir)["logged"]["wandb"]["step"] == pause_step >= 2  # the pause recorded what W&B holds
     committed = [pause_step]
     second = publisher(run_dir, committed, attempt=2, logging={"wandb": LOGGING["wandb"]}, max_steps=8)
-    second.start(resume_report(pause_step))
+    second.start(resume_report(pause_step, **PUT_BACK))
     attempt_lines(run_dir, 2, range(pause_step + 1, 9))
     committed[0] = 8
     second.close()

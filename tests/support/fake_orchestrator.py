@@ -9,7 +9,7 @@ required afterwards). A run marked ``reachable = False`` answers 503.
 
 The answers start as the contract's models (:mod:`rlrun.api.control`) write them, so the
 fake cannot drift from the contract; a test that breaks one on purpose sees the operator
-refuse it.
+refuse it. :func:`resume_report` is the one resume report of every tier's tests (operator, launcher, trackers).
 """
 
 from __future__ import annotations
@@ -42,11 +42,22 @@ def default_pause_answer() -> dict[str, Any]:
     ).model_dump(mode="json")
 
 
-def resume_report(**counts: Any) -> dict[str, Any]:
-    """A :class:`~rlrun.api.control.ResumeReport` as JSON: nothing restored but ``counts`` (from step 10)."""
-    fields = dict(from_step=10, shipped=10, queued_traces=0, open_groups=0, requested_groups=0)
-    fields |= dict(finished_episodes_kept=0, dropped_stale=0, members_requested=0, progress_only_would_lose=0)
-    return ResumeReport(**{**fields, "time": 1_800_000_000.0, **counts}).model_dump(mode="json")
+#: the counts of a :class:`~rlrun.api.control.ResumeReport` that put nothing back
+NOTHING_PUT_BACK = dict.fromkeys(
+    ("queued_traces", "open_groups", "requested_groups", "finished_episodes_kept", "dropped_stale", "members_requested",
+     "progress_only_would_lose"),
+    0,
+)  # fmt: skip
+
+
+def resume_report(from_step: int = 10, **fields: Any) -> ResumeReport:
+    """The report of an attempt resumed from the checkpoint of step ``from_step`` (10: the snapshot of
+    :func:`default_pause_answer`) that put back nothing but what ``fields`` say (``shipped`` defaults to
+    ``from_step``; any field of :class:`~rlrun.api.control.ResumeReport`). ``.model_dump(mode="json")`` is its
+    form in ``GET /status``; the launcher and the trackers read the model itself."""
+    return ResumeReport(
+        **{"shipped": from_step, **NOTHING_PUT_BACK, "time": 1_800_000_000.0, **fields}, from_step=from_step
+    )
 
 
 @dataclass

@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rlrun.api.control import ResumeReport
 from rlrun.checkpoint import save_orchestrator_progress
 from rlrun.launcher.local import LocalLauncher
 from rlrun.launcher.processes import free_port
@@ -51,13 +50,12 @@ def complete_checkpoint(rd: RunDir, step: int) -> None:
     save_orchestrator_progress(rd, step, {"step": step, "shipped": step, "source": {"cursor": step * 10}})
 
 
-def resume_report(**kw: Any) -> ResumeReport:
-    """A resumed attempt's report: from step 4 with 7 queued traces, 2 open and 1 requested group (``kw`` overrides)."""
-    base = dict(
-        from_step=4, from_attempt=1, shipped=5, queued_traces=7, open_groups=2, requested_groups=1,
-        finished_episodes_kept=3, dropped_stale=1, members_requested=5, progress_only_would_lose=10, time=1.0,
-    )  # fmt: skip
-    return ResumeReport(**{**base, **kw})
+#: what a resume from step 4 put back in the launcher's tests (a :func:`~tests.support.fake_orchestrator.resume_report`'s
+#: fields): 7 queued traces, 2 open and 1 requested group, every count other than 0 so that none is lost unseen
+RESUMED = dict(
+    from_attempt=1, shipped=5, queued_traces=7, open_groups=2, requested_groups=1, finished_episodes_kept=3,
+    dropped_stale=1, members_requested=5, progress_only_would_lose=10, time=1.0,
+)  # fmt: skip
 
 
 def write_ledger(rd: RunDir, attempt: int, events: list[dict], torn_tail: bool = False) -> None:

@@ -1,4 +1,5 @@
-"""What tests read from a run directory, and the command line of ``rlrun local`` they start."""
+"""What tests read from a run directory, and the command lines they start: ``rlrun local``'s here, a role's from
+:mod:`rlrun.roles` (as both launchers build them) with :data:`RLRUN` as its program."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import sys
 from pathlib import Path
 
 from rlrun.rundir import read_metrics
+
+#: ``rlrun`` as this interpreter runs it: the ``program`` of a role's command (:mod:`rlrun.roles`) in tests
+RLRUN = (sys.executable, "-m", "rlrun")
 
 
 def metrics(path: Path) -> list[dict]:
@@ -16,9 +20,7 @@ def metrics(path: Path) -> list[dict]:
 def local_argv(manifest: Path, run_dir: Path, cache_dir: Path, *extra: str) -> list[str]:
     """argv of ``rlrun local`` on ``manifest`` with its own run directory and model cache."""
     return [
-        sys.executable,
-        "-m",
-        "rlrun",
+        *RLRUN,
         "local",
         str(manifest),
         "--run-dir",

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import struct
-import time
 from pathlib import Path
 
-from rlrun.api.control import ResumeReport
 from rlrun.api.spec import RLRunSpec
 from rlrun.rundir import RunDir
 from rlrun.tracking.publisher import TrackerPublisher, read_state
 
+from tests.support.fake_orchestrator import resume_report
 from tests.support.manifests import manifest
 
 #: Both trackers, W&B offline.
@@ -147,12 +146,12 @@ def publisher(
     return TrackerPublisher(spec, run_dir, "my-run", run_uid, attempt, lambda: committed[0], max_steps, poll_s=0.05)
 
 
-def resume_report(from_step: int) -> ResumeReport:
-    """A resume from ``from_step`` that put back 3 groups (2 open, 1 requested) and 7 queued samples."""
-    return ResumeReport(
-        from_step=from_step, shipped=from_step + 1, queued_traces=7, open_groups=2, requested_groups=1,
-        finished_episodes_kept=3, dropped_stale=0, members_requested=4, progress_only_would_lose=10, time=time.time(),
-    )  # fmt: skip
+#: what a resume put back in the trackers' tests (a :func:`~tests.support.fake_orchestrator.resume_report`'s
+#: fields): 3 groups (2 open, 1 requested) and 7 queued samples
+PUT_BACK = dict(
+    queued_traces=7, open_groups=2, requested_groups=1, finished_episodes_kept=3, members_requested=4,
+    progress_only_would_lose=10,
+)  # fmt: skip
 
 
 def two_attempts(run_dir: RunDir, logging: dict) -> None:
@@ -166,7 +165,7 @@ def two_attempts(run_dir: RunDir, logging: dict) -> None:
     first.close()
     assert all(c["step"] == 4 for c in read_state(run_dir)["logged"].values())
     second = publisher(run_dir, committed, attempt=2, logging=logging)
-    second.start(resume_report(4))
+    second.start(resume_report(4, **PUT_BACK))
     attempt_lines(run_dir, 2, range(5, 11), evaluations=[6, 10])
     committed[0] = 10
     second.close()

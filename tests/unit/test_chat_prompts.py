@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 
 from tests.support.chat_models import with_template
 from tests.support.manifests import parse
-from tests.unit.test_rollout_faults import orchestrator, run_to_the_end
+from tests.support.orchestrators import make_orchestrator, run_to_the_end
 
 #: A compact chat template: each message as ``[<role initial>]<content>``, the generation prompt ``=``.
 TEMPLATE = "{% for m in messages %}[{{ m['role'][0] }}]{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
@@ -86,8 +86,8 @@ async def test_the_trainer_trains_exactly_the_ids_and_logprobs_the_server_return
     ).spec  # fmt: skip
     run_dir = RunDir(tmp_path / "run")
     recorder = Recorder()
-    orch = orchestrator(spec, run_dir, chat_model, recorder)
-    assert await asyncio.wait_for(run_to_the_end(orch, run_dir, chat_model), 60) == 3
+    orch = make_orchestrator(spec, run_dir, chat_model, recorder)
+    assert await asyncio.wait_for(run_to_the_end(orch), 60) == 3
     tokenizer = AutoTokenizer.from_pretrained(chat_model)
     answered = {(p, c): (lp, finish) for p, c, lp, finish in recorder.answered}
     prompts = {tuple(tokenizer.encode(f"[s]rev[u]{w}=", add_special_tokens=False)) for w in WORDS}

@@ -26,7 +26,11 @@ def client(answer, status_code: int = 200, seen: list | None = None) -> ControlC
 
 
 async def test_status_is_read_as_a_status_report_with_its_resume_report():
-    answer = {**default_status(), "step": 12, "resume": resume_report(open_groups=2, requested_groups=1)}
+    answer = {
+        **default_status(),
+        "step": 12,
+        "resume": resume_report(open_groups=2, requested_groups=1).model_dump(mode="json"),
+    }
     report = await client(answer).status()
     assert isinstance(report, StatusReport) and report.step == 12
     assert report.resume is not None and report.resume.resumed_groups == 3

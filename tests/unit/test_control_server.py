@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
 
 import httpx
 import pytest
 from rlrun.api.control import PauseResult, StatusReport
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.orchestrator.control import ControlServer
-from rlrun.orchestrator.loop import Orchestrator
-from rlrun.rollout.fake import fake_client_factory
-from rlrun.rundir import RunDir, publish_dir
+from rlrun.rundir import RunDir
 
 from tests.support.manifests import parse
+from tests.support.orchestrators import make_orchestrator, trainer_start_part
 
 TOKEN = "s3cret-token"
 
@@ -26,22 +23,8 @@ def orchestrator(tmp_path, tiny_model):
         "ctl", group_size=4, batch_size=10, max_steps=50, rollout={"max_inflight": 16, "members_per_request": 2}
     ).spec
     run_dir = RunDir(tmp_path / "run")
-
-    def trainer_part(tmp):  # what the trainer publishes at start-up: step 0
-        shutil.copy(tiny_model / "model.safetensors", tmp / "model.safetensors")
-        (tmp / "progress.json").write_text(json.dumps({"step": 0, "attempt": 0}))
-
-    run_dir.checkpoint(0).mkdir(parents=True)
-    publish_dir(run_dir.trainer_checkpoint(0), trainer_part)
-    return Orchestrator(
-        spec,
-        run_dir,
-        ["http://fake-rollout:1"],
-        str(tiny_model),
-        control_port=0,
-        control_token=TOKEN,
-        client_factory=fake_client_factory(error_rate=0.3),
-    )
+    trainer_start_part(run_dir, tiny_model)  # a pause pairs its snapshot with it
+    return make_orchestrator(spec, run_dir, tiny_model, attempt=0, poll_s=0.05, control_port=0, control_token=TOKEN)
 
 
 async def test_status_and_pause_need_the_token_and_pause_writes_a_complete_checkpoint(orchestrator):

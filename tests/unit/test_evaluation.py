@@ -14,14 +14,13 @@ from rlrun.ledger import check_ledger, read_ledger
 from rlrun.model.recipe import TinyModelRecipe
 from rlrun.orchestrator.episodes import EpisodeBuilder, tokenizer_codec
 from rlrun.orchestrator.evaluation import Evaluator
-from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rollout.client import RolloutClient, RolloutError
 from rlrun.rollout.fake import fake_vllm_transport
 from rlrun.rundir import RunDir, read_jsonl
-from rlrun.training.fake import start_fake_trainer
 from transformers import AutoTokenizer
 
 from tests.support.manifests import parse
+from tests.support.orchestrators import make_orchestrator, run_to_the_end
 
 
 @pytest.mark.parametrize("seeds", [(0, 0), (0, 1), (1, 0), (3, 7)])
@@ -110,15 +109,7 @@ async def test_a_run_evaluates_at_its_start_every_interval_and_its_end_and_train
         evaluation={"enabled": True, "interval": 2, "tasks": 5, "samples_per_task": 2},
     ).spec
     server = Recording(error_rate=0.3)
-    orch = Orchestrator(
-        spec, run_dir, ["http://fake:1"], str(tiny_model), attempt=1, poll_s=0.01,
-        client_factory=lambda url: RolloutClient(url, transport=server),
-    )  # fmt: skip
-    stop = start_fake_trainer(run_dir, tiny_model, orch.max_steps, 1, attempt=1)
-    try:
-        assert await asyncio.wait_for(orch.run(), 60) == 5
-    finally:
-        stop.set()
+    assert await run_to_the_end(make_orchestrator(spec, run_dir, tiny_model, server)) == 5
     lines = read_jsonl(run_dir.evaluations)
     versions = [line["policy_version"] for line in lines]
     assert versions[0] == 0 and versions[-1] == 5 and versions == sorted(set(versions))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
@@ -72,12 +71,10 @@ async def test_a_batch_being_written_counts_as_shipped_so_no_rollout_is_bought_t
 ):
     """A weight update landing while a batch is written must not dispatch a batch more than can train."""
     from rlrun.orchestrator import loop
-    from rlrun.orchestrator.loop import Orchestrator
-    from rlrun.rollout.fake import fake_client_factory
     from rlrun.rundir import RunDir
-    from rlrun.training.fake import start_fake_trainer
 
     from tests.support.manifests import parse
+    from tests.support.orchestrators import make_orchestrator, run_to_the_end
 
     write = loop.write_batch
 
@@ -88,15 +85,8 @@ async def test_a_batch_being_written_counts_as_shipped_so_no_rollout_is_bought_t
     monkeypatch.setattr(loop, "write_batch", slow_write)
     spec = parse("flow", group_size=4, batch_size=16, max_off_policy_steps=1, max_steps=6).spec
     run_dir = RunDir(tmp_path)
-    orch = Orchestrator(
-        spec, run_dir, ["http://fake:1"], str(tiny_model), attempt=1, poll_s=0.01,
-        client_factory=fake_client_factory(error_rate=0.3),
-    )  # fmt: skip
-    stop = start_fake_trainer(run_dir, tiny_model, 6, 1, attempt=1)
-    try:
-        assert await asyncio.wait_for(orch.run(), 60) == 6
-    finally:
-        stop.set()
+    orch = make_orchestrator(spec, run_dir, tiny_model)
+    assert await run_to_the_end(orch, interval=1) == 6
     counters = orch.sink.counters
     assert counters.samples_shipped == 6 * 16
     assert counters.samples_dropped_stale + counters.members_left_out_stale == 0  # nothing made that could not train

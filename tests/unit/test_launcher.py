@@ -25,7 +25,8 @@ from rlrun.launcher.progress import (
 )
 from rlrun.rundir import RunDir, end_torn_line, read_metrics
 
-from tests.support.launcher import complete_checkpoint, make_launcher, metrics_row, resume_report, write_ledger
+from tests.support.fake_orchestrator import resume_report
+from tests.support.launcher import RESUMED, complete_checkpoint, make_launcher, metrics_row, write_ledger
 from tests.support.manifests import write_manifest
 
 # -- --preempt-at-step K the run never reaches ----------------------------------------------------
@@ -173,7 +174,7 @@ def test_resume_with_a_larger_max_steps_continues(tmp_path):
 
 def test_resume_report_is_read_from_the_ledger(tmp_path):
     rd = RunDir(tmp_path)
-    expected = resume_report()
+    expected = resume_report(4, **RESUMED)
     events = [
         {"e": "resumed", "from_attempt": 1, "snapshot_line": 40, "step": 4, "report": expected.model_dump(mode="json")},
         {"e": "redispatch_requested", "group": 3, "members": [2, 3], "first_member": 2},

@@ -24,7 +24,7 @@ from rlrun.rundir import RunDir
 from rlrun.training.fake import start_fake_trainer
 
 from tests.support.manifests import parse
-from tests.unit.test_rollout_faults import orchestrator
+from tests.support.orchestrators import make_orchestrator
 
 LIMIT = 40
 
@@ -82,7 +82,7 @@ async def test_a_run_with_a_constant_reward_warns_then_stops_with_a_permanent_er
     tmp_path, tiny_model, caplog
 ):
     run_dir = RunDir(tmp_path)
-    orch = orchestrator(spec(max_zero_spread_groups=LIMIT), run_dir, tiny_model, fake_vllm_transport())
+    orch = make_orchestrator(spec(max_zero_spread_groups=LIMIT), run_dir, tiny_model, fake_vllm_transport())
     stop = start_fake_trainer(run_dir, tiny_model, 3, 1, attempt=1)
     try:
         with (

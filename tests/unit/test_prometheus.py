@@ -18,7 +18,8 @@ from rlrun.training.fake import start_fake_trainer
 from rlrun.training.prometheus import METRICS as TRAINER_METRICS
 from rlrun.training.prometheus import TrainerMetrics, serve, serve_from_env
 
-from tests.unit.test_rollout_faults import Faults, orchestrator, spec
+from tests.support.orchestrators import make_orchestrator
+from tests.unit.test_rollout_faults import Faults, spec
 
 DOC = Path(__file__).parents[2] / "docs" / "observability.md"
 #: The orchestrator's gauges of the last shipped step (without ``rlrun_``) → their ``metrics.jsonl`` key.
@@ -52,7 +53,7 @@ def test_the_doc_lists_every_metric_of_each_process():
 
 async def test_the_orchestrators_metrics_are_scraped_without_a_token_while_it_runs(tmp_path, tiny_model):
     run_dir = RunDir(tmp_path)
-    orch = orchestrator(spec(), run_dir, tiny_model, Faults(), control_port=0, control_token="secret")
+    orch = make_orchestrator(spec(), run_dir, tiny_model, Faults(), control_port=0, control_token="secret")
     # the trainer trains step 1 only: the run cannot end (and close its control server) while it is scraped
     stop = start_fake_trainer(run_dir, tiny_model, 1, 1, attempt=orch.attempt)
     run = asyncio.create_task(orch.run())

@@ -16,7 +16,8 @@ from rlrun.rundir import RunDir
 from transformers import AutoTokenizer
 
 from tests.support.manifests import parse
-from tests.unit.test_rollout_faults import Faults, events, orchestrator, run_to_the_end
+from tests.support.orchestrators import make_orchestrator, run_to_the_end
+from tests.unit.test_rollout_faults import Faults, events
 
 WORDS = ["flat", "is", "better", "than", "nested", "simple", "complex", "sparse", "dense", "ugly", "special", "cases"]
 #: Rows of the dataset whose prompt is 40 characters longer (tokens, for tiny-reverse): the context 64 less 24 is 40.
@@ -39,8 +40,8 @@ async def test_overlong_prompts_are_passed_over_recorded_and_counted_and_the_run
 ):
     run_dir = RunDir(tmp_path / "run")
     with caplog.at_level(logging.WARNING, logger="rlrun.orchestrator.prompts"):
-        orch = orchestrator(spec(tmp_path), run_dir, tiny_model, Faults())
-        assert await run_to_the_end(orch, run_dir, tiny_model) == 3
+        orch = make_orchestrator(spec(tmp_path), run_dir, tiny_model, Faults())
+        assert await run_to_the_end(orch) == 3
     dropped = events(run_dir, "task_dropped")
     first_epoch = [(e["env"], e["index"], e["reason"]) for e in dropped if e["index"] < len(WORDS)]
     assert first_epoch == [("dataset", i, "prompt_too_long") for i in sorted(LONG)]
@@ -60,9 +61,9 @@ async def test_overlong_prompts_are_passed_over_recorded_and_counted_and_the_run
 async def test_refuse_stops_a_dataset_run_at_its_start_before_any_request(tmp_path, tiny_model):
     run_dir = RunDir(tmp_path / "run")
     transport = Faults()
-    orch = orchestrator(spec(tmp_path, overlong_prompts="refuse"), run_dir, tiny_model, transport)
+    orch = make_orchestrator(spec(tmp_path, overlong_prompts="refuse"), run_dir, tiny_model, transport)
     with pytest.raises(PromptTooLongError) as exc:
-        await run_to_the_end(orch, run_dir, tiny_model)
+        await run_to_the_end(orch)
     assert str(exc.value).startswith("3 of 12 train prompts of env dataset are longer than 40 tokens")
     assert "tasks 0, 2, 5" in str(exc.value) and "rollout.overlong_prompts: filter" in str(exc.value)
     assert transport.completions == 0 and events(run_dir, "dispatched") == []

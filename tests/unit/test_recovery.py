@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from rlrun.api.control import ResumeReport
 from rlrun.api.status import RLRunStatus
 from rlrun_operator import recovery
 from rlrun_operator.disruption import Disruption
@@ -86,9 +85,7 @@ def test_finishing_reports_what_was_restored_once():
     status = {"attempt": 1, "preemptions": 1, "resumedGroups": 2}
     patch, rec = recovery.begin(status, 1, [hit("orchestrator")], orchestrator_alive=False, backoff_limit=3, now=NOW)
     status = merged(status, patch)
-    report = ResumeReport.model_validate(
-        resume_report(queued_traces=12, open_groups=3, requested_groups=1, finished_episodes_kept=7)
-    )
+    report = resume_report(queued_traces=12, open_groups=3, requested_groups=1, finished_episodes_kept=7)
     status = merged(status, recovery.started(status, 1, rec, 2, now=NOW))
     assert status["attempt"] == 2 and status["recovery"]["stage"] == "Resuming"
     done = merged(status, recovery.finished(status, 1, recovery.recovery_of(status), report, 2, now=NOW))

@@ -18,10 +18,8 @@ from rlrun.envs import ReverseTextEnv
 from rlrun.ledger import check_ledger, has_stopped, read_ledger
 from rlrun.orchestrator.episodes import tokenizer_codec
 from rlrun.orchestrator.liveness import stall_accounting
-from rlrun.orchestrator.loop import Orchestrator
 from rlrun.orchestrator.snapshot import unpack
 from rlrun.orchestrator.source import TrainSource
-from rlrun.rollout.client import RolloutClient
 from rlrun.rollout.fake import fake_vllm_transport
 from rlrun.rundir import RunDir
 from rlrun.samples import episode_id
@@ -31,6 +29,7 @@ from rlrun.training.trainer import Trainer
 from transformers import AutoTokenizer
 
 from tests.support.manifests import parse
+from tests.support.orchestrators import make_orchestrator
 from tests.support.polling import wait_for_async
 
 SEEDS = range(3)
@@ -47,13 +46,6 @@ def spec(seed: int = 0, max_steps: int = 12):
         checkpoint={"interval": 4, "keep_last": 3},
         rollout={"members_per_request": 2, "max_inflight": 64},
     ).spec
-
-
-def orchestrator(run_spec, run_dir: RunDir, model, attempt: int, transport, resume=False) -> Orchestrator:
-    return Orchestrator(
-        run_spec, run_dir, ["http://fake-rollout:1"], str(model), resume=resume, attempt=attempt, poll_s=0.01,
-        client_factory=lambda url: RolloutClient(url, transport=transport),
-    )  # fmt: skip
 
 
 def attempt_events(run_dir: RunDir, attempt: int) -> list[dict]:
@@ -79,7 +71,7 @@ async def test_saved_groups_are_trained_after_resuming_from_an_older_trainer_che
     of it would be stale almost at once (issue 35: cancelled within 0.15 s, the groups abandoned, one with 2 kept
     episodes). Nothing is dispatched until the trainer has retrained up to P, and every saved group trains."""
     run_spec, run_dir = spec(seed), RunDir(tmp_path)
-    first = orchestrator(run_spec, run_dir, tiny_model, 1, fake_vllm_transport(samples_per_s=200, seed=seed))
+    first = make_orchestrator(run_spec, run_dir, tiny_model, fake_vllm_transport(samples_per_s=200, seed=seed))
     stop = start_fake_trainer(run_dir, tiny_model, first.max_steps, 4, attempt=1)
     run = asyncio.create_task(first.run())
     try:
@@ -106,8 +98,8 @@ async def test_saved_groups_are_trained_after_resuming_from_an_older_trainer_che
     saved = saved_groups(run_dir, 4)
     # the next attempt: its trainer restarts from checkpoint 4 and retrains 5..shipped from the kept batch files,
     # slowly (it starts a second late), while the orchestrator could already dispatch at policy 4 or 5
-    second = orchestrator(
-        run_spec, run_dir, tiny_model, 2, fake_vllm_transport(samples_per_s=200, seed=seed + 10), True
+    second = make_orchestrator(
+        run_spec, run_dir, tiny_model, fake_vllm_transport(samples_per_s=200, seed=seed + 10), attempt=2, resume=True
     )
     run = asyncio.create_task(second.run())
     await asyncio.sleep(1.0)
@@ -149,7 +141,7 @@ async def test_a_task_in_flight_when_the_attempt_died_is_requested_again_not_ski
         return await answer(request)
 
     hung.handle_async_request = hang_task_2
-    first = orchestrator(run_spec, run_dir, tiny_model, 1, hung)
+    first = make_orchestrator(run_spec, run_dir, tiny_model, hung)
     run = asyncio.create_task(first.run())
     finished = lambda: {e["id"] for e in attempt_events(run_dir, 1) if e["e"] == "finished"}  # noqa: E731
     journaled = {episode_id(g, m) for g in (0, 1, 3) for m in range(4)}  # what the replay puts back (>= 12)
@@ -159,7 +151,7 @@ async def test_a_task_in_flight_when_the_attempt_died_is_requested_again_not_ski
     with pytest.raises(asyncio.CancelledError):
         await run
     assert latest_complete_checkpoint(run_dir) is None
-    second = orchestrator(run_spec, run_dir, tiny_model, 2, fake_vllm_transport(seed=2), resume=True)
+    second = make_orchestrator(run_spec, run_dir, tiny_model, fake_vllm_transport(seed=2), attempt=2, resume=True)
     run = asyncio.create_task(second.run())
     await wait_for_async(lambda: second.phase != "starting", 30, what="the start-over")  # the dead batches removed
     stop = start_fake_trainer(run_dir, tiny_model, second.max_steps, 4, attempt=2)
@@ -181,7 +173,7 @@ async def test_sigterm_to_a_paused_orchestrator_and_its_trainer_pairs_the_traine
     snapshot before it exits, so the next attempt resumes from the step saved on notice (issue 35: it exited at
     once, leaving the part unpaired and the resume older than the policy the snapshot was taken at)."""
     run_spec, run_dir = spec(), RunDir(tmp_path)
-    orch = orchestrator(run_spec, run_dir, tiny_model, 1, fake_vllm_transport(samples_per_s=200))
+    orch = make_orchestrator(run_spec, run_dir, tiny_model, fake_vllm_transport(samples_per_s=200))
     notice = threading.Event()
     stop = start_fake_trainer(run_dir, tiny_model, orch.max_steps, 4, attempt=1, notice=notice, notice_s=0.5)
     run = asyncio.create_task(orch.run())
@@ -228,7 +220,7 @@ async def test_a_restarted_trainer_publishes_the_weights_it_resumed_from_so_a_he
     transport.handle_async_request = held_greedy
     hold.set()  # the round evaluating policy 0 holds the pushes
     first = Trainer(run_spec, run_dir, str(tiny_model), attempt=1)
-    orch = orchestrator(run_spec, run_dir, tiny_model, 1, transport)
+    orch = make_orchestrator(run_spec, run_dir, tiny_model, transport)
     run = asyncio.create_task(orch.run())
     train = asyncio.create_task(asyncio.to_thread(first.run))
     try:

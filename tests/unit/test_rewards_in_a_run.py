@@ -16,7 +16,8 @@ from rlrun.orchestrator.admission import RewardsFailing
 from rlrun.rundir import RunDir
 
 from tests.support.manifests import parse
-from tests.unit.test_rollout_faults import Faults, events, orchestrator, run_to_the_end
+from tests.support.orchestrators import make_orchestrator, run_to_the_end
+from tests.unit.test_rollout_faults import Faults, events
 
 _lock = threading.Lock()
 _calls: list[dict] = []
@@ -65,8 +66,8 @@ async def test_a_failed_reward_is_recorded_never_scored_and_its_member_requested
     envs = [
         {"name": "reverse-text", "rewards": [{"function": "tests.unit.test_rewards_in_a_run:flaky", "label": "judge"}]}
     ]
-    orch = orchestrator(spec(envs=envs), run_dir, tiny_model, Faults())
-    assert await run_to_the_end(orch, run_dir, tiny_model) == 2
+    orch = make_orchestrator(spec(envs=envs), run_dir, tiny_model, Faults())
+    assert await run_to_the_end(orch) == 2
     # the whole 2nd group (its call raised), the last member of the 3rd; in the order their requests ended, which
     # concurrent reward calls (spare threads, rlrun.rewards.scoring) do not tie to the order the calls began
     failed = sorted(events(run_dir, "reward_failed"), key=lambda e: -len(e["ids"]))
@@ -92,13 +93,13 @@ async def test_a_group_whose_rewards_keep_failing_is_abandoned_and_a_reward_fail
 ):
     run_dir = RunDir(tmp_path)
     envs = [{"name": "reverse-text", "rewards": [{"function": "tests.unit.test_rewards_in_a_run:always_fails"}]}]
-    orch = orchestrator(spec(envs=envs, rollout={"max_group_retries": 1}), run_dir, tiny_model, Faults())
+    orch = make_orchestrator(spec(envs=envs, rollout={"max_group_retries": 1}), run_dir, tiny_model, Faults())
     with pytest.raises(
         RewardsFailing,
         match=r"64 requests in a row failed for every member \(env reverse-text\); the last error: reward "
         r"always_fails: TimeoutError: no judge",
     ):
-        await run_to_the_end(orch, run_dir, tiny_model)
+        await run_to_the_end(orch)
     per_group = Counter(e["group"] for e in events(run_dir, "reward_failed"))
     abandoned = events(run_dir, "abandoned")
     assert abandoned and all(e["reason"] == "rewards_failed" and e["ids"] == [] for e in abandoned)
@@ -123,8 +124,8 @@ async def test_a_trl_style_async_reward_gets_the_datasets_other_columns(tmp_path
             "rewards": [{"function": "tests.unit.test_rewards_in_a_run:columns", "label": "graded"}],
         }
     ]
-    orch = orchestrator(spec(envs=envs), run_dir, tiny_model, Faults())
-    assert await run_to_the_end(orch, run_dir, tiny_model) == 2
+    orch = make_orchestrator(spec(envs=envs), run_dir, tiny_model, Faults())
+    assert await run_to_the_end(orch) == 2
     finished = events(run_dir, "finished")
     assert {e["reward"] for e in finished} <= {0.0, 0.5, 1.0} and len({e["reward"] for e in finished}) > 1
     metrics = [json.loads(line) for line in run_dir.metrics.read_text().splitlines()]
@@ -135,8 +136,8 @@ async def test_a_trl_style_async_reward_gets_the_datasets_other_columns(tmp_path
 async def test_a_trl_reward_reads_trainer_state_and_its_log_metric_lands_in_metrics(tmp_path, tiny_model):
     run_dir = RunDir(tmp_path)
     envs = [{"name": "reverse-text", "rewards": [{"function": "tests.unit.test_rewards_in_a_run:curriculum"}]}]
-    orch = orchestrator(spec(envs=envs, max_steps=3), run_dir, tiny_model, Faults())
-    assert await run_to_the_end(orch, run_dir, tiny_model) == 3
+    orch = make_orchestrator(spec(envs=envs, max_steps=3), run_dir, tiny_model, Faults())
+    assert await run_to_the_end(orch) == 3
     assert events(run_dir, "reward_failed") == []
     rows = [json.loads(line) for line in run_dir.metrics.read_text().splitlines()]
     assert [r["reward_metrics"]["max_steps"] for r in rows] == [3.0, 3.0, 3.0]

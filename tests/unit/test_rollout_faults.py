@@ -21,6 +21,7 @@ from rlrun.training.fake import start_fake_trainer
 
 from tests.support.dispatcher import Mute
 from tests.support.manifests import parse
+from tests.support.orchestrators import make_orchestrator, run_to_the_end
 from tests.support.polling import wait_for_async
 
 
@@ -76,36 +77,14 @@ class Faults(httpx.AsyncBaseTransport):
         return await self.inner.handle_async_request(request)
 
 
-def orchestrator(run_spec, run_dir: RunDir, model, transport, attempt=1, resume=False, **kwargs) -> Orchestrator:
-    return Orchestrator(
-        run_spec,
-        run_dir,
-        ["http://fake-rollout:1"],
-        str(model),
-        resume=resume,
-        attempt=attempt,
-        poll_s=0.01,
-        client_factory=lambda url: RolloutClient(url, transport=transport),
-        **kwargs,
-    )
-
-
 def events(run_dir: RunDir, kind: str) -> list[dict]:
     return [e for evs in read_ledger(run_dir.root / "ledger").values() for e in evs if e["e"] == kind]
-
-
-async def run_to_the_end(orch: Orchestrator, run_dir: RunDir, model, first_step=0) -> int:
-    stop = start_fake_trainer(run_dir, model, orch.max_steps, 1, attempt=orch.attempt, first_step=first_step)
-    try:
-        return await asyncio.wait_for(orch.run(), 60)
-    finally:
-        stop.set()
 
 
 async def test_a_straggler_is_timed_out_requested_again_and_the_run_ends_at_max_steps(tmp_path, tiny_model):
     run_dir = RunDir(tmp_path)
     transport = Faults(hang=1)  # the very first request never returns
-    assert await run_to_the_end(orchestrator(spec(), run_dir, tiny_model, transport), run_dir, tiny_model) == 2
+    assert await run_to_the_end(make_orchestrator(spec(), run_dir, tiny_model, transport)) == 2
     [cancelled] = events(run_dir, "cancelled")
     assert cancelled["reason"] == "failed" and "no answer within 1 s" in cancelled["error"]
     assert events(run_dir, "abandoned") == []
@@ -116,8 +95,8 @@ async def test_a_straggler_is_timed_out_requested_again_and_the_run_ends_at_max_
 async def test_a_request_failing_every_retry_has_its_group_abandoned_and_counted(tmp_path, tiny_model):
     run_dir = RunDir(tmp_path)
     transport = Faults(fail_first_prompt=True)  # e.g. a prompt that crashes the server, every time
-    orch = orchestrator(spec(max_group_retries=2), run_dir, tiny_model, transport)
-    assert await run_to_the_end(orch, run_dir, tiny_model) == 2
+    orch = make_orchestrator(spec(max_group_retries=2), run_dir, tiny_model, transport)
+    assert await run_to_the_end(orch) == 2
     failed = [e for e in events(run_dir, "cancelled") if e["reason"] == "failed"]
     assert len({e["group"] for e in failed}) == 1 and len(failed) == 3  # the first try and 2 retries
     assert [e["first_member"] for e in failed] == [0, 4, 8]  # each retry with new member numbers
@@ -132,8 +111,8 @@ async def test_aborted_and_empty_completions_are_requested_again_and_never_score
     run_dir = RunDir(tmp_path)
     empty = {"token_ids": [], "logprobs": {"token_logprobs": []}, "finish_reason": "stop"}
     transport = Faults(unusable={1: {"finish_reason": "abort"}, 2: empty, 3: {"finish_reason": "repetition"}})
-    orch = orchestrator(spec(members_per_request=2, max_group_retries=2), run_dir, tiny_model, transport)
-    assert await run_to_the_end(orch, run_dir, tiny_model) == 2
+    orch = make_orchestrator(spec(members_per_request=2, max_group_retries=2), run_dir, tiny_model, transport)
+    assert await run_to_the_end(orch) == 2
     failed = [e for e in events(run_dir, "cancelled") if e["reason"] == "failed"]
     assert [e["error"].split("unusable completion ")[1] for e in failed] == [
         "(finish_reason 'abort')", "(no tokens, finish_reason 'stop')", "(finish_reason 'repetition')",
@@ -149,7 +128,7 @@ async def test_aborted_and_empty_completions_are_requested_again_and_never_score
 async def test_a_member_hanging_again_after_a_pause_and_resume_is_bounded_too(tmp_path, tiny_model):
     run_dir = RunDir(tmp_path)
     # attempt 1: the first request hangs and the timeout is long: the run wedges at step 1
-    first = orchestrator(
+    first = make_orchestrator(
         spec(request_timeout_seconds=600, retry_window_seconds=600), run_dir, tiny_model, Faults(hang=1)
     )
     stop = start_fake_trainer(run_dir, tiny_model, 2, 1, attempt=1)
@@ -167,8 +146,8 @@ async def test_a_member_hanging_again_after_a_pause_and_resume_is_bounded_too(tm
     finally:
         stop.set()
     # attempt 2 resumes; the re-requested members hang again, now past a 1 s timeout
-    second = orchestrator(spec(), run_dir, tiny_model, Faults(hang=1), attempt=2, resume=True)
-    assert await run_to_the_end(second, run_dir, tiny_model, first_step=1) == 2
+    second = make_orchestrator(spec(), run_dir, tiny_model, Faults(hang=1), attempt=2, resume=True)
+    assert await run_to_the_end(second, first_step=1) == 2
     assert second.resume_report.requested_groups == 1 and second.resume_report.members_requested == 4
     assert [e["reason"] for e in events(run_dir, "cancelled")] == ["failed"]
     report = check_ledger(run_dir.root / "ledger")
@@ -177,8 +156,8 @@ async def test_a_member_hanging_again_after_a_pause_and_resume_is_bounded_too(tm
 
 async def test_no_retries_abandons_a_straggler_group_at_once(tmp_path, tiny_model):
     run_dir = RunDir(tmp_path)
-    orch = orchestrator(spec(max_group_retries=0), run_dir, tiny_model, Faults(hang=1))
-    assert await run_to_the_end(orch, run_dir, tiny_model) == 2
+    orch = make_orchestrator(spec(max_group_retries=0), run_dir, tiny_model, Faults(hang=1))
+    assert await run_to_the_end(orch) == 2
     [abandoned] = events(run_dir, "abandoned")
     assert abandoned["ids"] == [] and orch.sink.counters.groups_abandoned == 1
     assert check_ledger(run_dir.root / "ledger").ok
@@ -187,8 +166,8 @@ async def test_no_retries_abandons_a_straggler_group_at_once(tmp_path, tiny_mode
 async def test_a_pause_after_the_run_is_done_writes_nothing(tmp_path, tiny_model):
     """A pause racing the end of a run (the launcher's or operator's) must not snapshot the leftovers again."""
     run_dir = RunDir(tmp_path)
-    orch = orchestrator(spec(), run_dir, tiny_model, Faults())
-    assert await run_to_the_end(orch, run_dir, tiny_model) == 2
+    orch = make_orchestrator(spec(), run_dir, tiny_model, Faults())
+    assert await run_to_the_end(orch) == 2
     final = run_dir.orchestrator_checkpoint(2) / "progress.pt"
     written = final.stat().st_mtime_ns
     paused = await orch.pause()
@@ -202,14 +181,12 @@ async def test_a_removed_endpoints_requests_are_requested_again_at_once_and_not_
 ):
     run_dir = RunDir(tmp_path)
     transports = {"http://lost:1": Faults(hang=10**6), "http://up:1": Faults()}  # "lost" never answers
-    orch = Orchestrator(
+    orch = make_orchestrator(
         spec(request_timeout_seconds=600, retry_window_seconds=600, max_group_retries=0),
         run_dir,
-        ["http://lost:1"],
-        str(tiny_model),
-        attempt=1,
-        poll_s=0.01,
-        client_factory=lambda url: RolloutClient(url, transport=transports[url]),
+        tiny_model,
+        transports,
+        urls=["http://lost:1"],
     )
     stop = start_fake_trainer(run_dir, tiny_model, orch.max_steps, 1, attempt=1)
     run = asyncio.create_task(orch.run())
@@ -252,16 +229,8 @@ class Vanishing(httpx.AsyncBaseTransport):
 
 
 def two_servers(run_dir: RunDir, model, transports: dict, max_steps: int = 2) -> Orchestrator:
-    return Orchestrator(
-        spec(request_timeout_seconds=600, retry_window_seconds=600, max_group_retries=0),
-        run_dir,
-        list(transports),
-        str(model),
-        max_steps=max_steps,
-        attempt=1,
-        poll_s=0.01,
-        client_factory=lambda url: RolloutClient(url, transport=transports[url]),
-    )
+    run_spec = spec(request_timeout_seconds=600, retry_window_seconds=600, max_group_retries=0)
+    return make_orchestrator(run_spec, run_dir, model, transports, max_steps=max_steps)
 
 
 async def test_a_server_lost_during_a_weight_update_is_benched_and_the_run_goes_on(tmp_path, tiny_model):
@@ -269,7 +238,7 @@ async def test_a_server_lost_during_a_weight_update_is_benched_and_the_run_goes_
     lost = Vanishing()
     transports = {"http://lost:1": lost, "http://up:1": Faults()}
     orch = two_servers(run_dir, tiny_model, transports)
-    assert await run_to_the_end(orch, run_dir, tiny_model) == 2  # no ReadError out of the weight follower
+    assert await run_to_the_end(orch) == 2  # no ReadError out of the weight follower
     assert "vanished" in lost.log
     assert orch.policy_version >= 1  # the update went on for the server that stayed
     assert orch.dispatcher.pool.benched.keys() == {"http://lost:1"}
@@ -324,7 +293,7 @@ async def test_a_server_answering_an_error_to_a_weight_update_still_fails_the_at
     run_dir = RunDir(tmp_path)
     orch = two_servers(run_dir, tiny_model, {"http://bad:1": RefusesReload(), "http://up:1": Faults()})
     with pytest.raises(RolloutError, match=r"reload of .* failed"):
-        await run_to_the_end(orch, run_dir, tiny_model)
+        await run_to_the_end(orch)
 
 
 class Versioned(httpx.AsyncBaseTransport):
@@ -378,15 +347,8 @@ async def test_a_server_added_during_a_weight_update_never_serves_a_version_it_d
     run_dir = RunDir(tmp_path)
     old, new = Versioned(reload_s=0.5), Versioned(reload_s=0.2)
     transports = {"http://old:1": old, "http://new:1": new}
-    orch = Orchestrator(
-        spec(members_per_request=2),
-        run_dir,
-        ["http://old:1"],
-        str(tiny_model),
-        max_steps=4,
-        attempt=1,
-        poll_s=0.01,
-        client_factory=lambda url: RolloutClient(url, transport=transports[url]),
+    orch = make_orchestrator(
+        spec(members_per_request=2), run_dir, tiny_model, transports, urls=["http://old:1"], max_steps=4
     )
     labelled: list[tuple[int, int, str]] = []  # (label, version that generated it, episode id) of every episode
     add = orch.sink.add_episodes
@@ -442,7 +404,7 @@ async def test_requests_a_server_lost_are_asked_again_within_seconds_not_at_the_
     mute = Mute(running=0)
     orch = two_servers(run_dir, tiny_model, {"http://mute:1": mute, "http://up:1": Faults()})  # timeout 600 s
     t0 = time.monotonic()
-    assert await run_to_the_end(orch, run_dir, tiny_model) == 2
+    assert await run_to_the_end(orch) == 2
     assert time.monotonic() - t0 < 20  # not the 600 s request timeout
     lost = [e for e in events(run_dir, "cancelled") if e["reason"] == "lost"]
     assert mute.taken >= 1 and len(lost) == orch.liveness.lost_requests >= 1

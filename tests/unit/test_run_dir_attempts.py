@@ -7,12 +7,12 @@ import json
 
 from rlrun.api.control import StatusReport
 from rlrun.ledger import Ledger
-from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rundir import ATTEMPT_OFFSETS_FILE, RunDir, publish_dir, run_dir_attempt, write_meta
 from rlrun.training.batches import batch_accepted
 from rlrun.training.trainer import Trainer
 
 from tests.support.manifests import parse
+from tests.support.orchestrators import make_orchestrator
 
 SPEC = parse("attempts", max_steps=4).spec
 
@@ -59,7 +59,7 @@ def test_the_trainer_and_orchestrator_stamp_the_run_dir_attempt_and_status_echoe
     trainer.ledger.close()
     assert trainer.attempt == 2 and trainer.ledger.path.name == "attempt-2.trainer.jsonl"
     assert not batch_accepted(stale, 1, trainer.attempt, trainer.shipped_at_restore)
-    orch = Orchestrator(SPEC, run_dir, ["http://fake:1"], str(tiny_model), attempt=0, run_uid="uid-b")
+    orch = make_orchestrator(SPEC, run_dir, tiny_model, attempt=0, run_uid="uid-b")
     orch.ledger.close()
     assert orch.attempt == 2 and orch.ledger.path.name == "attempt-2.orchestrator.jsonl"
     report = StatusReport.model_validate_json(orch.status().model_dump_json())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlrun.api.control import ResumeReport, StatusReport
+from rlrun.api.control import StatusReport
 from rlrun.api.crd import PRINTER_COLUMNS
 from rlrun.api.status import CONDITION_TYPES, PHASES, ConditionType, Phase, Reason, RLRunStatus, Trigger
 from rlrun_operator.disruption import Disruption
@@ -90,9 +90,15 @@ def test_never_ready_or_running_without_a_live_orchestrator_pod():
     assert out["phase"] == "Pending" and conds(out)["Ready"] == "False"
 
 
-RESUME = ResumeReport.model_validate(
-    resume_report(shipped=11, queued_traces=104, open_groups=2, requested_groups=1, finished_episodes_kept=8)
-    | {"dropped_stale": 5, "members_requested": 8, "progress_only_would_lose": 112}
+RESUME = resume_report(
+    shipped=11,
+    queued_traces=104,
+    open_groups=2,
+    requested_groups=1,
+    finished_episodes_kept=8,
+    dropped_stale=5,
+    members_requested=8,
+    progress_only_would_lose=112,
 )
 
 

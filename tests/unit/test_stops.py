@@ -13,12 +13,11 @@ from rlrun.ledger import check_ledger, read_ledger
 from rlrun.orchestrator.admission import RewardsFailing
 from rlrun.orchestrator.episodes import PromptTooLongError
 from rlrun.orchestrator.loop import Orchestrator
-from rlrun.rollout.client import RolloutClient
-from rlrun.rollout.fake import fake_vllm_transport
 from rlrun.rundir import RunDir
 from rlrun.training.fake import start_fake_trainer
 
 from tests.support.manifests import parse
+from tests.support.orchestrators import make_orchestrator, run_to_the_end
 from tests.support.polling import wait_for_async
 
 
@@ -35,26 +34,14 @@ def spec(max_steps: int = 4, overlong_prompts: str = "filter", **faults):
     ).spec
 
 
-def orchestrator(run_spec, run_dir: RunDir, model) -> Orchestrator:
-    transport = fake_vllm_transport(error_rate=0.3)
-    return Orchestrator(
-        run_spec, run_dir, ["http://fake-rollout:1"], str(model), attempt=1, poll_s=0.01,
-        client_factory=lambda url: RolloutClient(url, transport=transport),
-    )  # fmt: skip
-
-
 def events(run_dir: RunDir, kind: str) -> list[dict]:
     return [e for evs in read_ledger(run_dir.root / "ledger").values() for e in evs if e["e"] == kind]
 
 
 async def stopped_by(error: type[BaseException], run_spec, run_dir: RunDir, model) -> Orchestrator:
-    orch = orchestrator(run_spec, run_dir, model)
-    stop = start_fake_trainer(run_dir, model, orch.max_steps, 2, attempt=1)
-    try:
-        with pytest.raises(error):
-            await asyncio.wait_for(orch.run(), 60)
-    finally:
-        stop.set()
+    orch = make_orchestrator(run_spec, run_dir, model)
+    with pytest.raises(error):
+        await run_to_the_end(orch)
     return orch
 
 
@@ -99,7 +86,7 @@ async def test_a_killed_run_holds_its_unfinished_work_pending_and_checks(tmp_pat
     """A SIGKILL writes nothing more: the ledger as it is at any instant of a run is what a kill leaves. The check
     counts what the attempt held as pending (the next attempt resumes it), not lost; after the run ends it is ok."""
     run_dir = RunDir(tmp_path / "run")
-    orch = orchestrator(spec(max_steps=6), run_dir, tiny_model)
+    orch = make_orchestrator(spec(max_steps=6), run_dir, tiny_model)
     stop = start_fake_trainer(run_dir, tiny_model, orch.max_steps, 2, attempt=1)
     run = asyncio.create_task(orch.run())
     try:
@@ -124,7 +111,7 @@ async def test_a_cancelled_run_stops_even_when_a_result_arrives_with_the_cancel(
     test_resumed_work's stand-in for a kill hanging, in about 1 full-file run in 4). Now the cancel stops the run, and
     the ledger says what it held."""
     run_dir = RunDir(tmp_path)
-    orch = orchestrator(spec(), run_dir, tiny_model)
+    orch = make_orchestrator(spec(), run_dir, tiny_model)
     run: asyncio.Task | None = None
 
     class CancelWithTheFirstResult(asyncio.Queue):

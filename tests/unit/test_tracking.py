@@ -14,8 +14,9 @@ from rlrun.tracking.backends import Cursor
 from rlrun.tracking.publisher import read_state, tracker_run_id
 from rlrun.tracking.steps import FinalSteps, scalars
 
+from tests.support.fake_orchestrator import resume_report
 from tests.support.manifests import manifest
-from tests.support.trackers import LOGGING, attempt_lines, publisher, resume_report, tensorboard_scalars, two_attempts
+from tests.support.trackers import LOGGING, PUT_BACK, attempt_lines, publisher, tensorboard_scalars, two_attempts
 
 
 def test_scalars_are_prefixed_flattened_and_numbers_only():
@@ -78,7 +79,7 @@ def test_steps_logged_but_not_recorded_by_a_killed_attempt_are_not_shown_twice(t
     state["logged"]["tensorboard"] = {"step": 3, "versions": [0]}  # killed before recording 4–6 and version 5
     run_dir.tracking.write_text(json.dumps(state))
     second = publisher(run_dir, committed, attempt=2, logging={"tensorboard": {}})
-    second.start(resume_report(6))
+    second.start(resume_report(6, **PUT_BACK))
     attempt_lines(run_dir, 2, range(7, 9))
     committed[0] = 8
     second.close()
@@ -116,7 +117,7 @@ def test_a_tracking_file_of_the_wrong_shape_counts_as_new(tmp_path):
     for bad in ('{"run_id": 5, "logged": [], "resumed_attempts": "x"}', "[]", "not json"):
         run_dir.tracking.write_text(bad)
         p = publisher(run_dir, [2], 1, run_uid="uid", logging={"tensorboard": {}})
-        p.start(resume_report(0))
+        p.start(resume_report(0, **PUT_BACK))
         p.close()
         assert read_state(run_dir)["logged"]["tensorboard"]["step"] == 2, bad
     assert Cursor.from_json({"step": "3", "versions": [1, "2", True]}) == Cursor(0, {1}, 0)
@@ -185,7 +186,7 @@ def test_steps_a_tracker_never_confirmed_are_logged_again_by_the_next_attempt(tm
     fake_wandb(monkeypatch, steps, fail=None)
     attempt_lines(run_dir, 2, range(5, 7))
     second = publisher(run_dir, [6], 2, logging=wandb_only)
-    second.start(resume_report(4))
+    second.start(resume_report(4, **PUT_BACK))
     second.close()
     assert steps == [1, 2, 3, 4, 1, 2, 3, 4, 5, 6]  # W&B keeps the first of each (a step less than its current)
     assert read_state(run_dir)["logged"]["wandb"] == {"step": 6, "versions": [], "given": 6}
@@ -245,7 +246,7 @@ def test_a_tracker_left_out_for_an_attempt_keeps_what_it_logged(tmp_path, monkey
     ):
         attempt_lines(run_dir, attempt, range(committed - 1, committed + 1))
         p = publisher(run_dir, [committed], attempt, logging=logging)
-        p.start(resume_report(committed - 2) if attempt > 1 else None)
+        p.start(resume_report(committed - 2, **PUT_BACK) if attempt > 1 else None)
         p.close()
     assert [s for s, _ in tensorboard_scalars(run_dir)["rollout/reward_mean"]] == list(range(1, 8))  # each once
     assert read_state(run_dir)["logged"]["tensorboard"]["step"] == 7

@@ -15,7 +15,8 @@ from rlrun.model.tiny_envs import init_tiny_envs_model
 from rlrun.rundir import RunDir
 
 from tests.support.manifests import parse
-from tests.unit.test_rollout_faults import Faults, events, orchestrator, run_to_the_end
+from tests.support.orchestrators import make_orchestrator, run_to_the_end
+from tests.unit.test_rollout_faults import Faults, events
 
 #: A warm start of a second: 3 steps, no progress checks.
 BRIEF = TinyEnvsRecipe(sft_steps=3, sft_batch_size=16, sft_check_every=1000, sft_check_tasks=4, vocab_rows=64)
@@ -52,7 +53,7 @@ async def test_trl_format_data_trains_with_the_builtin_tiny_model(tmp_path):
     report = init_tiny_envs_model(model, spec.envs, BRIEF, evaluate=False)
     assert report["sft_steps"] == 3 and report["drawn"][0]["used"] > 0 and report["drawn"][0]["no_answer"] == 0
     run_dir = RunDir(tmp_path / "run")
-    assert await run_to_the_end(orchestrator(spec, run_dir, model, Faults()), run_dir, model) == 2
+    assert await run_to_the_end(make_orchestrator(spec, run_dir, model, Faults())) == 2
     assert events(run_dir, "reward_failed") == []  # the reward got solution, every time
     rows = [json.loads(line) for line in run_dir.metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["reward/similarity"] is not None for r in rows)

@@ -30,8 +30,9 @@ from transformers import AutoTokenizer
 
 from tests.support.envs import InPlace
 from tests.support.manifests import parse
+from tests.support.orchestrators import make_orchestrator, run_to_the_end
 from tests.support.polling import wait_for_async
-from tests.unit.test_rollout_faults import events, orchestrator, run_to_the_end
+from tests.unit.test_rollout_faults import events
 
 NAN = math.nan
 
@@ -184,7 +185,7 @@ async def test_a_paused_conversation_is_continued_at_its_last_durable_turn(tmp_p
     run_dir = RunDir(tmp_path / "run")
     tokenizer = AutoTokenizer.from_pretrained(thinking_model)
     server = Scripted(tokenizer)
-    first = orchestrator(run_spec(8), run_dir, thinking_model, server)
+    first = make_orchestrator(run_spec(8), run_dir, thinking_model, server)
     stop = start_fake_trainer(run_dir, thinking_model, 8, 1, attempt=1)
     run = asyncio.create_task(first.run())
     try:
@@ -204,9 +205,9 @@ async def test_a_paused_conversation_is_continued_at_its_last_durable_turn(tmp_p
         stop.set()
 
     server = Scripted(tokenizer)
-    second = orchestrator(run_spec(8), run_dir, thinking_model, server, attempt=2, resume=True)
+    second = make_orchestrator(run_spec(8), run_dir, thinking_model, server, attempt=2, resume=True)
     resumed = latest_complete_checkpoint(run_dir).step  # parts saved after the pause are completed with its snapshot
-    assert await run_to_the_end(second, run_dir, thinking_model, first_step=resumed) == 8
+    assert await run_to_the_end(second, first_step=resumed) == 8
     report = second.resume_report
     continued = events(run_dir, "continued")
     turns = dict(zip(continued[0]["ids"], continued[0]["turns"], strict=True)) if continued else {}
@@ -230,8 +231,10 @@ async def test_a_paused_conversation_is_continued_at_its_last_durable_turn(tmp_p
 
 async def test_a_run_ends_every_kept_conversation(tmp_path, thinking_model):
     run_dir = RunDir(tmp_path / "run")
-    orch = orchestrator(run_spec(), run_dir, thinking_model, Scripted(AutoTokenizer.from_pretrained(thinking_model)))
-    assert await run_to_the_end(orch, run_dir, thinking_model) == 3
+    orch = make_orchestrator(
+        run_spec(), run_dir, thinking_model, Scripted(AutoTokenizer.from_pretrained(thinking_model))
+    )
+    assert await run_to_the_end(orch) == 3
     ledger = check_ledger(run_dir.root / "ledger")
     assert ledger.ok and ledger.turns_kept > 0, ledger.problems
     assert len(orch.kept) == 0 and journal_root(run_dir).is_dir()
@@ -282,7 +285,7 @@ async def test_a_pause_during_a_respond_that_changes_the_state_in_place_keeps_th
         "in-place", envs=envs, group_size=4, batch_size=8, max_off_policy_steps=8, max_steps=50,
         sampling={"max_tokens": 4}, checkpoint={"interval": 1, "keep_last": 3}, rollout={"members_per_request": 2},
     ).spec  # fmt: skip
-    orch = orchestrator(spec, run_dir, tiny_model, OneOrTwo(AutoTokenizer.from_pretrained(tiny_model)))
+    orch = make_orchestrator(spec, run_dir, tiny_model, OneOrTwo(AutoTokenizer.from_pretrained(tiny_model)))
     stop = start_fake_trainer(run_dir, tiny_model, 50, 1, attempt=1)
     run = asyncio.create_task(orch.run())
     try:

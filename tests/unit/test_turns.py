@@ -27,7 +27,7 @@ from rlrun.samples import TrainingSample
 from transformers import AutoTokenizer
 
 from tests.support.manifests import parse
-from tests.unit.test_rollout_faults import orchestrator, run_to_the_end
+from tests.support.orchestrators import make_orchestrator, run_to_the_end
 
 
 class ThreeTurns:
@@ -160,8 +160,8 @@ async def test_a_run_with_a_multi_turn_env_ends_with_the_ledger_check_and_turn_m
         sampling={"max_tokens": 6}, checkpoint={"interval": 1, "keep_last": 2},
     ).spec  # fmt: skip
     run_dir = RunDir(tmp_path / "run")
-    orch = orchestrator(spec, run_dir, thinking_model, Guesser(AutoTokenizer.from_pretrained(thinking_model)))
-    assert await asyncio.wait_for(run_to_the_end(orch, run_dir, thinking_model), 60) == 3
+    orch = make_orchestrator(spec, run_dir, thinking_model, Guesser(AutoTokenizer.from_pretrained(thinking_model)))
+    assert await asyncio.wait_for(run_to_the_end(orch), 60) == 3
     report = check_ledger(run_dir.root / "ledger")
     assert report.ok and report.trained == 24, report.problems
     lines = read_jsonl(run_dir.metrics)
