@@ -81,6 +81,24 @@ def test_group_with_other_requests_out_goes_on_even_without_finished_members(sta
     assert 9 not in sink.open_groups  # nothing finished yet: no open group to keep
 
 
+def test_a_group_going_on_after_a_stale_cancel_is_asked_again_for_the_members_dropped_too(stages):
+    """Found by a DAPO run (group_size 16, 4 requests): one request cancelled stale, two finished and dropped stale,
+    one already answered. Asking again for the cancelled request's members only left the group 8 short for ever:
+    nothing out, nothing asked for, its members holding flow-control budget — the run stopped one batch short."""
+    sink, source, ledger = stages  # group_size 4: requests of one member, 0–3
+    source.note_members(7, 4)
+    sink.add_episodes(7, task(7), [episode(7, 0, 0.5, 1), episode(7, 1, 0.2, 1)], next_step=2)
+    cancelled = GroupCancellation(GroupRequest(7, task(7), 1, first_member=2), min_fresh_version=2, others_out=True)
+    assert settle_all([cancelled], sink, source, ledger) == 1
+    # member 2 cancelled, members 0 and 1 dropped stale: three asked again, member 3 still out
+    assert list(source.resume_requests) == [GroupRequest(7, task(7), 3, first_member=4)]
+    assert sink.open_groups[7].episodes == [] and sink.counters.members_left_out_stale == 2
+    # the answered member 3 (stale) and the three asked again complete the group: it is scored, not left open
+    sink.add_episodes(7, task(7), [episode(7, 3, 0.0, 1)], next_step=4)  # floor 2, as the cancel's
+    queued = sink.add_episodes(7, task(7), [episode(7, m, m / 10, 2) for m in (4, 5, 6)], next_step=4)
+    assert 7 not in sink.open_groups and [s.trace.episode_id for s in queued] == ["7/4", "7/5", "7/6"]
+
+
 def test_abandoning_a_group_drops_a_request_of_it_still_waiting_in_the_source(stages):
     sink, source, ledger = stages
     source.note_members(5, 2)

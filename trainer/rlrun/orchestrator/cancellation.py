@@ -19,7 +19,9 @@ Each becomes a :class:`GroupCancellation` that :func:`settle` turns into one out
 group: it **goes on** — the members are requested again, same task and group id, numbered
 after every earlier member — or it is **abandoned**: its other requests are cancelled, its
 finished episodes recorded as abandoned, and it is counted. A stale request's group goes on
-while it keeps fresh members or other requests (:meth:`TrainSink.cancel`); a failed request's
+while it keeps fresh members or other requests (:meth:`TrainSink.cancel`), and is asked again
+for its finished members dropped as stale too (what it holds, has out and asks for adds up to
+``group_size``); a failed request's
 group goes on while it has been requested again fewer than ``rollout.max_group_retries``
 times (counted by the train source, kept in checkpoints). A lost request's group always goes
 on, and the request does not count as a retry: losing a node is not the group's fault.
@@ -90,14 +92,14 @@ def settle(
             kept.drop_request(r, c.reason, c.members)
         if r.group_id in sink.abandoned:
             continue  # given up already (its other request's cancellation, settled first): once per group
-        if c.reason == "stale":
-            goes_on, retry = sink.cancel(c), False
+        if c.reason == "stale":  # members to ask again for (None: the group is given up)
+            again, retry = sink.cancel(c), False
         elif c.reason == "lost":
-            goes_on, retry = True, False
+            again, retry = r.members, False
         else:
-            goes_on, retry = source.retries(r.group_id) < max_group_retries, True
-        if goes_on:
-            source.request_again(r.group_id, r.task, r.members, retry=retry)
+            again, retry = (r.members if source.retries(r.group_id) < max_group_retries else None), True
+        if again is not None:
+            source.request_again(r.group_id, r.task, again, retry=retry)
             going_on += 1
             continue
         if c.reason in ("failed", "reward_failed"):

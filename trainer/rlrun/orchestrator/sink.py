@@ -242,17 +242,26 @@ class TrainSink:
         group.episodes = fresh
         return fresh
 
-    def cancel(self, cancellation: GroupCancellation) -> bool:
-        """A stale request of a group was cancelled: whether the group goes on.
+    def cancel(self, cancellation: GroupCancellation) -> int | None:
+        """A stale request of a group was cancelled: how many members the group is asked again for, or None.
 
         The group's finished members older than ``cancellation.min_fresh_version`` are dropped
-        (they could not train either). Returns True when fresh members remain or other requests
-        of the group are out: its cancelled members must be requested again (same task and group
-        id). False: nothing of the group can still train; the caller abandons it (:meth:`abandon`).
+        (they could not train either). While fresh members remain or other requests of the group
+        are out, the group goes on: it is asked again for the cancelled request's members *and*
+        for the finished members dropped here, so that what it holds, has out and asks for still
+        adds up to ``group_size`` (asking for the cancelled ones only left a group of 16 in 4
+        requests waiting for ever for the members dropped here, holding flow-control budget: a
+        run stuck one batch short of it). None: nothing of the group can still train; the caller
+        abandons it (:meth:`abandon`).
         """
         group = self.open_groups.get(cancellation.request.group_id)
-        fresh = self._keep_fresh(group, cancellation.min_fresh_version, at="cancel") if group is not None else []
-        return bool(fresh) or cancellation.others_out
+        if group is None:
+            return cancellation.request.members if cancellation.others_out else None
+        held = len(group.episodes)
+        fresh = self._keep_fresh(group, cancellation.min_fresh_version, at="cancel")
+        if not fresh and not cancellation.others_out:
+            return None
+        return cancellation.request.members + held - len(fresh)
 
     def abandon(self, group_id: int, reason: str, env: str | None = None) -> None:
         """Give up group ``group_id``: its finished episodes are recorded as abandoned (with ``reason``) and
