@@ -169,7 +169,7 @@ async def test_a_failing_run_closes_what_it_started_in_the_checklists_order(tmp_
         raise RuntimeError("boom")
 
     monkeypatch.setattr(EvalRounds, "start", fail)  # the journal is open, the follower not yet running
-    orch = orchestrator(spec(), RunDir(tmp_path), tiny_model)
+    orch = make_orchestrator(spec(), RunDir(tmp_path), tiny_model)
     with pytest.raises(RuntimeError, match="boom"):
         await asyncio.wait_for(orch.run(), 60)
     assert orch.admission.stopped

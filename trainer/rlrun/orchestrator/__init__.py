@@ -18,7 +18,9 @@ invariant are there):
   :mod:`~rlrun.orchestrator.snapshot`, :mod:`~rlrun.orchestrator.checkpointing` (the sink snapshot written),
   :mod:`~rlrun.orchestrator.resume` (how an attempt begins), :mod:`~rlrun.orchestrator.signals`;
 - **reporting** — what the run says of itself: :mod:`~rlrun.orchestrator.metrics`,
-  :mod:`~rlrun.orchestrator.prometheus`, :mod:`~rlrun.orchestrator.evaluation`;
+  :mod:`~rlrun.orchestrator.prometheus`, :mod:`~rlrun.orchestrator.view` (the read-only view they read),
+  :mod:`~rlrun.orchestrator.evaluation`;
 - **wiring** — the stages put together and reached from outside: :mod:`~rlrun.orchestrator.loop` (the
-  ``Orchestrator`` and its main loop), :mod:`~rlrun.orchestrator.control` (the control server).
+  ``Orchestrator`` and its main loop), :mod:`~rlrun.orchestrator.main` (``rlrun orchestrator``'s role),
+  :mod:`~rlrun.orchestrator.control` (the control server).
 """
