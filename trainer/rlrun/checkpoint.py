@@ -39,6 +39,11 @@ PROGRESS_SCHEMA_VERSION = 1
 PROGRESS_FILE = "progress.pt"
 TRAINER_PROGRESS_FILE = "progress.json"
 WEIGHTS_FILE = "model.safetensors"
+#: A LoRA run's weights (``spec.model.lora``): the adapter alone, in ``peft``'s ``save_pretrained`` layout (tensor
+#: names ``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight``, and its config), in its broadcasts and
+#: trainer parts alike; the rollout servers load the directory as a vLLM LoRA adapter.
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG_FILE = "adapter_config.json"
 
 
 def _digest(payload: str, tensors: dict[str, torch.Tensor]) -> str:

@@ -17,7 +17,7 @@ The CRD's schema is generated from these models (:mod:`rlrun.api.crd`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -39,6 +39,43 @@ MAX_NAME_LENGTH = 50
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
+#: The modules a LoRA adapter wraps by default: every linear layer of a transformer block in Llama / Qwen /
+#: Mistral-style models (attention projections and the MLP), the set vLLM serves adapters for in those models.
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: vLLM's ``--max-lora-rank`` choices (``vllm.config.lora.MaxLoRARanks``, vLLM 0.11–0.32): a server serves an
+#: adapter of rank ≤ the one it was started with, and rlrun starts it with the smallest that holds ``rank``.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class LoraSpec(Strict):
+    """Train a LoRA adapter (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") on the frozen
+    model instead of all its weights, with ``peft``; each policy version reaches the rollout servers as an adapter
+    (``docs/design.md``, "LoRA").
+
+    Attributes:
+        rank: the adapter's rank r (each wrapped ``W`` gets ``B·A`` with ``A`` r × in, ``B`` out × r); at most 512,
+            the largest ``--max-lora-rank`` vLLM serves.
+        alpha: the scaling numerator: the update is ``(alpha / rank) · B·A``.
+        dropout: dropout on the adapter's input while training (the rollout servers sample without it, so any
+            value above 0 makes the trainer's logprobs differ from the sampler's).
+        target_modules: names of the modules to wrap (a module is wrapped when its name ends with one): each must
+            name a module of the model, checked when the trainer starts.
+    """
+
+    rank: int = Field(default=16, ge=1, le=VLLM_LORA_RANKS[-1])
+    alpha: float = Field(default=32.0, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1, max_length=64
+    )
+
+    @property
+    def served_max_rank(self) -> int:
+        """The ``--max-lora-rank`` a rollout server serving this adapter starts with: the smallest of vLLM's
+        choices (:data:`VLLM_LORA_RANKS`) ≥ :attr:`rank`."""
+        return next(r for r in VLLM_LORA_RANKS if r >= self.rank)
+
+
 class ModelSpec(Strict):
     """Which policy to train: exactly one of ``builtin`` or ``name``.
 
@@ -48,11 +85,15 @@ class ModelSpec(Strict):
     on the envs' own answers (``rlrun model init --manifest``). ``name`` is a Hugging
     Face model id or a local directory, loaded by the standard transformers / vLLM
     code (needs network or a pre-filled cache).
+
+    Attributes:
+        lora: train a LoRA adapter on the frozen model (:class:`LoraSpec`); absent: train every weight.
     """
 
     builtin: Literal["tiny-reverse", "tiny"] | None = None
     name: str | None = Field(default=None, min_length=1)
     revision: str | None = None
+    lora: LoraSpec | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelSpec:
