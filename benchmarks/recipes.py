@@ -57,20 +57,21 @@ def _mean(values: list) -> float | None:
     return round(statistics.mean(values), 4) if values else None
 
 
-def run(work: Path, recipe: str, seed: int, cache: Path, max_steps: int | None) -> dict:
-    """One ``rlrun local`` run of ``recipe`` with ``seed``; what the module docstring lists, from its run directory.
+def run(work: Path, recipe: str, seed: int, cache: Path, max_steps: int | None, manifest: Path | None = None) -> dict:
+    """One ``rlrun local`` run of ``recipe`` (``manifest``, default ``MANIFESTS[recipe]``) with ``seed``; what the
+    module docstring lists, from its run directory, and ``run_dir`` (under ``work``) for more.
 
     Raises:
         SystemExit: ``rlrun local`` failed (its output's tail in the message).
     """
     from rlrun.rundir import read_jsonl
 
-    doc = yaml.safe_load(MANIFESTS[recipe].read_text())
+    doc = yaml.safe_load((manifest or MANIFESTS[recipe]).read_text())
     doc["spec"]["seed"] = seed
-    manifest = work / f"{recipe}-s{seed}.yaml"
-    manifest.write_text(yaml.safe_dump(doc))
+    written = work / f"{recipe}-s{seed}.yaml"
+    written.write_text(yaml.safe_dump(doc))
     run_dir = work / f"{recipe}-s{seed}"
-    argv = [sys.executable, "-m", "rlrun", "local", str(manifest), "--run-dir", str(run_dir), "--cache-dir", str(cache)]
+    argv = [sys.executable, "-m", "rlrun", "local", str(written), "--run-dir", str(run_dir), "--cache-dir", str(cache)]
     argv += ["--max-steps", str(max_steps)] if max_steps else []
     load_before = os.getloadavg()[0]
     t0 = time.monotonic()
@@ -107,6 +108,7 @@ def run(work: Path, recipe: str, seed: int, cache: Path, max_steps: int | None) 
         "steps": last,
         "wall_s": round(wall, 1),
         "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        "run_dir": str(run_dir),
     }
 
 
