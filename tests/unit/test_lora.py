@@ -66,16 +66,20 @@ def test_the_wrap_freezes_the_base_and_the_optimizer_holds_the_adapter_alone():
 def test_a_target_module_the_model_lacks_is_refused_by_field_with_the_nearest_name_before_wrapping():
     model = _base()
     with pytest.raises(ManifestError) as info:
-        wrap(model, LoraSpec(target_modules=["q_proj", "q_prj", "mlp"]))
+        wrap(model, LoraSpec(target_modules=["q_proj", "q_prj", "mlp", "lm_head", "embed_tokens"]))
+    lines = str(info.value).splitlines()[1:]
+    wrappable = "its layers LoRA can wrap: down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"
+    assert lines == [
+        f"  spec.model.lora.target_modules[1]: 'q_prj' names no module of Qwen3ForCausalLM; did you mean 'q_proj'? "
+        f"{wrappable}",
+        "  spec.model.lora.target_modules[2]: 'mlp' names Qwen3MLP modules, which the trainer does not wrap (LoRA goes "
+        f"on the linear layers of the transformer blocks); {wrappable}",
+        "  spec.model.lora.target_modules[3]: 'lm_head' names the LM head, which the trainer does not wrap (it computes "
+        f"logprobs from the head's weight in chunks); {wrappable}",
+        "  spec.model.lora.target_modules[4]: 'embed_tokens' names Embedding modules, which the trainer does not wrap "
+        f"(LoRA goes on the linear layers of the transformer blocks); {wrappable}",
+    ]
     text = str(info.value)
-    assert (
-        "spec.model.lora.target_modules[1]: 'q_prj' names no module of Qwen3ForCausalLM; did you mean 'q_proj'?" in text
-    )
-    assert (
-        "its layers LoRA can wrap: down_proj, embed_tokens, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"
-        in text
-    )
-    assert "spec.model.lora.target_modules[2]: 'mlp' names Qwen3MLP modules, which LoRA cannot wrap" in text
     assert "target_modules[0]" not in text
     assert not any("lora_" in n for n, _ in model.named_parameters())  # nothing was wrapped
     assert all(p.requires_grad for p in model.parameters())

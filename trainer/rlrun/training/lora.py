@@ -33,9 +33,12 @@ from rlrun.errors import WeightsMismatch
 from rlrun.manifest import ManifestError
 from rlrun.training.distributed import DataParallel
 
-#: Layer types peft's LoRA wraps that a ``target_modules`` name may select (peft 0.21: ``nn.Linear``, GPT-2's
-#: ``Conv1D``, ``nn.Embedding``); a name selecting anything else (a whole block) is refused.
-WRAPPABLE = (nn.Linear, Conv1D, nn.Embedding)
+#: Layer types a ``target_modules`` name may select: the linear layers peft's LoRA wraps (``nn.Linear``, GPT-2's
+#: ``Conv1D``), but the LM head. Not the head: the trainer computes logprobs from its weight in chunks
+#: (:mod:`rlrun.training.logprobs`), which an adapter there would bypass. Not the embeddings: they sit in FSDP2's root
+#: unit, which stays gathered after a forward, where disabling the adapter for the KL reference (peft clears
+#: ``requires_grad``) would not reach the sharded parameter. A name selecting anything else (a block) is refused.
+WRAPPABLE = (nn.Linear, Conv1D)
 #: The prefix peft's saved layout puts before a module path (``PeftModel`` → ``LoraModel`` → the model).
 SAVED_PREFIX = "base_model.model."
 
@@ -75,10 +78,14 @@ def lora_config(lora: LoraSpec) -> LoraConfig:
     )  # fmt: skip
 
 
+def _wrappable(model: nn.Module, module: nn.Module) -> bool:
+    return isinstance(module, WRAPPABLE) and module is not model.get_output_embeddings()
+
+
 def wrappable_names(model: nn.Module) -> list[str]:
     """The last names of ``model``'s modules LoRA can wrap (:data:`WRAPPABLE`), sorted, once each
-    (``["down_proj", "embed_tokens", "gate_proj", "k_proj", "lm_head", …]``)."""
-    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if name and isinstance(m, WRAPPABLE)})
+    (``["down_proj", "gate_proj", "k_proj", "o_proj", …]``)."""
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if name and _wrappable(model, m)})
 
 
 def target_problems(model: nn.Module, targets: list[str]) -> list[str]:
@@ -102,11 +109,17 @@ def target_problems(model: nn.Module, targets: list[str]) -> list[str]:
                 f"{', '.join(wrappable)}"
             )
             continue
+        head = model.get_output_embeddings()
         others = sorted({type(m).__name__ for _, m in chosen if not isinstance(m, WRAPPABLE)})
-        if others:
+        if any(m is head for _, m in chosen):
             problems.append(
-                f"{field}: {target!r} names {', '.join(others)} modules, which LoRA cannot wrap (it wraps linear and "
-                f"embedding layers); name layers inside them: {', '.join(wrappable)}"
+                f"{field}: {target!r} names the LM head, which the trainer does not wrap (it computes logprobs from "
+                f"the head's weight in chunks); its layers LoRA can wrap: {', '.join(wrappable)}"
+            )
+        elif others:
+            problems.append(
+                f"{field}: {target!r} names {', '.join(others)} modules, which the trainer does not wrap (LoRA goes on "
+                f"the linear layers of the transformer blocks); its layers LoRA can wrap: {', '.join(wrappable)}"
             )
     return problems
 
