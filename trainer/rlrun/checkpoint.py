@@ -31,7 +31,7 @@ import torch
 from safetensors import safe_open
 
 from rlrun.dcp_format import SHARDED_FORMAT, verify_sharded
-from rlrun.errors import CheckpointError
+from rlrun.errors import CheckpointError, CheckpointMismatch  # noqa: F401 (imported from here)
 
 # The run identity lives in rlrun.identity; resume code has always imported it from here.
 from rlrun.identity import (  # noqa: F401
