@@ -63,6 +63,27 @@ def test_the_wrap_freezes_the_base_and_the_optimizer_holds_the_adapter_alone():
     assert all(optimizer.state[p]["step"] == 1 for g in optimizer.param_groups for p in g["params"])
 
 
+def test_activation_checkpointing_non_reentrant_reaches_the_adapter_behind_frozen_embeddings():
+    """The trainer enables activation checkpointing (``use_reentrant: False``) before the wrap: the adapter's
+    gradients inside checkpointed blocks are those without checkpointing, though no block input requires a gradient
+    (the embeddings are frozen)."""
+    grads = []
+    for checkpointing in (False, True):
+        model = _base()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        torch.manual_seed(1)
+        adapter = wrap(model, LoraSpec(rank=4))
+        _moved(adapter)
+        model.train()
+        model(input_ids=IDS, labels=IDS).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    assert model.is_gradient_checkpointing
+    assert all(g is not None and g.abs().max() > 0 for g in grads[1].values())
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, msg=name)
+
+
 def test_a_target_module_the_model_lacks_is_refused_by_field_with_the_nearest_name_before_wrapping():
     model = _base()
     with pytest.raises(ManifestError) as info:
