@@ -199,3 +199,18 @@ def test_a_damaged_trainer_part_is_named_once_with_its_reason(tmp_path, damage, 
         assert latest_complete_checkpoint(rd) is None
     (record,) = caplog.records
     assert record.getMessage().endswith(f": {reason}") and record.getMessage().count(str(tmp_path)) == 1
+
+
+def test_a_lora_part_verifies_by_its_adapter_files(tmp_path, caplog):
+    """A LoRA run's trainer part holds the adapter alone (no ``model.safetensors``): complete with its weights and
+    config, skipped with the file named when its config is missing."""
+    rd = RunDir(tmp_path)
+    complete_step(rd, 4)
+    root = rd.trainer_checkpoint(4)
+    (root / "model.safetensors").rename(root / "adapter_model.safetensors")
+    (root / "adapter_config.json").write_text(json.dumps({"r": 4, "peft_type": "LORA"}))
+    assert latest_complete_checkpoint(rd).step == 4
+    (root / "adapter_config.json").unlink()
+    with caplog.at_level(logging.WARNING):
+        assert latest_complete_checkpoint(rd) is None
+    assert caplog.records[0].getMessage().endswith("adapter_config.json: missing")

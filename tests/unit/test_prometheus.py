@@ -88,7 +88,8 @@ def test_the_trainers_metrics_follow_its_steps_and_it_answers_healthz():
     try:
         base = f"http://127.0.0.1:{server.server_port}"
         step = {"step": 7, "loss": 0.25, "grad_norm": 1.5, "entropy": 0.7, "mismatch_kl": 1e-7,
-                "mismatch_kl_on_policy": None, "clip_fraction": 0.01, "tokens": 600, "train_s": 0.5, "wait_s": 2.0}  # fmt: skip
+                "mismatch_kl_on_policy": None, "clip_fraction": 0.01, "tokens": 600, "train_s": 0.5, "wait_s": 2.0,
+                "broadcast_s": 0.03, "broadcast_bytes": 532666}  # fmt: skip
         metrics.observe(step)
         metrics.observe({**step, "step": 8})
         values = scraped(httpx.get(f"{base}/metrics").text)
@@ -98,6 +99,7 @@ def test_the_trainers_metrics_follow_its_steps_and_it_answers_healthz():
     assert exposed(TRAINER_METRICS) - {"rlrun_trainer_mismatch_kl_on_policy_nats"} <= set(values)  # None: not set yet
     assert values["rlrun_trainer_step"] == 8 and values["rlrun_trainer_steps_total"] == 2
     assert values["rlrun_trainer_tokens_per_second"] == 1200 and values["rlrun_trainer_batch_wait_seconds"] == 2.0
+    assert values["rlrun_trainer_broadcast_bytes"] == 532666 and values["rlrun_trainer_broadcast_seconds"] == 0.03
 
 
 def test_a_metrics_port_in_use_is_a_warning_not_a_dead_trainer(monkeypatch, caplog):

@@ -2,7 +2,8 @@
 
 A step ``N`` is **complete** when both parts exist and verify:
 ``checkpoints/step_N/trainer/`` (published atomically by the trainer; its
-``progress.json`` and ``model.safetensors`` parse; a part whose ``meta.json`` says
+``progress.json`` and ``model.safetensors`` parse — a LoRA run's ``adapter_config.json`` and
+``adapter_model.safetensors`` instead; a part whose ``meta.json`` says
 ``format: "dcp"``, written by several trainer ranks, must also pass
 :func:`rlrun.dcp_format.verify_sharded`: every DCP shard present and whole) and
 ``checkpoints/step_N/orchestrator/progress.pt`` (written atomically by the
@@ -30,7 +31,17 @@ import torch
 from safetensors import safe_open
 
 from rlrun.dcp_format import SHARDED_FORMAT, verify_sharded
-from rlrun.errors import CheckpointError, CheckpointMismatch
+from rlrun.errors import CheckpointError, CheckpointMismatch  # noqa: F401 (imported from here)
+
+# The run identity lives in rlrun.identity; resume code has always imported it from here.
+from rlrun.identity import (  # noqa: F401
+    SAFE_TO_CHANGE,
+    UNRECORDED_BEFORE_ISSUE_38,
+    algorithm_settings,
+    check_compatible,
+    lora_settings,
+    run_identity,
+)
 from rlrun.rundir import META_FILE, RunDir, read_json_part, step_dirs, write_file_atomic
 
 log = logging.getLogger(__name__)
@@ -140,7 +151,8 @@ def part_format(root: Path) -> str | None:
 
 
 def load_trainer_progress(run_dir: RunDir, step: int) -> dict[str, Any]:
-    """Read and verify the trainer part of step ``step``: its ``progress.json`` and weights header.
+    """Read and verify the trainer part of step ``step``: its ``progress.json`` and weights header (a LoRA part's: the
+    adapter's, and its config parses).
 
     Raises:
         CheckpointError: missing, unparsable, or for another step.
@@ -155,6 +167,9 @@ def load_trainer_progress(run_dir: RunDir, step: int) -> dict[str, Any]:
         # beside them, checked below, is what the orchestrator loads into vLLM).
         verify_sharded(root)
     weights = root / WEIGHTS_FILE
+    if not weights.is_file() and (root / ADAPTER_WEIGHTS_FILE).is_file():  # a LoRA run's part: the adapter alone
+        weights = root / ADAPTER_WEIGHTS_FILE
+        read_json_part(root / ADAPTER_CONFIG_FILE)
     if not weights.is_file():  # safetensors' own message would name the file a second time
         raise CheckpointError(f"{weights}: missing")
     try:
@@ -275,134 +290,3 @@ def prune_checkpoints(run_dir: RunDir, keep_last: int) -> list[int]:
             continue
         removed.append(n)
     return sorted(removed)
-
-
-#: Algorithm settings (``spec.<key>``) a resume may change, with why; every other key of :func:`algorithm_settings`
-#: must equal the checkpoint's (``docs/algorithms.md``, "Resuming with other settings").
-SAFE_TO_CHANGE: dict[str, str] = {
-    "optimizer.max_grad_norm": "a cap on each step's gradient norm, read from the spec at every step: no state kept "
-    "in a checkpoint depends on it, and lowering it is the usual answer to a gradient spike",
-}
-#: Settings a checkpoint written before issue 38 did not record (their values then are unknown: not compared); a
-#: setting added since is compared with its default, the only value such a run could have had.
-UNRECORDED_BEFORE_ISSUE_38 = frozenset(
-    {"optimizer.lr", "optimizer.betas", "optimizer.eps", "optimizer.weight_decay", "optimizer.max_grad_norm",
-     "loss.clip_low", "loss.clip_high", "advantage.std_normalize"}
-)  # fmt: skip
-#: Why a setting matters to a resume, where its name alone does not say it.
-_WHY = {"max_steps": "the horizon of spec.optimizer.lr_schedule: its decay ends there"}
-
-
-def _flat(values: dict[str, Any], prefix: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}.{key}"))
-        else:
-            out[f"{prefix}.{key}"] = value
-    return out
-
-
-def _settings(optimizer: Any, loss: Any, advantage: Any, max_steps: int) -> dict[str, Any]:
-    out = {
-        **_flat(optimizer.model_dump(mode="json"), "optimizer"),
-        **_flat(loss.model_dump(mode="json"), "loss"),
-        **_flat(advantage.model_dump(mode="json"), "advantage"),
-        "max_steps": max_steps if optimizer.lr_schedule != "constant" else None,  # a constant rate has no horizon
-    }
-    out.pop("loss.std_normalize_advantages", None)  # an alias: compared as the advantage.std_normalize it sets
-    # the clip as it acts: ratio_clip is the shorthand for both bounds, and unset they are 0.2 (LossSpec.epsilon_*)
-    out.pop("loss.ratio_clip", None)
-    out["loss.clip_low"], out["loss.clip_high"] = loss.epsilon_low, loss.epsilon_high
-    return out
-
-
-def algorithm_settings(spec: Any) -> dict[str, Any]:
-    """``{"optimizer.lr": 3e-4, …, "loss.clip_low": 0.2, …, "advantage.baseline": "group_mean", …, "max_steps":
-    N}`` of an ``RLRunSpec``: every field of ``spec.optimizer``, ``spec.loss`` and ``spec.advantage`` (nested ones
-    dotted, JSON values; the clip as its two bounds, whether set by ``ratio_clip`` or ``clip_low``/``clip_high``), and ``max_steps`` when the LR schedule decays (its horizon; None when constant): what
-    trains the policy, so what a resume must keep (:func:`check_compatible`, but :data:`SAFE_TO_CHANGE`)."""
-    return _settings(spec.optimizer, spec.loss, spec.advantage, spec.max_steps)
-
-
-def _default_settings() -> dict[str, Any]:
-    from rlrun.api.algorithm import AdvantageSpec, LossSpec, OptimizerSpec
-
-    return _settings(OptimizerSpec(), LossSpec(), AdvantageSpec(), 0)
-
-
-def run_identity(spec: Any, envs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The settings a checkpoint must share with the run that resumes it (``RLRunSpec`` in): the model, the envs,
-    ``group_size``, and ``algorithm`` (:func:`algorithm_settings`).
-
-    With ``envs`` (the run's envs by name: the orchestrator's), also ``env_data``: each env's ``fingerprint()``
-    where it has one (a dataset env's files), so a resume over changed task data is refused.
-    """
-    identity = {
-        "model": spec.model.identity,
-        "envs": sorted(e.name for e in spec.envs),
-        "group_size": spec.group_size,
-        "algorithm": algorithm_settings(spec),
-    }
-    if envs is not None:
-        identity["env_data"] = {
-            name: env.fingerprint() for name, env in sorted(envs.items()) if callable(getattr(env, "fingerprint", None))
-        }
-    return identity
-
-
-def _algorithm_diffs(saved: dict[str, Any] | None, current: dict[str, Any], source: str) -> list[str]:
-    """The algorithm settings that differ from a checkpoint's ``saved`` ones (None: written before they were
-    recorded), as ``spec.<key>: …`` lines; a change :data:`SAFE_TO_CHANGE` allows is logged instead."""
-    defaults = _default_settings()
-    diffs = []
-    for key, value in current.items():
-        if saved is None and key in UNRECORDED_BEFORE_ISSUE_38:
-            continue
-        before = (saved or {}).get(key, defaults.get(key))  # a setting the checkpoint predates: its default
-        if before == value:
-            continue
-        if key in SAFE_TO_CHANGE:
-            log.warning("resume: spec.%s changed since %s (%r → %r), allowed: %s", key, source, before, value,
-                        SAFE_TO_CHANGE[key])  # fmt: skip
-            continue
-        why = f" ({_WHY[key]})" if key in _WHY else ""
-        diffs.append(f"spec.{key}: checkpoint has {before!r}, manifest has {value!r}{why}")
-    return diffs
-
-
-def check_compatible(saved: dict[str, Any] | None, spec: Any, source: str, envs: dict[str, Any] | None = None) -> None:
-    """Refuse to resume from a checkpoint whose :func:`run_identity` differs from ``spec``'s (and ``envs``').
-
-    A checkpoint without an identity (older format) is accepted, and a field only one side has is not compared,
-    but for the algorithm settings: one the checkpoint lacks counts as its default (it was added since), and a
-    checkpoint written before they were recorded is compared on those added since only
-    (:data:`UNRECORDED_BEFORE_ISSUE_38`). A change :data:`SAFE_TO_CHANGE` allows is logged (``WARNING``), not
-    refused.
-
-    Raises:
-        CheckpointMismatch: naming each differing field with both values.
-    """
-    if not saved:
-        return
-    current = run_identity(spec, envs)
-    diffs = [
-        f"spec.{key}: checkpoint has {saved.get(key)!r}, manifest has {value!r}"
-        for key, value in current.items()
-        if key in saved and key not in ("env_data", "algorithm") and saved[key] != value
-    ]
-    for name, fingerprint in current.get("env_data", {}).items():
-        before = saved.get("env_data", {}).get(name)
-        if before is not None and before != fingerprint:
-            diffs.append(
-                f"env {name}: its data changed since the checkpoint (fingerprint {before[:12]} → {fingerprint[:12]}); "
-                "the task stream would differ from the one the run trained on: restore the data, or start a new run"
-            )
-    algorithm = _algorithm_diffs(saved.get("algorithm"), current["algorithm"], source)
-    if algorithm:
-        safe = ", ".join(f"spec.{k}" for k in SAFE_TO_CHANGE)
-        diffs += [*algorithm, f"(of the algorithm's settings a resume may change {safe}; for others, start a new run)"]
-    if diffs:
-        raise CheckpointMismatch(
-            f"{source} belongs to a run with different settings; refusing to resume:\n  " + "\n  ".join(diffs)
-        )

@@ -8,6 +8,12 @@ by several ranks, their DCP shards (:mod:`rlrun.training.sharded_checkpoint`) pl
 ``model.safetensors`` and ``progress.json``. Either loads into any number of ranks
 (:func:`restore_part`), so a run can change its rank count. ``progress.json`` holds the LR scheduler's
 state in both formats (:mod:`rlrun.training.schedule`).
+
+A LoRA run's part (``spec.model.lora``, :mod:`rlrun.training.lora`) holds the adapter alone: ``adapter_config.json``
+and ``adapter_model.safetensors`` (float32, peft's layout), ``optimizer.pt`` (the adapter's AdamW state, keyed by
+parameter name: ``get_optimizer_state_dict`` with full tensors), ``progress.json`` and ``meta.json`` — no base weights,
+which are never written. Several ranks gather the adapter and its optimizer state (a few MB) and rank 0 writes the part
+unsharded; it loads into 1 or W ranks alike (each rank reads the files and keeps its shards).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from transformers import AutoModelForCausalLM
 
 from rlrun.api.spec import RLRunSpec
 from rlrun.checkpoint import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
     TRAINER_PROGRESS_FILE,
     WEIGHTS_FILE,
     CompleteCheckpoint,
@@ -34,9 +42,10 @@ from rlrun.checkpoint import (
     run_identity,
 )
 from rlrun.dcp_format import SHARDED_FORMAT
-from rlrun.errors import CheckpointError, WeightsMismatch
+from rlrun.errors import CheckpointError, CheckpointMismatch, WeightsMismatch
 from rlrun.rundir import RunDir, fault_point, publish_dir, read_attempt, step_dirs, write_meta, written_by
 from rlrun.training.distributed import DataParallel, full_state_dict, tied_weights, untied
+from rlrun.training.lora import Adapter, adapter_state, holds_adapter, load_adapter, save_adapter
 
 log = logging.getLogger(__name__)
 
@@ -104,21 +113,24 @@ def republish(run_dir: RunDir, step: int, attempt: int) -> bool:
     has a batch for it — which a live orchestrator holding an older policy may never ship (issue 35: weight pushes
     held by an evaluation round, the orchestrator at policy 3, the trainer restarted from checkpoint 4 after
     broadcasts 4 and 5 were removed: the flow budget 0, the trainer waiting for batch 5, the weights on disk only in
-    the checkpoint). Every part holds the full ``model.safetensors`` (a sharded one: rank 0's), so rank 0 alone
-    publishes it, no collective: a hard link where the filesystem allows, else a copy. The part's weights are
-    float32 (the master weights) where a bf16 trainer's broadcasts are bf16: the follower accepts any floating-point
-    dtype and vLLM casts on load (:func:`rlrun.orchestrator.weights.validate_weights_dir`).
+    the checkpoint). Every part holds the full ``model.safetensors`` (a sharded one: rank 0's), or a LoRA run's
+    adapter files (``adapter_config.json``, ``adapter_model.safetensors``), so rank 0 alone publishes them, no
+    collective: hard links where the filesystem allows, else copies. The part's weights are float32 (the master
+    weights) where a bf16 trainer's broadcasts are bf16: the follower accepts any floating-point dtype and vLLM casts
+    on load (:func:`rlrun.orchestrator.weights.validate_weights_dir`; an adapter to the served model's dtype).
     """
     final = run_dir.broadcast(step)
     if final.is_dir() and written_by(final, attempt):
         return False
-    source = run_dir.trainer_checkpoint(step) / WEIGHTS_FILE
+    part = run_dir.trainer_checkpoint(step)
+    names = (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE) if holds_adapter(part) else (WEIGHTS_FILE,)
 
     def fill(tmp: Path) -> None:
-        try:
-            os.link(source, tmp / WEIGHTS_FILE)
-        except OSError:  # another filesystem, or links not allowed
-            shutil.copyfile(source, tmp / WEIGHTS_FILE)
+        for name in names:
+            try:
+                os.link(part / name, tmp / name)
+            except OSError:  # another filesystem, or links not allowed
+                shutil.copyfile(part / name, tmp / name)
         write_meta(tmp, step, attempt)
 
     publish_dir(final, fill)
@@ -174,8 +186,9 @@ def _adamw(params, spec: RLRunSpec) -> torch.optim.AdamW:
 
 
 def new_optimizer(model: torch.nn.Module, spec: RLRunSpec) -> torch.optim.AdamW:
-    """The trainer's optimizer: AdamW with the spec's settings."""
-    return _adamw(model.parameters(), spec)
+    """The trainer's optimizer: AdamW with the spec's settings over the trainable parameters (every one; with LoRA the
+    adapter's alone: the frozen base weights get no optimizer state)."""
+    return _adamw([p for p in model.parameters() if p.requires_grad], spec)
 
 
 def restore_part(
@@ -185,19 +198,28 @@ def restore_part(
     optimizer: torch.optim.Optimizer,
     spec: RLRunSpec,
     dp: DataParallel,
+    adapter: Adapter | None = None,
 ) -> None:
     """Load trainer part ``root`` (of ``step``) into ``model`` and ``optimizer``, whatever wrote it.
 
     A sharded part (``meta.json`` ``format: "dcp"``) with :func:`~rlrun.training.sharded_checkpoint.load_sharded`
     on any number of ranks; an unsharded one into one process directly, or into the shards of several
-    ranks (:func:`_load_unsharded_into_shards`). A part of step 0 holds no optimizer state worth loading:
-    the optimizer stays fresh.
+    ranks (:func:`_load_unsharded_into_shards`); a LoRA part into ``adapter`` (:func:`_load_adapter_part`). A part of
+    step 0 holds no optimizer state worth loading: the optimizer stays fresh.
 
     Raises:
+        CheckpointMismatch: a LoRA part and no ``adapter``, or the reverse (the run identity, checked first, says so
+            too; this holds for a part written before it recorded LoRA).
         WeightsMismatch: the weights do not fit the model.
         CheckpointError: a torn or foreign sharded part.
     """
-    if part_format(root) == SHARDED_FORMAT:
+    if holds_adapter(root) != (adapter is not None):
+        what = "a LoRA adapter alone" if adapter is None else "the model's full weights, no LoRA adapter"
+        want = "a run without spec.model.lora" if adapter is None else "a run with spec.model.lora"
+        raise CheckpointMismatch(f"{root} holds {what}, and this trainer is {want}: refusing to resume from it")
+    if adapter is not None:
+        _load_adapter_part(root, step, adapter, optimizer)
+    elif part_format(root) == SHARDED_FORMAT:
         from rlrun.training.sharded_checkpoint import load_sharded
 
         try:
@@ -211,6 +233,17 @@ def restore_part(
     else:
         load_weights(model, root / WEIGHTS_FILE)
         optimizer.load_state_dict(torch.load(root / OPTIMIZER_FILE, weights_only=True))
+
+
+def _load_adapter_part(root: Path, step: int, adapter: Adapter, optimizer: torch.optim.Optimizer) -> None:
+    """A LoRA part into the adapter and its optimizer, on 1 or W ranks alike: each rank reads the files (a few MB)
+    and keeps its shards (``set_model_state_dict``, ``set_optimizer_state_dict`` with full tensors)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    load_adapter(adapter, root)
+    state = torch.load(root / OPTIMIZER_FILE, weights_only=True)
+    if step > 0 and state:  # a step-0 part holds none (a fresh optimizer); keep the fresh one, as one process does
+        set_optimizer_state_dict(adapter.model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
 def _load_unsharded_into_shards(
@@ -258,15 +291,20 @@ def write_part(
     attempt: int,
     dp: DataParallel,
     lr_scheduler: LRScheduler | None = None,
+    adapter: Adapter | None = None,
+    identity: dict | None = None,
 ) -> Path:
     """Publish ``checkpoints/step_N/trainer/`` (``reason``: ``periodic`` or ``notice``, recorded in
     ``progress.json``); returns its path. With several ranks a collective: every rank writes its DCP
     shard of the model and optimizer (:func:`~rlrun.training.sharded_checkpoint.save_sharded`, ``meta.json``
     ``format: "dcp"``), rank 0 adds the full ``model.safetensors`` (what the orchestrator loads into
-    vLLM) and ``progress.json``, and renames the part into place once every shard is written. The LR
-    scheduler's state (plain JSON) is in ``progress.json`` under ``lr_scheduler``, in both formats."""
+    vLLM) and ``progress.json``, and renames the part into place once every shard is written. With an
+    ``adapter`` (LoRA), the adapter's part instead (:func:`_write_adapter_part`). The LR scheduler's state (plain
+    JSON) is in ``progress.json`` under ``lr_scheduler``, in every format; ``identity`` (default
+    :func:`~rlrun.checkpoint.run_identity` of ``spec``) under ``identity``."""
     progress = {
-        "step": step, "policy_version": step, "identity": run_identity(spec), "time": time.time(), "reason": reason,
+        "step": step, "policy_version": step, "identity": identity or run_identity(spec), "time": time.time(),
+        "reason": reason,
         **({"world_size": dp.world_size} if dp.distributed else {}),
         **({SCHEDULER_KEY: lr_scheduler.state_dict()} if lr_scheduler is not None else {}),
     }  # fmt: skip
@@ -274,6 +312,8 @@ def write_part(
     def write_progress(tmp: Path) -> None:
         (tmp / TRAINER_PROGRESS_FILE).write_text(json.dumps(progress))
 
+    if adapter is not None:
+        return _write_adapter_part(run_dir, step, reason, adapter, optimizer, attempt, dp, write_progress)
     if dp.distributed:
         from rlrun.training.sharded_checkpoint import save_sharded
 
@@ -304,3 +344,55 @@ def write_part(
 
     run_dir.checkpoint(step).mkdir(parents=True, exist_ok=True)
     return publish_dir(run_dir.trainer_checkpoint(step), fill)
+
+
+def _write_adapter_part(
+    run_dir: RunDir,
+    step: int,
+    reason: str,
+    adapter: Adapter,
+    optimizer: torch.optim.Optimizer,
+    attempt: int,
+    dp: DataParallel,
+    write_progress,
+) -> Path:
+    """A LoRA run's part (module docstring): every rank gathers the adapter (float32) and its optimizer state
+    (``get_optimizer_state_dict``, full tensors on rank 0), rank 0 writes the part unsharded and renames it into
+    place, then tells the others how it went, so every rank returns or raises together. A collective with ranks.
+
+    Raises:
+        CheckpointError: on a rank other than 0 when rank 0 failed (its message is included); whatever failed on
+            rank 0 (the part is untouched: :func:`rlrun.rundir.publish_dir`).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    weights = adapter_state(adapter, dp)
+    fresh = not optimizer.state
+    optim = {}
+    if not fresh:  # on a fresh optimizer it would take a zero-lr step to create the state (see write_part): none yet
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        optim = get_optimizer_state_dict(adapter.model, optimizer, options=options)
+    path = run_dir.trainer_checkpoint(step)
+    outcome: list[str | None] = [None]
+    if dp.is_main:
+
+        def fill(tmp: Path) -> None:
+            save_adapter(tmp, weights, adapter)
+            torch.save(optim, tmp / OPTIMIZER_FILE)
+            write_progress(tmp)
+            write_meta(tmp, step, attempt)
+            fault_point(f"trainer_{reason}_save")  # test-only: a kill mid-save (grace period too short)
+
+        try:
+            run_dir.checkpoint(step).mkdir(parents=True, exist_ok=True)
+            publish_dir(path, fill)
+            outcome = ["ok"]
+        except BaseException as exc:
+            if dp.distributed:
+                torch.distributed.broadcast_object_list([f"rank 0: {type(exc).__name__}: {exc}"], src=0)
+            raise
+    if dp.distributed:
+        torch.distributed.broadcast_object_list(outcome, src=0)
+        if outcome[0] != "ok":
+            raise CheckpointError(f"{path}: not published: {outcome[0]}")
+    return path

@@ -55,6 +55,7 @@ METRICS: dict[str, tuple[str, str, str | None]] = {
     "rlrun_trainer_step_seconds": ("gauge", "The last step's compute time (after its batch arrived).", "train_s"),
     "rlrun_trainer_batch_wait_seconds": ("gauge", "Time the last step waited for its batch.", "wait_s"),
     "rlrun_trainer_broadcast_seconds": ("gauge", "Time the last step's weights took to publish for the rollout servers.", "broadcast_s"),
+    "rlrun_trainer_broadcast_bytes": ("gauge", "Bytes the last step's weights took to publish (the adapter alone with LoRA).", "broadcast_bytes"),
     "rlrun_trainer_checkpoint_seconds": ("gauge", "Time the last trainer checkpoint took to write.", "checkpoint_s"),
 }  # fmt: skip
 

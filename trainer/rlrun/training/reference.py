@@ -10,6 +10,10 @@ its float32 master copy (on ranks FSDP2's mixed precision computes the policy in
 arithmetic; in one process autocast computes the policy's matmuls in bf16 from float32 weights and the reference's
 norms and embeddings from their bf16 rounding: a difference of bf16 noise).
 
+With LoRA (``spec.model.lora``) none of this is loaded: the reference is the policy with its adapter disabled
+(:class:`rlrun.training.lora.AdapterOff`), which is the base model — the run's starting weights, since the adapter's
+``B`` starts at zero — frozen and never written, at no memory cost (and no room check).
+
 Room (:func:`room_problem`): the reference costs what it holds, ``P / W`` parameters per rank in the compute dtype.
 Whether a model fits twice is known only where the trainer runs — a named model's size is read from its files, the
 memory from the device — so it is checked there, before the first step: after the policy is loaded, the reference

@@ -4,7 +4,8 @@ Step ``s`` reads ``rollouts/step_s/`` (waiting until the orchestrator publishes 
 takes one AdamW step (at the rate of the LR schedule, :mod:`rlrun.training.schedule`, whose state every trainer
 part keeps) on the loss of ``spec.loss`` (:mod:`rlrun.training.objectives`) over the whole batch, in
 micro-batches (:mod:`rlrun.training.step`) in the compute dtype of ``spec.trainer.precision`` (:mod:`rlrun.training.precision`),
-publishes ``broadcasts/step_s/model.safetensors`` (policy version ``s``, in that dtype) and, every
+publishes ``broadcasts/step_s/model.safetensors`` (policy version ``s``, in that dtype; with ``spec.model.lora`` the
+adapter alone, ``adapter_config.json`` + ``adapter_model.safetensors``: :mod:`rlrun.training.lora`) and, every
 ``checkpoint.interval`` steps and at the last step, ``checkpoints/step_s/trainer/``
 (a fresh run also checkpoints step 0, so a pause always has a trainer part to pair
 with). Both are published by an atomic directory rename, so readers never see a torn
@@ -65,7 +66,7 @@ from transformers import AutoModelForCausalLM
 
 from rlrun.api.spec import RLRunSpec
 from rlrun.batch import TrainBatch, read_batch
-from rlrun.checkpoint import WEIGHTS_FILE, check_compatible
+from rlrun.checkpoint import WEIGHTS_FILE, check_compatible, run_identity
 from rlrun.ledger import Ledger, LedgerEvent
 from rlrun.rundir import RunDir, end_torn_line, holds_a_run, publish_dir, run_dir_attempt, write_meta
 from rlrun.training.batches import Noticed, batch_accepted, wait_for_batch
@@ -78,6 +79,7 @@ from rlrun.training.distributed import (
     single_process,
     untied,
 )
+from rlrun.training.lora import AdapterOff, adapter_state, base_model_identity, save_adapter, wrap
 from rlrun.training.parts import (
     PAIR_WAIT_S,
     SCHEDULER_KEY,
@@ -164,18 +166,28 @@ class Trainer:
         self.step_settings = StepSettings.from_spec(spec, self.compute_dtype)
         if spec.trainer.activation_checkpointing:  # before sharding: FSDP2 wraps the checkpointed blocks
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        lora = spec.model.lora  # injected before sharding (FSDP2 shards each block with its adapter), the base frozen
+        self.adapter = wrap(self.model, lora) if lora is not None else None
+        self.identity = run_identity(spec, base_model=base_model_identity(spec.model, model_path) if lora else None)
         # to the device (a GPU in one process too), and FSDP2-sharded with ranks
         shard_model(self.model, self.dp, mp_policy=mixed_precision_policy(self.compute_dtype))
-        # the KL term's reference: the starting weights again, on every start (a resume included)
-        self.reference = (
-            reference_policy(self.model, model_path, self.dp, self.compute_dtype) if spec.loss.kl_coef else None
-        )
+        # the KL term's reference: the starting weights again, on every start (a resume included); with LoRA the
+        # policy with its adapter disabled, which is the base model: no second copy
+        self.reference = None
+        if spec.loss.kl_coef:
+            self.reference = (
+                AdapterOff(self.adapter) if self.adapter is not None
+                else reference_policy(self.model, model_path, self.dp, self.compute_dtype)
+            )  # fmt: skip
         if self.dp.is_main:
+            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             log.info(
                 "trainer: computes in %s (spec.trainer.precision %s), micro-batches of ≤ %d tokens, LM head in chunks "
-                "of %d positions, activation checkpointing %s", dtype_name(self.compute_dtype),
+                "of %d positions, activation checkpointing %s, trains %s", dtype_name(self.compute_dtype),
                 spec.trainer.precision, spec.trainer.micro_batch_tokens, spec.trainer.logprob_chunk_tokens,
                 "on" if spec.trainer.activation_checkpointing else "off",
+                f"a LoRA adapter of rank {lora.rank} on {', '.join(lora.target_modules)} ({trainable:,} parameters)"
+                if lora else f"every weight ({trainable:,} parameters)",
             )  # fmt: skip
         self.optimizer = new_optimizer(self.model, spec)
         self.lr_scheduler = new_scheduler(self.optimizer, spec)  # its horizon is spec.max_steps, not max_steps
@@ -239,8 +251,8 @@ class Trainer:
             log.info("resume: no complete checkpoint in %s; starting from step 0", self.run_dir.root)
             return False
         root = self.run_dir.trainer_checkpoint(ckpt.step)
-        check_compatible(ckpt.trainer.get("identity"), self.spec, str(root))
-        restore_part(root, ckpt.step, self.model, self.optimizer, self.spec, self.dp)
+        check_compatible(ckpt.trainer.get("identity"), self.spec, str(root), base_model=self.identity.get("base_model"))
+        restore_part(root, ckpt.step, self.model, self.optimizer, self.spec, self.dp, self.adapter)
         restore_scheduler(self.lr_scheduler, self.optimizer, ckpt.trainer.get(SCHEDULER_KEY), ckpt.step, str(root))
         self.step = self.checkpointed_step = ckpt.step
         self.shipped_at_restore = int(ckpt.orchestrator.get("shipped", ckpt.step))
@@ -314,31 +326,39 @@ class Trainer:
         rows = [v == step - 1 for v in versions[start:stop]] or [False]  # a rank's placeholder row weighs nothing
         return torch.tensor(rows, dtype=torch.bool)
 
-    def publish(self, step: int) -> None:
+    def publish(self, step: int) -> int:
         """Publish ``broadcasts/step_N/`` (weights after step N, and the attempt that made them), in the dtype the
-        trainer computes in, which is the dtype the rollout servers serve (:mod:`rlrun.training.precision`). With
-        ``W > 1`` ranks a collective: every rank gathers, rank 0 writes."""
-        if self.dp.distributed:
+        trainer computes in, which is the dtype the rollout servers serve (:mod:`rlrun.training.precision`); with LoRA
+        the adapter alone (:func:`~rlrun.training.lora.save_adapter`). With ``W > 1`` ranks a collective: every rank
+        gathers, rank 0 writes. Returns the bytes written (the directory's files; 0 on the other ranks)."""
+        if self.adapter is not None:
+            state = adapter_state(self.adapter, self.dp, self.compute_dtype)
+            write = lambda tmp: save_adapter(tmp, state, self.adapter)  # noqa: E731
+        elif self.dp.distributed:
             state = full_state_dict(self.model, self.dp)
-            if state is None:
-                return
         else:  # the live tensors, no copy but the cast's (the file is written before the next step)
             state = untied({k: v.detach() for k, v in self.model.state_dict().items()}, self.model)
-        state = {k: v.cpu() for k, v in cast_floating(state, self.compute_dtype).items()}
+        if state is None:  # not rank 0
+            return 0
+        if self.adapter is None:
+            state = {k: v.cpu() for k, v in cast_floating(state, self.compute_dtype).items()}
+            write = lambda tmp: save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})  # noqa: E731
 
         def fill(tmp: Path) -> None:
-            save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            write(tmp)
             write_meta(tmp, step, self.attempt)
 
-        publish_dir(self.run_dir.broadcast(step), fill)
+        published = publish_dir(self.run_dir.broadcast(step), fill)
+        return sum(f.stat().st_size for f in published.iterdir())
 
     def checkpoint(self, step: int, reason: str = "periodic") -> Path:
         """Publish ``checkpoints/step_N/trainer/``: weights, optimizer state, progress
         (:func:`~rlrun.training.parts.write_part`; ``reason``, ``periodic`` or ``notice``, in ``progress.json``).
         With ``W > 1`` ranks a collective."""
         path = write_part(
-            self.run_dir, step, reason, self.model, self.optimizer, self.spec, self.attempt, self.dp, self.lr_scheduler
-        )
+            self.run_dir, step, reason, self.model, self.optimizer, self.spec, self.attempt, self.dp, self.lr_scheduler,
+            self.adapter, self.identity,
+        )  # fmt: skip
         self.checkpointed_step = step
         return path
 
@@ -391,10 +411,13 @@ class Trainer:
             except Noticed:  # the notice came while waiting for the batch: nothing half-done to finish
                 break
             t0 = time.perf_counter()
-            self.publish(step)
+            written = self.publish(step)
             self.step = step
             checkpoint = step % interval == 0 or step == self.max_steps
-            metrics.update(attempt=self.attempt, broadcast_s=round(time.perf_counter() - t0, 4), checkpoint=checkpoint)
+            metrics.update(
+                attempt=self.attempt, broadcast_s=round(time.perf_counter() - t0, 4), broadcast_bytes=written,
+                checkpoint=checkpoint,
+            )  # fmt: skip
             # The line goes before the checkpoint: once a checkpoint holds the step, its line is on disk, and the last
             # line of each step a complete checkpoint holds is final (what rlrun.tracking logs).
             if self.dp.is_main:
