@@ -53,10 +53,17 @@ class Server(httpx.AsyncBaseTransport):
         return await self.inner.handle_async_request(request)
 
 
+async def until(condition, what: str, timeout_s: float = 5.0) -> None:
+    """Return once ``condition()`` holds (looked at after every other task ran); fail after ``timeout_s``."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {timeout_s} s: {what}"
+        await asyncio.sleep(0)
+
+
 async def settled(client: RolloutClient) -> None:
     """Once the client's background unloads are done."""
-    while client._unloads:
-        await asyncio.sleep(0)
+    await until(lambda: not client._unloads, "the unloads done")
 
 
 def test_the_registry_names_the_newest_and_releases_an_old_adapter_after_its_last_request():
@@ -100,14 +107,12 @@ async def test_a_request_out_finishes_on_its_adapter_which_is_unloaded_only_afte
         await client.update_adapter(str(write_adapter(tmp_path / "1")), 1)
         server.gate.clear()
         out = asyncio.ensure_future(client.complete(PROMPT, SamplingSpec()))
-        while server.arrived != ["policy-v1"]:
-            await asyncio.sleep(0)
+        await until(lambda: server.arrived == ["policy-v1"], "a request naming policy-v1")
         # the update neither waits for it (drain_s 30 s) nor unloads its adapter
         await asyncio.wait_for(client.update_adapter(str(write_adapter(tmp_path / "2")), 2), 1.0)
         assert not client.reloading and set(server.counts.adapters) == {"policy-v1", "policy-v2"}
         second = asyncio.ensure_future(client.complete(PROMPT, SamplingSpec()))
-        while len(server.arrived) < 2:
-            await asyncio.sleep(0)
+        await until(lambda: len(server.arrived) == 2, "a second request")
         assert server.arrived == ["policy-v1", "policy-v2"] and server.counts.unloaded == []
         server.gate.set()
         await out
@@ -127,8 +132,7 @@ async def test_an_unload_that_fails_is_logged_and_the_completion_stands(tmp_path
         await client.update_adapter(str(write_adapter(tmp_path / "1")), 1)
         server.gate.clear()
         out = asyncio.ensure_future(client.complete(PROMPT, SamplingSpec()))
-        while not server.arrived:
-            await asyncio.sleep(0)
+        await until(lambda: server.arrived, "a request")
         await client.update_adapter(str(write_adapter(tmp_path / "2")), 2)
         server.gate.set()
         with caplog.at_level(logging.WARNING, logger="rlrun.rollout.client"):
@@ -197,8 +201,7 @@ async def test_the_follower_loads_each_broadcast_as_an_adapter_and_prunes_only_t
         await follower.follow([client])
         server.gate.clear()
         out = asyncio.ensure_future(client.complete(PROMPT, SamplingSpec()))  # names policy-v1
-        while not server.arrived:
-            await asyncio.sleep(0)
+        await until(lambda: server.arrived, "a request")
         publish_adapter(run_dir, 2, attempt=0)
         await follower.follow([client])
         assert run_dir.broadcast(1).is_dir()  # policy-v1 still serves a request: vLLM may reload it from there
