@@ -80,7 +80,7 @@ def test_serve_refuses_more_gpus_than_the_machine_shows_and_starts_vllm_over_the
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
 
 
-def test_a_lora_run_serves_adapters_up_to_the_smallest_rank_vllm_offers_that_holds_the_spec_s(monkeypatch):
+def test_a_lora_run_serves_adapters_up_to_the_smallest_rank_vllm_offers_that_holds_the_spec_s():
     run = parse(model={"builtin": "tiny-reverse", "lora": {"rank": 24}}, max_off_policy_steps=3)
     argv = vllm_command(run.spec, "/models/tiny", "127.0.0.1", 8000, gpu=False, bf16=False)
     assert "--enable-lora" in argv and value(argv, "--max-lora-rank") == "32"  # vLLM's choices: …, 16, 32, …
