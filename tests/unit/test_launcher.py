@@ -27,7 +27,7 @@ from rlrun.rundir import RunDir, end_torn_line, read_metrics
 
 from tests.support.fake_orchestrator import resume_report
 from tests.support.launcher import RESUMED, complete_checkpoint, make_launcher, metrics_row, write_ledger
-from tests.support.manifests import write_manifest
+from tests.support.manifests import parse, write_manifest
 
 # -- --preempt-at-step K the run never reaches ----------------------------------------------------
 
@@ -277,6 +277,23 @@ def test_eval_of_a_step_without_a_checkpoint_lists_the_steps_it_can_evaluate(tmp
     assert (
         str(exc.value) == f"no checkpoint of step 5 in {rd.checkpoints}; --step can be 0, 3, 6 (0: the starting model)"
     )
+
+
+def test_eval_of_a_lora_run_picks_the_steps_whose_trainer_part_holds_the_adapter(tmp_path):
+    from rlrun.checkpoint import ADAPTER_WEIGHTS_FILE
+    from rlrun.launcher.evaluate import EvalError, checkpoint_step, evaluable_steps, weights_file
+
+    from tests.support.adapters import write_adapter
+
+    rd = RunDir(tmp_path)
+    complete_checkpoint(rd, 3)  # full weights: not what a LoRA run evaluates
+    write_adapter(rd.trainer_checkpoint(5))
+    lora = parse(model={"builtin": "tiny-reverse", "lora": {"rank": 2}}).spec
+    assert weights_file(lora) == ADAPTER_WEIGHTS_FILE and weights_file(parse().spec) == "model.safetensors"
+    assert evaluable_steps(rd, ADAPTER_WEIGHTS_FILE) == [0, 5] and evaluable_steps(rd) == [0, 3]
+    assert checkpoint_step(rd, 5, ADAPTER_WEIGHTS_FILE) == 5
+    with pytest.raises(EvalError, match="--step can be 0, 5"):
+        checkpoint_step(rd, 3, ADAPTER_WEIGHTS_FILE)
 
 
 def test_a_resume_over_changed_data_is_refused_before_any_process_starts(tmp_path):

@@ -78,3 +78,20 @@ def test_serve_refuses_more_gpus_than_the_machine_shows_and_starts_vllm_over_the
     ((argv, env),) = started
     assert value(argv, "--tensor-parallel-size") == "2" and value(argv, "--dtype") == "bfloat16"
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_a_lora_run_serves_adapters_up_to_the_smallest_rank_vllm_offers_that_holds_the_spec_s():
+    run = parse(model={"builtin": "tiny-reverse", "lora": {"rank": 24}}, max_off_policy_steps=3)
+    argv = vllm_command(run.spec, "/models/tiny", "127.0.0.1", 8000, gpu=False, bf16=False)
+    assert "--enable-lora" in argv and value(argv, "--max-lora-rank") == "32"  # vLLM's choices: …, 16, 32, …
+    assert value(argv, "--max-loras") == "5"  # max_off_policy_steps + 2 versions in flight
+    env = server.vllm_env(run.spec, "/models/tiny", base={})
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    # a user's --max-loras comes after rlrun's (vLLM takes the last): a default, not an owned argument
+    run = parse(model={"builtin": "tiny-reverse", "lora": {"rank": 8}}, rollout={"vllm_args": ["--max-loras", "2"]})
+    argv = vllm_command(run.spec, "/models/tiny", "127.0.0.1", 8000, gpu=False, bf16=False)
+    assert value(argv, "--max-lora-rank") == "8" and argv[-2:] == ["--max-loras", "2"]
+    # without spec.model.lora: no LoRA at all
+    argv = vllm_command(parse().spec, "/models/tiny", "127.0.0.1", 8000, gpu=False, bf16=False)
+    assert not {"--enable-lora", "--max-lora-rank", "--max-loras"} & set(argv)
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in server.vllm_env(parse().spec, "/models/tiny", base={})

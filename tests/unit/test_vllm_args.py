@@ -43,6 +43,11 @@ def refusal(args: list[str]) -> list[str]:
         (["--generation-config", "auto"], "--generation-config"),
         (["--config", "serve.yaml"], "--config"),
         (["-pp", "2"], "--pipeline-parallel-size"),
+        (["--enable-lora"], "--enable-lora"),
+        (["--no-enable-lora"], "--enable-lora"),
+        (["--max-lora-rank", "64"], "--max-lora-rank"),
+        (["--max_lora_rank=64"], "--max-lora-rank"),
+        (["--lora-target-modules", "q_proj"], "--lora-target-modules"),
     ],
 )
 def test_an_owned_argument_is_refused_naming_the_field_and_where_it_is_set(args, flag):
@@ -65,3 +70,20 @@ def test_other_arguments_pass_through_unchanged():
 def test_an_option_and_its_value_in_one_item_is_refused():
     (error,) = refusal(["--max-num-seqs 128"])
     assert "one argument per item" in error
+
+
+def test_the_lora_refusals_point_at_spec_model_lora_and_its_slots_pass_through():
+    (error,) = refusal(["--max-lora-rank", "512"])
+    assert "set spec.model.lora.rank" in error
+    assert refusal(["--max-loras", "4", "--max-cpu-loras", "8", "--lora-dtype", "bfloat16"]) == []
+
+
+@pytest.mark.parametrize("rank", [0, 513, 1024])
+def test_a_rank_no_vllm_server_can_serve_is_refused_naming_the_field(rank):
+    """rlrun owns ``--max-lora-rank`` and starts vLLM with the smallest of its choices ≥ the rank, so a rank larger
+    than the server's is one above 512, vLLM's largest: refused with the manifest."""
+    with pytest.raises(ManifestError) as exc:
+        parse(model={"builtin": "tiny-reverse", "lora": {"rank": rank}})
+    (error,) = exc.value.errors
+    assert error.startswith("spec.model.lora.rank:"), error
+    assert parse(model={"builtin": "tiny-reverse", "lora": {"rank": 512}}).spec.model.lora.served_max_rank == 512

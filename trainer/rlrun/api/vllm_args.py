@@ -3,9 +3,25 @@
 rlrun starts each rollout server itself (:func:`rlrun.rollout.server.vllm_command`) and decides the
 arguments its correctness rests on: what model is served and under which name, where it listens, the
 dtype (the trainer's: weights it publishes are in its compute dtype), the seed, the weight-reload
-extension, the logprobs the trainer's ratio needs, the sampling defaults, the GPUs' layout and memory.
+extension, the logprobs the trainer's ratio needs, the sampling defaults, the GPUs' layout and memory,
+and LoRA (``spec.model.lora``): whether adapters are served (``--enable-lora``), the largest rank
+(``--max-lora-rank``, the smallest of vLLM's choices ≥ ``spec.model.lora.rank``: an adapter of a larger
+rank could not be loaded, and ``rank`` ≤ 512, vLLM's largest, is checked by the spec itself), and which
+modules serve it (``--lora-target-modules``, left unset by rlrun: a subset would silently serve the adapter
+without the other modules' updates, a policy the trainer does not train).
 Every other vLLM argument passes through unchanged, after rlrun's (``--enable-prefix-caching``,
 ``--max-num-seqs 128``, ``--kv-cache-dtype fp8``, …).
+
+**Defaults a user may change.** With LoRA, rlrun passes ``--max-loras`` (adapters in one batch, each a slot of
+LoRA buffers vLLM allocates at start) = ``max_off_policy_steps + 2``, and a ``--max-loras`` in ``vllm_args``,
+coming after, wins. Why that many: a request names the newest adapter of its server at the time it is sent
+(:mod:`rlrun.rollout.adapters`), at least the version it is labelled with, so the adapters requests out name span
+the versions that may still train — ``max_off_policy_steps + 1`` of them — plus one for requests of the version
+just past the staleness bound, cancelled at the next cut. Fewer only costs throughput, never correctness: vLLM
+keeps a request waiting until its adapter gets a slot. ``--max-cpu-loras`` (adapters cached in host memory) is left
+to vLLM's default, ``--max-loras``, and may be set too; vLLM refuses to start with one smaller than
+``--max-loras``. An adapter evicted from that cache is loaded again from its directory, which rlrun keeps while the
+adapter is loaded (``docs/design.md``, "LoRA").
 
 An owned argument is refused in every spelling vLLM's parser (``FlexibleArgumentParser``, an argparse
 parser) accepts: ``--flag value`` and ``--flag=value``, underscores for dashes (``--tensor_parallel_size``),
@@ -49,6 +65,9 @@ OWNED: dict[str, tuple[tuple[str, ...], str]] = {
     "--pipeline-parallel-size": (("-pp",), "a rollout pod's GPUs serve one tensor-parallel engine (spec.rollout.gpus)"),
     "--data-parallel-size": (("-dp",), "more servers are spec.rollout.replicas, each its own pod"),
     "--gpu-memory-utilization": (("--device-memory-utilization",), "set spec.rollout.gpu_memory_utilization"),
+    "--enable-lora": (("--no-enable-lora",), "LoRA adapters are served when spec.model.lora is set"),
+    "--max-lora-rank": ((), "it follows the adapter's rank: set spec.model.lora.rank"),
+    "--lora-target-modules": ((), "every module the adapter wraps is served: set spec.model.lora.target_modules"),
 }
 #: Every option string of an owned argument (long flags and short aliases).
 OWNED_OPTIONS = tuple(o for flag, (aliases, _) in OWNED.items() for o in (flag, *aliases))

@@ -24,7 +24,7 @@ from rich.table import Table
 
 from rlrun import roles
 from rlrun.api.spec import RLRunSpec
-from rlrun.checkpoint import WEIGHTS_FILE, latest_complete_checkpoint
+from rlrun.checkpoint import ADAPTER_WEIGHTS_FILE, WEIGHTS_FILE, latest_complete_checkpoint
 from rlrun.launcher.processes import Child, free_port, wait_http_ok
 from rlrun.rundir import RunDir, step_dirs
 
@@ -44,8 +44,15 @@ def run_spec(run_dir: RunDir) -> RLRunSpec:
     return RLRunSpec.model_validate_json(run_dir.spec_file.read_text())
 
 
-def checkpoint_step(run_dir: RunDir, step: int | None) -> int:
+def weights_file(spec: RLRunSpec) -> str:
+    """The file a trainer part of ``spec``'s run holds its weights in: the adapter's in a LoRA run
+    (``spec.model.lora``), the model's otherwise."""
+    return ADAPTER_WEIGHTS_FILE if spec.model.lora is not None else WEIGHTS_FILE
+
+
+def checkpoint_step(run_dir: RunDir, step: int | None, weights: str = WEIGHTS_FILE) -> int:
     """``step`` when its checkpoint is complete (0 is always there: the starting model), else the newest complete.
+    ``weights``: the file a trainer part holds its weights in (:func:`weights_file`).
 
     Raises:
         EvalError: ``step`` has no complete checkpoint, or the run has none.
@@ -55,21 +62,21 @@ def checkpoint_step(run_dir: RunDir, step: int | None) -> int:
         if newest is None:
             raise EvalError(f"{run_dir.root} holds no complete checkpoint; --step 0 evaluates the starting model")
         return newest.step
-    if step > 0 and step not in evaluable_steps(run_dir):
-        steps = ", ".join(str(s) for s in evaluable_steps(run_dir))
+    if step > 0 and step not in evaluable_steps(run_dir, weights):
+        steps = ", ".join(str(s) for s in evaluable_steps(run_dir, weights))
         raise EvalError(
             f"no checkpoint of step {step} in {run_dir.checkpoints}; --step can be {steps} (0: the starting model)"
         )
     return step
 
 
-def evaluable_steps(run_dir: RunDir) -> list[int]:
+def evaluable_steps(run_dir: RunDir, weights: str = WEIGHTS_FILE) -> list[int]:
     """The steps ``rlrun eval --step`` can evaluate, ascending: 0 (the starting model) and every step whose trainer
-    part holds its weights (``model.safetensors``)."""
+    part holds its weights (``weights``: ``model.safetensors``, or a LoRA run's ``adapter_model.safetensors``)."""
     return [0] + [
         n
         for n in sorted(step_dirs(run_dir.checkpoints))
-        if n > 0 and (run_dir.trainer_checkpoint(n) / WEIGHTS_FILE).is_file()
+        if n > 0 and (run_dir.trainer_checkpoint(n) / weights).is_file()
     ]
 
 
@@ -96,7 +103,7 @@ def evaluate_checkpoint(
     try:
         rd = RunDir(run_dir)
         spec = run_spec(rd)
-        step = checkpoint_step(rd, step)
+        step = checkpoint_step(rd, step, weights_file(spec))
         model_path = resolve_model(spec.model, cache_dir, envs=spec.envs)
         weights = rd.trainer_checkpoint(step) if step > 0 else None
         with eval_server(spec, rd, cache_dir) as url, tempfile.TemporaryDirectory() as tmp:

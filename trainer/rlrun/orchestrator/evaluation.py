@@ -323,13 +323,13 @@ async def evaluate_weights(
     from transformers import AutoTokenizer
 
     from rlrun.envs import make_env
-    from rlrun.orchestrator.weights import push_weights, weights_signature
+    from rlrun.orchestrator.weights import push_weights, weights_reference
 
     evaluation = spec.evaluation.model_validate({**spec.evaluation.model_dump(), **overrides, "enabled": True})
     client = RolloutClient(url)
     try:
         if weights is not None:
-            reference = weights_signature(model_path) if Path(model_path).is_dir() else None
+            reference = weights_reference(spec, model_path)
             push = await push_weights([client], weights, version, reference)
             if push.unreachable:
                 raise RolloutError(f"{url} went away while loading {weights}: {push.unreachable[url]}")

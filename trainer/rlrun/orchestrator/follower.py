@@ -2,7 +2,9 @@
 
 The trainer publishes ``broadcasts/step_N/`` after step N; the follower loads the newest
 one into every rollout server (:func:`~rlrun.orchestrator.weights.push_weights`: validate,
-then drain → pause → reload → reset prefix cache → resume) and removes the older broadcasts.
+then drain → pause → reload → reset prefix cache → resume; a LoRA run's adapter: load, no pause) and
+removes the older broadcasts — in a LoRA run, those no server still holds as an adapter (vLLM reloads an
+adapter its cache evicted from the directory it was loaded from), the rest at a later update.
 
 Guarantees: the policy version only goes up; only broadcasts written by this attempt's
 trainer are loaded (a dead attempt's may hold weights the resumed run never trained);
@@ -21,7 +23,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from rlrun.orchestrator.weights import Signature, WeightPush, push_weights
+from rlrun.orchestrator.weights import AdapterReference, Reference, WeightPush, push_weights
 from rlrun.rollout.client import RolloutClient
 from rlrun.rundir import RunDir, step_dirs, written_by
 
@@ -34,13 +36,15 @@ class WeightFollower:
     Args:
         run_dir: the run directory.
         attempt: this attempt's number (0: unnumbered, every broadcast counts).
-        reference: tensor names, dtypes and shapes every weights directory must match (None: unchecked).
+        reference: what every weights directory must match (:data:`~rlrun.orchestrator.weights.Reference`: the
+            model's tensor names, dtypes and shapes; a LoRA run's :class:`~rlrun.orchestrator.weights.AdapterReference`;
+            None: unchecked full weights).
 
     Attributes:
         version: the policy version the rollout servers hold (trainer steps).
     """
 
-    def __init__(self, run_dir: RunDir, attempt: int, reference: Signature | None) -> None:
+    def __init__(self, run_dir: RunDir, attempt: int, reference: Reference) -> None:
         self.run_dir = run_dir
         self.attempt = attempt
         self.reference = reference
@@ -81,14 +85,15 @@ class WeightFollower:
     async def begin(self, clients: list[RolloutClient], step: int | None, model: str | Path) -> dict[str, str]:
         """Load the weights an attempt begins with: trainer checkpoint ``step``'s (a resume), else — when weights are
         checked (:attr:`reference`), as the servers may hold another run's — the initial ``model``'s as policy 0;
-        returns the servers unreachable (base URL → error).
+        returns the servers unreachable (base URL → error). A LoRA run begins a fresh run with nothing to load:
+        policy 0 is the base model, which every server starts on and rlrun never changes.
 
         Raises:
             WeightsError, RolloutError: as :meth:`load`.
         """
         if step is not None:
             return (await self.load(clients, self.run_dir.trainer_checkpoint(step), step)).unreachable
-        if self.reference is not None:
+        if self.reference is not None and not isinstance(self.reference, AdapterReference):
             return (await self.load(clients, model, 0)).unreachable
         return {}
 
@@ -121,7 +126,8 @@ class WeightFollower:
         previous = self.version
         push = await self.load(clients, broadcasts[newest], newest)
         log.info("policy version %d -> %d (weight update %.3f s)", previous, newest, push.seconds)
-        old = [p for n, p in step_dirs(self.run_dir.broadcasts).items() if n < newest]
+        held = {v for c in clients for v in c.adapters.held}  # a LoRA run's adapters still loaded
+        old = [p for n, p in step_dirs(self.run_dir.broadcasts).items() if n < newest and n not in held]
         if old:  # deleting weight files is I/O: off the event loop
             await asyncio.to_thread(lambda: [shutil.rmtree(p, ignore_errors=True) for p in old])
         return push

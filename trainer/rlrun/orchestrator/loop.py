@@ -13,7 +13,6 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from transformers import AutoTokenizer
 
@@ -44,7 +43,7 @@ from rlrun.orchestrator.signals import TerminationHandler
 from rlrun.orchestrator.sink import TrainSink
 from rlrun.orchestrator.source import TrainSource
 from rlrun.orchestrator.view import view_of
-from rlrun.orchestrator.weights import weights_signature
+from rlrun.orchestrator.weights import weights_reference
 from rlrun.rollout.client import RolloutClient
 from rlrun.rundir import RunDir, run_dir_attempt, write_file_atomic
 from rlrun.timeouts import within
@@ -347,8 +346,7 @@ class Orchestrator:
         """Make the dispatcher (the tokenizer loaded off the loop) and bind the stages to it and each other."""
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self.model_path)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        if Path(self.model_path).is_dir():
-            self.weights.reference = await asyncio.to_thread(weights_signature, self.model_path)
+        self.weights.reference = await asyncio.to_thread(weights_reference, self.spec, self.model_path)
         self.dispatcher = Dispatcher.for_tokenizer(
             tokenizer, self.rollout_urls, self.envs, self.spec, self.results, self.client_factory
         )

