@@ -27,13 +27,15 @@ Modes:
   example's shape (reverse-text: 128 samples of ≈ 9–30 tokens).
 - ``--loss '{"kl_coef": 0.05}'``: the children's ``spec.loss`` (issue 38: the KL term's reference policy, the other
   objectives); its cost is the difference from a run without it.
+- ``--lora '{"rank": 16}'``: the children's ``spec.model.lora`` (issue 40: a LoRA adapter on the frozen model, its
+  gradients and AdamW state alone); its saving is the difference from a run without it.
 - ``--gpu``: CUDA, bf16, a Qwen3-0.6B-shaped model (its config: 28 layers, hidden 1,024, tied head), samples of
   ``--sample-tokens`` (default 4,096), ``--micro-batch-tokens`` (default 16,384) and ``--chunk-tokens`` (default
   2,048); ``torchrun --nproc-per-node N`` children when ``--gpus N > 1`` (FSDP2 over the ranks; 1 GPU is the
   single-process path, autocast). Refuses to start without CUDA.
 
 Usage: ``python benchmarks/trainer_memory.py [--tokens 1024,2048,…] [--checkpointing off,on] [--source DIR]
-[--loss JSON] [--spread] [--gpu [--gpus N]]``. CPU, 2 cores: ≈ 10 min for 1k–16k with and without checkpointing.
+[--loss JSON] [--lora JSON] [--spread] [--gpu [--gpus N]]``. CPU, 2 cores: ≈ 10 min for 1k–16k with and without checkpointing.
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ def child(cfg: dict) -> dict | None:
         spec["trainer"] = cfg["trainer"]
     if cfg.get("loss"):
         spec["loss"] = cfg["loss"]
+    if cfg.get("lora") is not None:
+        spec["model"]["lora"] = cfg["lora"]
     run = parse_manifest({"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "bench"},
                           "spec": spec})  # fmt: skip
     run_dir = RunDir(Path(cfg["run_dir"]))
@@ -214,6 +218,7 @@ def main() -> None:
     parser.add_argument("--chunk-tokens", type=int, default=None, help="default: the spec's (GPU: 2048)")
     parser.add_argument("--source", type=Path, default=None, help="another rlrun source tree (the 'before')")
     parser.add_argument("--loss", type=json.loads, default=None, help="spec.loss as JSON, e.g. '{\"kl_coef\": 0.05}'")
+    parser.add_argument("--lora", type=json.loads, default=None, help="spec.model.lora as JSON, e.g. '{\"rank\": 16}'")
     parser.add_argument("--label", default=None, help="a name for this run in the output (default: after/before)")
     parser.add_argument("--spread", action="store_true", help="also the padding of a wide spread and of the example")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per CPU child")
@@ -245,7 +250,7 @@ def main() -> None:
     checkpointing = [c == "on" for c in args.checkpointing.split(",")]
     label = args.label or ("before" if args.source else "after")
     out: dict = {"label": label, "source": str(args.source or ROOT), "mode": "gpu" if args.gpu else "cpu",
-                 "sample_tokens": sample_tokens, "loss": args.loss or {}, "results": []}  # fmt: skip
+                 "sample_tokens": sample_tokens, "loss": args.loss or {}, "lora": args.lora, "results": []}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="rlrun-trainer-memory-") as tmp:
         model = build_model(Path(tmp) / "model", QWEN3_0_6B if args.gpu else CPU_MODEL)
         out["model"] = {"vocab": VOCAB, **(QWEN3_0_6B if args.gpu else CPU_MODEL)}
@@ -256,7 +261,7 @@ def main() -> None:
             cfg = {
                 "gpu": args.gpu, "model": str(model), "run_dir": str(Path(tmp) / f"run-{kind}-{n}-{ckpt}"),
                 "lengths": lengths_for(kind, n, sample_tokens), "trainer": trainer_settings(args, ckpt),
-                "threads": args.threads, "peak_tflops": peak, "loss": args.loss,
+                "threads": args.threads, "peak_tflops": peak, "loss": args.loss, "lora": args.lora,
             }  # fmt: skip
             result = {"batch": kind, "checkpointing": ckpt, **run_child(cfg, args.source, args.gpus, args.timeout)}
             out["results"].append(result)
