@@ -51,7 +51,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from rlrun.api.spec import OptimizerSpec
 from rlrun.batch import TrainBatch, collate
 from rlrun.checkpoint import CheckpointError
@@ -80,6 +79,8 @@ from rlrun.training.step import StepSettings, accumulate_gradients
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from transformers import Qwen3ForCausalLM
+
+from tests.support.processes import run_forked_ranks
 
 WORLD = 2
 OPT = OptimizerSpec()  # the trainer's defaults: lr 3e-4, betas (0.9, 0.99), eps 1e-8, clip 1.0
@@ -264,26 +265,6 @@ def _rank_main(rank: int, port: int, work: str) -> None:
     teardown(dp)
 
 
-def _spawn(work: Path) -> None:
-    """Run :func:`_rank_main` on 2 ranks; fail (and end the ranks) after :data:`SPAWN_TIMEOUT_S`.
-
-    The ranks are forked: they inherit the imported torch and transformers (spawned ranks spent
-    ~35 of 45 s importing them on 2 busy cores). Safe here: this process runs torch with 1 thread
-    and has no process group, and each rank builds its own group and models after the fork.
-    """
-    ctx = mp.start_processes(_rank_main, args=(free_port(), str(work)), nprocs=WORLD, join=False, start_method="fork")
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=2):
-            if time.monotonic() > deadline:
-                pytest.fail(f"2-rank job did not finish within {SPAWN_TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     """Every scenario's results: ``{"one": …, "two": …, "two_to_one": …, "work": Path, "seconds": …}``."""
@@ -307,7 +288,7 @@ def runs(tmp_path_factory) -> dict:
         one["stats_bf16"], one["grads_bf16"] = _step(model_bf16, opt_bf16, BATCH_A(), dp, WHOLE, dtype=torch.bfloat16)
         one.update(_other_losses(work, dp, WHOLE))
 
-        _spawn(work)
+        run_forked_ranks(_rank_main, (free_port(), str(work)), WORLD, SPAWN_TIMEOUT_S)
         two = torch.load(work / "two_ranks.pt", weights_only=True)
 
         # 2 → 1: load the 2-rank part in this single process and continue with step B.

@@ -15,12 +15,10 @@ import json
 import math
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from rlrun.batch import write_batch
 from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, save_orchestrator_progress
 from rlrun.launcher.processes import free_port
@@ -31,6 +29,7 @@ from rlrun.training.trainer import Trainer
 from safetensors.torch import load_file
 
 from tests.support.manifests import parse
+from tests.support.processes import run_forked_ranks
 
 WORLD = 2
 LR = 0.01
@@ -81,23 +80,6 @@ def _rank_main(rank: int, port: int, work: str, model: str) -> None:
     teardown(dp)
 
 
-def _spawn(work: Path, model: str) -> None:
-    """:func:`_rank_main` on 2 forked ranks (they inherit the imports: see ``test_distributed_training.py``)."""
-    ctx = mp.start_processes(
-        _rank_main, args=(free_port(), str(work), model), nprocs=WORLD, join=False, start_method="fork"
-    )
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"2-rank job did not finish within {SPAWN_TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model) -> dict[str, RunDir]:
     work = tmp_path_factory.mktemp("lora-ranks")
@@ -111,7 +93,7 @@ def runs(tmp_path_factory, tiny_model) -> dict[str, RunDir]:
         dirs["C"].checkpoint(2).mkdir(parents=True)
         shutil.copytree(dirs["U"].trainer_checkpoint(2), dirs["C"].trainer_checkpoint(2))
         save_orchestrator_progress(dirs["C"], 2, {"step": 2, "shipped": 2})
-        _spawn(work, str(tiny_model))
+        run_forked_ranks(_rank_main, (free_port(), str(work), str(tiny_model)), WORLD, SPAWN_TIMEOUT_S)
         save_orchestrator_progress(dirs["R"], 2, {"step": 2, "shipped": 2})
         _run(dirs["R"], str(tiny_model), resume=True)  # from the 2-rank part
     finally:
