@@ -265,6 +265,42 @@ def test_the_summary_shows_held_out_evaluation_first_to_last():
 # -- refusals said once, before any process starts (issue 36) -----------------------------------------
 
 
+def test_a_lora_target_the_model_lacks_is_refused_before_any_process_starts(
+    tmp_path, cache_dir, tiny_model, monkeypatch
+):
+    """``rlrun local`` makes the trainer's target check on the model (built from its config on the meta device) once
+    the model is known: exit 2, the field and the nearest name, no process started, nothing in the run directory."""
+    from rlrun import cli
+    from rlrun.rundir import holds_a_run
+    from rlrun.training.lora_targets import check_targets
+    from typer.testing import CliRunner
+
+    def started(*_):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(local.LocalLauncher, "start_all", started)
+    lora = {"rank": 8, "target_modules": ["v_proj", "qproj"]}
+    manifest = write_manifest(tmp_path / "m.yaml", "t", model={"builtin": "tiny-reverse", "lora": lora})
+    run_dir = tmp_path / "r"
+    argv = ["local", str(manifest), "--run-dir", str(run_dir), "--cache-dir", str(cache_dir)]
+    result = CliRunner().invoke(cli.app, argv)
+    assert result.exit_code == 2, result.output
+    assert (
+        "spec.model.lora.target_modules[1]: 'qproj' names no module of Qwen3ForCausalLM; did you mean 'q_proj'?"
+        in result.output
+    )
+    assert not holds_a_run(RunDir(run_dir))
+    # a target the model has passes the check (the launcher goes on to start the processes)
+    lora["target_modules"] = ["v_proj", "q_proj"]
+    write_manifest(tmp_path / "m.yaml", "t", model={"builtin": "tiny-reverse", "lora": lora})
+    result = CliRunner().invoke(cli.app, argv)
+    assert "a process was started" in repr(result.exception), result.output
+    # a hub id not in this machine's cache is left to the trainer (nothing is downloaded before the run starts)
+    check_targets(
+        parse("t", model={"name": "no-such-org/no-such-model", "lora": lora}).spec, "no-such-org/no-such-model"
+    )
+
+
 def test_eval_of_a_step_without_a_checkpoint_lists_the_steps_it_can_evaluate(tmp_path):
     from rlrun.launcher.evaluate import EvalError, checkpoint_step
 
