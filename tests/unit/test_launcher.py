@@ -18,7 +18,9 @@ from rlrun.launcher.progress import (
     eval_cell,
     eval_report,
     label_restored,
+    model_line,
     progress_cells,
+    published_line,
     summary_table,
     tracker_lines,
     tracker_plan,
@@ -125,6 +127,21 @@ def test_trackers_are_named_at_the_start_and_located_at_the_end(tmp_path):
         "experiment tracker: /r/tb/x (…)",
         "experiment tracker wandb could not start (RuntimeError: no key); …",
     ]
+
+
+def test_a_lora_run_says_what_trains_at_the_start_and_what_each_policy_version_weighed_at_the_end():
+    lora = parse("t", model={"builtin": "tiny-reverse", "lora": {"rank": 16, "alpha": 32}}).spec.model.lora
+    assert model_line("/m/tiny", None) == "model: /m/tiny"
+    assert model_line("/m/tiny", lora) == (
+        "model: /m/tiny, frozen: trains a LoRA adapter of rank 16, alpha 32 on q_proj, k_proj, v_proj, o_proj, "
+        "gate_proj, up_proj, down_proj; each policy version reaches the rollout servers as an adapter, with no pause"
+    )
+    trained = {1: {"broadcast_bytes": 532671}, 2: {"broadcast_bytes": 532671, "mismatch_kl": 0.1}}
+    assert published_line(trained, lora) == "published per policy version: 532.7 kB (the LoRA adapter alone)"
+    assert (
+        published_line({2: {"broadcast_bytes": 2500945}}, None) == "published per policy version: 2.5 MB (every weight)"
+    )
+    assert published_line({1: {"loss": 0.1}}, lora) is None  # a trainer from before broadcast_bytes
 
 
 def test_summary_table_counts_restored_batches_in_neither_reward_nor_tokens_per_s():
