@@ -47,13 +47,16 @@ def test_a_preempted_lora_run_resumes_its_adapter_and_loses_no_episode(tmp_path,
     report = check_ledger(run_dir / "ledger")
     assert report.ok and report.rolled_back == 0 and report.steps == MAX_STEPS, report.problems
     # every policy version reached the rollout server: the orchestrator's follower loaded each newest broadcast
-    versions = [int(v) for v in re.findall(r"policy version \d+ -> (\d+)", (run_dir / "logs" / "orchestrator.log").read_text())]
+    versions = [
+        int(v) for v in re.findall(r"policy version \d+ -> (\d+)", (run_dir / "logs" / "orchestrator.log").read_text())
+    ]
     assert versions and max(versions) == MAX_STEPS
     # what a LoRA run writes is the adapter alone: broadcasts and trainer parts, no full weights anywhere
     rd = RunDir(run_dir)
     broadcasts = step_dirs(rd.broadcasts)
     assert broadcasts and all(
-        {f.name for f in p.iterdir()} == {ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, META_FILE} for p in broadcasts.values()
+        {f.name for f in p.iterdir()} == {ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, META_FILE}
+        for p in broadcasts.values()
     )
     ckpt = latest_complete_checkpoint(rd)
     assert ckpt is not None and ckpt.step == MAX_STEPS
