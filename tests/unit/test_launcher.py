@@ -18,7 +18,9 @@ from rlrun.launcher.progress import (
     eval_cell,
     eval_report,
     label_restored,
+    model_line,
     progress_cells,
+    published_line,
     summary_table,
     tracker_lines,
     tracker_plan,
@@ -125,6 +127,21 @@ def test_trackers_are_named_at_the_start_and_located_at_the_end(tmp_path):
         "experiment tracker: /r/tb/x (…)",
         "experiment tracker wandb could not start (RuntimeError: no key); …",
     ]
+
+
+def test_a_lora_run_says_what_trains_at_the_start_and_what_each_policy_version_weighed_at_the_end():
+    lora = parse("t", model={"builtin": "tiny-reverse", "lora": {"rank": 16, "alpha": 32}}).spec.model.lora
+    assert model_line("/m/tiny", None) == "model: /m/tiny"
+    assert model_line("/m/tiny", lora) == (
+        "model: /m/tiny, frozen: trains a LoRA adapter of rank 16, alpha 32 on q_proj, k_proj, v_proj, o_proj, "
+        "gate_proj, up_proj, down_proj; each policy version reaches the rollout servers as an adapter, with no pause"
+    )
+    trained = {1: {"broadcast_bytes": 532671}, 2: {"broadcast_bytes": 532671, "mismatch_kl": 0.1}}
+    assert published_line(trained, lora) == "published per policy version: 532.7 kB (the LoRA adapter alone)"
+    assert (
+        published_line({2: {"broadcast_bytes": 2500945}}, None) == "published per policy version: 2.5 MB (every weight)"
+    )
+    assert published_line({1: {"loss": 0.1}}, lora) is None  # a trainer from before broadcast_bytes
 
 
 def test_summary_table_counts_restored_batches_in_neither_reward_nor_tokens_per_s():
@@ -263,6 +280,42 @@ def test_the_summary_shows_held_out_evaluation_first_to_last():
 
 
 # -- refusals said once, before any process starts (issue 36) -----------------------------------------
+
+
+def test_a_lora_target_the_model_lacks_is_refused_before_any_process_starts(
+    tmp_path, cache_dir, tiny_model, monkeypatch
+):
+    """``rlrun local`` makes the trainer's target check on the model (built from its config on the meta device) once
+    the model is known: exit 2, the field and the nearest name, no process started, nothing in the run directory."""
+    from rlrun import cli
+    from rlrun.rundir import holds_a_run
+    from rlrun.training.lora_targets import check_targets
+    from typer.testing import CliRunner
+
+    def started(*_):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(local.LocalLauncher, "start_all", started)
+    lora = {"rank": 8, "target_modules": ["v_proj", "qproj"]}
+    manifest = write_manifest(tmp_path / "m.yaml", "t", model={"builtin": "tiny-reverse", "lora": lora})
+    run_dir = tmp_path / "r"
+    argv = ["local", str(manifest), "--run-dir", str(run_dir), "--cache-dir", str(cache_dir)]
+    result = CliRunner().invoke(cli.app, argv)
+    assert result.exit_code == 2, result.output
+    assert (
+        "spec.model.lora.target_modules[1]: 'qproj' names no module of Qwen3ForCausalLM; did you mean 'q_proj'?"
+        in result.output
+    )
+    assert not holds_a_run(RunDir(run_dir))
+    # a target the model has passes the check (the launcher goes on to start the processes)
+    lora["target_modules"] = ["v_proj", "q_proj"]
+    write_manifest(tmp_path / "m.yaml", "t", model={"builtin": "tiny-reverse", "lora": lora})
+    result = CliRunner().invoke(cli.app, argv)
+    assert "a process was started" in repr(result.exception), result.output
+    # a hub id not in this machine's cache is left to the trainer (nothing is downloaded before the run starts)
+    check_targets(
+        parse("t", model={"name": "no-such-org/no-such-model", "lora": lora}).spec, "no-such-org/no-such-model"
+    )
 
 
 def test_eval_of_a_step_without_a_checkpoint_lists_the_steps_it_can_evaluate(tmp_path):

@@ -189,6 +189,8 @@ def test_a_changed_lora_setting_or_base_model_is_refused_by_field():
     saved = run_identity(parse(model=LORA).spec, base_model="builtin:tiny-reverse (tiny-reverse-aaa)")
     same = parse(model={**LORA, "lora": {"rank": 8, "target_modules": ["q_proj", "v_proj"]}}).spec  # order: a set
     check_compatible(saved, same, "ckpt", base_model="builtin:tiny-reverse (tiny-reverse-aaa)")
+    twice = parse(model={**LORA, "lora": {"rank": 8, "target_modules": ["v_proj", "q_proj", "q_proj"]}}).spec
+    check_compatible(saved, twice, "ckpt", base_model="builtin:tiny-reverse (tiny-reverse-aaa)")  # a set: the same
     other = parse(model={**LORA, "lora": {"rank": 16, "alpha": 16, "target_modules": ["q_proj"]}}).spec
     with pytest.raises(CheckpointMismatch) as info:
         check_compatible(saved, other, "ckpt", base_model="builtin:tiny-reverse (tiny-reverse-aaa)")

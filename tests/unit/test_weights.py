@@ -121,6 +121,9 @@ GOOD = {A: (2, 4), B: (8, 2), D_A: (2, 16), D_B: (4, 2)}
         ({"use_dora": True}, None, "use_dora is True: plain LoRA expected"),
         ({"use_rslora": True}, None, "use_rslora is True"),
         ({"bias": "all"}, None, "bias is 'all'"),
+        # per-module scaling vLLM 0.32 applies as peft does (PEFTHelper.get_rank_and_scaling): another function
+        ({"alpha_pattern": {"q_proj": 64}}, None, r"alpha_pattern is \{'q_proj': 64\}: plain LoRA expected"),
+        ({"rank_pattern": {"q_proj": 1}}, None, r"rank_pattern is \{'q_proj': 1\}: plain LoRA expected"),
         ({"peft_type": "IA3"}, None, "peft_type is 'IA3'"),
         ({}, {**GOOD, B: (8, 4)}, r"q_proj\.lora_B\.weight: \('F32', \(8, 4\)\) != \(8, 2\)"),  # a rank-4 B
         ({}, {A: (2, 4), B: (8, 2), D_A: (2, 16)}, "missing .*down_proj.lora_B.weight"),

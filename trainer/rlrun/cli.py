@@ -17,7 +17,7 @@ from pathlib import Path
 
 import typer
 
-from rlrun.api.spec import RLRun
+from rlrun.api.spec import RLRun, RLRunSpec
 from rlrun.manifest import Checks, ManifestError, load_manifest
 from rlrun.model.resolve import init_builtin_model  # no torch: the builds import it when they run
 
@@ -77,6 +77,19 @@ def validate(manifest: Path = ManifestArg) -> None:
     typer.echo(json.dumps(run.model_dump(mode="json"), indent=2))
 
 
+def _check_model(spec: RLRunSpec, model_path: str) -> None:
+    """What ``rlrun local`` checks against the model before any process starts: the roles' own refusals, run early
+    (a dataset's prompts: :func:`rlrun.orchestrator.prompts.check_prompts`; LoRA target modules:
+    :func:`rlrun.training.lora_targets.check_targets`)."""
+    from rlrun.orchestrator.prompts import check_prompts
+
+    check_prompts(spec, model_path)
+    if spec.model.lora is not None:  # torch and transformers are imported for a LoRA run only
+        from rlrun.training.lora_targets import check_targets
+
+        check_targets(spec, model_path)
+
+
 @app.command()
 def local(
     manifest: Path = ManifestArg,
@@ -99,7 +112,6 @@ def local(
 ) -> None:
     """Run a manifest on this machine: rollout server(s), trainer and orchestrator as local processes."""
     from rlrun.launcher.local import LocalLauncher
-    from rlrun.orchestrator.prompts import check_prompts
 
     run = _load(manifest)
     if only is not PreemptOnly.all and preempt_at_step is None:
@@ -114,7 +126,7 @@ def local(
         cache_dir=cache_dir,
         preempt_at_step=preempt_at_step,
         preempt_only=only.value,
-        check_model=check_prompts,
+        check_model=_check_model,
     )
     raise typer.Exit(launcher.run())
 

@@ -74,10 +74,11 @@ def _default_settings() -> dict[str, Any]:
 
 def lora_settings(lora: Any) -> dict[str, Any] | None:
     """``spec.model.lora`` as a checkpoint records it (``{"rank", "alpha", "dropout", "target_modules"}``, the
-    targets sorted: peft matches them as a set); None without LoRA (full fine-tuning)."""
+    targets sorted, each once: peft matches them as a set, so a name listed twice is the same adapter); None without
+    LoRA (full fine-tuning)."""
     if lora is None:
         return None
-    return {**lora.model_dump(mode="json"), "target_modules": sorted(lora.target_modules)}
+    return {**lora.model_dump(mode="json"), "target_modules": sorted(set(lora.target_modules))}
 
 
 def run_identity(spec: Any, envs: dict[str, Any] | None = None, base_model: str | None = None) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from rlrun.launcher.progress import (
     done_line,
     eval_cell,
     label_restored,
+    model_line,
     print_summary,
     progress_cells,
     tracker_plan,
@@ -301,7 +302,7 @@ class LocalLauncher:
                     raise
                 console.print(f"[red]error:[/red] {escape(str(exc))}")
                 return 2
-            console.print(f"model: {model_path}")
+            console.print(model_line(model_path, self.spec.model.lora), markup=False)
             trainer, orch = self.start_all(self.resume)
             rows = self._follow(trainer, orch)
         except ChildDied as exc:
@@ -321,7 +322,7 @@ class LocalLauncher:
             self.stop_all()
             raise
         self.stop_all()
-        report = print_summary(console, self.run_dir, rows)
+        report = print_summary(console, self.run_dir, rows, self.spec.model.lora)
         preemptions = self.drill.records if self.drill is not None else []
         if preemptions:
             self.drill.record(rollout_restarts=self.rollout_starts - self.spec.rollout.replicas)

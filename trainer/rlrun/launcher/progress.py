@@ -4,10 +4,11 @@ wait that shows its time (:class:`Waiting`).
 The orchestrator writes one line per shipped step to ``<run_dir>/metrics.jsonl``
 (:mod:`rlrun.orchestrator.metrics`), the trainer one per trained step to ``trainer_metrics.jsonl``: the headline
 numbers come from both (reward, the groups solved by all / by none, truncation, staleness; the trainer's
-mismatch KL, the first sign of a weight-sync bug). The run ends with :func:`print_summary` (the table, the reward
-gain, the held-out evaluation, the trackers, the ledger check) and :func:`done_line`. A **restored batch** — cut from the queue a resume put
-back, before its attempt generated anything — has no reward or throughput of its own, and is
-shown as restored rather than as zeros.
+mismatch KL, the first sign of a weight-sync bug). The run starts with :func:`model_line` (with LoRA: what trains)
+and ends with :func:`print_summary` (the table, the reward gain, what each policy version published, the held-out
+evaluation, the trackers, the ledger check) and :func:`done_line`. A **restored batch** — cut from the queue a
+resume put back, before its attempt generated anything — has no reward or throughput of its own, and is shown as
+restored rather than as zeros.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from types import TracebackType
 from typing import Any
 
 from rich.console import Console
+from rich.filesize import decimal
 from rich.table import Table
 
+from rlrun.api.spec import LoraSpec
 from rlrun.api.tracking import LoggingSpec
 from rlrun.ledger import LedgerReport, check_ledger
 from rlrun.rundir import RunDir, read_jsonl
@@ -181,9 +184,10 @@ def ledger_line(report: LedgerReport) -> str:
     )
 
 
-def print_summary(console: Console, run_dir: RunDir, rows: list[dict]) -> LedgerReport:
+def print_summary(console: Console, run_dir: RunDir, rows: list[dict], lora: LoraSpec | None = None) -> LedgerReport:
     """Print what ``rlrun local`` shows once every process has exited 0: the :func:`summary_table` of ``rows`` (every
-    step's last metrics line, in step order) with the trainer's mismatch KL, the :func:`reward_gain`, the held-out
+    step's last metrics line, in step order) with the trainer's mismatch KL, the :func:`reward_gain`, what each policy
+    version published (:func:`published_line`; ``lora``: the run's ``spec.model.lora``), the held-out
     :func:`eval_report`, the :func:`tracker_lines`, and the ledger check (:func:`ledger_line`, then its first 5
     problems). Returns the ledger check's report: the run succeeded only when it is ``ok``."""
     trained = {r["step"]: r for r in read_jsonl(run_dir.trainer_metrics) if "step" in r}  # the last of each
@@ -193,6 +197,8 @@ def print_summary(console: Console, run_dir: RunDir, rows: list[dict]) -> Ledger
         console.print(
             f"mean reward, first 10 steps {gain[0]:.3f} → last 10 steps {gain[1]:.3f} ({gain[1] - gain[0]:+.3f})"
         )
+    if published := published_line(trained, lora):
+        console.print(published, markup=False)
     for line in eval_report(read_jsonl(run_dir.evaluations)) + tracker_lines(run_dir):
         console.print(line, markup=False)
     report = check_ledger(run_dir.root / "ledger")
@@ -200,6 +206,29 @@ def print_summary(console: Console, run_dir: RunDir, rows: list[dict]) -> Ledger
     for problem in report.problems[:5]:
         console.print(f"  [red]{problem}[/red]")
     return report
+
+
+def model_line(model_path: str, lora: LoraSpec | None) -> str:
+    """The launcher's line naming the model, once it is resolved; with ``spec.model.lora``, also what trains (the
+    adapter's settings) and how a version reaches the rollout servers (``docs/design.md``, "LoRA")."""
+    if lora is None:
+        return f"model: {model_path}"
+    return (
+        f"model: {model_path}, frozen: trains a LoRA adapter of rank {lora.rank}, alpha {lora.alpha:g} on "
+        f"{', '.join(lora.target_modules)}; each policy version reaches the rollout servers as an adapter, with no pause"
+    )
+
+
+def published_line(trained: dict[int, dict], lora: LoraSpec | None) -> str | None:
+    """The summary's line on what the trainer published per policy version: the last trained step's
+    ``broadcast_bytes`` (``trainer_metrics.jsonl``; kB and MB are 10³ and 10⁶ bytes), the adapter alone with
+    ``lora``, every weight without; None when no step recorded it."""
+    sizes = [row["broadcast_bytes"] for _, row in sorted(trained.items()) if row.get("broadcast_bytes")]
+    if not sizes:
+        return None
+    return (
+        f"published per policy version: {decimal(sizes[-1])} ({'the LoRA adapter alone' if lora else 'every weight'})"
+    )
 
 
 def done_line(steps: int, elapsed_s: float, preemptions: int, run_dir: RunDir) -> str:

@@ -171,8 +171,10 @@ def _config_problems(config: dict, lora: LoraSpec) -> list[str]:
     ]
     if not isinstance(targets, list) or set(targets) != set(lora.target_modules):
         problems.append(f"target_modules is {targets!r}, the spec says {sorted(lora.target_modules)}")
-    problems += [
-        f"{key} is {config[key]!r}: plain LoRA expected" for key in ("use_dora", "use_rslora") if config.get(key)
+    problems += [  # each a function vLLM serves as peft computes it, not the trainer's (alpha / r on every module)
+        f"{key} is {config[key]!r}: plain LoRA expected"
+        for key in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern")
+        if config.get(key)
     ]
     if config.get("bias", "none") != "none":
         problems.append(f"bias is {config['bias']!r}: 'none' expected")

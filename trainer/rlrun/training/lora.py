@@ -17,7 +17,6 @@ wrapper is kept beside it for what only it knows: the saved names and :class:`Ad
 from __future__ import annotations
 
 import copy
-import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,20 +24,13 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers.pytorch_utils import Conv1D
 
 from rlrun.api.spec import LoraSpec, ModelSpec
 from rlrun.checkpoint import ADAPTER_WEIGHTS_FILE
 from rlrun.errors import WeightsMismatch
-from rlrun.manifest import ManifestError
 from rlrun.training.distributed import DataParallel
+from rlrun.training.lora_targets import require_wrappable
 
-#: Layer types a ``target_modules`` name may select: the linear layers peft's LoRA wraps (``nn.Linear``, GPT-2's
-#: ``Conv1D``), but the LM head. Not the head: the trainer computes logprobs from its weight in chunks
-#: (:mod:`rlrun.training.logprobs`), which an adapter there would bypass. Not the embeddings: they sit in FSDP2's root
-#: unit, which stays gathered after a forward, where disabling the adapter for the KL reference (peft clears
-#: ``requires_grad``) would not reach the sharded parameter. A name selecting anything else (a block) is refused.
-WRAPPABLE = (nn.Linear, Conv1D)
 #: The prefix peft's saved layout puts before a module path (``PeftModel`` → ``LoraModel`` → the model).
 SAVED_PREFIX = "base_model.model."
 
@@ -78,52 +70,6 @@ def lora_config(lora: LoraSpec) -> LoraConfig:
     )  # fmt: skip
 
 
-def _wrappable(model: nn.Module, module: nn.Module) -> bool:
-    return isinstance(module, WRAPPABLE) and module is not model.get_output_embeddings()
-
-
-def wrappable_names(model: nn.Module) -> list[str]:
-    """The last names of ``model``'s modules LoRA can wrap (:data:`WRAPPABLE`), sorted, once each
-    (``["down_proj", "gate_proj", "k_proj", "o_proj", …]``)."""
-    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if name and _wrappable(model, m)})
-
-
-def target_problems(model: nn.Module, targets: list[str]) -> list[str]:
-    """Why each of ``targets`` cannot be wrapped, as ``spec.model.lora.target_modules[i]: …`` lines (``[]``: all can).
-
-    A target selects the modules whose name is it or ends with ``.<target>`` (peft's rule for a list); it must select
-    at least one module, and only :data:`WRAPPABLE` ones. A name selecting none is answered with the nearest of the
-    model's wrappable names (``difflib``) and all of them.
-    """
-    modules = [(name, m) for name, m in model.named_modules() if name]
-    wrappable = wrappable_names(model)
-    problems = []
-    for i, target in enumerate(targets):
-        field = f"spec.model.lora.target_modules[{i}]"
-        chosen = [(n, m) for n, m in modules if n == target or n.endswith(f".{target}")]
-        if not chosen:
-            near = difflib.get_close_matches(target, wrappable, n=1, cutoff=0.0)
-            hint = f"did you mean {near[0]!r}? " if near else ""
-            problems.append(
-                f"{field}: {target!r} names no module of {type(model).__name__}; {hint}its layers LoRA can wrap: "
-                f"{', '.join(wrappable)}"
-            )
-            continue
-        head = model.get_output_embeddings()
-        others = sorted({type(m).__name__ for _, m in chosen if not isinstance(m, WRAPPABLE)})
-        if any(m is head for _, m in chosen):
-            problems.append(
-                f"{field}: {target!r} names the LM head, which the trainer does not wrap (it computes logprobs from "
-                f"the head's weight in chunks); its layers LoRA can wrap: {', '.join(wrappable)}"
-            )
-        elif others:
-            problems.append(
-                f"{field}: {target!r} names {', '.join(others)} modules, which the trainer does not wrap (LoRA goes on "
-                f"the linear layers of the transformer blocks); its layers LoRA can wrap: {', '.join(wrappable)}"
-            )
-    return problems
-
-
 def wrap(model: nn.Module, lora: LoraSpec) -> Adapter:
     """Inject a LoRA adapter of ``lora``'s settings into ``model`` in place (before FSDP2 sharding) and freeze the
     rest. The adapter starts as peft initialises it: ``A`` Kaiming-uniform from torch's RNG (seed it for the same
@@ -133,9 +79,7 @@ def wrap(model: nn.Module, lora: LoraSpec) -> Adapter:
         ManifestError: a ``target_modules`` name selects no module, or one LoRA cannot wrap (permanent: every line
             names ``spec.model.lora.target_modules[i]``), checked before anything is wrapped.
     """
-    problems = target_problems(model, list(lora.target_modules))
-    if problems:
-        raise ManifestError("(checked by the trainer with its model loaded)", problems)
+    require_wrappable(model, list(lora.target_modules), "(checked by the trainer with its model loaded)")
     wrapped = get_peft_model(model, lora_config(lora))
     live = {k: v for k, v in model.named_parameters() if v.requires_grad}
     saved = get_peft_model_state_dict(wrapped, state_dict={f"{SAVED_PREFIX}{k}": v for k, v in live.items()})
