@@ -7,7 +7,7 @@ it once and the others wait. ``builtin: tiny`` is built the same way for the run
 envs (``spec.envs``, the warm start's data): its directory name holds a hash of the
 recipe and the envs' fingerprint, so a run with other envs (or an edited dataset)
 gets a model of its own. ``name`` is passed through unchanged: a Hugging Face id or
-a local path, loaded by the standard code.
+a local path, loaded by the standard code at ``revision`` (:func:`pretrained_kwargs`).
 """
 
 from __future__ import annotations
@@ -202,3 +202,20 @@ def resolve_model(
         return str(ensure_builtin_model(spec.builtin, cache_dir, envs, progress=progress))
     assert spec.name is not None
     return spec.name
+
+
+def pretrained_kwargs(spec: ModelSpec) -> dict[str, str]:
+    """The keyword arguments every ``from_pretrained`` of ``spec``'s model takes (weights, tokenizer, config), so that
+    the trainer, its reference policy, the orchestrator's tokenizer and ``rlrun local``'s checks load the revision
+    vLLM serves (``rollout/server.py`` passes ``--revision``): ``{"revision": spec.revision}`` for a named model with
+    a revision (a commit, tag or branch of the Hugging Face repo; a local directory ignores it, as transformers and
+    vLLM do), ``{}`` otherwise (a builtin model is a directory built here, with no revision; a named one without a
+    revision loads ``main``). The one owner of this rule (``docs/design.md``, "Model revision"): pass it at every
+    ``from_pretrained`` of the run's model.
+
+    Args:
+        spec: the run's ``spec.model``.
+    """
+    if spec.builtin is None and spec.revision is not None:
+        return {"revision": spec.revision}
+    return {}

@@ -323,6 +323,7 @@ async def evaluate_weights(
     from transformers import AutoTokenizer
 
     from rlrun.envs import make_env
+    from rlrun.model.resolve import pretrained_kwargs
     from rlrun.orchestrator.weights import push_weights, weights_reference
 
     evaluation = spec.evaluation.model_validate({**spec.evaluation.model_dump(), **overrides, "enabled": True})
@@ -333,7 +334,7 @@ async def evaluate_weights(
             push = await push_weights([client], weights, version, reference)
             if push.unreachable:
                 raise RolloutError(f"{url} went away while loading {weights}: {push.unreachable[url]}")
-        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_path)
+        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_path, **pretrained_kwargs(spec.model))
         envs = {e.name: make_env(e) for e in spec.envs}
         evaluator = Evaluator.for_run(spec.model_copy(update={"evaluation": evaluation}), envs, tokenizer, out, 0)
         return await evaluator.evaluate([client], version)

@@ -21,6 +21,7 @@ from rlrun.api.spec import RLRunSpec
 from rlrun.batch import write_batch
 from rlrun.envs import make_env
 from rlrun.ledger import LEDGER_VERSION, Ledger, LedgerEvent
+from rlrun.model.resolve import pretrained_kwargs
 from rlrun.orchestrator.admission import Admission
 from rlrun.orchestrator.cancellation import settle
 from rlrun.orchestrator.checkpointing import CheckpointManager, capture_of
@@ -344,7 +345,9 @@ class Orchestrator:
 
     async def _wire(self) -> None:
         """Make the dispatcher (the tokenizer loaded off the loop) and bind the stages to it and each other."""
-        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self.model_path)
+        tokenizer = await asyncio.to_thread(
+            AutoTokenizer.from_pretrained, self.model_path, **pretrained_kwargs(self.spec.model)
+        )
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.weights.reference = await asyncio.to_thread(weights_reference, self.spec, self.model_path)
         self.dispatcher = Dispatcher.for_tokenizer(

@@ -224,9 +224,12 @@ def check_prompts(spec: RLRunSpec, model_path: str) -> None:
     from transformers import AutoTokenizer
 
     from rlrun.envs import make_env
+    from rlrun.model.resolve import pretrained_kwargs
 
     envs = {e.name: make_env(e) for e in spec.envs}
-    episodes = EpisodeBuilder.for_run(AutoTokenizer.from_pretrained(model_path), envs, spec)
+    episodes = EpisodeBuilder.for_run(
+        AutoTokenizer.from_pretrained(model_path, **pretrained_kwargs(spec.model)), envs, spec
+    )
     try:
         problem = refusal(scan(episodes, spec.seed), episodes.max_prompt_tokens)
     finally:

@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 
 from rlrun.api.spec import RLRunSpec
+from rlrun.model.resolve import pretrained_kwargs
 from rlrun.rollout.adapters import SERVED_MODEL_NAME
 
 WORKER_EXTENSION = "rlrun.rollout.worker_extension.WeightReloadExtension"
@@ -102,8 +103,8 @@ def vllm_command(
         "--generation-config", "vllm",
         "--disable-uvicorn-access-log",
     ]  # fmt: skip
-    if spec.model.revision:
-        cmd += ["--revision", spec.model.revision]
+    if revision := pretrained_kwargs(spec.model).get("revision"):  # the revision the trainer loads too
+        cmd += ["--revision", revision]
     max_len = rollout.max_model_len or (64 if spec.model.builtin == "tiny-reverse" else None)
     if max_len:
         cmd += ["--max-model-len", str(max_len)]

@@ -17,6 +17,7 @@ from transformers.pytorch_utils import Conv1D
 
 from rlrun.api.spec import RLRunSpec
 from rlrun.manifest import ManifestError
+from rlrun.model.resolve import pretrained_kwargs
 
 #: Layer types a ``target_modules`` name may select: the linear layers peft's LoRA wraps (``nn.Linear``, GPT-2's
 #: ``Conv1D``), but the LM head. Not the head: the trainer computes logprobs from its weight in chunks
@@ -98,7 +99,8 @@ def check_targets(spec: RLRunSpec, model_path: str) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        config = AutoConfig.from_pretrained(model_path, local_files_only=True)  # no download before the run starts
+        # the config of the revision the run serves and trains; no download before the run starts
+        config = AutoConfig.from_pretrained(model_path, local_files_only=True, **pretrained_kwargs(spec.model))
     except OSError:  # a hub id not in the cache here: the trainer checks it with its model loaded
         return
     with torch.device("meta"):

@@ -26,6 +26,7 @@ what cannot fit.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
@@ -45,10 +46,18 @@ TRAINING_STATE_BYTES = 12
 CGROUP_MAX, CGROUP_CURRENT = Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory.current")
 
 
-def load_reference(model_path: str, dp: DataParallel, dtype: torch.dtype, mp_policy: object | None) -> nn.Module:
+def load_reference(
+    model_path: str,
+    dp: DataParallel,
+    dtype: torch.dtype,
+    mp_policy: object | None,
+    pretrained: Mapping[str, str] | None = None,
+) -> nn.Module:
     """The starting weights at ``model_path`` in ``dtype``, frozen (``eval``, no gradient), on ``dp.device`` and
-    sharded as the policy (``mp_policy``: :func:`~rlrun.training.precision.mixed_precision_policy`)."""
-    reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    sharded as the policy (``mp_policy``: :func:`~rlrun.training.precision.mixed_precision_policy`). ``pretrained``:
+    the model's ``from_pretrained`` arguments (:func:`rlrun.model.resolve.pretrained_kwargs`: its revision), the
+    policy's."""
+    reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **(pretrained or {}))
     reference.eval()
     reference.requires_grad_(False)
     return shard_model(reference, dp, mp_policy=mp_policy)
@@ -111,9 +120,15 @@ def check_room(model: nn.Module, dp: DataParallel, dtype: torch.dtype) -> str | 
     return room_problem(parameter_count(model), dp.world_size, size, free, where, sharing)
 
 
-def reference_policy(policy: nn.Module, model_path: str, dp: DataParallel, dtype: torch.dtype) -> nn.Module:
+def reference_policy(
+    policy: nn.Module,
+    model_path: str,
+    dp: DataParallel,
+    dtype: torch.dtype,
+    pretrained: Mapping[str, str] | None = None,
+) -> nn.Module:
     """The reference policy for ``policy`` (loaded and sharded): :func:`check_room`, then :func:`load_reference` in
-    ``dtype``. With ranks a collective: every rank refuses, or none (a rank that went on would wait in the next
+    ``dtype`` with ``pretrained`` (the policy's ``from_pretrained`` arguments). With ranks a collective: every rank refuses, or none (a rank that went on would wait in the next
     collective for the others).
 
     Raises:
@@ -127,4 +142,4 @@ def reference_policy(policy: nn.Module, model_path: str, dp: DataParallel, dtype
             problem = "spec.loss.kl_coef: the reference policy does not fit beside the policy on another rank"
     if problem is not None:
         raise ManifestError("(checked by the trainer with its model loaded)", [problem])
-    return load_reference(model_path, dp, dtype, mixed_precision_policy(dtype))
+    return load_reference(model_path, dp, dtype, mixed_precision_policy(dtype), pretrained)

@@ -68,6 +68,7 @@ from rlrun.api.spec import RLRunSpec
 from rlrun.batch import TrainBatch, read_batch
 from rlrun.checkpoint import WEIGHTS_FILE, check_compatible, run_identity
 from rlrun.ledger import Ledger, LedgerEvent
+from rlrun.model.resolve import pretrained_kwargs
 from rlrun.rundir import RunDir, end_torn_line, holds_a_run, publish_dir, run_dir_attempt, write_meta
 from rlrun.training.batches import Noticed, batch_accepted, wait_for_batch
 from rlrun.training.distributed import (
@@ -161,7 +162,8 @@ class Trainer:
         self.max_steps = max_steps or spec.max_steps
         self.poll_s = poll_s
         torch.manual_seed(spec.seed)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)  # float32 master weights
+        load = pretrained_kwargs(spec.model)  # the revision vLLM serves, for the policy and the KL reference
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, **load)  # float32 master
         self.compute_dtype = resolve_precision(spec.trainer.precision, self.dp.device, warn=self.dp.is_main)
         self.step_settings = StepSettings.from_spec(spec, self.compute_dtype)
         if spec.trainer.activation_checkpointing:  # before sharding: FSDP2 wraps the checkpointed blocks
@@ -177,7 +179,7 @@ class Trainer:
         if spec.loss.kl_coef:
             self.reference = (
                 AdapterOff(self.adapter) if self.adapter is not None
-                else reference_policy(self.model, model_path, self.dp, self.compute_dtype)
+                else reference_policy(self.model, model_path, self.dp, self.compute_dtype, load)
             )  # fmt: skip
         if self.dp.is_main:
             trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
