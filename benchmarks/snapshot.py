@@ -32,7 +32,8 @@ from array import array
 from pathlib import Path
 
 from example import example_spec  # benchmarks/example.py (scripts run with benchmarks/ on sys.path)
-from rlrun.checkpoint import decode_progress, run_identity, save_orchestrator_progress, write_progress
+from rlrun.checkpoint import decode_progress, save_orchestrator_progress, write_progress
+from rlrun.identity import run_identity
 from rlrun.orchestrator.snapshot import SinkSnapshot, pack, unpack
 from rlrun.rundir import write_file_atomic
 from rlrun.samples import QueuedTrace, TrainingSample

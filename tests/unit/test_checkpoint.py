@@ -5,15 +5,14 @@ import pytest
 import torch
 from rlrun.checkpoint import (
     CheckpointError,
-    CheckpointMismatch,
-    check_compatible,
     decode_progress,
     encode_progress,
     latest_complete_checkpoint,
     prune_checkpoints,
-    run_identity,
     save_orchestrator_progress,
 )
+from rlrun.errors import CheckpointMismatch
+from rlrun.identity import check_compatible, run_identity
 from rlrun.rundir import RunDir
 from safetensors.torch import save_file
 

@@ -15,7 +15,8 @@ import time
 import pytest
 from rlrun import cli, role_exit
 from rlrun.api.control import EXIT_PERMANENT, TERMINATION_LOG_ENV, ExitReport, write_exit_report
-from rlrun.checkpoint import run_identity, save_orchestrator_progress
+from rlrun.checkpoint import save_orchestrator_progress
+from rlrun.identity import run_identity
 from rlrun.manifest import load_manifest
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rollout.fake import fake_client_factory

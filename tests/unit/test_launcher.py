@@ -351,8 +351,9 @@ def test_eval_of_a_lora_run_picks_the_steps_whose_trainer_part_holds_the_adapter
 
 def test_a_resume_over_changed_data_is_refused_before_any_process_starts(tmp_path):
     """Issue 36: the refusal came from the orchestrator, after the rollout server and the trainer had started."""
-    from rlrun.checkpoint import run_identity, save_orchestrator_progress
+    from rlrun.checkpoint import save_orchestrator_progress
     from rlrun.envs import make_env
+    from rlrun.identity import run_identity
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}=", "answer": str(i)}) + "\n" for i in range(8)))

@@ -10,8 +10,9 @@ import pytest
 import torch
 from peft import PeftModel
 from rlrun.api.spec import LoraSpec
-from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, check_compatible, run_identity
+from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from rlrun.errors import CheckpointMismatch, WeightsMismatch
+from rlrun.identity import check_compatible, run_identity
 from rlrun.manifest import ManifestError
 from rlrun.training.distributed import single_process
 from rlrun.training.lora import AdapterOff, adapter_state, load_adapter, save_adapter, wrap

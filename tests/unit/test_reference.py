@@ -8,8 +8,9 @@ from array import array
 import pytest
 import torch
 from rlrun.batch import write_batch
-from rlrun.checkpoint import run_identity, save_orchestrator_progress
+from rlrun.checkpoint import save_orchestrator_progress
 from rlrun.errors import classify_error
+from rlrun.identity import run_identity
 from rlrun.manifest import ManifestError
 from rlrun.rundir import RunDir
 from rlrun.samples import QueuedTrace, TrainingSample

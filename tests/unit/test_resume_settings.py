@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from rlrun.checkpoint import SAFE_TO_CHANGE, algorithm_settings, check_compatible, run_identity
 from rlrun.errors import CheckpointMismatch
+from rlrun.identity import SAFE_TO_CHANGE, algorithm_settings, check_compatible, run_identity
 
 from tests.support.manifests import parse
 

@@ -10,8 +10,9 @@ import json
 import pytest
 import torch
 from rlrun.batch import write_batch
-from rlrun.checkpoint import run_identity, save_orchestrator_progress
+from rlrun.checkpoint import save_orchestrator_progress
 from rlrun.errors import CheckpointMismatch
+from rlrun.identity import run_identity
 from rlrun.rundir import RunDir
 from rlrun.training.schedule import lr_factor, schedule_of
 from rlrun.training.trainer import Trainer

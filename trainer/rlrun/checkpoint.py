@@ -31,17 +31,7 @@ import torch
 from safetensors import safe_open
 
 from rlrun.dcp_format import SHARDED_FORMAT, verify_sharded
-from rlrun.errors import CheckpointError, CheckpointMismatch  # noqa: F401 (imported from here)
-
-# The run identity lives in rlrun.identity; resume code has always imported it from here.
-from rlrun.identity import (  # noqa: F401
-    SAFE_TO_CHANGE,
-    UNRECORDED_BEFORE_ISSUE_38,
-    algorithm_settings,
-    check_compatible,
-    lora_settings,
-    run_identity,
-)
+from rlrun.errors import CheckpointError
 from rlrun.rundir import META_FILE, RunDir, read_json_part, step_dirs, write_file_atomic
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ orchestrator starts — not a traceback in a role's log minutes later: a trainer
 (:func:`trainer_shape_problem`), a fresh start in a run directory that holds a run (:func:`run_dir_problem`), a
 ``--resume`` of a run that is already complete (:func:`already_complete`: said, not refused). The other checks are
 the roles' own, run early: a resume whose checkpoint belongs to other settings or data (:func:`resume_mismatch`, the orchestrator's
-:func:`~rlrun.checkpoint.check_compatible`). A check that is another process package's code (a dataset's prompts,
+:func:`~rlrun.identity.check_compatible`). A check that is another process package's code (a dataset's prompts,
 :func:`rlrun.orchestrator.prompts.check_prompts`) is handed to the launcher by ``rlrun local``
 (``LocalLauncher.check_model``): process packages import none of each other.
 """
@@ -13,8 +13,9 @@ the roles' own, run early: a resume whose checkpoint belongs to other settings o
 from __future__ import annotations
 
 from rlrun.api.spec import RLRunSpec
-from rlrun.checkpoint import check_compatible, latest_complete_checkpoint, load_orchestrator_progress
+from rlrun.checkpoint import latest_complete_checkpoint, load_orchestrator_progress
 from rlrun.errors import CheckpointError, CheckpointMismatch
+from rlrun.identity import check_compatible
 from rlrun.rundir import RunDir, holds_a_run
 
 
@@ -57,7 +58,7 @@ def already_complete(run_dir: RunDir, step: int | None, max_steps: int) -> str |
 
 def resume_mismatch(run_dir: RunDir, spec: RLRunSpec, step: int | None) -> str | None:
     """Why checkpoint ``step`` (the newest complete one; None: none) cannot be resumed with ``spec``: other settings,
-    or an env's data changed since it was written (:func:`~rlrun.checkpoint.check_compatible`, as the orchestrator
+    or an env's data changed since it was written (:func:`~rlrun.identity.check_compatible`, as the orchestrator
     checks it, every env built for its fingerprint); None when it can, or when its part cannot be read (the
     orchestrator then falls back to an older checkpoint and says so)."""
     if step is None:

@@ -65,12 +65,12 @@ from rlrun.checkpoint import (
     TRAINER_PROGRESS_FILE,
     mark_verified,
     prune_checkpoints,
-    run_identity,
     save_orchestrator_progress,
     usable_steps,
 )
 from rlrun.envs.base import Env
 from rlrun.errors import OrchestratorError
+from rlrun.identity import run_identity
 from rlrun.ledger import Ledger, LedgerEvent, has_stopped
 from rlrun.orchestrator import snapshot as sink_snapshot
 from rlrun.orchestrator.conversations import KeptConversations

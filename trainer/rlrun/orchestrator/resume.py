@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 
 from rlrun.api.control import ResumeReport
 from rlrun.api.spec import RLRunSpec
-from rlrun.checkpoint import check_compatible, latest_complete_checkpoint
+from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.envs.base import Task
 from rlrun.errors import OrchestratorError
+from rlrun.identity import check_compatible
 from rlrun.ledger import Ledger, LedgerEvent, ledger_attempts
 from rlrun.orchestrator.conversations import KeptConversations
 from rlrun.orchestrator.groups import GroupRequest

@@ -39,10 +39,10 @@ from rlrun.checkpoint import (
     CompleteCheckpoint,
     latest_complete_checkpoint,
     part_format,
-    run_identity,
 )
 from rlrun.dcp_format import SHARDED_FORMAT
 from rlrun.errors import CheckpointError, CheckpointMismatch, WeightsMismatch
+from rlrun.identity import run_identity
 from rlrun.rundir import RunDir, fault_point, publish_dir, read_attempt, step_dirs, write_meta, written_by
 from rlrun.training.distributed import DataParallel, full_state_dict, tied_weights, untied
 from rlrun.training.lora import Adapter, adapter_state, holds_adapter, load_adapter, save_adapter
@@ -301,7 +301,7 @@ def write_part(
     vLLM) and ``progress.json``, and renames the part into place once every shard is written. With an
     ``adapter`` (LoRA), the adapter's part instead (:func:`_write_adapter_part`). The LR scheduler's state (plain
     JSON) is in ``progress.json`` under ``lr_scheduler``, in every format; ``identity`` (default
-    :func:`~rlrun.checkpoint.run_identity` of ``spec``) under ``identity``."""
+    :func:`~rlrun.identity.run_identity` of ``spec``) under ``identity``."""
     progress = {
         "step": step, "policy_version": step, "identity": identity or run_identity(spec), "time": time.time(),
         "reason": reason,

@@ -19,7 +19,7 @@ floor, where transformers' cosine would rise again.
 
 The horizon is ``spec.max_steps``, never the ``--max-steps`` a process is started with (that only says where it
 stops), so the curve is a function of the spec: a resume cannot change it without changing the spec, which
-:func:`rlrun.checkpoint.check_compatible` refuses. Resume (:func:`restore_scheduler`): the saved state when the
+:func:`rlrun.identity.check_compatible` refuses. Resume (:func:`restore_scheduler`): the saved state when the
 part has one (``progress.json``'s ``lr_scheduler``, both part formats), else (a part written before schedules)
 the position derived from the step; either way the rate of the next step is ``lr · λ(step)``.
 """

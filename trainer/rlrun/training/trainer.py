@@ -66,7 +66,8 @@ from transformers import AutoModelForCausalLM
 
 from rlrun.api.spec import RLRunSpec
 from rlrun.batch import TrainBatch, read_batch
-from rlrun.checkpoint import WEIGHTS_FILE, check_compatible, run_identity
+from rlrun.checkpoint import WEIGHTS_FILE
+from rlrun.identity import check_compatible, run_identity
 from rlrun.ledger import Ledger, LedgerEvent
 from rlrun.model.resolve import pretrained_kwargs
 from rlrun.rundir import RunDir, end_torn_line, holds_a_run, publish_dir, run_dir_attempt, write_meta
@@ -173,14 +174,13 @@ class Trainer:
         self.identity = run_identity(spec, base_model=base_model_identity(spec.model, model_path) if lora else None)
         # to the device (a GPU in one process too), and FSDP2-sharded with ranks
         shard_model(self.model, self.dp, mp_policy=mixed_precision_policy(self.compute_dtype))
-        # the KL term's reference: the starting weights again, on every start (a resume included); with LoRA the
-        # policy with its adapter disabled, which is the base model: no second copy
-        self.reference = None
-        if spec.loss.kl_coef:
-            self.reference = (
-                AdapterOff(self.adapter) if self.adapter is not None
-                else reference_policy(self.model, model_path, self.dp, self.compute_dtype, load)
-            )  # fmt: skip
+        # the KL term's reference, the starting weights on every start; with LoRA the base: the adapter off, no copy
+        if not spec.loss.kl_coef:
+            self.reference = None
+        elif self.adapter is not None:
+            self.reference = AdapterOff(self.adapter)
+        else:
+            self.reference = reference_policy(self.model, model_path, self.dp, self.compute_dtype, load)
         if self.dp.is_main:
             trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             log.info(
@@ -333,21 +333,21 @@ class Trainer:
         trainer computes in, which is the dtype the rollout servers serve (:mod:`rlrun.training.precision`); with LoRA
         the adapter alone (:func:`~rlrun.training.lora.save_adapter`). With ``W > 1`` ranks a collective: every rank
         gathers, rank 0 writes. Returns the bytes written (the directory's files; 0 on the other ranks)."""
-        if self.adapter is not None:
+        if self.adapter is not None:  # already in the compute dtype, on the CPU
             state = adapter_state(self.adapter, self.dp, self.compute_dtype)
-            write = lambda tmp: save_adapter(tmp, state, self.adapter)  # noqa: E731
         elif self.dp.distributed:
             state = full_state_dict(self.model, self.dp)
         else:  # the live tensors, no copy but the cast's (the file is written before the next step)
             state = untied({k: v.detach() for k, v in self.model.state_dict().items()}, self.model)
         if state is None:  # not rank 0
             return 0
-        if self.adapter is None:
-            state = {k: v.cpu() for k, v in cast_floating(state, self.compute_dtype).items()}
-            write = lambda tmp: save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})  # noqa: E731
 
         def fill(tmp: Path) -> None:
-            write(tmp)
+            if self.adapter is not None:
+                save_adapter(tmp, state, self.adapter)
+            else:
+                cast = {k: v.cpu() for k, v in cast_floating(state, self.compute_dtype).items()}
+                save_file(cast, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
             write_meta(tmp, step, self.attempt)
 
         published = publish_dir(self.run_dir.broadcast(step), fill)
