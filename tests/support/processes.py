@@ -1,4 +1,5 @@
-"""What tests ask of processes they did not start themselves: which are still alive, which a process started; and
+"""What tests ask of processes they did not start themselves: which are still alive, which a process started (and
+which it started while a test watched it: :func:`watch`); and
 data-parallel ranks forked from the test process (:func:`run_forked_ranks`).
 
 (A free port comes from :func:`rlrun.launcher.processes.free_port`, the launcher's own.)
@@ -6,6 +7,7 @@ data-parallel ranks forked from the test process (:func:`run_forked_ranks`).
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable, Iterable
 
@@ -35,6 +37,19 @@ def descendants(pid: int) -> set[int]:
         return {p.pid for p in psutil.Process(pid).children(recursive=True)}
     except psutil.NoSuchProcess:
         return set()
+
+
+def watch(proc: subprocess.Popen, timeout_s: float, until: Callable[[], object] | None = None) -> set[int]:
+    """Wait for ``proc`` to exit (or ``until()`` to be truthy), at most ``timeout_s`` seconds, collecting every
+    descendant pid seen (every 0.2 s); returns the pids (for :func:`alive` once it is over)."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen |= descendants(proc.pid)
+        if until is not None and until():
+            return seen
+        time.sleep(0.2)
+    return seen
 
 
 def run_forked_ranks(fn: Callable, args: tuple, ranks: int, timeout_s: float) -> None:
