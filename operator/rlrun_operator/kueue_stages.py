@@ -53,6 +53,12 @@ def held(ctx: RunContext) -> bool:
     return bool(label(ctx)) and not ctx.settings.kueue_enabled
 
 
+def involved(ctx: RunContext, rec: Recovery | None) -> bool:
+    """Whether Kueue has a say in this reconcile: the run has the queue label, was admitted through Kueue
+    (``status.queue``), or waits in stage ``Queued`` (its label may be gone since)."""
+    return bool(label(ctx) or ctx.status.get("queue") or (rec is not None and rec.stage == Stage.QUEUED))
+
+
 def _next_attempt(ctx: RunContext, rec: Recovery) -> int:
     if rec.nextAttempt is not None:
         return int(rec.nextAttempt)

@@ -187,7 +187,7 @@ class Reconciler:
         if phase is None:  # its create handler has not written the first status yet: the run is still its
             return False
         rec = recovery.recovery_of(ctx.status)
-        if kueue_stages.label(ctx) or ctx.status.get("queue"):  # Kueue's part first: admission gates every pod
+        if kueue_stages.involved(ctx, rec):  # Kueue's part first: admission gates every pod
             outcome = await kueue_stages.step(self, ctx, rec)
             if outcome is not None:
                 return outcome
