@@ -165,7 +165,7 @@ async def _show(
     ctx: RunContext, reason: str, message: str, warning: bool = False, extra: dict[str, Any] | None = None
 ) -> None:
     """Phase ``Queued`` with ``Admitted`` False (``reason``, ``message``) and the ``extra`` patch; an Event when the
-    message is new."""
+    run enters it (or the reason changes)."""
     old = next((c for c in ctx.status.get("conditions") or [] if c.get("type") == ConditionType.ADMITTED), {})
     text = f"queued in LocalQueue {label(ctx)} (Workload {naming.workload_name(ctx.name)}): {message}"
     if reason == Reason.KUEUE_DISABLED:
@@ -173,14 +173,12 @@ async def _show(
     patch = {"phase": Phase.QUEUED, "message": text, "conditions": _admitted(ctx, False, reason, text)}
     if reason != Reason.KUEUE_DISABLED:
         patch["queue"] = _queue(ctx)
-    if (
-        not extra
-        and old.get("message") == text
-        and old.get("reason") == reason
-        and ctx.status.get("phase") == Phase.QUEUED
-    ):
+    entering = ctx.status.get("phase") != Phase.QUEUED or old.get("reason") != reason
+    if not extra and not entering and old.get("message") == text:
         return
     await ctx.write({**patch, **(extra or {})})
+    if not entering:  # Kueue's message changed: the condition follows it, without a new Event
+        return
     event = {Reason.QUEUED: EventReason.QUEUED, Reason.KUEUE_DISABLED: EventReason.KUEUE_DISABLED}
     ctx.event(event.get(reason, EventReason.FLAVOR_CONFLICT), text, warning=warning)
 
@@ -276,7 +274,7 @@ async def evict(r: Reconciling, ctx: RunContext, ev: kueue.Eviction) -> bool:
     alive = ctx.live_orchestrator() is not None
     rec = Recovery(
         trigger=Trigger.KUEUE_EVICTION, kind=RecoveryKind.PREEMPTION, reason=ev.reason, message=message,
-        pods=sorted(p.name for p in ctx.pods if not p.deleting), stage=Stage.PAUSING if alive else Stage.STOPPING,
+        stage=Stage.PAUSING if alive else Stage.STOPPING,  # no pod "hit": the orchestrator is paused first
         since=now, stageSince=now, attempt=ctx.attempt,
     )  # fmt: skip
     conditions = list(ctx.status.get("conditions") or [])
