@@ -213,24 +213,43 @@ class Kube:
             raise
 
     @_retry
-    def patch_workload(self, namespace: str, name: str, patch: dict[str, Any], status: bool = False) -> None:
-        """Merge ``patch`` into the Workload (``spec.active``, ``spec.podSets``), or with ``status`` into its status
-        subresource (``{"status": …}``: the job side's conditions); a missing Workload is fine.
+    def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge ``patch`` into the Workload (``spec.active``, ``spec.podSets``); a missing Workload is fine.
 
         Raises:
             ApiException: a refusal other than 404, or a transient error that outlasted the retries.
         """
-        call = (
-            self.custom.patch_namespaced_custom_object_status if status else self.custom.patch_namespaced_custom_object
-        )
         try:
-            call(
+            self.custom.patch_namespaced_custom_object(
                 KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, name, patch,
                 _content_type="application/merge-patch+json", _preload_content=False,
             )  # fmt: skip
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+    @_retry
+    def patch_workload_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> bool:
+        """Apply the JSON patch ``ops`` (:func:`rlrun_operator.kueue.status_ops`: guarded by a ``resourceVersion``
+        test) to the Workload's status subresource; False when it is gone or changed since it was read (404, 409,
+        422: the caller reads it again at its next look).
+
+        Raises:
+            ApiException: another refusal, or a transient error that outlasted the retries.
+        """
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, name, ops,
+                _content_type="application/json-patch+json", _preload_content=False,
+            )  # fmt: skip
+            return True
+        except ApiException as exc:
+            if exc.status in (404, 409, 422):
+                log.info(
+                    "Workload %s/%s changed or gone before its status was written (%s)", namespace, name, exc.status
+                )
+                return False
+            raise
 
     @_retry
     def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:

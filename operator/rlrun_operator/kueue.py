@@ -272,7 +272,26 @@ def place(pods: Sequence[dict[str, Any]], placements: Mapping[str, Placement] | 
     return list(pods)
 
 
-# -- the job side's status patches (merge patches of the Workload's status subresource) -----------------------
+# -- the job side's status patches (of the Workload's status subresource) -----------------------------------------
+
+
+def status_ops(workload: dict[str, Any], patch: dict[str, Any]) -> list[dict[str, Any]]:
+    """``patch`` (status fields; None removes one) as a JSON patch guarded by the Workload's ``resourceVersion``
+    (a ``test`` op): Kueue writes the same conditions list, so a write computed from an older read must fail
+    (422 / 409) rather than erase what Kueue wrote meanwhile (an eviction); the next reconcile reads again."""
+    status = workload.get("status") or {}
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": workload["metadata"]["resourceVersion"]}
+    ]
+    if "status" not in workload:
+        ops.append({"op": "add", "path": "/status", "value": {}})
+    for key, value in patch.items():
+        if value is None:
+            if key in status:
+                ops.append({"op": "remove", "path": f"/status/{key}"})
+        else:
+            ops.append({"op": "add", "path": f"/status/{key}", "value": value})
+    return ops
 
 
 def _conditions(workload: dict[str, Any], now: str, *updates: tuple[str, bool, str, str]) -> list[dict[str, Any]]:

@@ -85,10 +85,20 @@ async def _get(ctx: RunContext) -> dict[str, Any] | None:
     return await asyncio.to_thread(ctx.kube.get_workload, ctx.namespace, naming.workload_name(ctx.name))
 
 
-async def _patch(ctx: RunContext, patch: dict[str, Any] | None, status: bool = False) -> None:
+async def _patch(ctx: RunContext, patch: dict[str, Any] | None) -> None:
+    """Merge ``patch`` into the Workload's spec side (nothing for None)."""
     if patch:
-        body = {"status": patch} if status else patch
-        await asyncio.to_thread(ctx.kube.patch_workload, ctx.namespace, naming.workload_name(ctx.name), body, status)
+        await asyncio.to_thread(ctx.kube.patch_workload, ctx.namespace, naming.workload_name(ctx.name), patch)
+
+
+async def _patch_status(ctx: RunContext, workload: dict[str, Any], patch: dict[str, Any] | None) -> bool:
+    """Write ``patch`` into the status of ``workload`` as read (:func:`.kueue.status_ops`); False: not written (nothing
+    to write, or Kueue changed it meanwhile: the next reconcile, woken by that change, decides again)."""
+    if not patch:
+        return False
+    ops = kueue.status_ops(workload, patch)
+    name = naming.workload_name(ctx.name)
+    return await asyncio.to_thread(ctx.kube.patch_workload_status, ctx.namespace, name, ops)
 
 
 async def _priority(ctx: RunContext) -> tuple[str, int] | None:
@@ -234,7 +244,8 @@ async def starting(r: Reconciling, ctx: RunContext, rec: Recovery, workload: dic
         return await _requeue(ctx, rec, "the Workload was (re)created")
     ev = kueue.eviction(workload, has_pods=False)
     if ev is not None and rec.scope == "attempt":
-        await _patch(ctx, kueue.release_quota(workload, ev), status=True)
+        if not await _patch_status(ctx, workload, kueue.release_quota(workload, ev)):
+            return False  # Kueue wrote meanwhile: decided again at the next look
         name = naming.workload_name(ctx.name)
         ctx.event(EventReason.QUOTA_RELEASED, f"the pods are gone: Workload {name}'s quota given back to Kueue")
         return await _requeue(ctx, rec, f"waiting to be admitted again after {ev.reason}")
@@ -325,9 +336,11 @@ async def step(r: Reconciling, ctx: RunContext, rec: Recovery | None) -> bool | 
     if rec is not None and rec.stage == Stage.SUSPENDED:  # Kueue frees the quota of an inactive Workload
         await _patch(ctx, {"spec": {"active": False}} if workload["spec"].get("active", True) else None)
         ev = kueue.eviction(workload, has_pods=False)
-        if ev is not None:
-            await _patch(ctx, kueue.release_quota(workload, ev), status=True)
+        if ev is not None and await _patch_status(ctx, workload, kueue.release_quota(workload, ev)):
+            ctx.event(
+                EventReason.QUOTA_RELEASED, f"suspended: Workload {workload['metadata']['name']}'s quota given back"
+            )
         return None
     if tracked and kueue.admission(workload) is not None and ctx.current():
-        await _patch(ctx, kueue.pods_ready(workload, all(p.ready for p in ctx.current())), status=True)
+        await _patch_status(ctx, workload, kueue.pods_ready(workload, all(p.ready for p in ctx.current())))
     return None

@@ -174,7 +174,9 @@ class RunContext:
         if not self.status.get("queue") or not self.settings.kueue_enabled:
             return
         name = naming.workload_name(self.name)
-        workload = await asyncio.to_thread(self.kube.get_workload, self.namespace, name)
-        patch = kueue.finished(workload, reason, message) if workload is not None else None
-        if patch:
-            await asyncio.to_thread(self.kube.patch_workload, self.namespace, name, {"status": patch}, True)
+        for _ in range(5):  # read again when Kueue wrote in between (the run's end is written once, not retried later)
+            workload = await asyncio.to_thread(self.kube.get_workload, self.namespace, name)
+            patch = kueue.finished(workload, reason, message) if workload is not None else None
+            ops = kueue.status_ops(workload, patch) if patch else None
+            if ops is None or await asyncio.to_thread(self.kube.patch_workload_status, self.namespace, name, ops):
+                return

@@ -204,3 +204,20 @@ def test_pods_ready_and_finished_are_patched_only_when_they_change():
 def test_the_setting_reads_its_variable():
     assert OperatorSettings.from_env({}).kueue_enabled is False
     assert OperatorSettings.from_env({"RLRUN_OPERATOR_KUEUE_ENABLED": "true"}).kueue_enabled is True
+
+
+def test_status_writes_are_guarded_by_the_resource_version_they_were_computed_from():
+    wl = workload(*ADMITTED, admission=ADMISSION)
+    wl["metadata"]["resourceVersion"] = "42"
+    patch = kueue.release_quota(wl, kueue.Eviction("Preempted", "m"), now=NOW)
+    ops = kueue.status_ops(wl, patch)
+    assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "42"}
+    assert {"op": "remove", "path": "/status/admission"} in ops
+    assert {"op": "add", "path": "/status/conditions", "value": patch["conditions"]} in ops
+    # nothing to remove when there is no admission; a Workload without status gets one first
+    bare = {"metadata": {"name": "rlrun-demo", "resourceVersion": "7"}, "spec": {}}
+    assert kueue.status_ops(bare, {"admission": None, "conditions": []}) == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+        {"op": "add", "path": "/status", "value": {}},
+        {"op": "add", "path": "/status/conditions", "value": []},
+    ]
