@@ -101,6 +101,16 @@ async def _patch_status(ctx: RunContext, workload: dict[str, Any], patch: dict[s
     return await asyncio.to_thread(ctx.kube.patch_workload_status, ctx.namespace, name, ops)
 
 
+async def _release(ctx: RunContext, workload: dict[str, Any]) -> bool:
+    """Give an evicted Workload's quota back (the run has no pod left: the caller knows); True when done now."""
+    ev = kueue.eviction(workload, has_pods=False)
+    if ev is None or not await _patch_status(ctx, workload, kueue.release_quota(workload, ev)):
+        return False
+    message = f"the pods are gone: Workload {naming.workload_name(ctx.name)}'s quota given back to Kueue ({ev.reason})"
+    ctx.event(EventReason.QUOTA_RELEASED, message)
+    return True
+
+
 async def _priority(ctx: RunContext) -> tuple[str, int] | None:
     name = kueue.priority_class(ctx.body)
     if name is None:
@@ -164,7 +174,9 @@ async def start_queued(ctx: RunContext) -> bool:
         trigger=Trigger.KUEUE_ADMISSION, kind=RecoveryKind.SUSPENSION, reason="Created", message="waiting for Kueue",
         stage=Stage.QUEUED, since=now, stageSince=now, nextAttempt=0,
     )  # fmt: skip
-    await ctx.write({"recovery": rec.model_dump(mode="json"), "observedGeneration": ctx.generation})
+    await ctx.write(
+        {"recovery": rec.model_dump(mode="json"), "observedGeneration": ctx.generation, "phase": Phase.QUEUED}
+    )
     if managed(ctx):
         await ensure_workload(ctx, 0)
     await queued(ctx, rec)
@@ -212,6 +224,8 @@ async def queued(ctx: RunContext, rec: Recovery) -> bool:
         await ctx.write(patch)
         return True
     workload = await ensure_workload(ctx, _next_attempt(ctx, rec))
+    if await _release(ctx, workload):  # evicted with no pod left (e.g. deactivated before it was active again)
+        return False
     adm = kueue.admission(workload)
     if adm is None:
         await _show(ctx, Reason.QUEUED, kueue.pending_message(workload))
@@ -242,12 +256,13 @@ async def starting(r: Reconciling, ctx: RunContext, rec: Recovery, workload: dic
     if workload is None:
         await ensure_workload(ctx, _next_attempt(ctx, rec))
         return await _requeue(ctx, rec, "the Workload was (re)created")
+    if not workload["spec"].get("active", True):  # unsuspended before Kueue saw it inactive: active again, queued
+        await _patch(ctx, {"spec": {"active": True}})
+        return await _requeue(ctx, rec, "the Workload is active again")
     ev = kueue.eviction(workload, has_pods=False)
     if ev is not None and rec.scope == "attempt":
-        if not await _patch_status(ctx, workload, kueue.release_quota(workload, ev)):
+        if not await _release(ctx, workload):
             return False  # Kueue wrote meanwhile: decided again at the next look
-        name = naming.workload_name(ctx.name)
-        ctx.event(EventReason.QUOTA_RELEASED, f"the pods are gone: Workload {name}'s quota given back to Kueue")
         return await _requeue(ctx, rec, f"waiting to be admitted again after {ev.reason}")
     adm = kueue.admission(workload)
     if adm is None:
@@ -335,11 +350,7 @@ async def step(r: Reconciling, ctx: RunContext, rec: Recovery | None) -> bool | 
         return None
     if rec is not None and rec.stage == Stage.SUSPENDED:  # Kueue frees the quota of an inactive Workload
         await _patch(ctx, {"spec": {"active": False}} if workload["spec"].get("active", True) else None)
-        ev = kueue.eviction(workload, has_pods=False)
-        if ev is not None and await _patch_status(ctx, workload, kueue.release_quota(workload, ev)):
-            ctx.event(
-                EventReason.QUOTA_RELEASED, f"suspended: Workload {workload['metadata']['name']}'s quota given back"
-            )
+        await _release(ctx, workload)
         return None
     if tracked and kueue.admission(workload) is not None and ctx.current():
         await _patch_status(ctx, workload, kueue.pods_ready(workload, all(p.ready for p in ctx.current())))
