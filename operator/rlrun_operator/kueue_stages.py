@@ -11,7 +11,7 @@ stop path is the preemption's own).
 | stage ``Starting`` | :func:`starting` | pods only while admitted, with the admission's placement; else back to ``Queued`` |
 | the Workload evicted (or its quota or itself gone while pods run) | :func:`evict` | an attempt-scope preemption, trigger ``KueueEviction``, phase ``Evicted`` (takes over any other recovery) |
 | the evicted run's pods are gone (its ``Starting``) | :func:`starting` | the quota released on the Workload, back to ``Queued`` |
-| stage ``Suspended`` (``spec.suspend``) | :func:`step` | ``spec.active: false``; Kueue's ``InactiveWorkload`` eviction released, not counted |
+| stage ``Suspended`` (``spec.suspend``) | :func:`step` | ``spec.active: false``; Kueue's ``Deactivated`` eviction released, not counted |
 | any other look at an admitted run | :func:`step` | the Workload's ``PodsReady`` follows the pods |
 
 The run's ``status.queue`` marks it as admitted through Kueue: only such a run is watched for evictions (a label
