@@ -253,3 +253,13 @@ def test_the_queue_label_on_a_cluster_without_kueue_holds_the_run_and_says_so(ku
     assert "does not serve Kueue's Workloads (kueue.x-k8s.io/v1beta1): install Kueue" in held["message"]
     time.sleep(0.3)
     assert cluster.pods() == [] and cluster.condition("Degraded") is None
+
+
+def test_a_missing_priority_class_queues_the_run_without_priority_and_says_so(kueue, cluster):
+    doc = queued_manifest()
+    doc["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "urgent"
+    cluster.kube.create("rlruns", doc, NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")  # admitted all the same
+    assert "priority" not in kueue.workload(WORKLOAD)["spec"]
+    (event,) = [e for e in cluster.wait_for_events("NoPriorityClass") if e["reason"] == "NoPriorityClass"]
+    assert event["type"] == "Warning" and "WorkloadPriorityClass urgent" in event["message"]
