@@ -48,9 +48,7 @@ PREEMPTED = "Preempted"
 REQUEUED = "Requeued"
 PODS_READY = "PodsReady"
 FINISHED = "Finished"
-#: Kueue's eviction reasons the operator treats apart: a deactivated Workload (``spec.active: false``) is
-#: ``spec.suspend``'s own doing, not counted again; a preemption requeues.
-INACTIVE = "InactiveWorkload"
+#: The eviction reason after which the job side's release also says ``Requeued`` (Kueue's ``WorkloadEvictedByPreemption``).
 PREEMPTED_REASON = "Preempted"
 
 
@@ -173,7 +171,7 @@ class Eviction:
     """Kueue took the run's admission back.
 
     Attributes:
-        reason: Kueue's ``Evicted`` reason (``Preempted``, ``PodsReadyTimeout``, ``InactiveWorkload``, ``AdmissionCheck``,
+        reason: Kueue's ``Evicted`` reason (``Preempted``, ``PodsReadyTimeout``, ``Deactivated``, ``AdmissionCheck``,
             ``ClusterQueueStopped``, …), or ``QuotaLost`` / ``WorkloadDeleted`` when the run has pods and the Workload
             holds no quota or is gone.
         message: Kueue's message.

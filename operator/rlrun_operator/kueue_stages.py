@@ -11,7 +11,7 @@ stop path is the preemption's own).
 | stage ``Starting`` | :func:`starting` | pods only while admitted, with the admission's placement; else back to ``Queued`` |
 | the Workload evicted (or its quota or itself gone while pods run) | :func:`evict` | an attempt-scope preemption, trigger ``KueueEviction``, phase ``Evicted`` (takes over any other recovery) |
 | the evicted run's pods are gone (its ``Starting``) | :func:`starting` | the quota released on the Workload, back to ``Queued`` |
-| stage ``Suspended`` (``spec.suspend``) | :func:`step` | ``spec.active: false``; Kueue's ``InactiveWorkload`` eviction released, not counted |
+| stage ``Suspended`` (``spec.suspend``) | :func:`step` | ``spec.active: false``; Kueue's ``Deactivated`` eviction released, not counted |
 | any other look at an admitted run | :func:`step` | the Workload's ``PodsReady`` follows the pods |
 
 The run's ``status.queue`` marks it as admitted through Kueue: only such a run is watched for evictions (a label
@@ -24,6 +24,7 @@ import asyncio
 import logging
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from rlrun.api.status import ConditionType, EventReason, Phase, Reason, Recovery, RecoveryKind, Stage, Trigger
 
 from rlrun_operator import kueue, naming, recovery, stages
@@ -33,6 +34,12 @@ from rlrun_operator.stages import Reconciling
 from rlrun_operator.status import now_rfc3339, set_condition
 
 log = logging.getLogger(__name__)
+
+#: Why a labelled run waits when the cluster serves no Workloads (the operator's integration is on, Kueue is not there).
+NOT_SERVED = (
+    "this cluster does not serve Kueue's Workloads (kueue.x-k8s.io/v1beta1): install Kueue (v0.10 or newer), "
+    "or remove the label to run without queueing"
+)
 
 #: Stages of its own eviction that another eviction does not take over (it would only count it twice).
 OWN_STAGES = (Stage.PAUSING, Stage.STOPPING, Stage.STARTING)
@@ -177,9 +184,7 @@ async def start_queued(ctx: RunContext) -> bool:
     await ctx.write(
         {"recovery": rec.model_dump(mode="json"), "observedGeneration": ctx.generation, "phase": Phase.QUEUED}
     )
-    if managed(ctx):
-        await ensure_workload(ctx, 0)
-    await queued(ctx, rec)
+    await queued(ctx, rec)  # the Workload is created there
     return True
 
 
@@ -223,7 +228,13 @@ async def queued(ctx: RunContext, rec: Recovery) -> bool:
         patch, _ = recovery.begin_suspension(ctx.status, ctx.generation, orchestrator_alive=False)
         await ctx.write(patch)
         return True
-    workload = await ensure_workload(ctx, _next_attempt(ctx, rec))
+    try:
+        workload = await ensure_workload(ctx, _next_attempt(ctx, rec))
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        await _show(ctx, Reason.QUEUED, NOT_SERVED, warning=True)  # held until Kueue is installed
+        return False
     if await _release(ctx, workload):  # evicted with no pod left (e.g. deactivated before it was active again)
         return False
     adm = kueue.admission(workload)

@@ -147,7 +147,8 @@ def test_an_eviction_during_a_pod_loss_recovery_takes_it_over(kueue, cluster):
     disrupt(cluster, cluster.pod("orchestrator"), reason="PreemptionByScheduler")
     finish_old_pods(cluster)
     wait_for(lambda: len(attempt_pods(cluster, 1)) == 3, what="attempt 1 pods")  # still admitted: it goes on
-    assert cluster.status()["recovery"]["stage"] == "Resuming" and cluster.status()["preemptions"] == 1
+    wait_for(lambda: (cluster.status().get("recovery") or {}).get("stage") == "Resuming", what="Resuming")
+    assert cluster.status()["preemptions"] == 1
     kueue.hold(WORKLOAD)
     kueue.evict(WORKLOAD)
     wait_for(lambda: (cluster.status().get("recovery") or {}).get("trigger") == "KueueEviction", what="taken over")
@@ -242,3 +243,23 @@ def test_the_kueue_example_admits_the_example_run(kueue, cluster):
     workload = kueue.workload("rlrun-reverse-text")
     assert workload["spec"]["priority"] == 1000 and workload["spec"]["priorityClassName"] == "research-high"
     assert cluster.status("reverse-text")["queue"]["clusterQueue"] == "ml-research"
+
+
+def test_the_queue_label_on_a_cluster_without_kueue_holds_the_run_and_says_so(kueue_operator, cluster):
+    cluster.kueue = True  # the operator runs in the Kueue mode: its calls are that mode's (RBAC proof)
+    cluster.kube.create("rlruns", queued_manifest(), NAMESPACE)
+    held = wait_for(lambda: (c := cluster.condition("Admitted")) and c, what="Admitted")
+    assert (held["status"], held["reason"], phase(cluster)) == ("False", "Queued", "Queued")
+    assert "does not serve Kueue's Workloads (kueue.x-k8s.io/v1beta1): install Kueue" in held["message"]
+    time.sleep(0.3)
+    assert cluster.pods() == [] and cluster.condition("Degraded") is None
+
+
+def test_a_missing_priority_class_queues_the_run_without_priority_and_says_so(kueue, cluster):
+    doc = queued_manifest()
+    doc["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "urgent"
+    cluster.kube.create("rlruns", doc, NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="pods")  # admitted all the same
+    assert "priority" not in kueue.workload(WORKLOAD)["spec"]
+    (event,) = [e for e in cluster.wait_for_events("NoPriorityClass") if e["reason"] == "NoPriorityClass"]
+    assert event["type"] == "Warning" and "WorkloadPriorityClass urgent" in event["message"]

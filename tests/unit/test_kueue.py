@@ -181,7 +181,7 @@ def test_releasing_the_quota_unsets_the_reservation_as_kueues_job_reconciler_doe
     assert by["Admitted"]["status"] == "False" and by["Evicted"]["status"] == "True"
     assert (by["Requeued"]["status"], by["Requeued"]["reason"]) == ("True", "Preempted")
     assert by["QuotaReserved"]["observedGeneration"] == 1
-    other = kueue.release_quota(wl, kueue.Eviction("InactiveWorkload", ""), now=NOW)
+    other = kueue.release_quota(wl, kueue.Eviction("Deactivated", ""), now=NOW)
     assert "Requeued" not in {c["type"] for c in other["conditions"]}
 
 
