@@ -7,6 +7,7 @@
 | :func:`poll_status` | timer, every ``status_interval_seconds`` | a reconcile |
 | :func:`pod_changed` | one of the operator's pods changes | a reconcile of its run (disruptions are seen at once) |
 | :func:`node_changed` | a Node's taints or readiness change, or it is deleted | a reconcile of every run with a pod on it |
+| :func:`workload_changed` | one of the operator's Kueue Workloads changes (only with ``kueue_enabled``: :func:`watch_workloads`) | a reconcile of its run (admission and eviction are seen at once) |
 | :func:`run_pods`, :func:`nodes` | indexes | the pods of each run, the nodes (what the reconciler reads) |
 
 Deletion needs no handler: everything but a retained claim carries an owner reference
@@ -36,7 +37,7 @@ from rlrun.api.spec import API_GROUP, API_VERSION
 from rlrun.api.status import EventReason, Phase, Reason
 from rlrun.manifest import ManifestError
 
-from rlrun_operator import crd_drift, naming, recovery
+from rlrun_operator import crd_drift, kueue, naming, recovery
 from rlrun_operator.builders import build_configmap
 from rlrun_operator.disruption import NodeView, node_view
 from rlrun_operator.kube import Kube, load_api_client
@@ -269,6 +270,25 @@ async def node_changed(type, name, body, run_pods: kopf.Index, nodes: kopf.Index
             )  # one run's invalid spec does not keep the others from being looked at (the timer retries)
 
 
+async def workload_changed(namespace, labels, run_pods: kopf.Index, nodes: kopf.Index, **_) -> None:
+    """One of the operator's Workloads changed (Kueue admitted or evicted it): reconcile its run now (the reconciler
+    reads the Workload fresh)."""
+    name = labels.get(naming.INSTANCE)
+    if name:
+        with METRICS.track("workload"), contextlib.suppress(kopf.TemporaryError):  # the timer retries and warns
+            await _reconcile(namespace, name, run_pods, nodes)
+
+
+def watch_workloads(registry: kopf.OperatorRegistry) -> None:
+    """Register :func:`workload_changed` on the operator's Workloads (``kueue.x-k8s.io/v1beta1``) in ``registry``: only
+    with the integration on, so an operator without Kueue neither needs Kueue's CRDs nor the grant to watch them."""
+    kopf.on.event(kueue.GROUP, kueue.VERSION, kueue.WORKLOADS, labels=OUR_PODS, registry=registry)(workload_changed)
+
+
+if SETTINGS.kueue_enabled:
+    watch_workloads(kopf.get_default_registry())
+
+
 __all__ = [
     "METRICS",
     "SETTINGS",
@@ -281,4 +301,6 @@ __all__ = [
     "poll_status",
     "run_pods",
     "spec_changed",
+    "watch_workloads",
+    "workload_changed",
 ]

@@ -23,6 +23,9 @@ from rlrun.api.spec import API_GROUP, API_VERSION
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
 from rlrun_operator import naming
+from rlrun_operator.kueue import GROUP as KUEUE_GROUP
+from rlrun_operator.kueue import VERSION as KUEUE_VERSION
+from rlrun_operator.kueue import WORKLOADS
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +60,8 @@ def load_api_client() -> ApiClient:
 
 class Kube:
     """The operator's view of the API: read RLRuns and write their status, create run objects, list and
-    delete pods, read the control token."""
+    delete pods, read the control token; with Kueue, read and patch the runs' Workloads and read ResourceFlavors
+    and WorkloadPriorityClasses."""
 
     def __init__(self, api: ApiClient) -> None:
         self.core = CoreV1Api(api)
@@ -69,6 +73,9 @@ class Kube:
             "Secret": self.core.create_namespaced_secret,
             "ConfigMap": self.core.create_namespaced_config_map,
             "PersistentVolumeClaim": self.core.create_namespaced_persistent_volume_claim,
+            "Workload": lambda namespace, body, **kw: self.custom.create_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, body, **kw
+            ),
         }
 
     @_retry
@@ -185,3 +192,79 @@ class Kube:
             if exc.status != 404:
                 raise
             self.create(obj)
+
+    # -- Kueue (kueue.x-k8s.io/v1beta1) ---------------------------------------------------------------
+
+    @_retry
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Workload ``name`` as the API server has it now (None when it is gone).
+
+        Raises:
+            ApiException: a refusal other than 404, or a transient error that outlasted the retries.
+        """
+        try:
+            resp = self.custom.get_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, name, _preload_content=False
+            )
+            return json.loads(resp.data)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    @_retry
+    def patch_workload(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Merge ``patch`` into the Workload (``spec.active``, ``spec.podSets``); a missing Workload is fine.
+
+        Raises:
+            ApiException: a refusal other than 404, or a transient error that outlasted the retries.
+        """
+        try:
+            self.custom.patch_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, name, patch,
+                _content_type="application/merge-patch+json", _preload_content=False,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    @_retry
+    def patch_workload_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> bool:
+        """Apply the JSON patch ``ops`` (:func:`rlrun_operator.kueue.status_ops`: guarded by a ``resourceVersion``
+        test) to the Workload's status subresource; False when it is gone or changed since it was read (404, 409,
+        422: the caller reads it again at its next look).
+
+        Raises:
+            ApiException: another refusal, or a transient error that outlasted the retries.
+        """
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, name, ops,
+                _content_type="application/json-patch+json", _preload_content=False,
+            )  # fmt: skip
+            return True
+        except ApiException as exc:
+            if exc.status in (404, 409, 422):
+                log.info(
+                    "Workload %s/%s changed or gone before its status was written (%s)", namespace, name, exc.status
+                )
+                return False
+            raise
+
+    @_retry
+    def get_kueue_object(self, plural: str, name: str) -> dict[str, Any] | None:
+        """A cluster-scoped Kueue object: a ResourceFlavor (``resourceflavors``) or a WorkloadPriorityClass
+        (``workloadpriorityclasses``); None when it does not exist.
+
+        Raises:
+            ApiException: a refusal other than 404, or a transient error that outlasted the retries.
+        """
+        try:
+            resp = self.custom.get_cluster_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, plural, name, _preload_content=False
+            )
+            return json.loads(resp.data)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise

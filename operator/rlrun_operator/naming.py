@@ -27,6 +27,10 @@ ROLLOUT_INDEX = f"{API_GROUP}/rollout-index"
 TRAINER_NODE = f"{API_GROUP}/trainer-node"
 TRAINER_NODES = f"{API_GROUP}/trainer-nodes"
 
+#: Kueue's labels on an RLRun: the LocalQueue that admits it, and its WorkloadPriorityClass (``kueue.py``).
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+
 ORCHESTRATOR = "orchestrator"
 TRAINER = "trainer"
 ROLLOUT = "rollout"
@@ -67,6 +71,12 @@ def created_claim_name(run: str) -> str:
     (``builders.mounted_claim_name``).
     """
     return f"{run}-run"
+
+
+def workload_name(run: str) -> str:
+    """The Kueue Workload of a run labelled ``kueue.x-k8s.io/queue-name``: ``rlrun-<run>`` (≤ 56 characters, a
+    DNS-1123 subdomain: run names are ≤ 50 characters)."""
+    return f"rlrun-{run}"
 
 
 def secret_name(run: str) -> str:

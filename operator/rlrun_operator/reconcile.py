@@ -11,6 +11,8 @@ a count made by another handler (they are the same code, one at a time).
 What a reconcile does, first match wins (a run without a phase is left alone: its create handler has
 not written the first status yet, and nothing may act on it before that):
 
+0. a run labelled ``kueue.x-k8s.io/queue-name`` (or admitted through Kueue): Kueue's part first
+   (:func:`.kueue_stages.step`: queued, admitted, evicted; no pod without admission);
 1. a recovery in progress (``status.recovery``): advance it (:func:`.stages.advance`;
    ``recovery.py`` has the stages and the scopes: the next attempt, or a lost rollout pod or
    trainer replaced within the attempt);
@@ -42,7 +44,7 @@ from rlrun.api.control_client import ControlClient, ControlError
 from rlrun.api.spec import RLRun
 from rlrun.api.status import ConditionType, EventReason, Phase, Reason, Recovery, RecoveryKind, Trigger
 
-from rlrun_operator import naming, recovery, stages
+from rlrun_operator import kueue_stages, naming, recovery, stages
 from rlrun_operator.control import ControlClients
 from rlrun_operator.disruption import Disruption, NodeView, disruption
 from rlrun_operator.kube import Kube
@@ -117,7 +119,7 @@ class Reconciler:
         pods and its first status, ``status`` the one it starts from (a run refused before: none)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         async with self._gates.setdefault((namespace, name), _Gate()).lock:
-            await stages.start_first(self._context(body, run, dict(status), [], {}))
+            await stages.start_first(self._context(body, run, dict(status), [], {}), kueue_stages.start_queued)
 
     async def reconcile(
         self,
@@ -185,6 +187,10 @@ class Reconciler:
         if phase is None:  # its create handler has not written the first status yet: the run is still its
             return False
         rec = recovery.recovery_of(ctx.status)
+        if kueue_stages.involved(ctx, rec):  # Kueue's part first: admission gates every pod
+            outcome = await kueue_stages.step(self, ctx, rec)
+            if outcome is not None:
+                return outcome
         if rec is not None:
             return await stages.advance(self, ctx, rec)
         if ctx.run.spec.suspend and phase != Phase.SUSPENDED:

@@ -19,7 +19,7 @@ from typing import Any
 import kopf
 from rlrun.api.spec import RLRun
 
-from rlrun_operator import naming
+from rlrun_operator import kueue, naming
 from rlrun_operator.builders import build_run_objects
 from rlrun_operator.control import ControlClients
 from rlrun_operator.disruption import NodeView
@@ -167,3 +167,16 @@ class RunContext:
             self.controls.token_changed(*self.key)
             log.info("%s/%s: %d run objects recreated", self.namespace, self.name, created)
         return created
+
+    async def finish_workload(self, reason: str, message: str) -> None:
+        """The run ended (``reason`` ``Succeeded`` or ``Failed``): a Kueue-admitted run's Workload gets ``Finished``
+        True, so Kueue frees its quota (nothing for a run without ``status.queue``)."""
+        if not self.status.get("queue") or not self.settings.kueue_enabled:
+            return
+        name = naming.workload_name(self.name)
+        for _ in range(5):  # read again when Kueue wrote in between (the run's end is written once, not retried later)
+            workload = await asyncio.to_thread(self.kube.get_workload, self.namespace, name)
+            patch = kueue.finished(workload, reason, message) if workload is not None else None
+            ops = kueue.status_ops(workload, patch) if patch else None
+            if ops is None or await asyncio.to_thread(self.kube.patch_workload_status, self.namespace, name, ops):
+                return

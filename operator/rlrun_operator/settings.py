@@ -48,6 +48,9 @@ class OperatorSettings(BaseModel):
             the environment as a comma-separated list, which replaces the defaults.
         force_delete_after_seconds: seconds after a pod's deletion grace period ended before a pod
             still terminating on a NotReady, unreachable or deleted node is force-deleted (grace 0).
+        kueue_enabled: runs labelled ``kueue.x-k8s.io/queue-name`` are admitted by Kueue through a Workload the
+            operator owns (``rlrun_operator.kueue``); off, such a run is held with a Warning (never run unqueued).
+            From the environment: ``true``/``false``.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -61,6 +64,7 @@ class OperatorSettings(BaseModel):
     request_timeout_seconds: float = Field(default=5.0, gt=0)
     disruption_taints: tuple[str, ...] = DEFAULT_DISRUPTION_TAINTS
     force_delete_after_seconds: float = Field(default=60.0, ge=0)
+    kueue_enabled: bool = False
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> OperatorSettings:

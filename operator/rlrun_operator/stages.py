@@ -14,6 +14,7 @@ when it changed something and another stage may follow in the same reconcile.
 | Pausing | :func:`pause` | ``POST /pause`` to the live orchestrator, record what the snapshot saved |
 | Stopping | :func:`stop` | delete the pods that must restart and wait until they are gone |
 | Suspended | :func:`unsuspend` | wait for ``spec.suspend: false`` |
+| Queued | :func:`.kueue_stages.queued` | a Kueue-managed run waits for its Workload's admission (:mod:`.kueue_stages`) |
 | Starting | :func:`start` | the next attempt's pods, or the lost pods' replacements |
 | Resuming | :func:`resume`, :func:`resume_trainer` | wait for the new attempt's restore, or the new trainer |
 | (done) | :func:`succeed` | ``Succeeded``, the rollout pods freed |
@@ -28,6 +29,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from kubernetes.client.exceptions import ApiException
@@ -35,7 +37,7 @@ from rlrun.api.control import StatusReport
 from rlrun.api.control_client import ControlError
 from rlrun.api.status import ConditionType, EventReason, Phase, Reason, Recovery, RecoveryKind, Stage, Trigger
 
-from rlrun_operator import naming, recovery
+from rlrun_operator import kueue, naming, recovery
 from rlrun_operator.builders import build_run_objects
 from rlrun_operator.disruption import Disruption, node_trouble
 from rlrun_operator.pods import build_pods, build_rollout_replacement, build_trainer_replacement
@@ -96,9 +98,10 @@ def _avoiding(avoid: list[str]) -> str:
 # -- the first start --------------------------------------------------------------------------------------
 
 
-async def start_first(ctx: RunContext) -> None:
-    """A new run: its claim, Secret, ConfigMap and Service, then attempt 0's pods (none with ``spec.suspend``),
-    and its first status (the create handler calls this through the reconciler; a retry creates nothing twice)."""
+async def start_first(ctx: RunContext, queue: Callable[[RunContext], Awaitable[bool]] | None = None) -> None:
+    """A new run: its claim, Secret, ConfigMap and Service, then attempt 0's pods (none with ``spec.suspend``, or
+    when ``queue`` takes the run: Kueue's :func:`.kueue_stages.start_queued`), and its first status (the create
+    handler calls this through the reconciler; a retry creates nothing twice)."""
     token = ctx.controls.token(*ctx.key) or secrets.token_urlsafe(32)
     objects = build_run_objects(ctx.body, ctx.run, ctx.settings, token)
     created = await ctx.create_each(objects)
@@ -110,6 +113,8 @@ async def start_first(ctx: RunContext) -> None:
             "its run directory is resumed; storage.size and retention_policy do not apply to it"
         )
         ctx.event(EventReason.EXISTING_CLAIM, message, warning=True)
+    if queue is not None and await queue(ctx):
+        return
     if ctx.run.spec.suspend:
         await ctx.write(recovery.created_suspended(ctx.status, ctx.generation))
         ctx.event(EventReason.SUSPENDED, "created with spec.suspend: no pods until it is false")
@@ -153,6 +158,7 @@ async def begin(r: Reconciling, ctx: RunContext, found: list[Disruption]) -> boo
         doomed = [p for p in ctx.pods if p.component != naming.ORCHESTRATOR and not p.deleting]
         await ctx.write({**patch, **recovery.deleting(ctx.status, [p.name for p in doomed])})
         await ctx.delete(doomed)
+        await ctx.finish_workload(Phase.FAILED, ctx.status.get("message") or "failed")
         ctx.event(EventReason.FAILED, ctx.status.get("message") or "failed", warning=True)
         return False
     await ctx.write(patch)
@@ -284,14 +290,14 @@ async def unsuspend(r: Reconciling, ctx: RunContext, rec: Recovery) -> bool:
     return True
 
 
-async def start(r: Reconciling, ctx: RunContext, rec: Recovery) -> bool:
-    """Create the next attempt's pods (or the lost pods' replacements); run objects first (never a pod whose
-    Secret is missing)."""
+async def start(r: Reconciling, ctx: RunContext, rec: Recovery, placements: dict | None = None) -> bool:
+    """Create the next attempt's pods (or the lost pods' replacements), with a Kueue admission's ``placements``
+    (:func:`.kueue.place`); run objects first (never a pod whose Secret is missing)."""
     await ctx.ensure_run_objects()
     avoid = list(ctx.status.get("failedNodes") or [])
     if rec.scope == "attempt":
         attempt = int(rec.nextAttempt if rec.nextAttempt is not None else 0)
-        count = await ctx.create(build_pods(ctx.body, ctx.run, ctx.settings, attempt, avoid))
+        count = await ctx.create(kueue.place(build_pods(ctx.body, ctx.run, ctx.settings, attempt, avoid), placements))
         await ctx.write(recovery.started(ctx.status, ctx.generation, rec, attempt, ctx.run.spec.rollout.replicas))
         ctx.event(EventReason.RECREATED, f"attempt {attempt}: {count} pods created with --resume{_avoiding(avoid)}")
         return True
@@ -309,7 +315,7 @@ async def start(r: Reconciling, ctx: RunContext, rec: Recovery) -> bool:
         )
         for name in rec.replacements
     ]
-    await ctx.create(pods)
+    await ctx.create(kueue.place(pods, placements))
     replaced = f"replaced {', '.join(rec.pods)} by {', '.join(rec.replacements)}"
     if rec.scope == "trainer":  # done once the replacement trainer runs
         await ctx.write(recovery.replaced(ctx.status, ctx.generation, rec, attempt))
@@ -424,4 +430,5 @@ async def succeed(ctx: RunContext) -> None:
         patch["progress"] = {"percent": 100, "text": "100%", "eta": "-", "etaSeconds": None}
     await ctx.write({**patch, **recovery.deleting(ctx.status, [p.name for p in rollouts])})
     await ctx.delete(rollouts)
+    await ctx.finish_workload(Phase.SUCCEEDED, message)
     ctx.event(EventReason.SUCCEEDED, f"{message}; {len(rollouts)} rollout pods removed")

@@ -14,9 +14,16 @@ from tests.support.scenarios import OPERATOR_ENV, seed_model
 
 
 @pytest.fixture
-def cluster(request, tmp_path, cache_dir):
+def operator_env() -> dict[str, str]:
+    """The ``RLRUN_OPERATOR_*`` settings of the cluster's operator process (a test module overrides this fixture
+    to run it otherwise, e.g. with the Kueue integration on)."""
+    return OPERATOR_ENV
+
+
+@pytest.fixture
+def cluster(request, tmp_path, cache_dir, operator_env):
     image_env = {} if request.node.get_closest_marker("vllm") else FAKE_ROLLOUT_IMAGE_ENV
-    with LocalCluster(tmp_path / "cluster", operator_env=OPERATOR_ENV, image_env=image_env) as c:
+    with LocalCluster(tmp_path / "cluster", operator_env=operator_env, image_env=image_env) as c:
         seed_model(c, cache_dir)
         try:
             yield c

@@ -239,19 +239,3 @@ def test_second_preemption_during_the_recovery_from_the_first(cluster):
     assert sorted(status["failedNodes"]) == sorted([first, second])
     assert set(bound_nodes(cluster, 2).values()) == {n for n in cluster.nodes.nodes if n not in (first, second)}
     print(ledger_check(cluster))
-
-
-def test_suspend_then_resume_as_kueue_does(cluster):
-    apply(cluster, manifest(max_steps=12))
-    wait_for_training(cluster, 5)
-    cluster.kubectl("patch", "rlrun", NAME, "--type", "merge", "-p", '{"spec":{"suspend":true}}')
-    suspended = wait_for(lambda: (s := cluster.status(NAME)).get("phase") == "Suspended" and s, 120, "Suspended")
-    wait_for(lambda: not cluster.pods(NAME), 60, "every pod gone")
-    ready = next(c for c in suspended["conditions"] if c["type"] == "Ready")
-    assert "queued traces" in ready["message"], ready
-    cluster.kubectl("patch", "rlrun", NAME, "--type", "merge", "-p", '{"spec":{"suspend":false}}')
-
-    status = wait_for_end(cluster)
-    assert status["suspensions"] == 1 and status["preemptions"] == 0 and status["failures"] == 0
-    assert status["lastResume"]["attempt"] == 1 and status["lastResume"]["fromStep"] >= 4
-    print(ledger_check(cluster))

@@ -38,8 +38,10 @@ from tests.support.polling import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = kubernetes_validate.utils.latest_version()
 NAMESPACE = "team-a"
-#: (apiGroup, resource[/subresource], verb) the operator used in this test session.
+#: (apiGroup, resource[/subresource], verb) the operator used in this test session: without Kueue, and with the
+#: integration on (``tests/kube/test_kueue.py``'s ``kueue`` fixture), proven against the chart's two renderings.
 RBAC_USAGE: set[tuple[str, str, str]] = set()
+KUEUE_RBAC_USAGE: set[tuple[str, str, str]] = set()
 
 
 @dataclass
@@ -52,6 +54,8 @@ class Cluster:
     kubeconfig: Path
     #: whether this test's API calls count as the operator's in ``RBAC_USAGE`` (not when kubectl calls too)
     operator_only: bool = True
+    #: the operator runs with its Kueue integration on (its calls count in ``KUEUE_RBAC_USAGE``)
+    kueue: bool = False
 
     def rlrun(self, name: str = "demo", namespace: str = NAMESPACE) -> dict | None:
         return self.kube.get("rlruns", name, namespace)
@@ -134,7 +138,44 @@ def cluster(tmp_path, monkeypatch):
         finally:
             c.operator.stop()
             if c.operator_only:
-                RBAC_USAGE.update(kube.rbac_usage())
+                (KUEUE_RBAC_USAGE if c.kueue else RBAC_USAGE).update(kube.rbac_usage())
+
+
+#: The Kueue fixture's flavor (a GPU pool: its node label and taint) and queues.
+GPU_FLAVOR = "gpu-a"
+GPU_POOL = {"pool": "gpu-a"}
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+LOCAL_QUEUE, CLUSTER_QUEUE = "team-q", "cq"
+
+
+@pytest.fixture
+def kueue_operator(monkeypatch):
+    """The operator's Kueue integration on for one test (request it before ``cluster``, which starts the operator):
+    ``handlers.SETTINGS`` (read by the reconciler ``cluster`` builds) and the Workload watch in kopf's registry,
+    taken out again afterwards so the other tests run without Kueue, as the chart's default does."""
+    monkeypatch.setattr(handlers, "SETTINGS", handlers.SETTINGS.model_copy(update={"kueue_enabled": True}))
+    registry = kopf.get_default_registry()
+    watching = list(registry._watching._handlers)  # kopf has no public way to unregister a handler
+    handlers.watch_workloads(registry)
+    yield
+    registry._watching._handlers[:] = watching
+
+
+@pytest.fixture
+def kueue(kueue_operator, cluster):
+    """Kueue's stand-in (``tests/support/kueue.py``) on the test's cluster, its controller running: the GPU flavor
+    ``gpu-a`` (``GPU_POOL`` nodes, ``GPU_TOLERATION``), ClusterQueue ``cq`` (64 CPUs, 256 GiB, 8 GPUs) and
+    LocalQueue ``team-q`` in the test namespace; the operator runs with the integration on."""
+    from tests.support.kueue import KueueStandIn
+
+    cluster.kueue = True
+    standin = KueueStandIn(cluster.kube, NAMESPACE)
+    standin.install()
+    standin.flavor(GPU_FLAVOR, node_labels=GPU_POOL, tolerations=[GPU_TOLERATION])
+    standin.cluster_queue(CLUSTER_QUEUE, {GPU_FLAVOR: {"cpu": "64", "memory": "256Gi", "nvidia.com/gpu": "8"}})
+    standin.local_queue(LOCAL_QUEUE, CLUSTER_QUEUE)
+    with standin:
+        yield standin
 
 
 def validate_object(obj: dict) -> None:

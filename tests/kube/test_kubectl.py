@@ -54,7 +54,7 @@ def test_kubectl_apply_get_watch_suspend_and_delete(cluster):
     during = wait_for(lambda: (t := k("get", "rlrun", "-o", "wide")) and "Recovering" in t and t, what="Recovering")
     assert during.split("\n")[0].split() == [
         "NAME", "PHASE", "STEP", "PROGRESS", "ETA", "RESUMED", "PREEMPTIONS", "AGE", "SAMPLES", "FAILURES",
-        "CHECKPOINT", "ATTEMPT",
+        "CHECKPOINT", "ATTEMPT", "QUEUE",
     ]  # fmt: skip
     assert during.split("\n")[1].split()[6] == "1"  # counted as soon as it is seen
     wait_for(lambda: len(k("get", "pods", selector, "-l=rlrun.dev/attempt=1", "-o", "name").split()) == 3, what="a1")

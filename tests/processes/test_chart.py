@@ -80,6 +80,7 @@ RENDER_CASES = {
     "metrics-disabled": ("metrics.enabled=false",),
     "existing-sa": ("serviceAccount.create=false", "serviceAccount.name=ops"),
     "disruption": ("disruptionTaints={example.com/spot-reclaim}", "forceDeleteAfterSeconds=null"),
+    "kueue": ("kueue.enabled=true",),
     "scheduling": (
         "nodeSelector.pool=system",
         "tolerations[0].key=dedicated",
@@ -217,6 +218,18 @@ def test_env_gives_the_operator_its_run_images_tagged_with_the_app_version_by_de
     assert env["RLRUN_OPERATOR_STATUS_INTERVAL_SECONDS"] == "30"
 
 
+def test_kueue_enabled_sets_its_variable_and_grants_only_then():
+    assert "RLRUN_OPERATOR_KUEUE_ENABLED" not in {e["name"] for e in operator_container(render())["env"]}
+    assert not [r for r in only(render(), "ClusterRole")["rules"] if "kueue.x-k8s.io" in r["apiGroups"]]
+    objects = render("kueue.enabled=true")
+    env = {e["name"]: e["value"] for e in operator_container(objects)["env"]}
+    assert env["RLRUN_OPERATOR_KUEUE_ENABLED"] == "true"
+    # the exact grants are proven against the calls in tests/kube/test_rbac.py
+    assert {p[1] for p in permissions(only(objects, "ClusterRole")["rules"]) if p[0] == "kueue.x-k8s.io"} == {
+        "workloads", "workloads/status", "resourceflavors", "workloadpriorityclasses",
+    }  # fmt: skip
+
+
 def test_operator_settings_accept_the_environment_the_chart_sets():
     from rlrun_operator.settings import ENV_PREFIX, OperatorSettings
 
@@ -225,6 +238,7 @@ def test_operator_settings_accept_the_environment_the_chart_sets():
         "runImages.pullSecrets={regcred,mirror}",
         "disruptionTaints={example.com/spot-reclaim,ToBeDeletedByClusterAutoscaler}",
         "forceDeleteAfterSeconds=90",
+        "kueue.enabled=true",
     )
     env = {e["name"]: e["value"] for e in operator_container(objects)["env"]}
     known = {ENV_PREFIX + field.upper() for field in OperatorSettings.model_fields}
@@ -234,7 +248,7 @@ def test_operator_settings_accept_the_environment_the_chart_sets():
     assert settings.status_interval_seconds == 2.5
     assert settings.image_pull_secrets == ("regcred", "mirror")
     assert tuple(settings.disruption_taints) == ("example.com/spot-reclaim", "ToBeDeletedByClusterAutoscaler")
-    assert settings.force_delete_after_seconds == 90
+    assert settings.force_delete_after_seconds == 90 and settings.kueue_enabled is True
     defaults = OperatorSettings.from_env({e["name"]: e["value"] for e in operator_container(render())["env"]})
     assert defaults.disruption_taints == OperatorSettings().disruption_taints  # unset: the built-in list
 
@@ -548,6 +562,7 @@ def test_dashboard_queries_pick_runs_by_the_labels_the_pod_monitor_sets():
         ("monitoring.dashboard.namespace=Grafana", "/monitoring/dashboard/namespace"),
         ("monitoring.dashboard.label=bad key", "/monitoring/dashboard/label"),
         ("monitoring.dashboard.labelValue=1", "/monitoring/dashboard/labelValue"),  # --set makes it a number
+        ("kueue.enabled=yes", "/kueue/enabled"),
     ],
 )
 def test_schema_rejects_a_bad_value_naming_the_field(value, field):

@@ -43,6 +43,19 @@ PREEMPTION_RUN: dict[str, Any] = {
 }
 
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def rlrun_examples() -> list[Path]:
+    """The RLRun manifests under ``examples/`` (every ``*.yaml`` whose first document is an RLRun: ``examples/kueue/``
+    also holds Kueue's own objects, checked against Kueue's schemas in ``tests/kube/test_kueue.py``)."""
+
+    def kind(path: Path) -> str | None:
+        return (next(yaml.safe_load_all(path.read_text()), None) or {}).get("kind")
+
+    return [p for p in sorted(EXAMPLES.glob("**/*.yaml")) if kind(p) == "RLRun"]
+
+
 def manifest(name: str = "demo", base: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
     """An RLRun document named ``name``: :data:`MINIMAL_SPEC`, then ``base``'s top-level fields, then ``spec``'s."""
     body = {**MINIMAL_SPEC, **(base or {}), **spec}

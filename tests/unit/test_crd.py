@@ -17,7 +17,7 @@ from rlrun.api.crd import CHART_CRD_FILE, CRD_FILE, PRINTER_COLUMNS, build_crd, 
 from rlrun.manifest import ManifestError, parse_manifest
 
 from tests.support.crd_validation import apply_defaults, cel_violations, to_json_schema
-from tests.support.manifests import manifest
+from tests.support.manifests import manifest, rlrun_examples
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -92,7 +92,7 @@ def test_defaults_match_the_pydantic_spec():
     assert [defaulted["trainer"][k] for k in trainer] == [resolved["trainer"][k] for k in trainer] == [0, 1, 1]
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("**/*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", rlrun_examples(), ids=lambda p: str(p.relative_to(ROOT / "examples")))
 def test_examples_pass_the_crd(path):
     doc = yaml.safe_load(path.read_text())
     assert crd_errors(doc) == []

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from rlrun.manifest import ManifestError, load_manifest, parse_manifest
 
-from tests.support.manifests import manifest
+from tests.support.manifests import manifest, rlrun_examples
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,7 +85,7 @@ def test_load_manifest_reports_file_and_yaml_errors(tmp_path):
 KUBERNETES_ONLY = {"dataset-on-kubernetes.yaml"}
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("**/*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", rlrun_examples(), ids=lambda p: str(p.relative_to(ROOT / "examples")))
 def test_examples_are_valid(path):
     """Every example passes the checks of where it runs: ``rlrun local``'s (every env built, every reward loaded),
     or the operator's (what needs no user data or code)."""

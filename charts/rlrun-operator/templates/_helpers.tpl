@@ -128,6 +128,17 @@ namespaced:
   - apiGroups: [""]
     resources: ["events"]
     verbs: ["create"]
+{{- if .Values.kueue.enabled }}
+  # Kueue: one Workload per labelled RLRun, created, read afresh by each reconcile and watched (admission and
+  # eviction wake the run); spec.active follows spec.suspend, and the pod sets a queued Workload's new spec
+  - apiGroups: ["kueue.x-k8s.io"]
+    resources: ["workloads"]
+    verbs: ["get", "list", "watch", "create", "patch"]
+  # the job side of Kueue's contract: the quota released once an evicted run's pods are gone, PodsReady, Finished
+  - apiGroups: ["kueue.x-k8s.io"]
+    resources: ["workloads/status"]
+    verbs: ["patch"]
+{{- end }}
 clusterScoped:
   # kopf follows CRDs to learn the RLRun resource
   - apiGroups: ["apiextensions.k8s.io"]
@@ -143,6 +154,13 @@ clusterScoped:
   - apiGroups: [""]
     resources: ["nodes"]
     verbs: ["list", "watch"]
+{{- if .Values.kueue.enabled }}
+  # Kueue: the admitted ResourceFlavors' node labels and tolerations (the pods' placement), and the priority of a
+  # run labelled kueue.x-k8s.io/priority-class
+  - apiGroups: ["kueue.x-k8s.io"]
+    resources: ["resourceflavors", "workloadpriorityclasses"]
+    verbs: ["get"]
+{{- end }}
 listedNamespaces:
   - apiGroups: [""]
     resources: ["namespaces"]

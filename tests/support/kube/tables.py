@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from typing import Any
 
 import aiohttp.web
@@ -21,12 +22,17 @@ def wants_table(raw: aiohttp.web.BaseRequest, spec: ResourceSpec) -> bool:
     return bool(spec.printer_columns) and "as=Table" in raw.headers.get("Accept", "")
 
 
+#: one step of a printer column's JSONPath: ``.field``, optionally filtered ``.list[?(@.key=='value')]``
+_STEP = re.compile(r"\.([^.\[]+)(?:\[\?\(@\.([^=]+)==['\"]([^'\"]*)['\"]\)\])?")
+
+
 def _json_path(obj: Any, path: str) -> Any:
-    """The value at a simple JSONPath (``.status.phase``) or None; enough for printer columns."""
-    for part in path.strip(".").split("."):
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(part)
+    """The value at a printer column's JSONPath or None: fields (``.status.phase``) and list filters
+    (``.status.conditions[?(@.type=='Ready')].status``: the first item that matches)."""
+    for field, key, value in _STEP.findall(path if path.startswith(".") else f".{path}"):
+        obj = obj.get(field) if isinstance(obj, dict) else None
+        if key:
+            obj = next((item for item in obj or [] if isinstance(item, dict) and item.get(key) == value), None)
     return obj
 
 

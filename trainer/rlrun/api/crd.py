@@ -196,6 +196,7 @@ PRINTER_COLUMNS = [
     },
     {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.lastCheckpointStep", "priority": 1},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1},
+    {"name": "Queue", "type": "string", "jsonPath": ".status.queue.name", "priority": 1},  # Kueue's LocalQueue
 ]
 
 

@@ -21,16 +21,27 @@ from pydantic import BaseModel, ConfigDict, Field
 class Phase:
     """``status.phase``: where a run is in its life (``kubectl get rlrun``'s PHASE column)."""
 
+    QUEUED = "Queued"  # waiting for Kueue's admission (kueue.x-k8s.io/queue-name): no pods
     PENDING = "Pending"  # an attempt's pods were created; its orchestrator is not running yet
     RUNNING = "Running"  # the orchestrator runs
     RECOVERING = "Recovering"  # an attempt hit by a preemption or a failure is paused, stopped and replaced
+    EVICTED = "Evicted"  # Kueue evicted the run's Workload: pausing, snapshotting and stopping, then Queued
     SUSPENDED = "Suspended"  # spec.suspend: the pods are removed, the snapshot kept
     SUCCEEDED = "Succeeded"  # the orchestrator reported every step trained
     FAILED = "Failed"  # an invalid spec, an error retrying cannot heal, or more failures than the budget
 
 
 #: Lifecycle phases, in the order a run normally goes through them.
-PHASES = (Phase.PENDING, Phase.RUNNING, Phase.RECOVERING, Phase.SUSPENDED, Phase.SUCCEEDED, Phase.FAILED)
+PHASES = (
+    Phase.QUEUED,
+    Phase.PENDING,
+    Phase.RUNNING,
+    Phase.RECOVERING,
+    Phase.EVICTED,
+    Phase.SUSPENDED,
+    Phase.SUCCEEDED,
+    Phase.FAILED,
+)
 
 
 class ConditionType:
@@ -43,6 +54,7 @@ class ConditionType:
     SUCCEEDED = "Succeeded"  # every step trained
     PREEMPTED = "Preempted"  # True while an attempt hit by a preemption is recovered (reason: the trigger)
     RESUMED = "Resumed"  # the newest attempt's orchestrator confirmed what it restored (counts in lastResume)
+    ADMITTED = "Admitted"  # a Kueue-managed run: its Workload is admitted (False: queued, evicted, or Kueue is off)
 
 
 #: Every condition type, in the order ``kubectl describe`` lists them once all are set.
@@ -54,6 +66,7 @@ CONDITION_TYPES = (
     ConditionType.SUCCEEDED,
     ConditionType.PREEMPTED,
     ConditionType.RESUMED,
+    ConditionType.ADMITTED,
 )
 
 
@@ -79,6 +92,13 @@ class Reason:
     RECONCILE_ERROR = "ReconcileError"  # the operator's reconcile raised (the message has the error)
     #: Degraded True: a pod a recovery waits for is held terminating by finalizers (the message names them)
     POD_STUCK_TERMINATING = "PodStuckTerminating"
+    QUEUED = "Queued"  # Admitted False: waiting for Kueue (the message is Kueue's own, e.g. insufficient quota)
+    ADMITTED = "Admitted"  # Admitted True: Kueue admitted the Workload (ClusterQueue and flavors in the message)
+    EVICTED = "Evicted"  # Admitted False: Kueue evicted the Workload (the message has Kueue's reason)
+    #: Admitted False: the run has the queue label but the operator runs without Kueue (kueue.enabled)
+    KUEUE_DISABLED = "KueueDisabled"
+    #: Admitted False: an admitted flavor's node label contradicts the run's own nodeSelector
+    FLAVOR_CONFLICT = "FlavorConflict"
 
 
 class Trigger:
@@ -91,7 +111,9 @@ class Trigger:
     NODE_GONE = "NodeGone"  # the pod's Node object was deleted
     POD_FAILED = "PodFailed"  # the pod ended Failed (reason: the container's reason or exit code)
     EXITED_EARLY = "ExitedEarly"  # the pod exited 0 before the run was complete (paused on a SIGTERM)
-    SUSPEND = "Suspend"  # spec.suspend became true (Kueue's preemption)
+    SUSPEND = "Suspend"  # spec.suspend became true
+    KUEUE_EVICTION = "KueueEviction"  # Kueue evicted the run's Workload (reason: Kueue's, e.g. Preempted)
+    KUEUE_ADMISSION = "KueueAdmission"  # a Kueue-managed run waits for its first admission (not counted)
 
 
 class RecoveryKind:
@@ -108,6 +130,7 @@ class Stage:
     PAUSING = "Pausing"  # POST /pause to the live orchestrator (its snapshot: queue and open groups)
     STOPPING = "Stopping"  # delete the pods that must restart; wait until they are gone (force after a timeout)
     SUSPENDED = "Suspended"  # a suspension's pods are gone; waiting for spec.suspend false
+    QUEUED = "Queued"  # no pods: waiting for Kueue to admit (again) the run's Workload
     STARTING = "Starting"  # create the next attempt's pods (or a rollout pod's replacement)
     RESUMING = "Resuming"  # wait for the new orchestrator's resume report
 
@@ -132,6 +155,13 @@ class EventReason:
     EXISTING_CLAIM = "ExistingClaim"  # the run's claim already existed and is used as it is
     POD_STUCK_TERMINATING = Reason.POD_STUCK_TERMINATING  # once per pod held terminating by finalizers
     CRD_OUTDATED = "CRDOutdated"  # the installed CRD is not the operator's (once per run and operator start)
+    QUEUED = Reason.QUEUED  # the run waits for Kueue's admission (its LocalQueue and Workload named)
+    ADMITTED = Reason.ADMITTED  # Kueue admitted the run (ClusterQueue, flavors)
+    EVICTED = Reason.EVICTED  # Kueue evicted the run (Warning: Kueue's reason and message)
+    QUOTA_RELEASED = "QuotaReleased"  # the evicted run's pods are gone: its quota reservation given back to Kueue
+    KUEUE_DISABLED = Reason.KUEUE_DISABLED  # the queue label on a run while the operator's Kueue integration is off
+    FLAVOR_CONFLICT = Reason.FLAVOR_CONFLICT  # an admitted flavor contradicts the run's nodeSelector
+    NO_PRIORITY_CLASS = "NoPriorityClass"  # the kueue.x-k8s.io/priority-class label names no WorkloadPriorityClass
 
 
 def _one_of(words: tuple[str, ...]) -> str:
@@ -219,13 +249,33 @@ class Recovery(BaseModel):
     scope: Literal["attempt", "rollout", "trainer"] = "attempt"
     pods: list[str] = Field(default_factory=list)
     node: str | None = None
-    stage: Literal["Pausing", "Stopping", "Suspended", "Starting", "Resuming"]
+    stage: Literal["Pausing", "Stopping", "Suspended", "Queued", "Starting", "Resuming"]
     since: str
     stageSince: str
     attempt: int | None = Field(default=None, ge=0)
     nextAttempt: int | None = Field(default=None, ge=0)
     replacements: list[str] = Field(default_factory=list)
     pause: str | None = None
+
+
+class QueueStatus(BaseModel):
+    """Where a Kueue-managed run queues (``status.queue``; ``rlrun_operator.kueue``).
+
+    Attributes:
+        name: the LocalQueue (the run's ``kueue.x-k8s.io/queue-name`` label).
+        workload: the run's Workload (``kueue.x-k8s.io/v1beta1``, same namespace).
+        admitted: the Workload is admitted now (the run may have pods).
+        clusterQueue: the ClusterQueue that admitted it (None while queued).
+        flavors: the ResourceFlavors of the admission, per pod set (orchestrator, trainer, rollout).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=253)
+    workload: str = Field(min_length=1, max_length=253)
+    admitted: bool = False
+    clusterQueue: str | None = None
+    flavors: dict[str, list[str]] | None = None
 
 
 class Progress(BaseModel):
@@ -263,8 +313,9 @@ class RLRunStatus(BaseModel):
         maxSteps: the step the run ends at.
         policyVersion: weights version the rollout servers hold.
         lastCheckpointStep: newest complete checkpoint.
-        preemptions: recoveries started by a preemption (pod disrupted or deleted, node lost or tainted).
-        suspensions: times ``spec.suspend`` stopped the run (Kueue's preemption); never failures.
+        preemptions: recoveries started by a preemption (pod disrupted or deleted, node lost or tainted, or Kueue's
+            eviction of the run's Workload).
+        suspensions: times ``spec.suspend`` stopped the run; never failures.
         failures: recoveries started by a failed pod (counted against ``spec.failure_policy.backoff_limit``).
         recovery: the recovery in progress, if any (:class:`Recovery`).
         failedNodes: nodes the run's pods are kept off (``NotIn`` node affinity), newest last.
@@ -276,6 +327,7 @@ class RLRunStatus(BaseModel):
         lastResume: the newest attempt's resume report.
         progress: how far the run is, with an ETA from the recent step rate (:class:`Progress`).
         rolloutEndpoints: ready rollout servers the orchestrator was given.
+        queue: the Kueue queue and Workload of a run labelled ``kueue.x-k8s.io/queue-name`` (:class:`QueueStatus`).
         rolloutReplicas: rollout pods the current attempt was created with (a spec change applies
             from the next attempt; a pod missing below this count is replaced).
         message: one line on the current state.
@@ -303,6 +355,7 @@ class RLRunStatus(BaseModel):
     progress: Progress | None = None
     rolloutEndpoints: int | None = Field(default=None, ge=0)
     rolloutReplicas: int | None = Field(default=None, ge=0)
+    queue: QueueStatus | None = None
     message: str | None = None
     conditions: list[Condition] = Field(
         default_factory=list, max_length=16, description=f"at most one of each type: {_one_of(CONDITION_TYPES)}."

@@ -1,0 +1,368 @@
+"""The Kueue stages of a run labelled ``kueue.x-k8s.io/queue-name``: queueing, admission, eviction, and the job
+side of Kueue's contract. :mod:`.kueue` decides (pure); this module acts, through the run's
+:class:`~rlrun_operator.run_context.RunContext`, and hands the rest to :mod:`.stages` (the pause → snapshot →
+stop path is the preemption's own).
+
+| when | function | does |
+|---|---|---|
+| a labelled run is created | :func:`start_queued` | its Workload, no pods, phase ``Queued`` (stage ``Queued``, not counted) |
+| the label while the integration is off | :func:`start_queued`, :func:`queued` | held: ``Admitted`` False ``KueueDisabled``, one Warning |
+| stage ``Queued`` | :func:`queued` | wait for admission (Kueue's message in ``Admitted``); admitted: ``Starting`` |
+| stage ``Starting`` | :func:`starting` | pods only while admitted, with the admission's placement; else back to ``Queued`` |
+| the Workload evicted (or its quota or itself gone while pods run) | :func:`evict` | an attempt-scope preemption, trigger ``KueueEviction``, phase ``Evicted`` (takes over any other recovery) |
+| the evicted run's pods are gone (its ``Starting``) | :func:`starting` | the quota released on the Workload, back to ``Queued`` |
+| stage ``Suspended`` (``spec.suspend``) | :func:`step` | ``spec.active: false``; Kueue's ``Deactivated`` eviction released, not counted |
+| any other look at an admitted run | :func:`step` | the Workload's ``PodsReady`` follows the pods |
+
+The run's ``status.queue`` marks it as admitted through Kueue: only such a run is watched for evictions (a label
+added to a running run takes effect at its next queueing: when it is suspended, or evicted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from rlrun.api.status import ConditionType, EventReason, Phase, Reason, Recovery, RecoveryKind, Stage, Trigger
+
+from rlrun_operator import kueue, naming, recovery, stages
+from rlrun_operator.pods import build_pods
+from rlrun_operator.run_context import RunContext
+from rlrun_operator.stages import Reconciling
+from rlrun_operator.status import now_rfc3339, set_condition
+
+log = logging.getLogger(__name__)
+
+#: Why a labelled run waits when the cluster serves no Workloads (the operator's integration is on, Kueue is not there).
+NOT_SERVED = (
+    "this cluster does not serve Kueue's Workloads (kueue.x-k8s.io/v1beta1): install Kueue (v0.10 or newer), "
+    "or remove the label to run without queueing"
+)
+
+#: Stages of its own eviction that another eviction does not take over (it would only count it twice).
+OWN_STAGES = (Stage.PAUSING, Stage.STOPPING, Stage.STARTING)
+
+
+def label(ctx: RunContext) -> str | None:
+    """The run's LocalQueue (its ``kueue.x-k8s.io/queue-name`` label), if it has one."""
+    return kueue.queue_name(ctx.body)
+
+
+def managed(ctx: RunContext) -> bool:
+    """Kueue admits the run: it has the queue label and the operator runs with ``kueue_enabled``."""
+    return bool(label(ctx)) and ctx.settings.kueue_enabled
+
+
+def held(ctx: RunContext) -> bool:
+    """The run has the queue label but the operator runs without Kueue: it is held, never run unqueued."""
+    return bool(label(ctx)) and not ctx.settings.kueue_enabled
+
+
+def involved(ctx: RunContext, rec: Recovery | None) -> bool:
+    """Whether Kueue has a say in this reconcile: the run has the queue label, was admitted through Kueue
+    (``status.queue``), or waits in stage ``Queued`` (its label may be gone since)."""
+    return bool(label(ctx) or ctx.status.get("queue") or (rec is not None and rec.stage == Stage.QUEUED))
+
+
+def _next_attempt(ctx: RunContext, rec: Recovery) -> int:
+    if rec.nextAttempt is not None:
+        return int(rec.nextAttempt)
+    return 0 if ctx.attempt is None else int(ctx.attempt) + 1
+
+
+def _queue(ctx: RunContext, adm: kueue.Admission | None = None) -> dict[str, Any]:
+    return {
+        "name": label(ctx), "workload": naming.workload_name(ctx.name), "admitted": adm is not None,
+        "clusterQueue": adm.cluster_queue if adm else None, "flavors": adm.flavors if adm else None,
+    }  # fmt: skip
+
+
+def _admitted(ctx: RunContext, value: bool, reason: str, message: str) -> list[dict[str, Any]]:
+    return set_condition(
+        list(ctx.status.get("conditions") or []), ConditionType.ADMITTED, value, reason, message, ctx.generation
+    )
+
+
+# -- the Workload -----------------------------------------------------------------------------------------
+
+
+async def _get(ctx: RunContext) -> dict[str, Any] | None:
+    return await asyncio.to_thread(ctx.kube.get_workload, ctx.namespace, naming.workload_name(ctx.name))
+
+
+async def _patch(ctx: RunContext, patch: dict[str, Any] | None) -> None:
+    """Merge ``patch`` into the Workload's spec side (nothing for None)."""
+    if patch:
+        await asyncio.to_thread(ctx.kube.patch_workload, ctx.namespace, naming.workload_name(ctx.name), patch)
+
+
+async def _patch_status(ctx: RunContext, workload: dict[str, Any], patch: dict[str, Any] | None) -> bool:
+    """Write ``patch`` into the status of ``workload`` as read (:func:`.kueue.status_ops`); False: not written (nothing
+    to write, or Kueue changed it meanwhile: the next reconcile, woken by that change, decides again)."""
+    if not patch:
+        return False
+    ops = kueue.status_ops(workload, patch)
+    name = naming.workload_name(ctx.name)
+    return await asyncio.to_thread(ctx.kube.patch_workload_status, ctx.namespace, name, ops)
+
+
+async def _release(ctx: RunContext, workload: dict[str, Any]) -> bool:
+    """Give an evicted Workload's quota back (the run has no pod left: the caller knows); True when done now."""
+    ev = kueue.eviction(workload, has_pods=False)
+    if ev is None or not await _patch_status(ctx, workload, kueue.release_quota(workload, ev)):
+        return False
+    message = f"the pods are gone: Workload {naming.workload_name(ctx.name)}'s quota given back to Kueue ({ev.reason})"
+    ctx.event(EventReason.QUOTA_RELEASED, message)
+    return True
+
+
+async def _priority(ctx: RunContext) -> tuple[str, int] | None:
+    name = kueue.priority_class(ctx.body)
+    if name is None:
+        return None
+    found = await asyncio.to_thread(ctx.kube.get_kueue_object, kueue.PRIORITY_CLASSES, name)
+    if found is None:
+        message = (
+            f"WorkloadPriorityClass {name} (label {naming.PRIORITY_LABEL}) does not exist: queued without priority"
+        )
+        ctx.event(EventReason.NO_PRIORITY_CLASS, message, warning=True)
+        return None
+    return name, int(found.get("value") or 0)
+
+
+async def ensure_workload(ctx: RunContext, attempt: int, active: bool = True) -> dict[str, Any]:
+    """The run's Workload as it is now, created for ``attempt``'s pods if it is gone; a Workload holding no quota is
+    kept up to date (``spec.active``, and its pod sets when the spec changed since it was built)."""
+    pods = build_pods(ctx.body, ctx.run, ctx.settings, attempt, list(ctx.status.get("failedNodes") or []))
+    wanted = kueue.pod_sets(pods)
+    workload = await _get(ctx)
+    if workload is None:
+        built = kueue.build_workload(ctx.body, pods, label(ctx) or "", await _priority(ctx), active)
+        await ctx.create([built])
+        return await _get(ctx) or built
+    patch: dict[str, Any] = {}
+    if (workload.get("spec") or {}).get("active", True) != active:
+        patch["active"] = active
+    if not kueue.is_true(workload, kueue.QUOTA_RESERVED) and kueue.pod_sets_differ(workload, wanted):
+        patch["podSets"] = wanted  # Kueue lets pod sets change only while no quota is reserved
+    if patch:
+        await _patch(ctx, {"spec": patch})
+        workload = await _get(ctx) or workload
+    return workload
+
+
+async def _placements(ctx: RunContext, adm: kueue.Admission) -> tuple[dict[str, kueue.Placement], str | None]:
+    """The admission's placement per pod set, or why the pods could not run with it."""
+    names = sorted({f for flavors in adm.flavors.values() for f in flavors})
+    found = await asyncio.gather(
+        *(asyncio.to_thread(ctx.kube.get_kueue_object, kueue.RESOURCE_FLAVORS, n) for n in names)
+    )
+    try:
+        placements = kueue.placement(adm, {n: f for n, f in zip(names, found, strict=True) if f is not None})
+    except ValueError as exc:
+        return {}, str(exc)
+    clash = kueue.conflicts(ctx.run.spec.scheduling.node_selector or {}, placements)
+    return placements, ("; ".join(clash) + ": fix the flavors or the run's node_selector") if clash else None
+
+
+# -- queueing -----------------------------------------------------------------------------------------------
+
+
+async def start_queued(ctx: RunContext) -> bool:
+    """A new run with the queue label (its objects exist): its Workload and no pods, phase ``Queued`` — or held
+    when the integration is off. False: not Kueue's (no label), or created suspended (its Workload comes when it
+    is unsuspended)."""
+    if not label(ctx) or (managed(ctx) and ctx.run.spec.suspend):
+        return False
+    now = now_rfc3339()
+    rec = Recovery(
+        trigger=Trigger.KUEUE_ADMISSION, kind=RecoveryKind.SUSPENSION, reason="Created", message="waiting for Kueue",
+        stage=Stage.QUEUED, since=now, stageSince=now, nextAttempt=0,
+    )  # fmt: skip
+    await ctx.write(
+        {"recovery": rec.model_dump(mode="json"), "observedGeneration": ctx.generation, "phase": Phase.QUEUED}
+    )
+    await queued(ctx, rec)  # the Workload is created there
+    return True
+
+
+async def _show(
+    ctx: RunContext, reason: str, message: str, warning: bool = False, extra: dict[str, Any] | None = None
+) -> None:
+    """Phase ``Queued`` with ``Admitted`` False (``reason``, ``message``) and the ``extra`` patch; an Event when the
+    run enters it (or the reason changes)."""
+    old = next((c for c in ctx.status.get("conditions") or [] if c.get("type") == ConditionType.ADMITTED), {})
+    text = f"queued in LocalQueue {label(ctx)} (Workload {naming.workload_name(ctx.name)}): {message}"
+    if reason == Reason.KUEUE_DISABLED:
+        text = message
+    patch = {"phase": Phase.QUEUED, "message": text, "conditions": _admitted(ctx, False, reason, text)}
+    if reason != Reason.KUEUE_DISABLED:
+        patch["queue"] = _queue(ctx)
+    entering = ctx.status.get("phase") != Phase.QUEUED or old.get("reason") != reason
+    if not extra and not entering and old.get("message") == text:
+        return
+    await ctx.write({**patch, **(extra or {})})
+    if not entering:  # Kueue's message changed: the condition follows it, without a new Event
+        return
+    event = {Reason.QUEUED: EventReason.QUEUED, Reason.KUEUE_DISABLED: EventReason.KUEUE_DISABLED}
+    ctx.event(event.get(reason, EventReason.FLAVOR_CONFLICT), text, warning=warning)
+
+
+async def queued(ctx: RunContext, rec: Recovery) -> bool:
+    """Stage ``Queued``: no pods; on admission (placement checked), ``Starting`` the next attempt."""
+    if held(ctx):
+        message = (
+            f"the run has the label {naming.QUEUE_LABEL}={label(ctx)} but the operator runs without Kueue: it is held "
+            "(never run bypassing the queue); enable kueue.enabled in the rlrun-operator chart, or remove the label"
+        )
+        await _show(ctx, Reason.KUEUE_DISABLED, message, warning=True)
+        return False
+    if not managed(ctx):  # the label was removed: the run starts without Kueue
+        conditions = [c for c in ctx.status.get("conditions") or [] if c.get("type") != ConditionType.ADMITTED]
+        stage = recovery.to_stage(rec, Stage.STARTING, nextAttempt=_next_attempt(ctx, rec))
+        await ctx.write({**stage, "conditions": conditions, "queue": None})
+        return True
+    if ctx.run.spec.suspend:  # suspended while queued: nothing to pause
+        patch, _ = recovery.begin_suspension(ctx.status, ctx.generation, orchestrator_alive=False)
+        await ctx.write(patch)
+        return True
+    try:
+        workload = await ensure_workload(ctx, _next_attempt(ctx, rec))
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        await _show(ctx, Reason.QUEUED, NOT_SERVED, warning=True)  # held until Kueue is installed
+        return False
+    if await _release(ctx, workload):  # evicted with no pod left (e.g. deactivated before it was active again)
+        return False
+    adm = kueue.admission(workload)
+    if adm is None:
+        await _show(ctx, Reason.QUEUED, kueue.pending_message(workload))
+        return False
+    _, problem = await _placements(ctx, adm)
+    if problem:
+        await _show(ctx, Reason.FLAVOR_CONFLICT, problem, warning=True)
+        return False
+    message = f"admitted by Kueue: {adm.describe()}"
+    await ctx.write({
+        **recovery.to_stage(rec, Stage.STARTING, nextAttempt=_next_attempt(ctx, rec)),
+        "queue": _queue(ctx, adm), "conditions": _admitted(ctx, True, Reason.ADMITTED, message), "message": message,
+    })  # fmt: skip
+    ctx.event(EventReason.ADMITTED, message)
+    return True
+
+
+async def _requeue(ctx: RunContext, rec: Recovery, message: str) -> bool:
+    """Back to stage ``Queued`` (held when the integration is off)."""
+    reason = Reason.KUEUE_DISABLED if held(ctx) else Reason.QUEUED
+    await _show(ctx, reason, message, extra=recovery.to_stage(rec, Stage.QUEUED))
+    return True
+
+
+async def starting(r: Reconciling, ctx: RunContext, rec: Recovery, workload: dict[str, Any] | None) -> bool:
+    """Stage ``Starting`` of a Kueue-managed run: an evicted Workload's quota is released now (the pods are gone),
+    and pods are created only while the Workload is admitted, with its placement; else back to ``Queued``."""
+    if workload is None:
+        await ensure_workload(ctx, _next_attempt(ctx, rec))
+        return await _requeue(ctx, rec, "the Workload was (re)created")
+    if not workload["spec"].get("active", True):  # unsuspended before Kueue saw it inactive: active again, queued
+        await _patch(ctx, {"spec": {"active": True}})
+        return await _requeue(ctx, rec, "the Workload is active again")
+    ev = kueue.eviction(workload, has_pods=False)
+    if ev is not None and rec.scope == "attempt":
+        if not await _release(ctx, workload):
+            return False  # Kueue wrote meanwhile: decided again at the next look
+        return await _requeue(ctx, rec, f"waiting to be admitted again after {ev.reason}")
+    adm = kueue.admission(workload)
+    if adm is None:
+        return await _requeue(ctx, rec, kueue.pending_message(workload))
+    placements, problem = await _placements(ctx, adm)
+    if problem:
+        return await _requeue(ctx, rec, problem)
+    if rec.trigger == Trigger.KUEUE_ADMISSION and ctx.attempt is None:  # the first start: nothing to resume
+        pods = kueue.place(build_pods(ctx.body, ctx.run, ctx.settings, 0), placements)
+        count = await ctx.create(pods)
+        await ctx.write(
+            {**recovery.started(ctx.status, ctx.generation, None, 0, ctx.run.spec.rollout.replicas), "recovery": None}
+        )
+        ctx.event(EventReason.CREATED, f"attempt 0: {count} pods created ({adm.describe()})")
+        return True
+    return await stages.start(r, ctx, rec, placements)
+
+
+# -- eviction ---------------------------------------------------------------------------------------------
+
+
+def _may_take_over(rec: Recovery | None) -> bool:
+    if rec is None:
+        return True
+    if rec.kind == RecoveryKind.SUSPENSION or rec.stage == Stage.QUEUED:
+        return False
+    return not (rec.trigger == Trigger.KUEUE_EVICTION and rec.stage in OWN_STAGES)
+
+
+async def evict(r: Reconciling, ctx: RunContext, ev: kueue.Eviction) -> bool:
+    """Kueue evicted the run: an attempt-scope preemption (counted once), the same pause → snapshot → stop path,
+    phase ``Evicted``; any recovery in progress is taken over (its pods stop with the attempt's)."""
+    now = now_rfc3339()
+    message = ev.describe(naming.workload_name(ctx.name))
+    alive = ctx.live_orchestrator() is not None
+    rec = Recovery(
+        trigger=Trigger.KUEUE_EVICTION, kind=RecoveryKind.PREEMPTION, reason=ev.reason, message=message,
+        stage=Stage.PAUSING if alive else Stage.STOPPING,  # no pod "hit": the orchestrator is paused first
+        since=now, stageSince=now, attempt=ctx.attempt,
+    )  # fmt: skip
+    conditions = list(ctx.status.get("conditions") or [])
+    for type_, value, reason in (
+        (ConditionType.READY, False, Reason.EVICTED),
+        (ConditionType.PREEMPTED, True, Trigger.KUEUE_EVICTION),
+        (ConditionType.ADMITTED, False, Reason.EVICTED),
+    ):
+        conditions = set_condition(conditions, type_, value, reason, message, ctx.generation, now)
+    queue = {**(ctx.status.get("queue") or _queue(ctx)), "admitted": False}
+    await ctx.write({
+        "preemptions": (ctx.status.get("preemptions") or 0) + 1, "recovery": rec.model_dump(mode="json"),
+        "phase": Phase.EVICTED, "message": f"evicted: {message}; pausing, then stopping the pods",
+        "conditions": conditions, "queue": queue,
+    })  # fmt: skip
+    ctx.metrics.recoveries.labels(RecoveryKind.PREEMPTION, Trigger.KUEUE_EVICTION).inc()
+    ctx.event(EventReason.EVICTED, message, warning=True)
+    r.recovery_started(ctx)
+    return True
+
+
+# -- every look -----------------------------------------------------------------------------------------------
+
+
+async def step(r: Reconciling, ctx: RunContext, rec: Recovery | None) -> bool | None:
+    """What Kueue needs of this reconcile, before the rest of the decision table (:mod:`.reconcile`): True or
+    False as a stage's result, None when the rest of the table goes on."""
+    if rec is not None and rec.stage == Stage.QUEUED:
+        return await queued(ctx, rec)
+    if not managed(ctx):
+        if held(ctx) and rec is not None and rec.stage == Stage.STARTING and rec.scope == "attempt":
+            return await _requeue(ctx, rec, "held")  # the integration was turned off: held before the next attempt
+        return None
+    tracked = ctx.status.get("queue") is not None
+    if rec is None and not tracked:
+        return None  # labelled while running without Kueue: queued at its next queueing
+    workload = await _get(ctx)
+    if ctx.status.get("phase") == Phase.FAILED or kueue.is_true(workload, kueue.FINISHED):
+        return None
+    if tracked and _may_take_over(rec):
+        ev = kueue.eviction(workload, has_pods=bool(ctx.current()))
+        if ev is not None:
+            return await evict(r, ctx, ev)
+    if rec is not None and rec.stage == Stage.STARTING:
+        return await starting(r, ctx, rec, workload)
+    if workload is None:
+        return None
+    if rec is not None and rec.stage == Stage.SUSPENDED:  # Kueue frees the quota of an inactive Workload
+        await _patch(ctx, {"spec": {"active": False}} if workload["spec"].get("active", True) else None)
+        await _release(ctx, workload)
+        return None
+    if tracked and kueue.admission(workload) is not None and ctx.current():
+        await _patch_status(ctx, workload, kueue.pods_ready(workload, all(p.ready for p in ctx.current())))
+    return None
