@@ -134,7 +134,8 @@ async def _priority(ctx: RunContext) -> tuple[str, int] | None:
 
 async def ensure_workload(ctx: RunContext, attempt: int, active: bool = True) -> dict[str, Any]:
     """The run's Workload as it is now, created for ``attempt``'s pods if it is gone; a Workload holding no quota is
-    kept up to date (``spec.active``, and its pod sets when the spec changed since it was built)."""
+    kept up to date (``spec.active``; its ``queueName`` follows the run's label and its pod sets the spec, as Kueue's
+    job reconciler does while the job is suspended)."""
     pods = build_pods(ctx.body, ctx.run, ctx.settings, attempt, list(ctx.status.get("failedNodes") or []))
     wanted = kueue.pod_sets(pods)
     workload = await _get(ctx)
@@ -145,8 +146,11 @@ async def ensure_workload(ctx: RunContext, attempt: int, active: bool = True) ->
     patch: dict[str, Any] = {}
     if (workload.get("spec") or {}).get("active", True) != active:
         patch["active"] = active
-    if not kueue.is_true(workload, kueue.QUOTA_RESERVED) and kueue.pod_sets_differ(workload, wanted):
-        patch["podSets"] = wanted  # Kueue lets pod sets change only while no quota is reserved
+    if not kueue.is_true(workload, kueue.QUOTA_RESERVED):  # Kueue lets these change only while no quota is reserved
+        if label(ctx) and (workload.get("spec") or {}).get("queueName") != label(ctx):
+            patch["queueName"] = label(ctx)  # the label was changed while queued: the run moves to that queue
+        if kueue.pod_sets_differ(workload, wanted):
+            patch["podSets"] = wanted
     if patch:
         await _patch(ctx, {"spec": patch})
         workload = await _get(ctx) or workload

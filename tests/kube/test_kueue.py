@@ -263,3 +263,11 @@ def test_a_missing_priority_class_queues_the_run_without_priority_and_says_so(ku
     assert "priority" not in kueue.workload(WORKLOAD)["spec"]
     (event,) = [e for e in cluster.wait_for_events("NoPriorityClass") if e["reason"] == "NoPriorityClass"]
     assert event["type"] == "Warning" and "WorkloadPriorityClass urgent" in event["message"]
+
+
+def test_a_queue_label_changed_while_queued_moves_the_workload_to_the_new_queue(kueue, cluster):
+    cluster.kube.create("rlruns", queued_manifest(queue="no-such-q"), NAMESPACE)
+    wait_for(lambda: "doesn't exist" in ((cluster.condition("Admitted") or {}).get("message") or ""), what="pending")
+    cluster.kube.patch("rlruns", "demo", {"metadata": {"labels": {QUEUE_LABEL: LOCAL_QUEUE}}}, NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="admitted from the new queue")
+    assert kueue.workload(WORKLOAD)["spec"]["queueName"] == LOCAL_QUEUE
