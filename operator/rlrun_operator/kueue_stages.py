@@ -132,20 +132,20 @@ async def _priority(ctx: RunContext) -> tuple[str, int] | None:
     return name, int(found.get("value") or 0)
 
 
-async def ensure_workload(ctx: RunContext, attempt: int, active: bool = True) -> dict[str, Any]:
-    """The run's Workload as it is now, created for ``attempt``'s pods if it is gone; a Workload holding no quota is
-    kept up to date (``spec.active``; its ``queueName`` follows the run's label and its pod sets the spec, as Kueue's
-    job reconciler does while the job is suspended)."""
+async def ensure_workload(ctx: RunContext, attempt: int) -> dict[str, Any]:
+    """The run's Workload as it is now, created (active) for ``attempt``'s pods if it is gone; a Workload holding no
+    quota is kept up to date: its ``queueName`` follows the run's label, its pod sets the spec (Kueue's job reconciler
+    does both while the job is suspended). ``spec.active`` is left alone: a Workload deactivated by its user or by
+    Kueue (``waitForPodsReady``'s requeuing limit) stays so until they reactivate it; only the run's own suspension
+    sets it (:func:`step`, :func:`starting`)."""
     pods = build_pods(ctx.body, ctx.run, ctx.settings, attempt, list(ctx.status.get("failedNodes") or []))
     wanted = kueue.pod_sets(pods)
     workload = await _get(ctx)
     if workload is None:
-        built = kueue.build_workload(ctx.body, pods, label(ctx) or "", await _priority(ctx), active)
+        built = kueue.build_workload(ctx.body, pods, label(ctx) or "", await _priority(ctx))
         await ctx.create([built])
         return await _get(ctx) or built
     patch: dict[str, Any] = {}
-    if (workload.get("spec") or {}).get("active", True) != active:
-        patch["active"] = active
     if not kueue.is_true(workload, kueue.QUOTA_RESERVED):  # Kueue lets these change only while no quota is reserved
         if label(ctx) and (workload.get("spec") or {}).get("queueName") != label(ctx):
             patch["queueName"] = label(ctx)  # the label was changed while queued: the run moves to that queue
@@ -271,8 +271,8 @@ async def starting(r: Reconciling, ctx: RunContext, rec: Recovery, workload: dic
     if workload is None:
         await ensure_workload(ctx, _next_attempt(ctx, rec))
         return await _requeue(ctx, rec, "the Workload was (re)created")
-    if not workload["spec"].get("active", True):  # unsuspended before Kueue saw it inactive: active again, queued
-        await _patch(ctx, {"spec": {"active": True}})
+    if rec.trigger == Trigger.SUSPEND and not workload["spec"].get("active", True):
+        await _patch(ctx, {"spec": {"active": True}})  # unsuspended: active again (only the suspension made it not)
         return await _requeue(ctx, rec, "the Workload is active again")
     ev = kueue.eviction(workload, has_pods=False)
     if ev is not None and rec.scope == "attempt":

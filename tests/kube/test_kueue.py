@@ -21,6 +21,7 @@ from tests.support.polling import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = "rlrun-demo"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+WORKLOADS = "kueue.x-k8s.io/v1beta1/workloads"
 
 
 def queued_manifest(queue: str = LOCAL_QUEUE, **spec) -> dict:
@@ -271,3 +272,16 @@ def test_a_queue_label_changed_while_queued_moves_the_workload_to_the_new_queue(
     cluster.kube.patch("rlruns", "demo", {"metadata": {"labels": {QUEUE_LABEL: LOCAL_QUEUE}}}, NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="admitted from the new queue")
     assert kueue.workload(WORKLOAD)["spec"]["queueName"] == LOCAL_QUEUE
+
+
+def test_a_workload_deactivated_by_hand_stays_inactive_until_reactivated(kueue, cluster):
+    admitted_run(cluster, kueue)
+    cluster.kube.patch(WORKLOADS, WORKLOAD, {"spec": {"active": False}}, NAMESPACE)
+    wait_for(lambda: phase(cluster) == "Evicted", what="Evicted")
+    finish_old_pods(cluster)
+    wait_for(lambda: phase(cluster) == "Queued", what="Queued")
+    time.sleep(0.5)  # a user's (or Kueue's) deactivation is theirs to undo, not the operator's
+    assert kueue.workload(WORKLOAD)["spec"]["active"] is False and attempt_pods(cluster, 1) == []
+    assert cluster.status()["preemptions"] == 1 and "deactivated" in cluster.condition("Admitted")["message"]
+    cluster.kube.patch(WORKLOADS, WORKLOAD, {"spec": {"active": True}}, NAMESPACE)
+    wait_for(lambda: len(attempt_pods(cluster, 1)) == 3, what="attempt 1 pods after reactivation")
