@@ -15,7 +15,7 @@ stop path is the preemption's own).
 | any other look at an admitted run | :func:`step` | the Workload's ``PodsReady`` follows the pods |
 
 The run's ``status.queue`` marks it as admitted through Kueue: only such a run is watched for evictions (a label
-added to a running run takes effect at its next queueing: when it is suspended, or evicted).
+added to, or removed from, a running run takes effect at its next queueing: when it is suspended, or evicted).
 """
 
 from __future__ import annotations
@@ -345,11 +345,14 @@ async def step(r: Reconciling, ctx: RunContext, rec: Recovery | None) -> bool | 
     False as a stage's result, None when the rest of the table goes on."""
     if rec is not None and rec.stage == Stage.QUEUED:
         return await queued(ctx, rec)
+    tracked = ctx.status.get("queue") is not None
     if not managed(ctx):
         if held(ctx) and rec is not None and rec.stage == Stage.STARTING and rec.scope == "attempt":
             return await _requeue(ctx, rec, "held")  # the integration was turned off: held before the next attempt
-        return None
-    tracked = ctx.status.get("queue") is not None
+        if not (tracked and ctx.settings.kueue_enabled):
+            return None
+        # the label was removed from a run admitted through Kueue: it stays Kueue's until its next queueing (its
+        # Workload holds the quota its pods use, and Kueue may take it back)
     if rec is None and not tracked:
         return None  # labelled while running without Kueue: queued at its next queueing
     workload = await _get(ctx)

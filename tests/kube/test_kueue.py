@@ -285,3 +285,13 @@ def test_a_workload_deactivated_by_hand_stays_inactive_until_reactivated(kueue, 
     assert cluster.status()["preemptions"] == 1 and "deactivated" in cluster.condition("Admitted")["message"]
     cluster.kube.patch(WORKLOADS, WORKLOAD, {"spec": {"active": True}}, NAMESPACE)
     wait_for(lambda: len(attempt_pods(cluster, 1)) == 3, what="attempt 1 pods after reactivation")
+
+
+def test_a_run_whose_label_is_removed_while_running_still_yields_to_kueues_eviction(kueue, cluster):
+    fake = admitted_run(cluster, kueue)
+    cluster.kube.patch("rlruns", "demo", {"metadata": {"labels": {QUEUE_LABEL: None}}}, NAMESPACE)
+    time.sleep(0.3)
+    kueue.evict(WORKLOAD)  # its quota went to another workload: its pods must not run on
+    wait_for(lambda: phase(cluster) == "Evicted", what="Evicted")
+    finish_old_pods(cluster)
+    assert fake.pauses == 1 and cluster.status()["preemptions"] == 1
