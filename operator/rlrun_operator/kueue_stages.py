@@ -223,7 +223,9 @@ async def queued(ctx: RunContext, rec: Recovery) -> bool:
         )
         await _show(ctx, Reason.KUEUE_DISABLED, message, warning=True)
         return False
-    if not managed(ctx):  # the label was removed: the run starts without Kueue
+    if not managed(ctx):  # the label was removed: the run starts without Kueue, and its Workload goes (Kueue would
+        # admit it again and hold quota for pods it does not own)
+        await asyncio.to_thread(ctx.kube.delete_workload, ctx.namespace, naming.workload_name(ctx.name))
         conditions = [c for c in ctx.status.get("conditions") or [] if c.get("type") != ConditionType.ADMITTED]
         stage = recovery.to_stage(rec, Stage.STARTING, nextAttempt=_next_attempt(ctx, rec))
         await ctx.write({**stage, "conditions": conditions, "queue": None})

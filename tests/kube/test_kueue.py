@@ -295,3 +295,14 @@ def test_a_run_whose_label_is_removed_while_running_still_yields_to_kueues_evict
     wait_for(lambda: phase(cluster) == "Evicted", what="Evicted")
     finish_old_pods(cluster)
     assert fake.pauses == 1 and cluster.status()["preemptions"] == 1
+
+
+def test_a_run_whose_label_is_removed_while_queued_starts_without_kueue_and_leaves_no_workload(kueue, cluster):
+    kueue.hold(WORKLOAD)
+    cluster.kube.create("rlruns", queued_manifest(), NAMESPACE)
+    wait_for(lambda: phase(cluster) == "Queued" and kueue.workload(WORKLOAD), what="Queued")
+    cluster.kube.patch("rlruns", "demo", {"metadata": {"labels": {QUEUE_LABEL: None}}}, NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="attempt 0, without Kueue")
+    kueue.release(WORKLOAD)  # a Workload left behind would be admitted: quota held for pods Kueue does not own
+    wait_for(lambda: kueue.workload(WORKLOAD) is None, what="the Workload deleted")
+    assert "queue" not in cluster.status() and cluster.condition("Admitted") is None
