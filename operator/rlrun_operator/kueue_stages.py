@@ -225,7 +225,8 @@ async def queued(ctx: RunContext, rec: Recovery) -> bool:
         return False
     if not managed(ctx):  # the label was removed: the run starts without Kueue, and its Workload goes (Kueue would
         # admit it again and hold quota for pods it does not own)
-        await asyncio.to_thread(ctx.kube.delete_workload, ctx.namespace, naming.workload_name(ctx.name))
+        if ctx.settings.kueue_enabled:  # off: none was made (and Kueue's API is not the operator's to call)
+            await asyncio.to_thread(ctx.kube.delete_workload, ctx.namespace, naming.workload_name(ctx.name))
         conditions = [c for c in ctx.status.get("conditions") or [] if c.get("type") != ConditionType.ADMITTED]
         stage = recovery.to_stage(rec, Stage.STARTING, nextAttempt=_next_attempt(ctx, rec))
         await ctx.write({**stage, "conditions": conditions, "queue": None})

@@ -226,6 +226,7 @@ def test_the_queue_label_without_the_integration_holds_the_run(cluster):
     cluster.kube.patch("rlruns", "demo", {"metadata": {"labels": {QUEUE_LABEL: None}}}, NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3 and cluster.status().get("attempt") == 0, what="attempt 0")
     assert cluster.condition("Admitted") is None and "queue" not in cluster.status()
+    assert not [r for r in cluster.kube.requests if r.rbac and r.rbac[0] == "kueue.x-k8s.io"]
 
 
 def test_the_kueue_example_admits_the_example_run(kueue, cluster):
