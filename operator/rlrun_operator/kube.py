@@ -229,6 +229,21 @@ class Kube:
                 raise
 
     @_retry
+    def delete_workload(self, namespace: str, name: str) -> None:
+        """Delete the Workload ``name`` (its run left Kueue); a missing Workload is fine.
+
+        Raises:
+            ApiException: a refusal other than 404, or a transient error that outlasted the retries.
+        """
+        try:
+            self.custom.delete_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, name, _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    @_retry
     def patch_workload_status(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> bool:
         """Apply the JSON patch ``ops`` (:func:`rlrun_operator.kueue.status_ops`: guarded by a ``resourceVersion``
         test) to the Workload's status subresource; False when it is gone or changed since it was read (404, 409,

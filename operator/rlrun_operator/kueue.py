@@ -158,7 +158,10 @@ def admission(workload: dict[str, Any] | None) -> Admission | None:
 
 def pending_message(workload: dict[str, Any] | None) -> str:
     """Why the Workload is not admitted, in Kueue's own words (its ``QuotaReserved`` or ``Admitted`` condition's
-    message, e.g. ``couldn't assign flavors to pod set trainer: insufficient quota …``)."""
+    message, e.g. ``couldn't assign flavors to pod set trainer: insufficient quota …``); a deactivated Workload's
+    own reason (Kueue does not look at it: its message would be stale)."""
+    if ((workload or {}).get("spec") or {}).get("active", True) is False:
+        return "the Workload is deactivated (spec.active: false): Kueue admits it again once it is set true"
     for type_ in (QUOTA_RESERVED, ADMITTED):
         message = (condition(workload, type_) or {}).get("message")
         if message:

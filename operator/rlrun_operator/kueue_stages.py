@@ -15,7 +15,7 @@ stop path is the preemption's own).
 | any other look at an admitted run | :func:`step` | the Workload's ``PodsReady`` follows the pods |
 
 The run's ``status.queue`` marks it as admitted through Kueue: only such a run is watched for evictions (a label
-added to a running run takes effect at its next queueing: when it is suspended, or evicted).
+added to, or removed from, a running run takes effect at its next queueing: when it is suspended, or evicted).
 """
 
 from __future__ import annotations
@@ -132,21 +132,25 @@ async def _priority(ctx: RunContext) -> tuple[str, int] | None:
     return name, int(found.get("value") or 0)
 
 
-async def ensure_workload(ctx: RunContext, attempt: int, active: bool = True) -> dict[str, Any]:
-    """The run's Workload as it is now, created for ``attempt``'s pods if it is gone; a Workload holding no quota is
-    kept up to date (``spec.active``, and its pod sets when the spec changed since it was built)."""
+async def ensure_workload(ctx: RunContext, attempt: int) -> dict[str, Any]:
+    """The run's Workload as it is now, created (active) for ``attempt``'s pods if it is gone; a Workload holding no
+    quota is kept up to date: its ``queueName`` follows the run's label, its pod sets the spec (Kueue's job reconciler
+    does both while the job is suspended). ``spec.active`` is left alone: a Workload deactivated by its user or by
+    Kueue (``waitForPodsReady``'s requeuing limit) stays so until they reactivate it; only the run's own suspension
+    sets it (:func:`step`, :func:`starting`)."""
     pods = build_pods(ctx.body, ctx.run, ctx.settings, attempt, list(ctx.status.get("failedNodes") or []))
     wanted = kueue.pod_sets(pods)
     workload = await _get(ctx)
     if workload is None:
-        built = kueue.build_workload(ctx.body, pods, label(ctx) or "", await _priority(ctx), active)
+        built = kueue.build_workload(ctx.body, pods, label(ctx) or "", await _priority(ctx))
         await ctx.create([built])
         return await _get(ctx) or built
     patch: dict[str, Any] = {}
-    if (workload.get("spec") or {}).get("active", True) != active:
-        patch["active"] = active
-    if not kueue.is_true(workload, kueue.QUOTA_RESERVED) and kueue.pod_sets_differ(workload, wanted):
-        patch["podSets"] = wanted  # Kueue lets pod sets change only while no quota is reserved
+    if not kueue.is_true(workload, kueue.QUOTA_RESERVED):  # Kueue lets these change only while no quota is reserved
+        if label(ctx) and (workload.get("spec") or {}).get("queueName") != label(ctx):
+            patch["queueName"] = label(ctx)  # the label was changed while queued: the run moves to that queue
+        if kueue.pod_sets_differ(workload, wanted):
+            patch["podSets"] = wanted
     if patch:
         await _patch(ctx, {"spec": patch})
         workload = await _get(ctx) or workload
@@ -219,7 +223,10 @@ async def queued(ctx: RunContext, rec: Recovery) -> bool:
         )
         await _show(ctx, Reason.KUEUE_DISABLED, message, warning=True)
         return False
-    if not managed(ctx):  # the label was removed: the run starts without Kueue
+    if not managed(ctx):  # the label was removed: the run starts without Kueue, and its Workload goes (Kueue would
+        # admit it again and hold quota for pods it does not own)
+        if ctx.settings.kueue_enabled:  # off: none was made (and Kueue's API is not the operator's to call)
+            await asyncio.to_thread(ctx.kube.delete_workload, ctx.namespace, naming.workload_name(ctx.name))
         conditions = [c for c in ctx.status.get("conditions") or [] if c.get("type") != ConditionType.ADMITTED]
         stage = recovery.to_stage(rec, Stage.STARTING, nextAttempt=_next_attempt(ctx, rec))
         await ctx.write({**stage, "conditions": conditions, "queue": None})
@@ -267,8 +274,8 @@ async def starting(r: Reconciling, ctx: RunContext, rec: Recovery, workload: dic
     if workload is None:
         await ensure_workload(ctx, _next_attempt(ctx, rec))
         return await _requeue(ctx, rec, "the Workload was (re)created")
-    if not workload["spec"].get("active", True):  # unsuspended before Kueue saw it inactive: active again, queued
-        await _patch(ctx, {"spec": {"active": True}})
+    if rec.trigger == Trigger.SUSPEND and not workload["spec"].get("active", True):
+        await _patch(ctx, {"spec": {"active": True}})  # unsuspended: active again (only the suspension made it not)
         return await _requeue(ctx, rec, "the Workload is active again")
     ev = kueue.eviction(workload, has_pods=False)
     if ev is not None and rec.scope == "attempt":
@@ -341,11 +348,14 @@ async def step(r: Reconciling, ctx: RunContext, rec: Recovery | None) -> bool | 
     False as a stage's result, None when the rest of the table goes on."""
     if rec is not None and rec.stage == Stage.QUEUED:
         return await queued(ctx, rec)
+    tracked = ctx.status.get("queue") is not None
     if not managed(ctx):
         if held(ctx) and rec is not None and rec.stage == Stage.STARTING and rec.scope == "attempt":
             return await _requeue(ctx, rec, "held")  # the integration was turned off: held before the next attempt
-        return None
-    tracked = ctx.status.get("queue") is not None
+        if not (tracked and ctx.settings.kueue_enabled):
+            return None
+        # the label was removed from a run admitted through Kueue: it stays Kueue's until its next queueing (its
+        # Workload holds the quota its pods use, and Kueue may take it back)
     if rec is None and not tracked:
         return None  # labelled while running without Kueue: queued at its next queueing
     workload = await _get(ctx)

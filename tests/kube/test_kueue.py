@@ -21,6 +21,7 @@ from tests.support.polling import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = "rlrun-demo"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+WORKLOADS = "kueue.x-k8s.io/v1beta1/workloads"
 
 
 def queued_manifest(queue: str = LOCAL_QUEUE, **spec) -> dict:
@@ -225,6 +226,7 @@ def test_the_queue_label_without_the_integration_holds_the_run(cluster):
     cluster.kube.patch("rlruns", "demo", {"metadata": {"labels": {QUEUE_LABEL: None}}}, NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3 and cluster.status().get("attempt") == 0, what="attempt 0")
     assert cluster.condition("Admitted") is None and "queue" not in cluster.status()
+    assert not [r for r in cluster.kube.requests if r.rbac and r.rbac[0] == "kueue.x-k8s.io"]
 
 
 def test_the_kueue_example_admits_the_example_run(kueue, cluster):
@@ -263,3 +265,45 @@ def test_a_missing_priority_class_queues_the_run_without_priority_and_says_so(ku
     assert "priority" not in kueue.workload(WORKLOAD)["spec"]
     (event,) = [e for e in cluster.wait_for_events("NoPriorityClass") if e["reason"] == "NoPriorityClass"]
     assert event["type"] == "Warning" and "WorkloadPriorityClass urgent" in event["message"]
+
+
+def test_a_queue_label_changed_while_queued_moves_the_workload_to_the_new_queue(kueue, cluster):
+    cluster.kube.create("rlruns", queued_manifest(queue="no-such-q"), NAMESPACE)
+    wait_for(lambda: "doesn't exist" in ((cluster.condition("Admitted") or {}).get("message") or ""), what="pending")
+    cluster.kube.patch("rlruns", "demo", {"metadata": {"labels": {QUEUE_LABEL: LOCAL_QUEUE}}}, NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="admitted from the new queue")
+    assert kueue.workload(WORKLOAD)["spec"]["queueName"] == LOCAL_QUEUE
+
+
+def test_a_workload_deactivated_by_hand_stays_inactive_until_reactivated(kueue, cluster):
+    admitted_run(cluster, kueue)
+    cluster.kube.patch(WORKLOADS, WORKLOAD, {"spec": {"active": False}}, NAMESPACE)
+    wait_for(lambda: phase(cluster) == "Evicted", what="Evicted")
+    finish_old_pods(cluster)
+    wait_for(lambda: phase(cluster) == "Queued", what="Queued")
+    time.sleep(0.5)  # a user's (or Kueue's) deactivation is theirs to undo, not the operator's
+    assert kueue.workload(WORKLOAD)["spec"]["active"] is False and attempt_pods(cluster, 1) == []
+    assert cluster.status()["preemptions"] == 1 and "deactivated" in cluster.condition("Admitted")["message"]
+    cluster.kube.patch(WORKLOADS, WORKLOAD, {"spec": {"active": True}}, NAMESPACE)
+    wait_for(lambda: len(attempt_pods(cluster, 1)) == 3, what="attempt 1 pods after reactivation")
+
+
+def test_a_run_whose_label_is_removed_while_running_still_yields_to_kueues_eviction(kueue, cluster):
+    fake = admitted_run(cluster, kueue)
+    cluster.kube.patch("rlruns", "demo", {"metadata": {"labels": {QUEUE_LABEL: None}}}, NAMESPACE)
+    time.sleep(0.3)
+    kueue.evict(WORKLOAD)  # its quota went to another workload: its pods must not run on
+    wait_for(lambda: phase(cluster) == "Evicted", what="Evicted")
+    finish_old_pods(cluster)
+    assert fake.pauses == 1 and cluster.status()["preemptions"] == 1
+
+
+def test_a_run_whose_label_is_removed_while_queued_starts_without_kueue_and_leaves_no_workload(kueue, cluster):
+    kueue.hold(WORKLOAD)
+    cluster.kube.create("rlruns", queued_manifest(), NAMESPACE)
+    wait_for(lambda: phase(cluster) == "Queued" and kueue.workload(WORKLOAD), what="Queued")
+    cluster.kube.patch("rlruns", "demo", {"metadata": {"labels": {QUEUE_LABEL: None}}}, NAMESPACE)
+    wait_for(lambda: len(cluster.pods()) == 3, what="attempt 0, without Kueue")
+    kueue.release(WORKLOAD)  # a Workload left behind would be admitted: quota held for pods Kueue does not own
+    wait_for(lambda: kueue.workload(WORKLOAD) is None, what="the Workload deleted")
+    assert "queue" not in cluster.status() and cluster.condition("Admitted") is None

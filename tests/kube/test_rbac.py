@@ -74,9 +74,18 @@ def test_namespaced_roles_suffice_when_watching_listed_namespaces(cluster):
 
 
 def kueue_lifecycle(cluster, kueue) -> None:
-    """Drive one labelled run through every Kueue path that touches the API: a priority class, queued, admitted on a
+    """Drive one labelled run through every Kueue path that touches the API (and another whose label is removed
+    while queued: its Workload deleted): a priority class, queued, admitted on a
     flavor, running (PodsReady), a spec change, evicted (quota released) and readmitted, suspended (the Workload
     deactivated) and resumed, succeeded (Finished), deleted."""
+    # a labelled run whose label is removed while it waits in a queue that does not exist: its Workload is deleted
+    other = manifest(name="other")
+    other["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "nowhere"}
+    cluster.kube.create("rlruns", other, NAMESPACE)
+    wait_for(lambda: kueue.workload("rlrun-other"), what="other's Workload")
+    cluster.kube.patch("rlruns", "other", {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": None}}}, NAMESPACE)
+    wait_for(lambda: kueue.workload("rlrun-other") is None, what="other's Workload deleted")
+    cluster.kube.delete("rlruns", "other", NAMESPACE)
     priority = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "WorkloadPriorityClass", "metadata": {"name": "high"}}
     cluster.kube.create("workloadpriorityclasses", {**priority, "value": 100})
     doc = manifest()

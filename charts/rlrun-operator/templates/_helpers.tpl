@@ -130,10 +130,11 @@ namespaced:
     verbs: ["create"]
 {{- if .Values.kueue.enabled }}
   # Kueue: one Workload per labelled RLRun, created, read afresh by each reconcile and watched (admission and
-  # eviction wake the run); spec.active follows spec.suspend, and the pod sets a queued Workload's new spec
+  # eviction wake the run); spec.active follows spec.suspend, and the pod sets a queued Workload's new spec;
+  # deleted when its run's queue label is removed (the run leaves Kueue)
   - apiGroups: ["kueue.x-k8s.io"]
     resources: ["workloads"]
-    verbs: ["get", "list", "watch", "create", "patch"]
+    verbs: ["get", "list", "watch", "create", "patch", "delete"]
   # the job side of Kueue's contract: the quota released once an evicted run's pods are gone, PodsReady, Finished
   - apiGroups: ["kueue.x-k8s.io"]
     resources: ["workloads/status"]
