@@ -144,8 +144,11 @@ class Admission:
 
 def admission(workload: dict[str, Any] | None) -> Admission | None:
     """The Workload's admission when it is admitted now: ``QuotaReserved`` and ``Admitted`` True,
-    ``status.admission`` set, not ``Evicted`` (Kueue's ``workload.IsAdmitted``); else None."""
+    ``status.admission`` set, not ``Evicted`` (Kueue's ``workload.IsAdmitted``), not ``Finished`` (its quota is
+    Kueue's again: a finished Workload is never admitted again); else None."""
     if not (is_true(workload, QUOTA_RESERVED) and is_true(workload, ADMITTED)) or is_true(workload, EVICTED):
+        return None
+    if is_true(workload, FINISHED):
         return None
     found = ((workload or {}).get("status") or {}).get("admission")
     if not found:

@@ -141,6 +141,10 @@ async def ensure_workload(ctx: RunContext, attempt: int) -> dict[str, Any]:
     pods = build_pods(ctx.body, ctx.run, ctx.settings, attempt, list(ctx.status.get("failedNodes") or []))
     wanted = kueue.pod_sets(pods)
     workload = await _get(ctx)
+    if kueue.is_true(workload, kueue.FINISHED):  # a failed run retried: Kueue never admits a finished Workload again
+        if not workload["metadata"].get("deletionTimestamp"):  # replaced once it is gone (Kueue's finalizer first)
+            await asyncio.to_thread(ctx.kube.delete_workload, ctx.namespace, naming.workload_name(ctx.name))
+        return workload
     if workload is None:
         built = kueue.build_workload(ctx.body, pods, label(ctx) or "", await _priority(ctx))
         await ctx.create([built])
@@ -241,6 +245,9 @@ async def queued(ctx: RunContext, rec: Recovery) -> bool:
         if exc.status != 404:
             raise
         await _show(ctx, Reason.QUEUED, NOT_SERVED, warning=True)  # held until Kueue is installed
+        return False
+    if kueue.is_true(workload, kueue.FINISHED):
+        await _show(ctx, Reason.QUEUED, "the run's Workload finished when the run ended; a new one replaces it")
         return False
     if await _release(ctx, workload):  # evicted with no pod left (e.g. deactivated before it was active again)
         return False
@@ -359,7 +366,8 @@ async def step(r: Reconciling, ctx: RunContext, rec: Recovery | None) -> bool | 
     if rec is None and not tracked:
         return None  # labelled while running without Kueue: queued at its next queueing
     workload = await _get(ctx)
-    if ctx.status.get("phase") == Phase.FAILED or kueue.is_true(workload, kueue.FINISHED):
+    retrying = rec is not None and rec.stage == Stage.STARTING  # a failed run's next attempt: queued anew
+    if ctx.status.get("phase") == Phase.FAILED or (kueue.is_true(workload, kueue.FINISHED) and not retrying):
         return None
     if tracked and _may_take_over(rec):
         ev = kueue.eviction(workload, has_pods=bool(ctx.current()))

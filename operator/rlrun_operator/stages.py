@@ -156,9 +156,11 @@ async def begin(r: Reconciling, ctx: RunContext, found: list[Disruption]) -> boo
         ctx.event(reason, d.message, warning=True)
     if rec is None:  # the run fails: free the trainer's and rollout servers' accelerators
         doomed = [p for p in ctx.pods if p.component != naming.ORCHESTRATOR and not p.deleting]
+        # Kueue's quota freed first: a Failed run is never looked at again (an operator killed in between finds the
+        # failure again and finishes the Workload once more, which changes nothing)
+        await ctx.finish_workload(Phase.FAILED, patch.get("message") or "failed")
         await ctx.write({**patch, **recovery.deleting(ctx.status, [p.name for p in doomed])})
         await ctx.delete(doomed)
-        await ctx.finish_workload(Phase.FAILED, ctx.status.get("message") or "failed")
         ctx.event(EventReason.FAILED, ctx.status.get("message") or "failed", warning=True)
         return False
     await ctx.write(patch)
@@ -428,7 +430,9 @@ async def succeed(ctx: RunContext) -> None:
     if steps:
         patch["step"] = steps
         patch["progress"] = {"percent": 100, "text": "100%", "eta": "-", "etaSeconds": None}
+    # Kueue's quota freed first: a Succeeded run is never looked at again (killed in between, the operator finds the
+    # run complete again and finishes the Workload once more, which changes nothing)
+    await ctx.finish_workload(Phase.SUCCEEDED, message)
     await ctx.write({**patch, **recovery.deleting(ctx.status, [p.name for p in rollouts])})
     await ctx.delete(rollouts)
-    await ctx.finish_workload(Phase.SUCCEEDED, message)
     ctx.event(EventReason.SUCCEEDED, f"{message}; {len(rollouts)} rollout pods removed")

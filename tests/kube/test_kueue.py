@@ -197,6 +197,29 @@ def test_a_run_that_succeeds_finishes_its_workload(kueue, cluster):
     assert finished["reason"] == "Succeeded"
 
 
+def test_a_failed_run_retried_is_queued_on_a_new_workload_never_run_on_its_finished_one(kueue, cluster):
+    admitted_run(cluster, kueue, failure_policy={"backoff_limit": 0})
+    cluster.set_pod_status(cluster.pod("orchestrator"), phase="Failed", ready=False)
+    wait_for(lambda: phase(cluster) == "Failed", what="Failed")
+    finished = wait_for(
+        lambda: (c := workload_condition(kueue, "Finished")) and c["status"] == "True" and c, what="Finished"
+    )
+    assert finished["reason"] == "Failed"  # Kueue frees the quota of a failed run
+    old_uid = kueue.workload(WORKLOAD)["metadata"]["uid"]
+    kueue.hold(WORKLOAD)  # the retry must wait for a new admission
+    cluster.kube.patch("rlruns", "demo", {"spec": {"suspend": True}}, NAMESPACE)
+    wait_for(lambda: phase(cluster) == "Suspended", what="Suspended")
+    cluster.kube.patch("rlruns", "demo", {"spec": {"suspend": False}}, NAMESPACE)
+    # a finished Workload is never admitted again: a new one replaces it, and no pod runs before its admission
+    wait_for(lambda: (w := kueue.workload(WORKLOAD)) and w["metadata"]["uid"] != old_uid, what="a new Workload")
+    wait_for(lambda: phase(cluster) == "Queued", what="Queued")
+    time.sleep(0.3)
+    assert [p for p in cluster.pods() if "-a1" in p["metadata"]["name"]] == []
+    kueue.release(WORKLOAD)
+    wait_for(lambda: len(attempt_pods(cluster, 1)) == 3, what="attempt 1 pods")
+    assert workload_condition(kueue, "Finished") == {} and workload_condition(kueue, "Admitted")["status"] == "True"
+
+
 def test_suspending_deactivates_the_workload_and_is_not_counted_as_a_preemption(kueue, cluster):
     admitted_run(cluster, kueue)
     cluster.kube.patch("rlruns", "demo", {"spec": {"suspend": True}}, NAMESPACE)
