@@ -308,8 +308,8 @@ def _conditions(workload: dict[str, Any], now: str, *updates: tuple[str, bool, s
 
 def release_quota(workload: dict[str, Any], ev: Eviction, now: str | None = None) -> dict[str, Any]:
     """The status patch giving an evicted Workload's quota back once the run's pods are gone (Kueue's
-    ``workload.UnsetQuotaReservationWithCondition(wl, "Pending", message)``, and ``Requeued`` True with the
-    eviction's reason for a preemption): Kueue queues it again and may readmit it, on other flavors too."""
+    ``workload.UnsetQuotaReservationWithCondition(wl, "Pending", message)``, ``PodsReady`` False if it was set, and
+    ``Requeued`` True with the eviction's reason for a preemption): Kueue queues it again and may readmit it, on other flavors too."""
     now = now or now_rfc3339()
     message = ev.message or f"evicted: {ev.reason}"
     updates = [
@@ -318,6 +318,8 @@ def release_quota(workload: dict[str, Any], ev: Eviction, now: str | None = None
     ]
     if ev.reason == PREEMPTED_REASON:
         updates.append((REQUEUED, True, ev.reason, message))
+    if condition(workload, PODS_READY) is not None:  # the pods are gone (Kueue's job side resets it with the quota)
+        updates.append((PODS_READY, False, "WaitForStart", "The pods were stopped: the workload is queued again"))
     return {"admission": None, "conditions": _conditions(workload, now, *updates)}
 
 

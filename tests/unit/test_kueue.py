@@ -181,8 +181,12 @@ def test_releasing_the_quota_unsets_the_reservation_as_kueues_job_reconciler_doe
     assert by["Admitted"]["status"] == "False" and by["Evicted"]["status"] == "True"
     assert (by["Requeued"]["status"], by["Requeued"]["reason"]) == ("True", "Preempted")
     assert by["QuotaReserved"]["observedGeneration"] == 1
+    assert "PodsReady" not in by  # never set: not added
     other = kueue.release_quota(wl, kueue.Eviction("Deactivated", ""), now=NOW)
     assert "Requeued" not in {c["type"] for c in other["conditions"]}
+    ran = workload(*ADMITTED, cond("Evicted", "True", "Preempted", "m"), cond("PodsReady", "True"), admission=ADMISSION)
+    stopped = {c["type"]: c for c in kueue.release_quota(ran, kueue.Eviction("Preempted", "m"), now=NOW)["conditions"]}
+    assert (stopped["PodsReady"]["status"], stopped["PodsReady"]["reason"]) == ("False", "WaitForStart")
 
 
 def test_pods_ready_and_finished_are_patched_only_when_they_change():
