@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -153,9 +154,12 @@ def latest_checkpoint_step(cluster: LocalCluster) -> int | None:
 
 
 def kubectl_row(cluster: LocalCluster) -> dict[str, str]:
-    """``kubectl get rlrun demo -o wide`` as ``{column: value}``."""
+    """``kubectl get rlrun demo -o wide`` as ``{column: value}`` (an empty cell, e.g. QUEUE of a run Kueue does not
+    manage, is ``""``): kubectl aligns each column under its header, so the row is cut where the headers start."""
     header, row = cluster.kubectl("get", "rlrun", NAME, "-o", "wide").splitlines()[:2]
-    return dict(zip(header.split(), row.split(), strict=True))
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    ends = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
 
 
 def attempt_pods_ready(cluster: LocalCluster, attempt: int, after: float) -> float | None:
