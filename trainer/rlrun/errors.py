@@ -8,7 +8,8 @@ turns any exception into the ``(permanent, reason)`` an exit report carries
 (:class:`rlrun.api.control.ExitReport`; exit status 78 for permanent ones, ``rlrun.role_exit``).
 
 Errors that belong to one component stay with it: :class:`rlrun.manifest.ManifestError`
-(permanent, ``InvalidManifest``), :class:`rlrun.rollout.client.RolloutError`,
+(permanent, ``InvalidManifest``), :class:`rlrun.versions.UnsupportedVersion` (permanent,
+``UnsupportedVersion``), :class:`rlrun.rollout.client.RolloutError`,
 :class:`rlrun.launcher.processes.ChildDied`.
 """
 
@@ -51,7 +52,7 @@ def classify_error(exc: BaseException) -> tuple[bool, str]:
 
     Permanent: every exception whose class says ``permanent = True``, with its ``reason``
     (:class:`rlrun.manifest.ManifestError` ``InvalidManifest``, :class:`CheckpointMismatch`,
-    :class:`WeightsMismatch`); anything else is ``(False, "Error")``.
+    :class:`WeightsMismatch`, :class:`rlrun.versions.UnsupportedVersion`); anything else is ``(False, "Error")``.
     """
     if getattr(exc, "permanent", False) is True:
         return True, str(getattr(exc, "reason", None) or type(exc).__name__)

@@ -11,17 +11,19 @@ exit (:func:`~rlrun.api.control.write_exit_report`):
 | 1 | ``interrupted`` | SIGTERM came and the orchestrator's snapshot could not be written |
 | 143 | ``interrupted`` | the trainer got SIGTERM (or SIGINT: 130): it finished the step it was computing and saved a checkpoint of the step it has (a second signal exits at once); the next start trains on from the newest complete checkpoint |
 | 1 | ``error`` | it raised; retrying may heal it (a lost server, a full disk, …) |
-| 78 | ``error``, ``permanent`` | retrying cannot heal it (``sysexits.h`` ``EX_CONFIG``): reason ``InvalidManifest``, ``CheckpointMismatch`` (the manifest's settings differ from the checkpoint's) or ``WeightsMismatch`` (weights that do not fit the model); :func:`rlrun.errors.classify_error` |
+| 78 | ``error``, ``permanent`` | retrying cannot heal it (``sysexits.h`` ``EX_CONFIG``): reason ``InvalidManifest``, ``CheckpointMismatch`` (the manifest's settings differ from the checkpoint's), ``WeightsMismatch`` (weights that do not fit the model) or ``UnsupportedVersion`` (a torch or vLLM outside rlrun's pins: :mod:`rlrun.versions`); :func:`rlrun.errors.classify_error` |
 
 A role (:func:`rlrun.training.main.run_trainer`, :func:`rlrun.orchestrator.main.run_orchestrator`) runs its body
 inside :func:`reporting`, ends with :meth:`RoleExit.finish` and returns the exit status it chose (:attr:`RoleExit.code`);
-the ``rlrun`` command exits with it.
+the ``rlrun`` command exits with it. A role that refuses to start before its body runs (``rlrun trainer`` and
+``rlrun rollout`` on a torch or vLLM outside the pins) ends through :func:`refuse`: the same report, 78.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -118,3 +120,17 @@ def reporting(role: Literal["orchestrator", "trainer"]) -> Iterator[RoleExit]:
         exit_.report("error", f"{type(exc).__name__}: {exc}", permanent, reason)
         exiting()
         exit_.code = EXIT_PERMANENT if permanent else 1
+
+
+def refuse(role: Literal["orchestrator", "trainer", "rollout"], exc: Exception) -> int:
+    """End a role process that refuses to start, before its body runs, with permanent error ``exc`` (an installed
+    torch or vLLM outside rlrun's pins: :class:`rlrun.versions.UnsupportedVersion`): log its message as one error line
+    (no traceback), write an ``error`` exit report, ``permanent``, with its ``reason`` (rank 0 alone under torchrun,
+    ``$RANK``) and return :data:`~rlrun.api.control.EXIT_PERMANENT` (78), the status to exit with."""
+    _, reason = classify_error(exc)
+    log.error("%s cannot start (permanent: retrying cannot heal it): %s: %s", role, reason, exc)
+    if os.environ.get("RANK", "0") == "0":
+        message = f"{type(exc).__name__}: {exc}"
+        write_exit_report(ExitReport(role=role, outcome="error", permanent=True, reason=reason, message=message))
+    exiting()
+    return EXIT_PERMANENT

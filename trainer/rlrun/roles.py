@@ -13,13 +13,14 @@ is; more (:func:`under_torchrun`: ``nodes × processes_per_node`` > 1) run it un
 
 The environment a role needs from its launcher: the orchestrator's bearer token in
 :data:`CONTROL_TOKEN_ENV`; a trainer under torchrun, :data:`TORCHRUN_SHUTDOWN_TIMEOUT_ENV` set to its
-grace period (:func:`trainer_env`).
+grace period (:func:`trainer_env`). A rollout role serves rlrun's stand-in for vLLM when its environment says so
+(:data:`FAKE_ROLLOUT_ENV`, :func:`fake_rollout`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 #: The orchestrator's control server reads its bearer token from here (``rlrun orchestrator --control-port``).
 CONTROL_TOKEN_ENV = "RLRUN_CONTROL_TOKEN"
@@ -30,6 +31,10 @@ METRICS_PORT_ENV = "RLRUN_METRICS_PORT"
 #: waits 30 s. An environment variable, not ``--shutdown-timeout``: older torchrun would refuse the
 #: unknown argument and the trainer would never start.
 TORCHRUN_SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+#: ``rlrun rollout`` serves rlrun's stand-in for vLLM (:mod:`rlrun.rollout.fake`) when this is true (its ``--fake``).
+FAKE_ROLLOUT_ENV = "RLRUN_FAKE_ROLLOUT"
+#: The values of a boolean option's variable that mean true, as the command line reads them (click's).
+TRUE_VALUES = ("1", "true", "t", "yes", "y", "on")
 #: The ``rlrun`` console script, as an image has it on its ``PATH``.
 RLRUN = ("rlrun",)
 #: torchrun's console script.
@@ -69,6 +74,12 @@ def rollout_command(
     argv = [*program, "rollout", manifest]
     argv += ["--cache-dir", cache_dir] if cache_dir else []
     return [*argv, "--host", host, "--port", str(port)]
+
+
+def fake_rollout(env: Mapping[str, str]) -> bool:
+    """Whether ``rlrun rollout`` run with environment ``env`` serves the fake (:data:`FAKE_ROLLOUT_ENV` true, as
+    ``--fake`` reads it), not vLLM."""
+    return env.get(FAKE_ROLLOUT_ENV, "").strip().lower() in TRUE_VALUES
 
 
 def trainer_command(

@@ -282,7 +282,7 @@ class ExitReport(_Contract):
             weights that do not fit the model, an invalid manifest): the exit status is then
             :data:`EXIT_PERMANENT` (78).
         reason: CamelCase cause of an error: ``CheckpointMismatch``, ``WeightsMismatch``,
-            ``InvalidManifest``, else ``Error``; None when it did not fail.
+            ``InvalidManifest``, ``UnsupportedVersion``, else ``Error``; None when it did not fail.
         message: what happened, in words (:func:`write_exit_report` cuts it to at most
             :data:`EXIT_MESSAGE_MAX_CHARS` characters, in the middle).
     """

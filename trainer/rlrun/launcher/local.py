@@ -49,6 +49,7 @@ from rlrun.launcher.preflight import (
     resume_step,
     run_dir_problem,
     trainer_shape_problem,
+    versions_problem,
 )
 from rlrun.launcher.processes import Child, ChildDied, death_report, free_port, role_exit_code, wait_http_ok
 from rlrun.launcher.progress import (
@@ -275,7 +276,8 @@ class LocalLauncher:
         # first: the checkpoint a --resume starts from (the preemption drill and the resume check need it)
         self._resumed_from = resume_step(self.run_dir) if self.resume else None
         complete = self.resume and already_complete(self.run_dir, self._resumed_from, self.max_steps)
-        problem = trainer_shape_problem(self.spec) or (not self.resume and run_dir_problem(self.run_dir))
+        problem = versions_problem(roles.fake_rollout(os.environ)) or trainer_shape_problem(self.spec)
+        problem = problem or (not self.resume and run_dir_problem(self.run_dir))
         problem = problem or (not complete and resume_mismatch(self.run_dir, self.spec, self._resumed_from))
         if problem:
             console.print(f"[red]error:[/red] {escape(problem)}")

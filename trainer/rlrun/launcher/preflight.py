@@ -4,8 +4,9 @@ A refusal a user can cause is one message naming what to change, printed before 
 orchestrator starts — not a traceback in a role's log minutes later: a trainer of several nodes
 (:func:`trainer_shape_problem`), a fresh start in a run directory that holds a run (:func:`run_dir_problem`), a
 ``--resume`` of a run that is already complete (:func:`already_complete`: said, not refused). The other checks are
-the roles' own, run early: a resume whose checkpoint belongs to other settings or data (:func:`resume_mismatch`, the orchestrator's
-:func:`~rlrun.identity.check_compatible`). A check that is another process package's code (a dataset's prompts,
+the roles' own, run early: a torch or vLLM outside rlrun's pins (:func:`versions_problem`, ``rlrun trainer``'s and
+``rlrun rollout``'s :func:`~rlrun.versions.check_installed`), a resume whose checkpoint belongs to other settings or
+data (:func:`resume_mismatch`, the orchestrator's :func:`~rlrun.identity.check_compatible`). A check that is another process package's code (a dataset's prompts,
 :func:`rlrun.orchestrator.prompts.check_prompts`) is handed to the launcher by ``rlrun local``
 (``LocalLauncher.check_model``): process packages import none of each other.
 """
@@ -17,6 +18,23 @@ from rlrun.checkpoint import latest_complete_checkpoint, load_orchestrator_progr
 from rlrun.errors import CheckpointError, CheckpointMismatch
 from rlrun.identity import check_compatible
 from rlrun.rundir import RunDir, holds_a_run
+from rlrun.versions import UnsupportedVersion, check_installed
+
+
+def versions_problem(fake_rollouts: bool) -> str | None:
+    """Why the roles ``rlrun local`` would start refuse this machine's torch or vLLM (outside rlrun's pins, or
+    missing: :func:`rlrun.versions.check_installed`, as ``rlrun trainer`` and ``rlrun rollout`` check them), or
+    None. The trainer needs torch; the rollout servers need vLLM too, unless they are rlrun's fake
+    (``fake_rollouts``: ``$RLRUN_FAKE_ROLLOUT``). ``$RLRUN_ALLOW_UNSUPPORTED_VERSIONS=1``: warned, None.
+
+    Raises:
+        PinsError: rlrun's package metadata pins vLLM inconsistently (a packaging bug).
+    """
+    try:
+        check_installed(vllm=not fake_rollouts)
+    except UnsupportedVersion as exc:
+        return str(exc)
+    return None
 
 
 def trainer_shape_problem(spec: RLRunSpec) -> str | None:

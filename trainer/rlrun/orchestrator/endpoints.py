@@ -1,9 +1,9 @@
 """The rollout servers in use: one owner of them (:class:`RolloutPool`) and the policy that changes them
 (:class:`EndpointMembership`), as servers come, go, miss and regain weights.
 
-Guarantee: a rollout server gets a request only while it holds the current weights and is not reloading. The pool
-alone holds the servers — their clients, load, benching and last failure — and :meth:`RolloutPool.pick` enforces
-the rule: a request goes to the least-loaded server holding at least the version it is labelled with
+Guarantee: a rollout server gets a request only while it holds the current weights and is not reloading, and only
+once the vLLM it reports is found within rlrun's pins (**Versions**, below). The pool alone holds the servers —
+their clients, load, benching, refusal and last failure — and :meth:`RolloutPool.pick` enforces the rule: a request goes to the least-loaded server holding at least the version it is labelled with
 (:attr:`~rlrun.rollout.client.RolloutClient.loaded_version`, set when a reload is confirmed) and not in a weight
 update's reload window (:attr:`~rlrun.rollout.client.RolloutClient.reloading`), so the label is never newer than
 the weights that produce the tokens, and those are the weights the server held when it was sent, whatever the
@@ -17,6 +17,13 @@ again at the next look (:meth:`EndpointMembership.catch_up_lagging`); one that c
 update is **benched** — its requests are requested again elsewhere at once — and rejoins only after
 it answers ``/health`` and is given the current weights (tried every :data:`REJOIN_EVERY_S` per
 server); a removed server's requests are requested again at once too, not counted as retries.
+
+**Versions.** No server gets a request before the vLLM version it reports (``GET /version``, read once per URL) is
+found within rlrun's pins (:mod:`rlrun.versions`): the first endpoints are read together once they are healthy, and
+one outside them ends the orchestrator (:meth:`EndpointMembership.start`, :class:`~rlrun.versions.UnsupportedVersion`);
+a server added later is read before it is caught up, and one outside them is **refused**: never used while it is
+listed, logged as an error naming its URL and versions (:attr:`RolloutPool.refused`). A server that does not
+answer is benched and read when it answers again.
 
 Policy objects in the manner of prime-rl's ``concurrency.py``: neither owns a task. The pool says which servers
 went out of use; the dispatcher, which keeps the requests in flight, cancels those that were on them
@@ -33,10 +40,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import httpx
+
 from rlrun.errors import OrchestratorError
 from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.groups import GroupCancellation
 from rlrun.rollout.client import RolloutClient, RolloutError
+from rlrun.timeouts import within
+from rlrun.versions import UnsupportedVersion, check_served
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +56,9 @@ REJOIN_EVERY_S = 2.0
 
 #: Most seconds a request waiting for a server to end its reload waits before it looks at the endpoints again.
 RELOAD_LOOK_S = 1.0
+
+#: Most seconds the read of a server's ``GET /version`` may take (then it counts as unreachable: benched).
+VERSION_READ_S = 10.0
 
 
 class DispatchError(OrchestratorError):
@@ -77,6 +91,8 @@ class RolloutPool:
         clients: the servers in use, by base URL.
         load: completions out on each server in use (requests of ``n`` samples count ``n``).
         benched: the servers out of use until they rejoin, with why (:meth:`bench`).
+        refused: the servers listed but never used, with the line saying why (their vLLM version: :meth:`refuse`).
+        vetting: the servers in use whose vLLM version is being read: no request goes to them meanwhile.
         last_failure: when a request last failed on each server (monotonic seconds).
     """
 
@@ -91,6 +107,8 @@ class RolloutPool:
         self.clients: dict[str, RolloutClient] = {}
         self.load: dict[str, int] = {}
         self.benched: dict[str, str] = {}
+        self.refused: dict[str, str] = {}
+        self.vetting: set[str] = set()
         self.last_failure: dict[str, float] = {}
         self.set_endpoints(endpoints)
 
@@ -99,16 +117,17 @@ class RolloutPool:
 
         The requests in flight on a removed endpoint are lost: the caller cancels them before its next ``await``
         (:meth:`~rlrun.orchestrator.dispatcher.Dispatcher.lose_on`). A benched endpoint still listed stays benched
-        (it rejoins once caught up, :meth:`rejoin`); one no longer listed is forgotten.
+        (it rejoins once caught up, :meth:`rejoin`), a refused one stays refused; one no longer listed is forgotten.
         """
         wanted = [e.rstrip("/") for e in endpoints]
-        for url in [u for u in self.benched if u not in wanted]:
-            del self.benched[url]
+        for out_of_use in (self.benched, self.refused):
+            for url in [u for u in out_of_use if u not in wanted]:
+                del out_of_use[url]
         removed = sorted(url for url in self.clients if url not in wanted)
         self._drop(removed)
         added = []
         for url in wanted:
-            if url not in self.clients and url not in self.benched:  # a benched one rejoins once caught up
+            if url not in self.clients and url not in self.benched and url not in self.refused:
                 self.clients[url] = self.client_factory(url)
                 self.load[url] = 0
                 added.append(self.clients[url])
@@ -122,6 +141,14 @@ class RolloutPool:
         self.benched[url] = reason
         self._drop([url])
         return True
+
+    def refuse(self, url: str, why: str) -> None:
+        """Never use endpoint ``url`` while it is listed (its vLLM version is outside rlrun's pins: ``why``); one in
+        use is dropped (its requests in flight are lost, as a removed endpoint's), a benched one forgotten."""
+        self.benched.pop(url, None)
+        if url in self.clients:
+            self._drop([url])
+        self.refused[url] = why
 
     def rejoin(self, client: RolloutClient) -> bool:
         """Use benched endpoint ``client.base_url`` again, through ``client`` (it has the current weights);
@@ -137,13 +164,15 @@ class RolloutPool:
         for url in urls:
             client = self.clients.pop(url)
             self.load.pop(url, None)
+            self.vetting.discard(url)
             asyncio.get_event_loop().create_task(client.aclose())
 
     async def pick(self, failed: set[str], policy_version: int) -> str:
         """The least-loaded endpoint holding at least ``policy_version`` (the version the request is labelled
         with: a label never newer than the weights that produce the tokens) and not reloading, avoiding those that
         failed this request (``failed``) or failed recently (within the retry window) while others remain; while
-        every endpoint holding it reloads (all are given new weights at once), the first to resume.
+        every endpoint holding it reloads (all are given new weights at once), the first to resume. An endpoint
+        whose vLLM version is being read (:attr:`vetting`) is none of them.
 
         Raises:
             RolloutError: no endpoints, or none holds ``policy_version`` yet (one joining is being caught up):
@@ -152,7 +181,9 @@ class RolloutPool:
         while True:
             if not self.clients:
                 raise RolloutError("no rollout endpoints")
-            holding = [u for u in self.load if self.clients[u].loaded_version >= policy_version]
+            holding = [
+                u for u in self.load if self.clients[u].loaded_version >= policy_version and u not in self.vetting
+            ]
             if not holding:
                 raise RolloutError(f"no rollout server holds policy {policy_version} yet")
             if serving := [u for u in holding if not self.clients[u].reloading]:
@@ -220,6 +251,10 @@ class EndpointMembership:
 
     def __init__(self) -> None:
         self._rejoin_tried: dict[str, float] = {}  # benched endpoint → when it was last asked (monotonic)
+        self._vetted: set[str] = set()  # endpoints whose vLLM version was read and admitted: never read again
+        #: whether servers added are read as they come (:meth:`set`): from :meth:`start` on; before it the first
+        #: endpoints are set, and :meth:`start` reads them once they are healthy
+        self.checking = False
         self.pool: RolloutPool | None = None
 
     def bind(
@@ -248,6 +283,9 @@ class EndpointMembership:
         again (served before new tasks, not counted against ``rollout.max_group_retries``): a lost
         node's requests do not wait for a timeout.
 
+        Once :attr:`checking`, a new server's vLLM version is read first (:meth:`vet`): one outside rlrun's pins is
+        refused, with an error log line naming it and the versions, and never used while it is listed.
+
         Raises:
             WeightsError, RolloutError: a new server could not be given the current weights.
         """
@@ -260,7 +298,72 @@ class EndpointMembership:
                 len(lost),
                 change.removed,
             )
-        self.bench(await self.weights.catch_up(change.added))
+        added = change.added
+        if self.checking:
+            for why in (await self.vet(added)).values():
+                log.error("refused: %s", why)
+            added = [c for c in added if self.pool.clients.get(c.base_url) is c]  # neither refused nor benched
+        self.bench(await self.weights.catch_up(added))
+
+    async def start(self, timeout_s: float, stop: asyncio.Event) -> None:
+        """The first endpoints, before the attempt begins: wait until they are healthy (:func:`wait_until_healthy`),
+        then read their vLLM versions together (:meth:`vet`), unless ``stop`` was set meanwhile; from here on each
+        server added is read as it comes (:attr:`checking`).
+
+        Raises:
+            DispatchError: endpoints still unhealthy ``timeout_s`` seconds after they were set.
+            UnsupportedVersion: a server's vLLM is outside rlrun's pins, or it reports none (the line of the first,
+                the others' URLs after it): the orchestrator cannot run with the servers it was given.
+            PinsError: rlrun's package metadata pins vLLM inconsistently.
+        """
+        await wait_until_healthy(self.pool, timeout_s, stop)
+        if stop.is_set():
+            return
+        self.checking = True
+        refused = await self.vet(list(self.pool.clients.values()))
+        if refused:
+            first, *others = refused
+            also = f" (also refused: {', '.join(others)})" if others else ""
+            raise UnsupportedVersion(f"{refused[first]}{also}")
+
+    async def vet(self, clients: list[RolloutClient]) -> dict[str, str]:
+        """Read the vLLM version of each server of ``clients`` not read yet, all at once (``GET /version``, at most
+        :data:`VERSION_READ_S` each; :func:`rlrun.versions.check_served`), and refuse those outside rlrun's pins
+        (:meth:`RolloutPool.refuse`); returns them, URL → the line saying why. No request goes to a server while it
+        is read (:attr:`RolloutPool.vetting`). One in use that cannot be read (no answer, an error status) is
+        benched: it is read again when it answers (:meth:`rejoin_benched`). Once admitted, a URL is never read again.
+
+        Raises:
+            PinsError: rlrun's package metadata pins vLLM inconsistently.
+        """
+        new = [c for c in clients if c.base_url not in self._vetted]
+        urls = {c.base_url for c in new}
+        self.pool.vetting |= urls
+        try:
+            answers = await asyncio.gather(*(within(c.version(), VERSION_READ_S) for c in new), return_exceptions=True)
+        finally:
+            self.pool.vetting -= urls
+        refused: dict[str, str] = {}
+        unread: dict[str, str] = {}
+        for client, answer in zip(new, answers, strict=True):
+            url = client.base_url
+            if url not in self.pool.clients and url not in self.pool.benched:
+                continue  # removed meanwhile: nothing to decide
+            # RolloutError: an error status; RuntimeError: its client closed meanwhile
+            if isinstance(answer, (httpx.HTTPError, RuntimeError, asyncio.TimeoutError)):
+                unread[url] = f"GET /version: {type(answer).__name__}" + (f": {answer}" if str(answer) else "")
+                continue
+            if isinstance(answer, BaseException):
+                raise answer
+            try:
+                check_served(url, answer)
+            except UnsupportedVersion as exc:
+                refused[url] = str(exc)
+                self.pool.refuse(url, str(exc))
+            else:
+                self._vetted.add(url)
+        self.bench({url: why for url, why in unread.items() if url in self.pool.clients})
+        return refused
 
     async def look(self) -> None:
         """The membership's periodic look (the orchestrator's follower loop): :meth:`catch_up_lagging`, then
@@ -302,7 +405,10 @@ class EndpointMembership:
             client = self.pool.client_factory(url)
             try:
                 rejoined = (
-                    await client.healthy() and not await self.weights.catch_up([client]) and self.pool.rejoin(client)
+                    await client.healthy()
+                    and await self._admitted(client)
+                    and not await self.weights.catch_up([client])
+                    and self.pool.rejoin(client)
                 )
             except RolloutError as exc:  # it answers but cannot reload yet: it stays benched, asked again later
                 log.warning("benched rollout server %s could not catch up: %s", url, exc)
@@ -312,3 +418,11 @@ class EndpointMembership:
                 self.capacity()
             else:
                 await client.aclose()
+
+    async def _admitted(self, client: RolloutClient) -> bool:
+        """Whether benched server ``client`` serves a vLLM within rlrun's pins: read once (:meth:`vet`; it was benched
+        before it could be read), refused (logged) when it does not; False while it cannot be read."""
+        if client.base_url not in self._vetted:
+            for why in (await self.vet([client])).values():
+                log.error("refused: %s", why)
+        return client.base_url in self._vetted

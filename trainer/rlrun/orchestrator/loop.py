@@ -28,7 +28,7 @@ from rlrun.orchestrator.checkpointing import CheckpointManager, capture_of
 from rlrun.orchestrator.control import ControlServer, status_report
 from rlrun.orchestrator.conversations import KeptConversations
 from rlrun.orchestrator.dispatcher import Dispatcher
-from rlrun.orchestrator.endpoints import EndpointMembership, wait_until_healthy
+from rlrun.orchestrator.endpoints import EndpointMembership
 from rlrun.orchestrator.evaluation import EvalRounds, Evaluator
 from rlrun.orchestrator.flow import FlowControl, dispatch_round, hold_reason
 from rlrun.orchestrator.follower import WeightFollower
@@ -321,6 +321,7 @@ class Orchestrator:
 
         Raises:
             OrchestratorError: unusable run dir, rollout servers that never get healthy, or no batch can form.
+            UnsupportedVersion: a first rollout server's vLLM is outside rlrun's pins (:mod:`rlrun.versions`).
             CheckpointMismatch: ``--resume`` against a checkpoint of a different run.
             WeightsError, RolloutError: weights that cannot be loaded into the rollout servers.
         """
@@ -379,7 +380,7 @@ class Orchestrator:
     async def _run_attempt(self) -> int:
         """Begin the attempt, then pass results, ship batches and dispatch until done or stopped; returns the step."""
         await PromptLimit(self.spec, self.ledger, self.metrics).start(self.dispatcher.episodes, self.source)
-        await wait_until_healthy(self.dispatcher.pool, self.health_timeout_s, self._stop)
+        await self.endpoints.start(self.health_timeout_s, self._stop)  # healthy, and of a vLLM within rlrun's pins
         if self._stop.is_set():  # stopped (SIGTERM after a pause) before it started
             log.info("stopped before starting")
             return self.shipped

@@ -3,7 +3,8 @@ admin calls of a weight update (pause → reload → reset prefix cache → resu
 
 Admin endpoints are those of vLLM's dev mode (``VLLM_SERVER_DEV_MODE=1``):
 ``/pause?mode=wait``, ``/resume``, ``/reset_prefix_cache``, ``/collective_rpc``,
-``/update_weight_version``. Transient connection errors on admin calls are retried
+``/update_weight_version``; ``GET /version`` says which vLLM serves (:meth:`RolloutClient.version`: the orchestrator
+refuses one outside rlrun's pins, :mod:`rlrun.versions`). Transient connection errors on admin calls are retried
 with tenacity; a completion is not retried here (the dispatcher decides).
 
 A weight update is a **reload window** from its start to its confirmed resume (:attr:`RolloutClient.reloading`):
@@ -299,6 +300,22 @@ class RolloutClient:
             elif family.name == "process_start_time_seconds" and family.samples:
                 started = family.samples[0].value
         return ServerLoad(int(sum(found)), started) if found else None
+
+    async def version(self) -> str | None:
+        """The vLLM version the server reports (``GET /version``: vLLM answers ``{"version": "0.32.0"}``); None when
+        it reports none (a 404, or an answer without a version string: not vLLM).
+
+        Raises:
+            RolloutError: another error status (a 5xx: it may answer later). httpx.HTTPError: not reached.
+        """
+        resp = await self._http.get("/version", timeout=10.0)
+        if resp.status_code not in (200, 404):
+            raise RolloutError(f"{self.base_url}/version: {resp.status_code} {resp.text[:300]}")
+        try:
+            version = resp.json().get("version") if resp.status_code == 200 else None
+        except (ValueError, AttributeError):  # not JSON, or not an object
+            return None
+        return version if isinstance(version, str) and version else None
 
     async def healthy(self) -> bool:
         """True when ``GET /health`` answers 200."""

@@ -7,7 +7,9 @@ then EOS, cut at the request's ``max_tokens`` (``finish_reason: "length"``), so 
 group rejections resemble a real run's. With ``samples_per_s`` set, completions are served
 at that aggregate rate (a model of a real server's throughput); without it they are
 instant. ``GET /metrics`` reports the completions being generated as vLLM's
-``vllm:num_requests_running`` (and ``vllm:num_requests_waiting`` 0). A weight reload (``POST /collective_rpc`` with
+``vllm:num_requests_running`` (and ``vllm:num_requests_waiting`` 0). ``GET /version`` answers as vLLM does,
+``{"version": …}``: the vLLM version rlrun supports (:func:`rlrun.versions.imitated_vllm`: it imitates that vLLM's
+API), or the ``vllm_version`` it is given. A weight reload (``POST /collective_rpc`` with
 ``rlrun_reload_weights``) answers as the worker extension does: ``ok`` when the directory holds ``*.safetensors``
 files, an error naming the directory otherwise (nothing is loaded: the answers do not depend on the weights); it
 takes ``reload_s`` seconds (a slow reload: a large model, a loaded machine).
@@ -49,6 +51,7 @@ import httpx
 
 from rlrun.rollout.adapters import SERVED_MODEL_NAME
 from rlrun.rollout.client import RolloutClient
+from rlrun.versions import imitated_vllm
 
 
 @dataclass
@@ -83,6 +86,7 @@ def fake_vllm_transport(
     vocab: range = range(2, 97),
     seed: int = 0,
     reload_s: float = 0.0,
+    vllm_version: str | None = None,
 ) -> httpx.MockTransport:
     """A transport answering ``/v1/completions``, ``/collective_rpc`` and the admin routes (see the module
     docstring); its ``counts`` attribute is its :class:`ReloadCounts`.
@@ -94,7 +98,9 @@ def fake_vllm_transport(
         vocab: the token ids an error is drawn from.
         seed: seed of the errors (the same requests in the same order get the same answers).
         reload_s: seconds a weight reload takes.
+        vllm_version: the vLLM version ``GET /version`` reports (None: the one rlrun supports).
     """
+    served_version = vllm_version if vllm_version is not None else imitated_vllm()
     rng = random.Random(seed)
     clock = {"free_at": 0.0, "running": 0}
     counts = ReloadCounts()
@@ -144,6 +150,8 @@ def fake_vllm_transport(
             text += f"rlrun_fake_completions_sent_in_reload_total {counts.sent_in_reload}\n"
             text += f"rlrun_fake_completions_in_flight_at_pause_total {counts.in_flight_at_pause}\n"
             return httpx.Response(200, text=text)
+        if path == "/version":
+            return httpx.Response(200, json={"version": served_version})
         if path == "/v1/completions":
             model = json.loads(request.content).get("model") or SERVED_MODEL_NAME
             if model != SERVED_MODEL_NAME and model not in counts.adapters:
