@@ -194,6 +194,15 @@ class Eviction:
         return f"Kueue evicted Workload {workload} ({why})" + (f": {self.message}" if self.message else "")
 
 
+def reserved_since(workload: dict[str, Any] | None) -> str | None:
+    """When the Workload's current quota reservation began (``QuotaReserved``'s ``lastTransitionTime``, RFC
+    3339), or None when it holds none (or Kueue wrote no time)."""
+    reserved = condition(workload, QUOTA_RESERVED) or {}
+    if reserved.get("status") != "True":
+        return None
+    return reserved.get("lastTransitionTime") or None
+
+
 def eviction(workload: dict[str, Any] | None, has_pods: bool) -> Eviction | None:
     """Whether the run must stop for Kueue (see the module table); ``has_pods``: the run has live pods."""
     if workload is None:

@@ -14,6 +14,9 @@ stop path is the preemption's own).
 | stage ``Suspended`` (``spec.suspend``) | :func:`step` | ``spec.active: false``; Kueue's ``Deactivated`` eviction released, not counted |
 | any other look at an admitted run | :func:`step` | the Workload's ``PodsReady`` follows the pods |
 
+An eviction that finds the run recovering from the loss of its pods under the admission Kueue takes back is
+that loss's cause made known late: counted once (:func:`same_interruption`).
+
 The run's ``status.queue`` marks it as admitted through Kueue: only such a run is watched for evictions (a label
 added to, or removed from, a running run takes effect at its next queueing: when it is suspended, or evicted).
 """
@@ -31,7 +34,7 @@ from rlrun_operator import kueue, naming, recovery, stages
 from rlrun_operator.pods import build_pods
 from rlrun_operator.run_context import RunContext
 from rlrun_operator.stages import Reconciling
-from rlrun_operator.status import now_rfc3339, set_condition
+from rlrun_operator.status import now_rfc3339, rfc3339_seconds, set_condition
 
 log = logging.getLogger(__name__)
 
@@ -317,16 +320,44 @@ def _may_take_over(rec: Recovery | None) -> bool:
     return not (rec.trigger == Trigger.KUEUE_EVICTION and rec.stage in OWN_STAGES)
 
 
-async def evict(r: Reconciling, ctx: RunContext, ev: kueue.Eviction) -> bool:
-    """Kueue evicted the run: an attempt-scope preemption (counted once), the same pause → snapshot → stop path,
-    phase ``Evicted``; any recovery in progress is taken over (its pods stop with the attempt's)."""
+def same_interruption(rec: Recovery | None, workload: dict[str, Any] | None) -> bool:
+    """Whether Kueue's eviction of ``workload`` is the preemption the run is already recovering from
+    (``rec``), made known late: ``rec`` is a preemption other than Kueue's own eviction (pods deleted,
+    disrupted or gone), begun while the admission Kueue now takes back held (``QuotaReserved`` True since no
+    later than ``rec.since``). Its pods were lost before Kueue's word arrived (something else deleted them
+    first, or Kueue wrote ``Evicted`` after the operator had seen them go): one interruption, counted once.
+    An eviction without a reservation (``QuotaLost``, ``WorkloadDeleted``), of a later admission, or during a
+    failure's or a suspension's recovery is not."""
+    if rec is None or rec.kind != RecoveryKind.PREEMPTION or rec.trigger == Trigger.KUEUE_EVICTION:
+        return False
+    reserved = kueue.reserved_since(workload)
+    try:
+        return reserved is not None and rfc3339_seconds(reserved) <= rfc3339_seconds(rec.since)
+    except ValueError:  # a time that does not parse: counted, as before
+        return False
+
+
+async def evict(
+    r: Reconciling,
+    ctx: RunContext,
+    ev: kueue.Eviction,
+    taken: Recovery | None = None,
+    workload: dict[str, Any] | None = None,
+) -> bool:
+    """Kueue evicted the run: an attempt-scope preemption, the same pause → snapshot → stop path, phase
+    ``Evicted``; the recovery in progress ``taken`` (if any) is taken over (its pods stop with the attempt's).
+    Counted once in ``status.preemptions``: not again when ``taken`` is that same preemption
+    (:func:`same_interruption`), whose start time, count and recoveries metric the eviction keeps."""
     now = now_rfc3339()
     message = ev.describe(naming.workload_name(ctx.name))
+    same = same_interruption(taken, workload)
+    if same and taken is not None:
+        message += f"; the run was recovering from its pods' loss ({taken.trigger}): counted once"
     alive = ctx.live_orchestrator() is not None
     rec = Recovery(
         trigger=Trigger.KUEUE_EVICTION, kind=RecoveryKind.PREEMPTION, reason=ev.reason, message=message,
         stage=Stage.PAUSING if alive else Stage.STOPPING,  # no pod "hit": the orchestrator is paused first
-        since=now, stageSince=now, attempt=ctx.attempt,
+        since=taken.since if same and taken is not None else now, stageSince=now, attempt=ctx.attempt,
     )  # fmt: skip
     conditions = list(ctx.status.get("conditions") or [])
     for type_, value, reason in (
@@ -336,14 +367,16 @@ async def evict(r: Reconciling, ctx: RunContext, ev: kueue.Eviction) -> bool:
     ):
         conditions = set_condition(conditions, type_, value, reason, message, ctx.generation, now)
     queue = {**(ctx.status.get("queue") or _queue(ctx)), "admitted": False}
+    preemptions = (ctx.status.get("preemptions") or 0) + (0 if same else 1)
     await ctx.write({
-        "preemptions": (ctx.status.get("preemptions") or 0) + 1, "recovery": rec.model_dump(mode="json"),
-        "phase": Phase.EVICTED, "message": f"evicted: {message}; pausing, then stopping the pods",
-        "conditions": conditions, "queue": queue,
+        "preemptions": preemptions, "recovery": rec.model_dump(mode="json"), "phase": Phase.EVICTED,
+        "message": f"evicted: {message}; pausing, then stopping the pods", "conditions": conditions,
+        "queue": queue,
     })  # fmt: skip
-    ctx.metrics.recoveries.labels(RecoveryKind.PREEMPTION, Trigger.KUEUE_EVICTION).inc()
     ctx.event(EventReason.EVICTED, message, warning=True)
-    r.recovery_started(ctx)
+    if not same:  # the same interruption keeps its recovery time from the loss
+        ctx.metrics.recoveries.labels(RecoveryKind.PREEMPTION, Trigger.KUEUE_EVICTION).inc()
+        r.recovery_started(ctx)
     return True
 
 
@@ -372,7 +405,7 @@ async def step(r: Reconciling, ctx: RunContext, rec: Recovery | None) -> bool | 
     if tracked and _may_take_over(rec):
         ev = kueue.eviction(workload, has_pods=bool(ctx.current()))
         if ev is not None:
-            return await evict(r, ctx, ev)
+            return await evict(r, ctx, ev, rec, workload)
     if rec is not None and rec.stage == Stage.STARTING:
         return await starting(r, ctx, rec, workload)
     if workload is None:

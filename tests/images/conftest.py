@@ -40,3 +40,9 @@ def images() -> list[dict]:
         + ", ".join(f"{b['target']} {b['seconds']:.0f} s {b['bytes'] / 1e9:.2f} GB" for b in built)
     )
     return built
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A session that ends before the tier's tests (interrupted, ``-x``) stops the build it started."""
+    if _build is not None:
+        _build.stop()

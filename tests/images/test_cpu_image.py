@@ -14,7 +14,7 @@ from tests.support.images import CPU_IMAGE, CPU_ROLLOUT_IMAGE, ROOT, Container, 
 STEPS = 5
 
 
-def test_cpu_image_trains_the_default_example_on_its_own_vllm_and_the_ledger_holds(images, tmp_path):
+def test_cpu_image_trains_the_default_example_on_its_own_vllm_and_the_ledger_holds(images, tmp_path, tiny_model):
     assert image_config(CPU_IMAGE) == image_config(CPU_ROLLOUT_IMAGE)  # one image, both roles' names
     volume = tmp_path / "volume"
     volume.mkdir()
@@ -22,8 +22,14 @@ def test_cpu_image_trains_the_default_example_on_its_own_vllm_and_the_ledger_hol
     os.chown(volume, uid, gid)  # the pod's fsGroup makes the run's volume its user's
     run_dir = "/var/lib/rlrun/volume/run"
     mounts = [(ROOT / "examples", "/var/lib/rlrun/examples", "ro"), (volume, "/var/lib/rlrun/volume")]
+    # the session's model cache, read-only: the builtin model the other tiers built (a build in the image costs
+    # ≈ 30 s and proves nothing the training does not: torch and transformers run in the trainer)
+    cache = tiny_model.parent.parent
+    cache.chmod(0o755)  # pytest makes its temporary directories 0700: the image's user must be let in
+    mounts.append((cache, "/var/lib/rlrun/model-cache", "ro"))
     with Container(CPU_IMAGE) as container:
         argv = ["rlrun", "local", "examples/reverse-text.yaml", "--max-steps", str(STEPS), "--run-dir", run_dir]
+        argv += ["--cache-dir", "/var/lib/rlrun/model-cache"]
         done = container.run(argv, volumes=mounts, timeout=900)
         assert done.returncode == 0, done.stdout[-4000:]
         checked = container.run(["rlrun", "ledger", "check", run_dir], volumes=mounts)

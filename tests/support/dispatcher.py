@@ -20,8 +20,14 @@ IDS = {i: c for c, i in CHARS.items()}
 
 
 def make_dispatcher(
-    transports: dict[str, httpx.AsyncBaseTransport], members_per_request=None, retry_window_s=5.0, timeout_s=30.0
+    transports: dict[str, httpx.AsyncBaseTransport],
+    members_per_request=None,
+    retry_window_s=5.0,
+    timeout_s=30.0,
+    envs: list | None = None,
 ):
+    """A dispatcher over ``transports`` (URL → transport) of ``envs`` (default: reverse-text), its results'
+    queue."""
     results: asyncio.Queue[GroupResult] = asyncio.Queue()
     dispatcher = Dispatcher(
         list(transports),
@@ -29,7 +35,7 @@ def make_dispatcher(
             encode=lambda text: [CHARS[c] for c in text],
             decode=lambda ids: "".join(IDS.get(i, "?") for i in ids),
             eos_id=0,
-            envs={ENV.name: ENV},
+            envs={env.name: env for env in envs or [ENV]},
         ),
         sampling=SamplingSpec(max_tokens=8),
         results=results,

@@ -1,9 +1,11 @@
 """Scripted envs for tests and benchmarks, named in a manifest by import path (``tests.support.envs:UntilOne``,
 ``tests.support.envs:Faulty``).
 
-``UntilOne`` (and ``InPlace``, its state changed in place) are used by ``tests/integration/test_crash_injection.py``,
-``tests/unit/test_turn_durability.py`` and ``benchmarks/turn_durability.py``, whose fake servers answer each turn ``1``
-or ``2``; ``Faulty`` by the tests of how a run stops (``tests/unit/test_stops.py``).
+``UntilOne`` (and ``InPlace``, its state changed in place) are used by
+``tests/integration/test_crash_injection.py``, ``tests/unit/test_turn_durability.py`` and
+``benchmarks/turn_durability.py``, whose fake servers answer each turn ``1`` or ``2``; ``Faulty`` by the tests
+of how a run stops (``tests/unit/test_stops.py``); ``Hangs`` by those of env code that hangs or fails
+(``tests/unit/test_hung_env_code.py``, ``tests/processes/test_hung_env_exit.py``).
 """
 
 from __future__ import annotations
@@ -100,4 +102,45 @@ class Faulty:
     def reward(self, task: Task, completion: str) -> float:
         if self.reward_fails_from is not None and task.index >= self.reward_fails_from:
             raise ConnectionError("the judge is unreachable")
+        return 1.0 if completion == task.answer else 0.0
+
+
+class Hangs:
+    """A multi-turn env with :class:`Faulty`'s prompts (task ``i``: ``t<i>=``, reward 1 for ``<i>t`` exactly)
+    whose ``start`` (or ``respond``: ``hang_in``) hangs on every ``every``-th task until :attr:`release` is
+    set — env code waiting on a sandbox that never answers; with ``fail_all`` every ``start`` raises instead.
+    Its ``respond`` ends the episode after the first model turn (what the reward scores).
+
+    Args:
+        every: a task whose index is a multiple of it hangs (0: none).
+        hang_in: ``"start"`` or ``"respond"``.
+        fail_all: every ``start`` raises ``ConnectionError``.
+    """
+
+    name = "hangs"
+    max_turns = 2
+    release = threading.Event()
+
+    def __init__(self, every: int = 5, hang_in: str = "start", fail_all: bool = False) -> None:
+        self.every, self.hang_in, self.fail_all = every, hang_in, fail_all
+
+    def task(self, seed: int, index: int, split: str = "train") -> Task:
+        prompt = f"t{index}="
+        return Task(self.name, index, prompt, prompt[-2::-1])
+
+    def _maybe_hang(self, task: Task, where: str) -> None:
+        if where == self.hang_in and self.every and task.index % self.every == 0:
+            Hangs.release.wait()
+
+    def start(self, task: Task) -> dict:
+        if self.fail_all:
+            raise ConnectionError("the sandbox is gone")
+        self._maybe_hang(task, "start")
+        return {}
+
+    def respond(self, task: Task, state: dict, completion: str) -> Reply:
+        self._maybe_hang(task, "respond")
+        return Reply(None, True, state)
+
+    def reward(self, task: Task, completion: str) -> float:
         return 1.0 if completion == task.answer else 0.0

@@ -55,6 +55,12 @@ class Build:
     summary: Path
     started: float
 
+    def stop(self) -> None:
+        """SIGTERM to the build and the buildah it runs (its process group), if it still runs."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(30)
+
     def wait(self) -> list[dict]:
         """Wait for the build; its per-image ``tags``, ``seconds`` and ``bytes``. Raises ``RuntimeError`` with
         the log's last lines if it failed (a missing tool is one line: ``images/build.py``'s message)."""
@@ -70,7 +76,9 @@ def start_build(out_dir: Path) -> Build:
     log, summary = out_dir / "build.log", out_dir / "build.json"
     argv = [sys.executable, str(ROOT / "images" / "build.py"), "operator", "cpu", "--json", str(summary)]
     with log.open("w") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT)
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT, start_new_session=True
+        )
     return Build(process, log, summary, time.monotonic())
 
 

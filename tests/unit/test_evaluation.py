@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 
 import httpx
 import pytest
+from rlrun.checkpoint import WEIGHTS_FILE
 from rlrun.envs.reverse_text import ReverseTextEnv, held_out
 from rlrun.ledger import check_ledger, read_ledger
 from rlrun.model.recipe import TinyModelRecipe
+from rlrun.orchestrator import evaluation
 from rlrun.orchestrator.episodes import EpisodeBuilder, tokenizer_codec
-from rlrun.orchestrator.evaluation import Evaluator
+from rlrun.orchestrator.evaluation import EvalRounds, Evaluator
+from rlrun.orchestrator.follower import WeightFollower
+from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.rollout.client import RolloutClient, RolloutError
 from rlrun.rollout.fake import fake_vllm_transport
-from rlrun.rundir import RunDir, read_jsonl
+from rlrun.rundir import RunDir, publish_dir, read_jsonl, write_meta
 from transformers import AutoTokenizer
 
 from tests.support.manifests import parse
@@ -137,4 +142,120 @@ async def test_a_round_whose_weights_moved_before_it_was_answered_is_discarded(t
     with pytest.raises(RolloutError, match="moved past policy 4"):
         await round_
     assert read_jsonl(RunDir(tmp_path).evaluations) == [] and 4 not in ev.evaluated
+    await client.aclose()
+
+
+def rounds_over(ev: Evaluator, client: RolloutClient, tmp_path, max_steps: int = 4):
+    """A run of ``max_steps``'s rounds on ``client``, and the metrics counting what they drop and hold."""
+    rounds, metrics = EvalRounds(), StepMetrics(tmp_path / "metrics.jsonl", attempt=1)
+    rounds.bind(ev, lambda: [client], max_steps, metrics)
+    return rounds, metrics
+
+
+def broadcast(run_dir: RunDir, model, step: int) -> None:
+    """What the trainer publishes after ``step``: its weights in ``broadcasts/step_N/``."""
+    run_dir.broadcast(step).parent.mkdir(parents=True, exist_ok=True)
+
+    def fill(tmp):
+        shutil.copy(model / WEIGHTS_FILE, tmp / WEIGHTS_FILE)
+        write_meta(tmp, step, 0)
+
+    publish_dir(run_dir.broadcast(step), fill)
+
+
+async def test_the_final_evaluation_holds_the_pushes_and_runs_beside_the_follower(tmp_path, tiny_model):
+    run_dir = RunDir(tmp_path)
+    ev = evaluator(tmp_path, tiny_model)
+    client = RolloutClient("http://fake:1", transport=fake_vllm_transport(error_rate=0.0, reload_s=0.2))
+    follower = WeightFollower(run_dir, 0, None)
+    await follower.load([client], tiny_model, 3)  # the servers hold policy 3; the trainer publishes step 4
+    broadcast(run_dir, tiny_model, 4)
+    rounds, metrics = rounds_over(ev, client, tmp_path)
+
+    async def following():  # the orchestrator's follower loop: the newest broadcast unless a round holds
+        while True:
+            if not rounds.holding:
+                await follower.follow([client])
+            await asyncio.sleep(0.01)
+
+    final = asyncio.ensure_future(rounds.finish(lambda: follower.load([client], follower.weights_dir(4), 4)))
+    await asyncio.sleep(0.05)  # the final round is loading step 4's weights when the follower looks
+    loop = asyncio.ensure_future(following())
+    await final
+    loop.cancel()
+    # before: the follower's push of the same weights reloaded the server as the round began ("no server")
+    assert [line["policy_version"] for line in read_jsonl(run_dir.evaluations)] == [4]
+    assert metrics.eval_rounds_dropped == 0 and 0 < metrics.eval_hold_seconds < 5
+    await client.aclose()
+
+
+async def test_the_final_evaluation_waits_for_a_reload_under_way(tmp_path, tiny_model):
+    run_dir = RunDir(tmp_path)
+    ev = evaluator(tmp_path, tiny_model)
+    client = RolloutClient("http://fake:1", transport=fake_vllm_transport(error_rate=0.0, reload_s=0.2))
+    follower = WeightFollower(run_dir, 0, None)
+    loads = []
+
+    async def load_last():
+        loads.append(4)
+        await follower.load([client], tiny_model, 4)
+
+    push = asyncio.ensure_future(follower.load([client], tiny_model, 4))  # the follower's push, under way
+    await asyncio.sleep(0.05)
+    rounds, _ = rounds_over(ev, client, tmp_path)
+    await rounds.finish(load_last)
+    await push
+    assert [line["policy_version"] for line in read_jsonl(run_dir.evaluations)] == [4] and loads == []
+    await client.aclose()
+
+
+class Hanging(httpx.AsyncBaseTransport):
+    """A server that never answers a completion."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+
+
+async def test_a_hung_round_is_said_when_its_hold_runs_out_and_counted_when_dropped(
+    tmp_path, tiny_model, monkeypatch, caplog
+):
+    monkeypatch.setattr(evaluation, "MAX_HOLD_S", 0.2)
+    ev = evaluator(tmp_path, tiny_model, interval=2, timeout_seconds=0.6)
+    client = RolloutClient("http://fake:1", transport=Hanging())
+    client.loaded_version = 4
+    rounds, metrics = rounds_over(ev, client, tmp_path, max_steps=10)
+    rounds.updated(3, 4)  # the servers reached policy 4: an evaluation point (interval 2)
+    assert rounds.holding
+    await asyncio.sleep(0.3)
+    assert rounds.running and not rounds.holding  # the pushes go on
+    assert "evaluation of policy 4 unanswered after 0 s: the weight pushes it held go on" in caplog.text
+    await rounds.finish(lambda: asyncio.sleep(0))  # the round under way ends (dropped); then the final one
+    dropped = "evaluation of policy 4 dropped (1 this attempt): TimeoutError: no answer within 1 s"
+    assert dropped in caplog.text
+    assert metrics.eval_rounds_dropped >= 1 and metrics.eval_hold_seconds >= 0.2
+    assert read_jsonl(RunDir(tmp_path).evaluations) == []
+    await client.aclose()
+
+
+async def test_a_mixtures_held_out_scores_are_reported_per_task_family(tmp_path, tiny_model):
+    from rlrun.envs.reasoning_gym import ReasoningGymEnv
+
+    spec = parse("eval", evaluation={"enabled": True, "tasks": 8, "samples_per_task": 1}).spec
+    small = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+    members = [
+        {"name": "basic_arithmetic", "config": {**small, "operators": ["+"]}},
+        {"name": "chain_sum", "config": small},
+    ]
+    env = ReasoningGymEnv(tasks=members, chat=False, system_prompt="", answer_format="raw")
+    codec = tokenizer_codec(AutoTokenizer.from_pretrained(str(tiny_model)))
+    episodes = EpisodeBuilder(*codec, {env.name: env})
+    ev = Evaluator(spec.evaluation, spec.sampling, episodes, spec.seed, RunDir(tmp_path).evaluations)
+    client = RolloutClient("http://fake:1", transport=fake_vllm_transport(error_rate=0.0))
+    line = await ev.evaluate([client], version=0)
+    families = line["per_env"]["reasoning-gym"]["per_family"]
+    assert sorted(families) == sorted({t.info["family"] for t in ev.tasks})
+    assert sorted(families) == ["basic_arithmetic", "chain_sum"]
+    keys = {"greedy_reward", "greedy_solved", "sampled_reward", "pass_at_k", "completion_len_mean"}
+    assert set(families["chain_sum"]) == set(families["basic_arithmetic"]) == keys
     await client.aclose()

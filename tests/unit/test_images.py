@@ -236,3 +236,68 @@ def test_dockerignore_keeps_local_state_out_of_the_context():
         assert ignored(path, patterns), f"{path} would be sent to the Docker daemon"
     assert ignored("trainer/rlrun/__pycache__/cli.cpython-311.pyc", patterns)
     assert not ignored("trainer/rlrun/cli.py", patterns)
+
+
+class FakeBuilder:
+    """A builder whose pulls fail (no registry reachable, as here) and which records what it is asked."""
+
+    name = "fake"
+
+    def __init__(self, present=()):
+        self.present = set(present)
+        self.imported: list[str] = []
+
+    def has_image(self, ref):
+        return ref in self.present
+
+    def pull(self, ref):
+        return f"pinging container registry for {ref}: no such host"
+
+    def import_rootfs(self, rootfs, ref, env, cmd):
+        self.imported.append(ref)
+        self.present.add(ref)
+
+
+def test_an_unpullable_base_falls_back_to_the_debian_base_with_one_line(monkeypatch):
+    said, built = [], []
+    monkeypatch.setattr(image_build, "build_debian_base", lambda builder, ref, say: built.append(ref))
+    base = image_build.resolve_base(FakeBuilder(), "python:3.11.14-slim-bookworm", said.append)
+    assert base == image_build.FALLBACK_BASE and built == [image_build.FALLBACK_BASE]
+    assert said == [
+        "cannot pull python:3.11.14-slim-bookworm (pinging container registry for python:3.11.14-slim-bookworm: no "
+        f"such host): building {image_build.FALLBACK_BASE}, its equivalent from Debian's packages"
+    ]
+    said.clear()  # built once: reused, still said
+    assert image_build.resolve_base(FakeBuilder({base}), "python:3.11.14-slim-bookworm", said.append) == base
+    assert len(said) == 1 and said[0].endswith(f"using {base}, its equivalent from Debian's packages")
+    assert image_build.resolve_base(FakeBuilder({"python:3.11"}), "python:3.11", said.append) == "python:3.11"
+
+
+def test_a_missing_builder_or_debootstrap_is_one_line_with_the_package_to_install(monkeypatch):
+    monkeypatch.setattr(image_build.shutil, "which", lambda tool: None)
+    with pytest.raises(image_build.BuildError, match=r"^building images needs buildah \(Debian/Ubuntu: apt-get "):
+        image_build.pick_builder()
+    with pytest.raises(image_build.BuildError) as refused:
+        image_build.build_debian_base(FakeBuilder(), image_build.FALLBACK_BASE, print)
+    assert refused.value.status == 2
+    assert (
+        str(refused.value) == "the base image cannot be pulled and debootstrap is missing: apt-get install debootstrap"
+    )
+
+
+def test_the_build_script_exits_2_with_that_line_and_no_traceback(monkeypatch, capsys):
+    monkeypatch.setattr(image_build.shutil, "which", lambda tool: None)
+    assert image_build.main(["operator", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("images: building images needs buildah") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_gpu_builds_leave_out_local_wheel_directories(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    entries = [("global", "find-links", str(wheels)), ("global", "default-timeout", "180")]
+    assert "find-links" in image_build.pip_config_for_build(entries).text
+    gpu = image_build.pip_config_for_build(entries, find_links=False)
+    assert gpu.text.splitlines() == ["[global]", "default-timeout = 180"] and gpu.mounts == []
+    assert {k for k, t in image_build.TARGETS.items() if t.gpu} == {"trainer", "rollout"}

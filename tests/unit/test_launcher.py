@@ -16,6 +16,7 @@ from rlrun.launcher import local
 from rlrun.launcher.preemption import preemption_skip_reason, resume_report_from_ledger, steps_recomputed
 from rlrun.launcher.progress import (
     eval_cell,
+    eval_dropped_line,
     eval_report,
     label_restored,
     model_line,
@@ -277,6 +278,19 @@ def test_the_summary_shows_held_out_evaluation_first_to_last():
     assert "greedy solved (exact match)" in lines[1] and lines[1].endswith("0.110 → 0.400 (+0.290)")
     assert lines[4].strip().startswith("pass@2")
     assert eval_cell([first, last]) == "held-out solved 0.400 (v120)"
+
+
+def test_a_dropped_evaluation_round_is_a_console_line_and_in_the_progress_cell():
+    rows = [{"step": s, "attempt": 1, "eval_rounds_dropped": d} for s, d in ((1, 0), (2, 0), (3, 1), (4, 1))]
+    lines = [eval_dropped_line(a, b) for a, b in zip([{}, *rows], rows, strict=False)]
+    assert lines == [None, None, lines[2], None] and lines[2].startswith(
+        "held-out evaluation: 1 round(s) dropped by step 3 (1 this attempt; logs/orchestrator.log says which"
+    )
+    resumed = {"step": 5, "attempt": 2, "eval_rounds_dropped": 1}  # a new attempt counts from 0
+    assert eval_dropped_line(rows[-1], resumed) is not None and eval_dropped_line({}, {"step": 1}) is None
+    assert eval_cell([], rows[2]) == "1 eval round(s) dropped" and eval_cell([], rows[0]) is None
+    evaluated = {"policy_version": 2, "greedy_solved": 0.5}
+    assert eval_cell([evaluated], rows[3]) == "held-out solved 0.500 (v2), 1 eval round(s) dropped"
 
 
 # -- refusals said once, before any process starts (issue 36) -----------------------------------------

@@ -154,7 +154,7 @@ def test_an_adapter_loads_back_into_a_fresh_wrap_and_one_of_another_rank_is_refu
 
 def test_the_adapter_disabled_is_the_base_model_and_the_policy_stays_as_it_was():
     plain = _base()
-    adapter = wrap(_base(), LoraSpec(rank=4, dropout=0.5))
+    adapter = wrap(_base(), LoraSpec(rank=4))
     _moved(adapter)
     adapter.model.train()
     reference = AdapterOff(adapter)

@@ -13,6 +13,7 @@ from rlrun.batch import write_batch
 from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, WEIGHTS_FILE, save_orchestrator_progress
 from rlrun.errors import CheckpointMismatch
 from rlrun.manifest import ManifestError
+from rlrun.probes import PROBE_FILE
 from rlrun.rundir import RunDir
 from rlrun.training.distributed import single_process
 from rlrun.training.lora import AdapterOff, adapter_state
@@ -59,7 +60,8 @@ def test_a_lora_run_writes_the_adapter_alone_and_resumes_with_the_uninterrupted_
     assert 4 * params < adapter_bytes < 4 * params + 8192  # float32 tensors and the header
     assert adapter_bytes < (tiny_model / WEIGHTS_FILE).stat().st_size / 10
     broadcast = whole_dir.broadcast(3)
-    assert {p.name for p in broadcast.iterdir()} == {ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, "meta.json"}
+    published = {p.name for p in broadcast.iterdir()}  # the adapter, and its version's mismatch probe
+    assert published == {ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, "meta.json", PROBE_FILE}
     # each step reports what its publish wrote: bytes and seconds
     lines = [json.loads(line) for line in whole_dir.trainer_metrics.read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2, 3] and all(m["broadcast_s"] > 0 for m in lines)

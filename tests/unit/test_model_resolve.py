@@ -4,11 +4,14 @@ process cannot build, is refused with what to do."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 from rlrun.api.spec import EnvSpec, ModelSpec
 from rlrun.envs.base import Task
 from rlrun.model.recipe import TinyEnvsRecipe, TinyModelRecipe
-from rlrun.model.resolve import BuiltinModelError, builtin_model_dir, init_builtin_model, resolve_model
+from rlrun.model.resolve import BuiltinModelError, builtin_model_dir, init_builtin_model, load_tokenizer, resolve_model
 
 from tests.support.manifests import parse
 
@@ -92,3 +95,32 @@ def test_model_init_refuses_a_model_by_name_and_warm_start_steps_the_cache_would
     with pytest.raises(ValueError, match="give OUT_DIR"):
         init_builtin_model(parse(model={"builtin": "tiny"}).spec, sft_steps=5, cache_dir=tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_load_tokenizer_gives_what_autotokenizer_gives_without_its_imports(tiny_model, tmp_path):
+    from transformers import AutoTokenizer
+
+    loaded = load_tokenizer(tiny_model, ModelSpec(builtin="tiny-reverse"))
+    auto = AutoTokenizer.from_pretrained(tiny_model)
+    assert type(loaded) is type(auto)
+    text = "reverse: hello world"
+    assert loaded(text)["input_ids"] == auto(text)["input_ids"]
+    assert (loaded.pad_token_id, loaded.eos_token_id, loaded.chat_template) == (
+        auto.pad_token_id,
+        auto.eos_token_id,
+        auto.chat_template,
+    )
+
+
+@pytest.mark.parametrize("settings", [{"tokenizer_class": "NoSuchTokenizer"}, {"auto_map": {"AutoTokenizer": "x.Y"}}])
+def test_load_tokenizer_leaves_a_class_it_cannot_name_to_autotokenizer(tiny_model, tmp_path, settings, monkeypatch):
+    import transformers
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, **settings}))
+    seen = []
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path, **kw: seen.append(path) or "auto")
+    assert load_tokenizer(model, ModelSpec(builtin="tiny-reverse")) == "auto"
+    assert seen == [model]

@@ -6,6 +6,7 @@ local``'s prompt and LoRA target checks, and the rollout server's ``--revision``
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import pytest
 from rlrun.model.resolve import pretrained_kwargs
@@ -15,7 +16,7 @@ from rlrun.rollout.server import vllm_command
 from rlrun.rundir import RunDir
 from rlrun.training.lora_targets import check_targets
 from rlrun.training.trainer import Trainer
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from tests.support.manifests import parse
 from tests.support.orchestrators import make_orchestrator
@@ -36,8 +37,20 @@ class Loads:
         self.calls: list[tuple[str, str, str | None]] = []
         self.stop = False
         self.loading = False
-        for cls in (AutoModelForCausalLM, AutoTokenizer, AutoConfig):
+        for cls in (AutoModelForCausalLM, AutoConfig):
             monkeypatch.setattr(cls, "from_pretrained", self._recorder(cls.__name__, cls.from_pretrained, tiny_model))
+        # A tokenizer loads through AutoTokenizer, or through the class its tokenizer_config.json names
+        # (rlrun.model.resolve.load_tokenizer): either is the "tokenizer" load, recorded once.
+        monkeypatch.setattr(
+            AutoTokenizer, "from_pretrained", self._recorder("tokenizer", AutoTokenizer.from_pretrained, tiny_model)
+        )
+        by_class = PreTrainedTokenizerBase.from_pretrained.__func__
+
+        def tokenizer_class_load(cls, path, *args, **kwargs):
+            real = functools.partial(by_class, cls)
+            return self._recorder("tokenizer", real, tiny_model)(path, *args, **kwargs)
+
+        monkeypatch.setattr(PreTrainedTokenizerBase, "from_pretrained", classmethod(tokenizer_class_load))
 
     def _recorder(self, name, real, tiny_model):
         def from_pretrained(path, *args, **kwargs):
@@ -92,7 +105,7 @@ def test_the_orchestrator_loads_its_tokenizer_at_the_revision(tmp_path, loads, m
     loads.stop = True
     with pytest.raises(Stop):
         asyncio.run(orchestrator._wire())
-    assert loads.calls == [("AutoTokenizer", path, revision)]
+    assert loads.calls == [("tokenizer", path, revision)]
 
 
 def test_rlrun_evaluate_loads_its_tokenizer_at_the_revision(tmp_path, loads, model):
@@ -100,13 +113,13 @@ def test_rlrun_evaluate_loads_its_tokenizer_at_the_revision(tmp_path, loads, mod
     loads.stop = True
     with pytest.raises(Stop):
         asyncio.run(evaluate_weights("http://rollout:1", parse(model=spec).spec, path, None, 0, tmp_path / "e.jsonl"))
-    assert loads.calls == [("AutoTokenizer", path, revision)]
+    assert loads.calls == [("tokenizer", path, revision)]
 
 
 def test_rlrun_locals_prompt_check_loads_its_tokenizer_at_the_revision(loads, model):
     spec, path, revision = model
     check_prompts(parse(model=spec, rollout={"overlong_prompts": "refuse"}).spec, path)
-    assert loads.calls == [("AutoTokenizer", path, revision)]
+    assert loads.calls == [("tokenizer", path, revision)]
 
 
 def test_rlrun_locals_lora_target_check_reads_the_revisions_config(loads, model):

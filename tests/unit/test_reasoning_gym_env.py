@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -211,3 +212,45 @@ def test_unknown_split_and_foreign_task_raise(small: ReasoningGymEnv) -> None:
 
 def test_fingerprint_names_the_reasoning_gym_version(small: ReasoningGymEnv) -> None:
     assert small.fingerprint() == f"reasoning-gym=={rg_env.reasoning_gym_version()}; derivation 1"
+
+
+def test_substring_credit_is_reasoning_gyms_and_exact_scoring_gives_none(small: ReasoningGymEnv) -> None:
+    exact = ReasoningGymEnv(task="basic_arithmetic", config=SMALL, scoring="exact")
+    task = next(t for i in range(50) if (t := small.task(0, i)).answer == "1")
+    wrong = "<answer>9991</answer>"  # holds the answer: the base scorer gives len("1") / len("9991")
+    assert small.reward(task, wrong) == 0.25 and exact.reward(task, wrong) == 0.0
+    assert small.reward(task, "<answer>1</answer>") == exact.reward(task, "<answer>1</answer>") == 1.0
+    with pytest.raises(ValueError, match=r"scoring must be one of \['reasoning_gym', 'exact'\], got 'x'"):
+        ReasoningGymEnv(task="basic_arithmetic", config=SMALL, scoring="x")
+
+
+def mixture() -> ReasoningGymEnv:
+    return ReasoningGymEnv(tasks=[{"name": "basic_arithmetic", "config": SMALL}, {"name": "chain_sum"}])
+
+
+def test_a_mixtures_training_scores_are_reported_per_task_family(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from rlrun.orchestrator.metrics import StepMetrics
+    from rlrun.orchestrator.sink import TrainSink
+
+    from tests.support.samples import episode
+
+    env = mixture()
+    tasks = [env.task(0, i) for i in range(12)]
+    assert {t.info["family"] for t in tasks} == {"basic_arithmetic", "chain_sum"}
+    assert "family" not in ReasoningGymEnv(task="chain_sum").task(0, 0).info  # one task: the env's family
+    sink = TrainSink(group_size=2, batch_size=2, max_off_policy_steps=1)
+    metrics = StepMetrics(tmp_path / "metrics.jsonl", 1)
+    metrics.start()
+    for g, t in enumerate(tasks):
+        rewards = [1.0, 0.5] if t.info["family"] == "chain_sum" else [0.0, 0.5]
+        eps = [dataclasses.replace(episode(g, m, r, 0), task=t) for m, r in enumerate(rewards)]
+        metrics.add_scores(t.env, eps, {})
+        sink.add_episodes(g, t, eps, next_step=1)
+    batch = sink.take_batch(1)
+    line = metrics.shipped(1, batch, 0, sink, SimpleNamespace(inflight_samples=0, cancelled_groups=0))
+    metrics.close()
+    assert line["reward/reasoning-gym/chain_sum"] == 0.75
+    assert line["reward/reasoning-gym/basic_arithmetic"] == 0.25
+    assert 0.25 < line["reward/reasoning-gym"] < 0.75

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 from rlrun.ledger import check_ledger
-from rlrun.orchestrator.admission import RewardsFailing
+from rlrun.orchestrator.failing import RewardsFailing
 from rlrun.rundir import RunDir
 
 from tests.support.manifests import parse

@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+import torch
 from rlrun.ledger import check_ledger, read_ledger
 from rlrun.orchestrator import endpoints
 from rlrun.orchestrator.loop import Orchestrator
@@ -18,6 +19,7 @@ from rlrun.rollout.client import RolloutClient, RolloutError
 from rlrun.rollout.fake import fake_vllm_transport
 from rlrun.rundir import RunDir
 from rlrun.training.fake import start_fake_trainer
+from safetensors.torch import save_file
 
 from tests.support.dispatcher import Mute
 from tests.support.manifests import parse
@@ -274,8 +276,10 @@ async def test_a_benched_server_that_answers_again_gets_the_current_weights_befo
         stop.set()
     assert "http://back:1" in orch.dispatcher.pool.clients and not orch.dispatcher.pool.benched
     after = back.log[back.log.index("vanished") + 1 :]
-    # The rejoin: health, then a whole weight update to the version current then; only then completions.
-    update = ["/health", "/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume"]
+    # The rejoin: health, then a whole weight update to the version current then, verified (the second RPC:
+    # the served weights' digest); only then completions.
+    update = ["/health", "/pause", "/collective_rpc", "/reset_prefix_cache", "/collective_rpc"]
+    update += ["/update_weight_version", "/resume"]
     assert after[: len(update)] == update, after
     assert "/v1/completions" not in after[: len(update)]
     assert orch.policy_version >= benched_at
@@ -327,8 +331,8 @@ class Versioned(httpx.AsyncBaseTransport):
         elif path == "/resume":
             self.paused = False
             self.resumed.set()
-        elif path == "/collective_rpc":
-            [weights] = json.loads(request.content)["args"]
+        elif path == "/collective_rpc" and json.loads(request.content)["method"] == "rlrun_reload_weights":
+            [weights] = json.loads(request.content)["args"]  # (the digest that verifies it: the inner fake's)
             step = int(re.search(r"step_(\d+)", weights).group(1)) if "step_" in weights else 0
             self.reload_started(step).set()
             await asyncio.sleep(self.reload_s)
@@ -381,9 +385,9 @@ async def test_a_server_added_during_a_weight_update_never_serves_a_version_it_d
 
 
 async def test_weight_updates_of_one_server_never_overlap_nor_go_back(tmp_path):
-    for n in (1, 2, 3):
+    for n in (1, 2, 3):  # each its own weights: the fake's digest of what it holds verifies each reload
         (tmp_path / f"step_{n}").mkdir()
-        (tmp_path / f"step_{n}" / "model.safetensors").write_bytes(b"")  # the fake only looks for the file
+        save_file({"w": torch.full((2,), float(n))}, str(tmp_path / f"step_{n}" / "model.safetensors"))
     server = Versioned(reload_s=0.2)
     client = RolloutClient("http://slow:1", transport=server)
     step = lambda n: str(tmp_path / f"step_{n}")  # noqa: E731

@@ -1,10 +1,11 @@
 """The run directory's rule for "this directory already holds a run" (:func:`rlrun.rundir.holds_a_run`): one
-threshold, past step 0, for ``rlrun local``, the orchestrator and the trainer."""
+threshold, past step 0, for ``rlrun local``, the orchestrator and the trainer; a broadcast published once per
+attempt (:func:`rlrun.rundir.publish_broadcast`)."""
 
 from __future__ import annotations
 
 from rlrun.launcher.preflight import run_dir_problem
-from rlrun.rundir import RunDir, holds_a_run
+from rlrun.rundir import RunDir, holds_a_run, publish_broadcast, write_meta
 
 
 def test_a_run_dir_holds_a_run_once_a_checkpoint_or_batch_is_past_step_0(tmp_path):
@@ -19,3 +20,24 @@ def test_a_run_dir_holds_a_run_once_a_checkpoint_or_batch_is_past_step_0(tmp_pat
     assert holds_a_run(run_dir) == [run_dir.checkpoints, run_dir.rollouts]
     assert holds_a_run(run_dir, count_batches=False) == [run_dir.checkpoints]
     assert "already holds a run" in run_dir_problem(run_dir)
+
+
+def test_a_broadcast_is_never_replaced_by_the_attempt_that_published_it(tmp_path):
+    """Issue 47: a trainer retraining a step after a trainer-only loss re-published its broadcast (the old
+    directory out, the new one renamed in) while a server held an adapter loaded from it. A broadcast is now
+    kept by the attempt that wrote it (the version the servers hold); an earlier attempt's is replaced."""
+    run_dir = RunDir(tmp_path)
+
+    def fill(text: str, attempt: int):
+        def write(tmp):
+            (tmp / "weights").write_text(text)
+            write_meta(tmp, 3, attempt)
+
+        return write
+
+    path, written = publish_broadcast(run_dir.broadcast(3), fill("first", 1), 1)
+    assert written and (path / "weights").read_text() == "first"
+    again = publish_broadcast(run_dir.broadcast(3), fill("retrained", 1), 1)
+    assert again == (path, False) and (path / "weights").read_text() == "first"
+    later = publish_broadcast(run_dir.broadcast(3), fill("next", 2), 2)
+    assert later == (path, True) and (path / "weights").read_text() == "next"

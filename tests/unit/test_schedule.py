@@ -134,3 +134,23 @@ def test_a_sharded_part_restores_the_schedule_as_an_unsharded_one_does(tmp_path)
     restore_scheduler(scheduler2, optimizer2, json.loads((part / "progress.json").read_text())[SCHEDULER_KEY], 3, "p")
     assert optimizer2.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 7 / 8)
     assert scheduler2.state_dict() == scheduler.state_dict()
+
+
+def test_a_part_without_scheduler_state_is_restored_from_its_step_and_says_so_once(caplog):
+    from rlrun.training.parts import new_optimizer
+    from rlrun.training.schedule import new_scheduler, restore_scheduler
+
+    spec = parse("old", max_steps=10, optimizer={"lr": 0.01, "lr_schedule": "linear", "warmup_steps": 2}).spec
+    optimizer = new_optimizer(torch.nn.Linear(3, 2), spec)
+    scheduler = new_scheduler(optimizer, spec)
+    caplog.set_level("INFO", logger="rlrun.training.schedule")
+    restore_scheduler(scheduler, optimizer, None, 3, "checkpoints/step_3/trainer")
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 7 / 8)  # λ(3): derived, correctly
+    (line,) = [r.getMessage() for r in caplog.records if "LR scheduler" in r.getMessage()]
+    assert line == (
+        "checkpoints/step_3/trainer holds no LR scheduler state (a part written before schedules): "
+        "its position is derived from step 3, the next step trains at lr 0.00875"
+    )
+    caplog.clear()
+    restore_scheduler(scheduler, optimizer, scheduler.state_dict(), 3, "checkpoints/step_3/trainer")
+    assert not [r for r in caplog.records if "LR scheduler" in r.getMessage()]  # with its state: nothing said

@@ -174,11 +174,61 @@ def test_a_reward_needing_a_column_the_dataset_lacks_is_refused_naming_the_colum
     assert error == (
         "spec.envs[0].rewards[0].function: reward function tests.unit.test_spec:needs_ground_truth requires argument "
         "'ground_truth', which env dataset does not pass; it passes prompts, completions, completion_ids, "
-        "trainer_state, log_extra, log_metric and its task fields answer, solution "
+        "trainer_state, log_extra, log_metric and its task fields solution "
         f"(path '{data}' has the columns ['prompt', 'solution']: rewards get the answer column as answer and every "
         "other column (args.info_columns) by its name); or give the parameter a default"
     )
     assert parse_manifest(manifest(envs=[dataset_env(data, ["tests.unit.test_spec:accuracy"])]))  # it has solution
+
+
+def needs_answer(completions, answer, **kwargs):
+    """A TRL-style reward reading ``answer``, which every env passes: None where a task has none."""
+    return [float(str(c).strip() == str(a)) for c, a in zip(completions, answer, strict=True)]
+
+
+def tolerates_no_answer(completions, answer=None, **kwargs):
+    """The same with a default: it says it handles a task without an answer."""
+    return [None for _ in completions]
+
+
+def needs_hint(completions, hint, **kwargs):
+    return [0.0 for _ in completions]
+
+
+def needs_late(completions, late, **kwargs):
+    return [0.0 for _ in completions]
+
+
+def test_a_reward_needing_answer_without_an_answer_column_is_refused_naming_the_columns(tmp_path):
+    """Issue 47: every reward is passed ``answer``, as ``[None] * n`` without an answer column; the
+    reward scored every completion 0 and the run stopped 206 groups later on NoLearningSignal."""
+    data = trl_rows(tmp_path / "d.jsonl", n=20)
+    (error,) = errors_of(manifest(envs=[dataset_env(data, ["tests.unit.test_spec:needs_answer"])]))
+    assert error == (
+        "spec.envs[0].rewards[0].function: reward function tests.unit.test_spec:needs_answer requires "
+        "argument 'answer', which env dataset does not pass ('answer' only as None: none of its 20 "
+        "train tasks has a value for it); it passes prompts, completions, completion_ids, "
+        "trainer_state, log_extra, log_metric and its task fields solution "
+        f"(path '{data}' has the columns ['prompt', 'solution']: rewards get the answer column as "
+        "answer and every other column (args.info_columns) by its name); or give the parameter a default"
+    )
+    named = dataset_env(data, ["tests.unit.test_spec:needs_answer"], answer="solution")
+    assert parse_manifest(manifest(envs=[{**named, "args": {**named["args"], "demonstration": "solution"}}]))
+    assert parse_manifest(manifest(envs=[dataset_env(data, ["tests.unit.test_spec:tolerates_no_answer"])]))
+
+
+def test_a_column_empty_in_every_row_is_missing_and_one_filled_after_the_first_tasks_is_not(tmp_path):
+    """A field None in the first tasks read (16) is looked for in every train row before a reward
+    needing it is refused: a sparse column is not an empty one."""
+    rows = [{"prompt": f"{i}=", "answer": str(i), "hint": None, "late": None} for i in range(40)]
+    rows[39]["late"] = "x"
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (error,) = errors_of(manifest(envs=[dataset_env(data, ["tests.unit.test_spec:needs_hint"])]))
+    assert "argument 'hint', which env dataset does not pass ('hint' only as None: none of its 40 " in error
+    assert error.endswith("its task fields answer, late; or give the parameter a default")
+    late = dataset_env(data, ["tests.unit.test_spec:needs_late"], shuffle=False)  # its last row: task 39
+    assert parse_manifest(manifest(envs=[late]))
 
 
 def test_a_reward_reading_the_answer_column_by_its_own_name_is_told_it_arrives_as_answer(tmp_path):

@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 from rlrun.ledger import check_ledger, read_ledger
-from rlrun.orchestrator.admission import RewardsFailing
 from rlrun.orchestrator.episodes import PromptTooLongError
+from rlrun.orchestrator.failing import RewardsFailing
 from rlrun.orchestrator.loop import Orchestrator
 from rlrun.rundir import RunDir
 from rlrun.training.fake import start_fake_trainer

@@ -3,7 +3,10 @@ way answered as an error message to the model, never raised."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from rlrun.envs.tools import ToolSet
@@ -85,3 +88,24 @@ def test_calls_are_answered_in_order_and_failures_become_error_messages():
         "<tool_response>5</tool_response><tool_response>error: ZeroDivisionError: division by zero</tool_response>"
     )
     assert tools.run("no call here") == []
+
+
+def test_a_tool_that_sleeps_never_fails_an_instant_one():
+    """Issue 47's case, its seconds ÷ 10: a tool sleeping 5 s (timeout 0.3 s) called beside an instant one,
+    one call of each in each of 28 turns answered 14 at a time (env ``respond`` threads). Before, every tool
+    of the process shared 8 threads and a timeout counted the wait for one: 21 of 28 instant calls failed
+    ``took longer than 3 s``. Now each tool has threads of its own and a call's timeout is its own run
+    time."""
+    tools = ToolSet([add, slow], timeout_s=0.3)
+    calls = [{"name": "slow", "arguments": {"seconds": 5}}, {"name": "add", "arguments": {"a": 2, "b": 3}}]
+    turn = "".join(f"<tool_call>{json.dumps(call)}</tool_call>" for call in calls)
+    started = time.monotonic()
+    with ThreadPoolExecutor(14) as respond_threads:
+        answered = list(respond_threads.map(tools.run, [turn] * 28))
+    took = time.monotonic() - started
+    assert [r.content for _, r in answered] == ["5"] * 28  # every instant call answered
+    assert {r.content for r, _ in answered} == {"error: slow took longer than 0.3 s"}
+    # 8 calls of a tool at once: the 28 sleeping calls each gave their turn up at 0.3 s (4 rounds), never 5 s
+    assert took < 3.0, took
+    # its threads are daemon threads: a sleeping call never holds the process's exit
+    assert all(t.daemon for t in threading.enumerate() if t.name.startswith("tool slow"))

@@ -4,8 +4,10 @@ attempts — read back from W&B's offline files and TensorBoard's event files.""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
+from rlrun.launcher.progress import tracker_lines
 from rlrun.manifest import ManifestError, parse_manifest
 from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.rundir import RunDir
@@ -250,3 +252,41 @@ def test_a_tracker_left_out_for_an_attempt_keeps_what_it_logged(tmp_path, monkey
         p.close()
     assert [s for s, _ in tensorboard_scalars(run_dir)["rollout/reward_mean"]] == list(range(1, 8))  # each once
     assert read_state(run_dir)["logged"]["tensorboard"]["step"] == 7
+
+
+def test_a_copied_run_directory_logs_to_a_tracker_run_of_its_own_and_says_so(tmp_path, caplog):
+    original = RunDir(tmp_path / "runs" / "a").ensure()
+    attempt_lines(original, 1, range(1, 5))
+    first = publisher(original, [4], 1, logging={"tensorboard": {}})
+    first.start(None)
+    first.close()
+    run_id = read_state(original)["run_id"]
+    shutil.copytree(original.root, tmp_path / "elsewhere")  # copied, then both resumed: two writers
+    copy = RunDir(tmp_path / "elsewhere")
+    ids = {}
+    for rd, steps in ((original, range(5, 7)), (copy, range(5, 8))):
+        attempt_lines(rd, 2, steps)
+        p = publisher(rd, [steps[-1]], 2, logging={"tensorboard": {}})
+        p.start(resume_report(4, **PUT_BACK))
+        p.close()
+        ids[rd.root] = read_state(rd)["run_id"]
+    assert ids[original.root] == run_id and ids[copy.root] != run_id  # never into the original's tracker run
+    (said,) = [r.getMessage() for r in caplog.records if "is a copy of" in r.getMessage()]
+    assert said == (
+        f"run directory {copy.root.resolve()} is a copy of {original.root.resolve()} (not the directory its "
+        f"tracking.json was made in): it logs to tracker run {ids[copy.root]} of its own, not to "
+        f"{original.root.resolve()}'s run {run_id}"
+    )
+    assert read_state(copy)["copy_of"] == {"path": str(original.root.resolve()), "run_id": run_id}
+    assert tracker_lines(copy)[0] == f"experiment trackers: {said}"  # rlrun local's summary says it too
+    # the copy's run holds its whole history (the original's steps up to the copy included)
+    assert [s for s, _ in tensorboard_scalars(copy)["rollout/reward_mean"]] == list(range(1, 8))
+    assert [s for s, _ in tensorboard_scalars(original)["rollout/reward_mean"]] == list(range(1, 7))
+    moved = RunDir(tmp_path / "moved")
+    copy.root.rename(moved.root)  # a move keeps the directory (its inode): the same tracker run
+    caplog.clear()
+    p = publisher(moved, [7], 3, logging={"tensorboard": {}})
+    p.start(resume_report(7, **PUT_BACK))
+    p.close()
+    assert read_state(moved)["run_id"] == ids[copy.root] and "is a copy of" not in caplog.text
+    assert read_state(moved)["home"]["path"] == str(moved.root.resolve())

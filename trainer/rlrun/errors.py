@@ -10,7 +10,9 @@ turns any exception into the ``(permanent, reason)`` an exit report carries
 Errors that belong to one component stay with it: :class:`rlrun.manifest.ManifestError`
 (permanent, ``InvalidManifest``), :class:`rlrun.versions.UnsupportedVersion` (permanent,
 ``UnsupportedVersion``), :class:`rlrun.rollout.client.RolloutError`,
-:class:`rlrun.launcher.processes.ChildDied`.
+:class:`rlrun.launcher.processes.ChildDied`. The orchestrator's stops are :class:`OrchestratorError`
+subclasses with their own reasons (``rlrun.orchestrator.no_signal``; ``rlrun.orchestrator.failing``:
+requests that keep failing, permanent or not by the last failure's kind).
 """
 
 from __future__ import annotations

@@ -5,13 +5,16 @@ manifest. A manifest is either valid or refused with every problem named by its 
 the reason, one line each (``spec.group_size: must be ≥ 2``, ``spec.envs[0].name: unknown
 env 'x'; …``): :class:`ManifestError`. Besides the models' own validation (:mod:`rlrun.api.spec`),
 every env is built once and every reward loaded, so an unknown env, bad ``args``, a dataset file that
-is missing, or a reward path that does not import fails here and not in a pod later (the operator
-checks what its own image can: :func:`env_errors`).
+is missing, a reward path that does not import, or a reward requiring a field its env's tasks never
+fill (a column the dataset lacks, ``answer`` included: :func:`reward_argument_error`) fails here and
+not in a pod later (the operator checks what its own image can: :func:`env_errors`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -152,7 +155,7 @@ def env_errors(spec: RLRunSpec, checks: Checks = "full") -> list[str]:
             errors.append(f"{at}.args: {exc}")
         if env is not None:
             built.append((env_spec.name, env))
-        fields: list[str] | None = None
+        fields: TaskFields | None = None
         for j, reward in enumerate(env_spec.rewards):
             field = "name" if reward.name is not None else "function"
             if reward.series in envs - {env_spec.name}:
@@ -180,41 +183,124 @@ def env_errors(spec: RLRunSpec, checks: Checks = "full") -> list[str]:
     return errors
 
 
-def _env_fields(env: Env, seed: int) -> list[str] | None:
-    """The task fields ``env`` hands its rewards (None: its tasks cannot be made here; the run will say why)."""
-    from rlrun.rewards.scoring import env_fields
+#: How many train tasks show an env's task fields (a dataset's tasks all have its columns): a field is
+#: passed when one of them has it, and has a value when one holds something other than None.
+FIELD_SAMPLE = 16
+#: How far a field a reward requires, None in every sampled task, is looked for before the reward is
+#: refused: a finite env's whole train split (one epoch) up to this many tasks.
+FIELD_SEARCH = 200_000
+#: The same for a procedural env (no ``num_rows``): its first this many train tasks.
+PROCEDURAL_SEARCH = 1024
 
+
+@dataclass
+class TaskFields:
+    """The task fields an env hands its rewards (:func:`rlrun.rewards.scoring.task_fields`), as read
+    from its train tasks of ``seed``.
+
+    Attributes:
+        names: every field passed, sorted (``answer`` always: None for a task without one).
+        valued: the fields some task read so far holds a value (not None) for.
+        read: how many train tasks were read (the first ``read`` of ``seed``'s stream).
+        rows: the train split's rows for a finite env (``num_rows``), None for a procedural one.
+    """
+
+    env: Env
+    seed: int
+    names: list[str]
+    valued: set[str] = field(default_factory=set)
+    read: int = 0
+    rows: int | None = None
+
+    def read_until(self, stop: int, wanted: set[str] | None = None) -> None:
+        """Read tasks ``read … stop − 1`` (fewer once every name of ``wanted`` has a value), adding
+        their fields.
+
+        Raises:
+            whatever the env's ``task`` raises.
+        """
+        from rlrun.rewards.scoring import task_fields
+
+        while self.read < stop and (wanted is None or not wanted <= self.valued):
+            fields = task_fields(self.env.task(self.seed, self.read, "train"))
+            self.names = sorted({*self.names, *fields})
+            self.valued.update(k for k, v in fields.items() if v is not None)
+            self.read += 1
+
+    def always_none(self, names: list[str]) -> list[str]:
+        """Those of ``names`` (passed fields) None in every train task: a finite env's whole split (up
+        to :data:`FIELD_SEARCH` tasks), a procedural env's first :data:`PROCEDURAL_SEARCH`."""
+        suspects = {n for n in names if n not in self.valued}
+        if suspects:
+            stop = min(self.rows, FIELD_SEARCH) if self.rows is not None else PROCEDURAL_SEARCH
+            with contextlib.suppress(Exception):  # a task it cannot make: judged on those read
+                self.read_until(stop, suspects)
+        return [n for n in names if n not in self.valued]
+
+    def scope(self) -> str:
+        """The tasks read, in words (``its 20 train tasks``, ``its first 1024 train tasks``)."""
+        first = "" if self.read == self.rows else "first "
+        return f"its {first}{self.read} train tasks"
+
+
+def _env_fields(env: Env, seed: int) -> TaskFields | None:
+    """The task fields ``env`` hands its rewards, from its first :data:`FIELD_SAMPLE` train tasks
+    (None: its tasks cannot be made here; the run will say why)."""
     try:
-        return env_fields(env, seed)
+        num_rows = getattr(env, "num_rows", None)
+        rows = int(num_rows("train")) if callable(num_rows) else None
+        fields = TaskFields(env, seed, ["answer"], rows=rows)
+        fields.read_until(FIELD_SAMPLE if rows is None else min(FIELD_SAMPLE, rows))
+        return fields
     except Exception:
         return None
 
 
-def reward_argument_error(func: Any, what: str, env_name: str, env: Env, fields: list[str] | None) -> str | None:
-    """Why every call of reward ``func`` would fail for env ``env`` — a parameter it requires that the env does not
-    pass, or (without ``**kwargs``) an argument it does not take — or None. ``fields``: the env's task fields
-    (:func:`rlrun.rewards.scoring.env_fields`; None: unknown, not checked)."""
-    from rlrun.rewards.scoring import CALL_ARGUMENTS, TRAINER_ARGUMENTS
+def reward_argument_error(
+    func: Any,
+    what: str,
+    env_name: str,
+    env: Env,
+    fields: TaskFields | None,
+) -> str | None:
+    """Why reward ``func`` would fail or score nothing for env ``env``, or None.
+
+    Refused: a parameter it requires (no default) that the env does not pass, or passes only as None
+    (a field no train task has a value for, e.g. ``answer`` over a dataset without an answer column:
+    the reward would get ``[None] * n`` and score nothing, issue 47); or, without ``**kwargs``, an
+    argument every call passes that it does not take. ``fields``: the env's task fields
+    (:func:`_env_fields`; None: unknown, not checked). The message names the parameter, the reward
+    and what the env passes (a dataset's columns: its ``field_hint``).
+    """
+    from rlrun.rewards.calls import CALL_ARGUMENTS, TRAINER_ARGUMENTS
 
     if fields is None:
         return None
-    passed = [*CALL_ARGUMENTS, *TRAINER_ARGUMENTS, *fields]
-    missing, refused = argument_problems(func, passed)
+    calls = [*CALL_ARGUMENTS, *TRAINER_ARGUMENTS]
+    absent, refused = argument_problems(func, [*calls, *fields.names])
+    needed, _ = argument_problems(func, calls)  # what it requires beyond the call's own arguments
+    empty = fields.always_none([n for n in needed if n in fields.names])
     label = f"reward function {what}" if ":" in what else f"reward {what!r}"
+    missing = absent + empty
     if missing:
-        names = ", ".join(repr(m) for m in missing)
+        valued = [n for n in fields.names if n not in fields.always_none(fields.names)]
         hint = getattr(env, "field_hint", None)
+        if missing[0] in empty and missing[0] in getattr(env, "columns", ()):
+            hint = None  # a column empty in every row: "none … has a value" says it
+        empties, it = ", ".join(map(repr, empty)), "it" if len(empty) == 1 else "them"
         return (
-            f"{label} requires {'argument' if len(missing) == 1 else 'arguments'} {names}, which env {env_name} does "
-            f"not pass; it passes {', '.join(CALL_ARGUMENTS + TRAINER_ARGUMENTS)} and its task fields "
-            f"{', '.join(fields)}"
+            f"{label} requires {'argument' if len(missing) == 1 else 'arguments'} "
+            f"{', '.join(map(repr, missing))}, which env {env_name} does not pass"
+            + (f" ({empties} only as None: none of {fields.scope()} has a value for {it})" if empty else "")
+            + f"; it passes {', '.join(calls)} and "
+            + (f"its task fields {', '.join(valued)}" if valued else "no task field")
             + (f" ({hint(missing[0])})" if callable(hint) else "")
             + "; or give the parameter a default"
         )
     if refused:
         return (
-            f"{label} takes no **kwargs and no parameter for {', '.join(refused)}, which every call passes: end its "
-            "signature with **kwargs (TRL's convention)"
+            f"{label} takes no **kwargs and no parameter for {', '.join(refused)}, which every call "
+            "passes: end its signature with **kwargs (TRL's convention)"
         )
     return None
 

@@ -13,6 +13,10 @@ exit (:func:`~rlrun.api.control.write_exit_report`):
 | 1 | ``error`` | it raised; retrying may heal it (a lost server, a full disk, …) |
 | 78 | ``error``, ``permanent`` | retrying cannot heal it (``sysexits.h`` ``EX_CONFIG``): reason ``InvalidManifest``, ``CheckpointMismatch`` (the manifest's settings differ from the checkpoint's), ``WeightsMismatch`` (weights that do not fit the model) or ``UnsupportedVersion`` (a torch or vLLM outside rlrun's pins: :mod:`rlrun.versions`); :func:`rlrun.errors.classify_error` |
 
+The orchestrator's stops that the same spec would meet again are permanent too: ``NoLearningSignal``,
+``ServerContextTooSmall``, ``PromptTooLong``, and of requests that keep failing ``RequestsRejected``,
+``RewardsFailing``, ``EnvFailing`` (:mod:`rlrun.orchestrator.failing`; ``RequestsFailing`` is not).
+
 A role (:func:`rlrun.training.main.run_trainer`, :func:`rlrun.orchestrator.main.run_orchestrator`) runs its body
 inside :func:`reporting`, ends with :meth:`RoleExit.finish` and returns the exit status it chose (:attr:`RoleExit.code`);
 the ``rlrun`` command exits with it. A role that refuses to start before its body runs (``rlrun trainer`` and

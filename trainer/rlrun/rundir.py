@@ -160,6 +160,28 @@ def publish_dir(final: str | os.PathLike, fill: Callable[[Path], None]) -> Path:
     return final
 
 
+def publish_broadcast(
+    final: str | os.PathLike,
+    fill: Callable[[Path], None],
+    attempt: int,
+) -> tuple[Path, bool]:
+    """Publish the broadcast ``final`` (``broadcasts/step_N/``) as :func:`publish_dir` does, unless
+    ``attempt`` published it already; returns it and whether it was written now.
+
+    A broadcast is never replaced by the attempt that wrote it: a rollout server may be serving it, and vLLM
+    reads a LoRA adapter's directory again when its cache evicted it (ARCHITECTURE.md, invariant 8: no file a
+    server still reads is replaced or removed under it; :func:`publish_dir` removes the old directory before
+    renaming the new one in). A trainer that retrains a step after a trainer-only loss thus keeps the
+    broadcast its predecessor published, the version every server holds, and trains on from weights that
+    differ from it only by floating-point order. One an earlier attempt left is replaced (its orchestrator,
+    and the servers it loaded, are gone).
+    """
+    final = Path(final)
+    if final.is_dir() and attempt != 0 and read_attempt(final) == attempt:
+        return final, False
+    return publish_dir(final, fill), True
+
+
 def write_meta(directory: Path, step: int, attempt: int, **fields: Any) -> None:
     """Write ``directory/meta.json``: ``{"step", "attempt", **fields}`` (call inside a :func:`publish_dir` fill)."""
     (directory / META_FILE).write_text(json.dumps({"step": step, "attempt": attempt, **fields}))

@@ -15,11 +15,11 @@ Conversion rules, pydantic JSON Schema (2020-12) → Kubernetes OpenAPI v3 (stru
 - free-form mappings (``dict[str, Any]``) → ``x-kubernetes-preserve-unknown-fields``;
 - optional nested objects get ``default: {}`` so the API server applies their fields'
   defaults (defaulting recurses into objects that exist);
-- cross-field rules of the pydantic validators are repeated as CEL rules
-  (``x-kubernetes-validations``, :data:`CEL_RULES`, and each role's
-  :data:`rlrun.api.pod_inputs.ROLE_CEL_RULES`, the rollout's
-  :data:`rlrun.api.vllm_args.VLLM_ARGS_CEL_RULES`, the loss's :data:`rlrun.api.algorithm.LOSS_CEL_RULES`) so
-  ``kubectl apply`` rejects them.
+- cross-field rules of the pydantic validators (and single-field ones whose message says why) are
+  repeated as CEL rules (``x-kubernetes-validations``, :data:`CEL_RULES`, and each role's
+  :data:`rlrun.api.pod_inputs.ROLE_CEL_RULES`, the rollout's :data:`rlrun.api.vllm_args.VLLM_ARGS_CEL_RULES`,
+  the loss's :data:`rlrun.api.algorithm.LOSS_CEL_RULES`, the model's :data:`rlrun.api.spec.MODEL_CEL_RULES`)
+  so ``kubectl apply`` rejects them.
 
 Unknown fields are pruned by a structural schema; ``kubectl apply`` (field validation
 ``Strict`` by default since Kubernetes 1.27) rejects them with the field named.
@@ -41,7 +41,15 @@ import yaml
 
 from rlrun.api.algorithm import LOSS_CEL_RULES
 from rlrun.api.pod_inputs import ROLE_CEL_RULES
-from rlrun.api.spec import API_GROUP, API_VERSION, KIND, MAX_NAME_LENGTH, NAME_PATTERN, RLRunSpec
+from rlrun.api.spec import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    MAX_NAME_LENGTH,
+    MODEL_CEL_RULES,
+    NAME_PATTERN,
+    RLRunSpec,
+)
 from rlrun.api.status import RLRunStatus
 from rlrun.api.vllm_args import VLLM_ARGS_CEL_RULES
 
@@ -97,21 +105,6 @@ CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "(has(self.lr_schedule) && self.lr_schedule != 'constant')",
             "message": "optimizer.min_lr_ratio applies to a decaying lr_schedule (linear or cosine)",
             "fieldPath": ".min_lr_ratio",
-        },
-    ],
-    ("model",): [
-        {
-            "rule": "has(self.builtin) != has(self.name)",
-            "message": "set exactly one of model.builtin or model.name",
-        },
-        {
-            "rule": "!has(self.builtin) || !has(self.revision)",
-            "message": "model.revision applies to model.name, not model.builtin",
-            "fieldPath": ".revision",
-        },
-        {
-            "rule": "self == oldSelf",
-            "message": "model is immutable: checkpoints of this run belong to it (create a new RLRun)",
         },
     ],
     ("envs", "[]", "rewards", "[]"): [
@@ -341,6 +334,7 @@ def spec_schema() -> dict[str, Any]:
     rules += [((role, *path), role_rules) for role in ROLES for path, role_rules in ROLE_CEL_RULES.items()]
     rules += [(("rollout", *path), path_rules) for path, path_rules in VLLM_ARGS_CEL_RULES.items()]
     rules += [(("loss", *path), path_rules) for path, path_rules in LOSS_CEL_RULES.items()]
+    rules += [(("model", *path), path_rules) for path, path_rules in MODEL_CEL_RULES.items()]
     for path, path_rules in rules:
         node = schema
         for part in path:

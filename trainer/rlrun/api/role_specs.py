@@ -103,6 +103,11 @@ class RolloutSpec(RoleSpec):
             (same task and group id) before the group is abandoned (counted, in the ledger).
         overlong_prompts: a prompt longer than the context less ``sampling.max_tokens``: ``filter`` skips its task
             (ledger ``task_dropped``, metrics ``prompts_too_long``), ``refuse`` stops the run (a dataset: at its start).
+        max_mismatch_kl: the trainer–sampler mismatch a policy version may have, nats/token: the k3 KL of
+            the servers' logprobs against the trainer's on the version's probe (``served_mismatch_kl`` in
+            metrics.jsonl; ``docs/design.md``, "What the rollout servers serve"). One version above it warns,
+            three in a row stop the run (``SamplerMismatch``); null: never stop. The same weights measure ≈ 0
+            (3e-13 on vLLM-CPU in float32).
     """
 
     replicas: int = Field(default=1, ge=1, le=256)
@@ -116,3 +121,4 @@ class RolloutSpec(RoleSpec):
     retry_window_seconds: int = Field(default=120, ge=1)
     max_group_retries: int = Field(default=2, ge=0, le=100)
     overlong_prompts: Literal["filter", "refuse"] = "filter"
+    max_mismatch_kl: float | None = Field(default=0.05, gt=0, strict=False)

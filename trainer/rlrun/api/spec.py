@@ -17,11 +17,12 @@ The CRD's schema is generated from these models (:mod:`rlrun.api.crd`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rlrun.api.algorithm import AdvantageSpec, LossSpec, OptimizerSpec, SamplingSpec
+from rlrun.api.lora import LORA_CEL_RULES, LoraSpec
 from rlrun.api.pod_inputs import DNS_LABEL_PATTERN, Quantity
 from rlrun.api.role_specs import OrchestratorSpec, RolloutSpec, TrainerSpec
 from rlrun.api.strict import Strict
@@ -37,43 +38,6 @@ BUILTIN_MODELS = ("tiny-reverse", "tiny")
 #: Longest ``metadata.name`` of an RLRun, and its pattern (a DNS-1035 label; see :class:`ObjectMeta`).
 MAX_NAME_LENGTH = 50
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-
-
-#: The modules a LoRA adapter wraps by default: every linear layer of a transformer block in Llama / Qwen /
-#: Mistral-style models (attention projections and the MLP), the set vLLM serves adapters for in those models.
-DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-#: vLLM's ``--max-lora-rank`` choices (``vllm.config.lora.MaxLoRARanks``, vLLM 0.11–0.32): a server serves an
-#: adapter of rank ≤ the one it was started with, and rlrun starts it with the smallest that holds ``rank``.
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-class LoraSpec(Strict):
-    """Train a LoRA adapter (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") on the frozen
-    model instead of all its weights, with ``peft``; each policy version reaches the rollout servers as an adapter
-    (``docs/design.md``, "LoRA").
-
-    Attributes:
-        rank: the adapter's rank r (each wrapped ``W`` gets ``B·A`` with ``A`` r × in, ``B`` out × r); at most 512,
-            the largest ``--max-lora-rank`` vLLM serves.
-        alpha: the scaling numerator: the update is ``(alpha / rank) · B·A``.
-        dropout: dropout on the adapter's input while training (the rollout servers sample without it, so any
-            value above 0 makes the trainer's logprobs differ from the sampler's).
-        target_modules: names of the modules to wrap (a module is wrapped when its name ends with one): each must
-            name a module of the model, checked when the trainer starts.
-    """
-
-    rank: int = Field(default=16, ge=1, le=VLLM_LORA_RANKS[-1])
-    alpha: float = Field(default=32.0, gt=0)
-    dropout: float = Field(default=0.0, ge=0, lt=1)
-    target_modules: list[Annotated[str, Field(min_length=1)]] = Field(
-        default_factory=lambda: list(DEFAULT_LORA_TARGETS), min_length=1, max_length=64
-    )
-
-    @property
-    def served_max_rank(self) -> int:
-        """The ``--max-lora-rank`` a rollout server serving this adapter starts with: the smallest of vLLM's
-        choices (:data:`VLLM_LORA_RANKS`) ≥ :attr:`rank`."""
-        return next(r for r in VLLM_LORA_RANKS if r >= self.rank)
 
 
 class ModelSpec(Strict):
@@ -111,6 +75,33 @@ class ModelSpec(Strict):
         return f"{self.name}@{self.revision or 'main'}"
 
 
+#: CEL rules by the path of the ``spec.model`` object they sit on (``()`` = ``spec.model``), repeating
+#: the pydantic validators above (a LoRA adapter's: :mod:`rlrun.api.lora`): :mod:`rlrun.api.crd` adds them.
+MODEL_CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
+    (): [
+        {
+            "rule": "has(self.builtin) != has(self.name)",
+            "message": "set exactly one of model.builtin or model.name",
+        },
+        {
+            "rule": "!has(self.builtin) || !has(self.revision)",
+            "message": "model.revision applies to model.name, not model.builtin",
+            "fieldPath": ".revision",
+        },
+        {
+            "rule": "self == oldSelf",
+            "message": "model is immutable: checkpoints of this run belong to it (create a new RLRun)",
+        },
+    ],
+    ("lora",): LORA_CEL_RULES,
+}
+
+
+#: Builtin rewards that run in worker processes unless their ``isolation`` says ``thread``: math-verify
+#: parses and evaluates what the policy writes: a giant exponent (``$10^{10^{7}}$``) holds the GIL seconds.
+PROCESS_REWARDS = ("math",)
+
+
 class RewardSpec(Strict):
     """One reward function of an env: a builtin one by ``name`` or any callable by ``function``.
 
@@ -126,6 +117,11 @@ class RewardSpec(Strict):
         args: keyword arguments of a builtin reward (``regex``: ``pattern``).
         label: the name of its series in ``metrics.jsonl`` (``reward/<label>``); default: ``name``, or
             ``attr`` of ``function``.
+        isolation: where it runs: ``process`` (a worker process, killed at the env's
+            ``reward_timeout_seconds``: a reward that computes cannot stall the orchestrator) or ``thread``
+            (a thread of the orchestrator: no start or pickling cost, module state shared with the env).
+            Default: ``process`` for the builtin ``math``, ``thread`` for the other builtins and for a
+            ``function`` (``docs/envs.md``, "Where rewards run").
     """
 
     name: str | None = Field(default=None, min_length=1)
@@ -133,6 +129,7 @@ class RewardSpec(Strict):
     weight: float = Field(default=1.0, strict=False)
     args: dict[str, Any] = Field(default_factory=dict)
     label: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    isolation: Literal["thread", "process"] | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> RewardSpec:
@@ -146,6 +143,12 @@ class RewardSpec(Strict):
     def series(self) -> str:
         """Its name in metrics: ``label``, else ``name``, else the function's ``attr``."""
         return self.label or self.name or str(self.function).rsplit(":", 1)[1].rsplit(".", 1)[-1]
+
+    @property
+    def in_process(self) -> bool:
+        """Whether it runs in a worker process: as ``isolation`` says, else if it is a builtin of
+        :data:`PROCESS_REWARDS`."""
+        return self.isolation == "process" if self.isolation is not None else self.name in PROCESS_REWARDS
 
 
 class EnvSpec(Strict):

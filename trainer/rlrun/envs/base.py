@@ -33,6 +33,12 @@ MESSAGE_ROLES = ("system", "user", "assistant", "tool")
 #: A reward at least this solves its task: the top reward, 1, up to rounding (rewards are in ``[0, 1]``). What the
 #: sink calls a group "solved by all", the evaluation ``greedy_solved`` and ``pass@k``, the tiny model's build "solved".
 SOLVED_REWARD = 1.0 - 1e-9
+#: The :attr:`Task.info` key naming a task's family (a string): a reasoning-gym mixture's member, a dataset's
+#: ``family`` column. Scores are also reported per family — training's ``reward/<env>/<family>`` in
+#: ``metrics.jsonl``, evaluation's ``per_env.<env>.per_family`` in ``eval.jsonl`` — for at most
+#: :data:`MAX_FAMILIES` families of an env (the first seen; more would flood the trackers).
+FAMILY = "family"
+MAX_FAMILIES = 32
 
 
 @dataclass(frozen=True)
@@ -163,17 +169,24 @@ class MultiTurnEnv(Env, Protocol):
             else it starts over from its first turn, as a single-turn request in flight does. The state kept is a
             copy taken when the turn is kept, so :meth:`respond` may change its state in place; a state that is
             not plain JSON stops the run with :class:`EnvStateError`.
+        max_concurrent_calls: optional (default 32, :data:`rlrun.orchestrator.turns.ENV_THREADS`): how many of
+            its :meth:`start` and :meth:`respond` calls run at once, in threads of its own; each is timed by
+            its own run time (``spec.envs[].reward_timeout_seconds``), and one past it gives its turn up
+            (``docs/envs.md``, "Timeouts and concurrency of env code").
     """
 
     max_turns: int
 
     def start(self, task: Task) -> Any:
-        """The env's state before the first model turn (JSON-compatible)."""
+        """The env's state before the first model turn (JSON-compatible). Runs in one of the env's threads,
+        never on the orchestrator's loop, timed out at ``spec.envs[].reward_timeout_seconds`` of its own run
+        time."""
         ...
 
     def respond(self, task: Task, state: Any, completion: str) -> Reply:
-        """Answer model turn ``completion`` (its text up to EOS) given ``state``. Runs in a worker thread, never on
-        the orchestrator's loop; a tool call is the env's to bound (:mod:`rlrun.envs.tools`)."""
+        """Answer model turn ``completion`` (its text up to EOS) given ``state``. Runs in one of the env's
+        threads, never on the orchestrator's loop, timed as :meth:`start`; a tool call is bounded by its
+        tool's own timeout (:mod:`rlrun.envs.tools`)."""
         ...
 
 

@@ -45,15 +45,26 @@ last ``<answer>`` before it, stripped, looked for in the completion (with ``chat
 ``answer_cue + completion``, so a cue ending in ``<answer>`` opens the tag); no such pair gives no
 answer. ``raw``: the whole completion, stripped.
 
-**Reward.** reasoning-gym's own ``score_answer(extracted, entry)`` of the task's member (``None`` when
-nothing was extracted: 0.0 for every scorer of reasoning-gym 0.1.25), clamped to ``[0, 1]``; a scorer
-that raises on a malformed answer scores 0.0. The entry ``{"question", "answer", "metadata"}`` is
+**Reward** (``scoring``). ``reasoning_gym`` (the default): reasoning-gym's own ``score_answer(extracted,
+entry)`` of the task's member (``None`` when nothing was extracted: 0.0 for every scorer of reasoning-gym
+0.1.25), clamped to ``[0, 1]``; a scorer that raises on a malformed answer scores 0.0. Beware its **partial
+credit**: the base scorer (``ProceduralDataset.score_answer``, which most tasks keep — basic_arithmetic,
+chain_sum, …) gives ``len(answer) / len(extracted)`` when the reference answer is a *substring* of the
+extracted one: ``"9991"`` for ``1`` scores 0.25, so in a group of 4 where the rest score 0 that wrong answer
+gets advantage +1.73 once std-normalised — the policy is pushed towards answers that merely contain the
+right one. ``exact``: 1.0 when the task's scorer gives full credit (its own notion of right: a tolerance,
+one of several valid answers), else 0.0 — no partial credit. The entry ``{"question", "answer",
+"metadata"}`` is
 rebuilt from the :class:`~rlrun.envs.base.Task` alone (its prompt, ``answer`` and ``info``, where
 ``info["task"]`` names the member), so a task
 scores the same in another process, after a JSON round trip: ``info["metadata"]`` is the item's
 metadata in JSON form and ``info["metadata_tuples"]`` the paths of the values that were tuples
 (restored before scoring: some scorers compare grids as tuples). Dict keys that are not strings become
 strings (no scorer of 0.1.25 reads such keys).
+
+**Families.** A mixture's task records its member in ``info["family"]`` (:data:`rlrun.envs.base.FAMILY`), so
+its scores are reported per task family besides the mixture's whole: ``reward/<env>/<member>`` in
+``metrics.jsonl`` and ``per_env.<env>.per_family.<member>`` in ``eval.jsonl``.
 """
 
 from __future__ import annotations
@@ -73,7 +84,7 @@ except ImportError as exc:  # resolve_env reports it as "env 'reasoning-gym' doe
         f"the reasoning-gym env needs the reasoning-gym package (pip install reasoning-gym): {exc}"
     ) from exc
 
-from rlrun.envs.base import SPLITS, Split, Task
+from rlrun.envs.base import FAMILY, SPLITS, Split, Task
 from rlrun.envs.reasoning_gym_tasks import (
     Member,
     make_member,
@@ -98,6 +109,8 @@ NAMESPACES: dict[str, str] = {"train": "reasoning-gym", "eval": "reasoning-gym-e
 BLOCKS_KEPT_PER_MEMBER = 4
 
 ANSWER_FORMATS = ("tag", "raw")
+#: How a completion's extracted answer is scored (module docstring, *Reward*).
+SCORINGS = ("reasoning_gym", "exact")
 OPEN_TAG = "<answer>"
 CLOSE_TAG = "</answer>"
 DEFAULT_SYSTEM_PROMPTS: dict[str, str] = {
@@ -166,6 +179,8 @@ class ReasoningGymEnv:
         chat: a chat prompt (True) or a plain text (False).
         answer_cue: with ``chat=False``, the text after the question (None: :data:`DEFAULT_ANSWER_CUES` of the
             format); not allowed with ``chat=True``.
+        scoring: ``"reasoning_gym"`` (the task's own scorer, partial credit included) or ``"exact"`` (1 only
+        for an answer the scorer gives full credit, else 0); module docstring, *Reward*.
 
     :data:`TINY_MODEL_ARGS` is a setting the builtin tiny model can learn. Raises ``ValueError`` naming the arg
     for args it cannot use (:func:`make_member` for the tasks' own).
@@ -182,7 +197,10 @@ class ReasoningGymEnv:
         system_prompt: str | None = None,
         chat: bool = True,
         answer_cue: str | None = None,
+        scoring: str = "reasoning_gym",
     ) -> None:
+        if scoring not in SCORINGS:
+            raise ValueError(f"reasoning-gym: scoring must be one of {list(SCORINGS)}, got {scoring!r}")
         if answer_format not in ANSWER_FORMATS:
             raise ValueError(
                 f"reasoning-gym: answer_format must be one of {list(ANSWER_FORMATS)}, got {answer_format!r}"
@@ -196,7 +214,7 @@ class ReasoningGymEnv:
         self.members = self._members(task, config, tasks)
         self.by_name = {m.name: m for m in self.members}
         self.weights = [m.weight for m in self.members]
-        self.answer_format = answer_format
+        self.answer_format, self.scoring = answer_format, scoring
         self.system_prompt = DEFAULT_SYSTEM_PROMPTS[answer_format] if system_prompt is None else system_prompt
         self.chat = chat
         self.answer_cue = DEFAULT_ANSWER_CUES[answer_format] if answer_cue is None else answer_cue
@@ -244,6 +262,8 @@ class ReasoningGymEnv:
         info: dict[str, Any] = {"task": member.name, "item": item, "metadata": metadata}
         if tuples:
             info["metadata_tuples"] = tuples
+        if len(self.members) > 1:  # a mixture's scores per member (module docstring, *Families*)
+            info[FAMILY] = member.name
         answer = entry["answer"]
         return Task(
             env=self.name,
@@ -339,7 +359,8 @@ class ReasoningGymEnv:
 
     def reward(self, task: Task, completion: str) -> float:
         """reasoning-gym's score of the answer extracted from ``completion``, in ``[0, 1]`` (a scorer that raises
-        scores 0.0). Thread-safe: each member's scorer runs under its own lock.
+        scores 0.0); with ``scoring: exact``, 1.0 for full credit and 0.0 for anything less. Thread-safe: each
+        member's scorer runs under its own lock.
 
         Raises:
             ValueError: see :meth:`entry`.
@@ -352,7 +373,10 @@ class ReasoningGymEnv:
                 score = float(member.scorer.score_answer(answer, entry))
             except Exception:  # reasoning-gym's parsers raise on some malformed answers: a wrong answer
                 return 0.0
-        return min(1.0, max(0.0, score)) if math.isfinite(score) else 0.0
+        score = min(1.0, max(0.0, score)) if math.isfinite(score) else 0.0
+        if self.scoring == "exact":
+            return 1.0 if score >= 1.0 else 0.0
+        return score
 
     def demonstration(self, task: Task) -> str | None:
         """The completion a solver would write: the reference answer in the answer format (None: the task has no

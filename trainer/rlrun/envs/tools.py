@@ -17,38 +17,38 @@ message each (:meth:`ToolSet.messages`), rendered by the chat template; for a pl
 
 **A failing call never fails the episode**: a call that is not JSON, names an unknown tool, has wrong
 arguments, raises, or takes longer than ``timeout_s`` is answered ``error: …`` (the model sees what went
-wrong, as it would from a real tool) and counted in ``tool_errors``. A tool that times out keeps its
-worker thread until it returns (Python cannot stop a thread): a tool that can hang should bound itself;
-:data:`TOOL_THREADS` bound how many may hang at once before calls queue.
+wrong, as it would from a real tool) and counted in ``tool_errors``.
+
+**A slow tool costs only its own calls**: each tool runs in threads of its own (a
+:class:`~rlrun.worker_threads.WorkerThreads`), :data:`TOOL_THREADS` calls of it at once, and ``timeout_s`` is a call's own run time, from
+when a thread starts it. A call past it is answered at once and its thread (Python cannot stop a thread) is
+replaced by a spare while it finishes, up to :data:`TOOL_SPARE` such calls of the tool; past that many, a call
+of that tool that gets no thread within ``timeout_s`` is answered ``error: … no thread was free …`` — a tool
+that can hang should bound itself. Before (issue 47), every tool of the process shared 8 threads and a timeout
+counted the wait for one: a tool sleeping 50 s (timeout 3 s) made 21 of 28 calls of an instant tool fail
+``took longer than 3 s``. The threads are daemon threads: a hung call never holds the orchestrator's exit.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
 from transformers.utils import get_json_schema
 
 from rlrun.envs.base import Messages
+from rlrun.worker_threads import NoThreadFree, RanTooLong, WorkerThreads
 
-#: Worker threads that run tool calls (shared by every tool set of the process).
+#: Calls of one tool run at once (each tool has threads of its own: module docstring).
 TOOL_THREADS = 8
+#: Spare threads of one tool: they stand in for those its calls past their timeout still hold.
+TOOL_SPARE = 24
 #: One tool call, Hermes format (module docstring).
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
-_pool: ThreadPoolExecutor | None = None
-
-
-def _executor() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="rlrun-tool")
-    return _pool
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class ToolSet:
         tools: functions with type hints and a Google-style docstring (``Args:`` describing each
             parameter); each is called with the call's ``arguments`` as keyword arguments and its
             return value shown as ``str(value)``.
-        timeout_s: most seconds one call may take, seconds.
+        timeout_s: most seconds one call may run, from when a thread starts it (its own run time).
 
     Raises:
         ValueError: two tools with one name, or a function ``get_json_schema`` cannot describe (no
@@ -82,6 +82,7 @@ class ToolSet:
 
     def __init__(self, tools: list[Callable[..., Any]], timeout_s: float = 5.0) -> None:
         self.tools: dict[str, Callable[..., Any]] = {}
+        self.threads: dict[str, WorkerThreads] = {}  # each tool's own (module docstring)
         self.schemas: list[dict[str, Any]] = []
         for tool in tools:
             try:
@@ -92,6 +93,7 @@ class ToolSet:
             if name in self.tools:
                 raise ValueError(f"two tools named {name!r}")
             self.tools[name] = tool
+            self.threads[name] = WorkerThreads(f"tool {name}", TOOL_THREADS, TOOL_SPARE)
             self.schemas.append(schema)
         self.timeout_s = timeout_s
 
@@ -112,11 +114,14 @@ class ToolSet:
             return ToolResult(name, f"error: no tool named {name!r}; tools: {', '.join(self.tools)}", False)
         if not isinstance(args, dict):
             return ToolResult(name, "error: arguments must be a JSON object", False)
-        future = _executor().submit(self.tools[name], **args)
         try:
-            return ToolResult(name, str(future.result(timeout=self.timeout_s)), True)
-        except FutureTimeout:
-            return ToolResult(name, f"error: {name} took longer than {self.timeout_s:g} s", False)
+            tool = functools.partial(self.tools[name], **args)
+            value = self.threads[name].call(tool, timeout_s=self.timeout_s)
+            return ToolResult(name, str(value), True)
+        except RanTooLong as exc:
+            return ToolResult(name, f"error: {name} {exc}", False)
+        except NoThreadFree as exc:  # it never ran
+            return ToolResult(name, f"error: {exc}", False)
         except Exception as exc:  # the tool's failure is the model's observation, never the orchestrator's crash
             return ToolResult(name, f"error: {type(exc).__name__}: {exc}", False)
 

@@ -56,6 +56,7 @@ from rlrun.launcher.progress import (
     Waiting,
     done_line,
     eval_cell,
+    eval_dropped_line,
     label_restored,
     model_line,
     print_summary,
@@ -336,7 +337,7 @@ class LocalLauncher:
         cells = progress_cells(
             rows[-1] if rows else {}, self.max_steps, time.monotonic() - t0, trained[-1] if trained else None
         )
-        evaluated = eval_cell(evaluations)
+        evaluated = eval_cell(evaluations, rows[-1] if rows else None)
         table.add_row(*cells, *([evaluated] if evaluated else []))
         return table
 
@@ -365,6 +366,7 @@ class LocalLauncher:
             lines, trained_offset = read_metrics(self.run_dir.trainer_metrics, trained_offset)
             trained[:] = trained[-1:] + lines  # only the newest is shown
             label_restored(new, self._generating)
+            dropped = [eval_dropped_line(a, b) for a, b in zip((rows or [{}])[-1:] + new, new, strict=False)]
             rows.extend(new)
             landed, eval_offset = read_metrics(self.run_dir.evaluations, eval_offset)
             evaluations.extend(landed)
@@ -374,6 +376,8 @@ class LocalLauncher:
             for e in landed:  # each evaluation once, as it lands
                 self.console.print(eval_cell([e]), markup=False)
                 last_line = time.monotonic()
+            for line in filter(None, dropped):  # a dropped round, as the step after it lands
+                self.console.print(line, markup=False)
             latest = trained[-1] if trained else None
             for row in new:
                 if row["step"] % every == 0 or row["step"] == self.max_steps or row["restored"]:

@@ -144,12 +144,31 @@ def progress_cells(row: dict, max_steps: int, elapsed_s: float, trained: dict | 
     ]
 
 
-def eval_cell(evaluations: list[dict]) -> str | None:
-    """The progress line's cell for the newest evaluation (``eval.jsonl``, :mod:`rlrun.orchestrator.evaluation`)."""
+def eval_cell(evaluations: list[dict], row: dict | None = None) -> str | None:
+    """The progress line's cell for the newest evaluation (``eval.jsonl``,
+    :mod:`rlrun.orchestrator.evaluation`), with the rounds this attempt dropped as of metrics ``row``
+    (``eval_rounds_dropped``) when there are any."""
+    dropped = (row or {}).get("eval_rounds_dropped") or 0
+    gone = f"{dropped} eval round(s) dropped" if dropped else None
     if not evaluations:
-        return None
+        return gone
     e = evaluations[-1]
-    return f"held-out solved {e['greedy_solved']:.3f} (v{e['policy_version']})"
+    cell = f"held-out solved {e['greedy_solved']:.3f} (v{e['policy_version']})"
+    return f"{cell}, {gone}" if gone else cell
+
+
+def eval_dropped_line(previous: dict, row: dict) -> str | None:
+    """The console's line when metrics ``row`` counts more dropped evaluation rounds than ``previous`` (the
+    line before it, of the same attempt): the orchestrator's log says which policy and why."""
+    same = previous.get("attempt") == row.get("attempt")
+    before = (previous.get("eval_rounds_dropped") or 0) if same else 0
+    now = row.get("eval_rounds_dropped") or 0
+    if now <= before:
+        return None
+    return (
+        f"held-out evaluation: {now - before} round(s) dropped by step {row.get('step')} "
+        f"({now} this attempt; logs/orchestrator.log says which policy and why)"
+    )
 
 
 def eval_report(evaluations: list[dict]) -> list[str]:
@@ -237,11 +256,12 @@ def done_line(steps: int, elapsed_s: float, preemptions: int, run_dir: RunDir) -
 
 
 def tracker_lines(run_dir: RunDir) -> list[str]:
-    """What the last attempt's experiment trackers did (``tracking.json``: :mod:`rlrun.tracking.publisher`): one
-    line per tracker, its URL or its directory and the command that shows or uploads it, or why it could not log;
-    none without trackers."""
+    """What the last attempt's experiment trackers did (``tracking.json``: :mod:`rlrun.tracking.publisher`):
+    what it decided (a copied run directory's own tracker run), then one line per tracker, its URL or its
+    directory and the command that shows or uploads it, or why it could not log; none without trackers."""
     state = read_state(run_dir)
-    lines = [f"experiment tracker: {where}" for where in state.get("locations") or [] if isinstance(where, str)]
+    lines = [f"experiment trackers: {note}" for note in state.get("notes") or [] if isinstance(note, str)]
+    lines += [f"experiment tracker: {at}" for at in state.get("locations") or [] if isinstance(at, str)]
     return lines + [f"experiment tracker {error}" for error in state.get("errors") or [] if isinstance(error, str)]
 
 

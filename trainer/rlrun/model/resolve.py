@@ -219,3 +219,29 @@ def pretrained_kwargs(spec: ModelSpec) -> dict[str, str]:
     if spec.builtin is None and spec.revision is not None:
         return {"revision": spec.revision}
     return {}
+
+
+def load_tokenizer(model_path: str | Path, spec: ModelSpec):
+    """The tokenizer of ``spec``'s model at ``model_path`` (a directory or a Hugging Face id), as
+    ``AutoTokenizer.from_pretrained(model_path, **pretrained_kwargs(spec))`` loads it.
+
+    A local directory whose ``tokenizer_config.json`` names its class (every tokenizer transformers saves does) is
+    loaded by that class directly: ``AutoTokenizer``'s import pulls transformers' whole auto-model machinery and
+    with it torch's compiler (≈ 2.5 s of the orchestrator's start on 2 cores, at every attempt; measured in
+    ``docs/measurements.md``), although resolving the class is all it does here. A name, a config without a class, a
+    class transformers does not export or one from the model's own code (``auto_map``) goes through ``AutoTokenizer``.
+
+    Raises:
+        OSError: no tokenizer at ``model_path`` (transformers' error).
+    """
+    import transformers
+
+    config = Path(model_path) / "tokenizer_config.json"
+    if config.is_file():
+        settings = json.loads(config.read_text())
+        name = settings.get("tokenizer_class")
+        if isinstance(name, str) and "auto_map" not in settings:
+            tokenizer_class = getattr(transformers, name, None)
+            if tokenizer_class is not None:
+                return tokenizer_class.from_pretrained(model_path, **pretrained_kwargs(spec))
+    return transformers.AutoTokenizer.from_pretrained(model_path, **pretrained_kwargs(spec))

@@ -21,7 +21,6 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-from rlrun.errors import OrchestratorError
 from rlrun.ledger import Ledger, LedgerEvent
 from rlrun.orchestrator.conversations import KeptConversations
 from rlrun.orchestrator.dispatcher import Dispatcher
@@ -33,17 +32,6 @@ from rlrun.orchestrator.source import TrainSource
 
 #: Journaled requests admitted per event-loop callback once durable (:meth:`Admission.on_durable`).
 ADMIT_CHUNK = 16
-#: Requests in a row whose every member's reward failed, after which the run stops (:class:`RewardsFailing`):
-#: a reward that fails on everything would otherwise abandon group after group for ever.
-MAX_ALL_FAILED_REQUESTS = 64
-
-
-class RewardsFailing(OrchestratorError):
-    """Every member of :data:`MAX_ALL_FAILED_REQUESTS` requests in a row failed its reward: the reward is broken, not
-    flaky (the message holds the last error). Retrying cannot heal it (``permanent``)."""
-
-    permanent = True
-    reason = "RewardsFailing"
 
 
 class Admission:
@@ -53,7 +41,6 @@ class Admission:
         self._unadmitted: deque[tuple[int, GroupResult | KeptConversation]] = deque()  # journaled, not yet durable
         self.journal: Journal | None = None  # set once the attempt has begun (its base is known)
         self.stopped = False
-        self.all_failed = 0  # requests in a row whose every member's reward failed
 
     def bind(
         self,
@@ -97,13 +84,7 @@ class Admission:
             out = self.dispatcher.has_work_out(g)
             return self.settle([GroupCancellation(result.request, None, out, "failed", result.error)])
         self.metrics.add_tokens(result.tokens)
-        g = result.request.group_id
-        self.all_failed = self.all_failed + 1 if result.scored.failed and not result.episodes else 0
-        if self.all_failed >= MAX_ALL_FAILED_REQUESTS:
-            raise RewardsFailing(
-                f"the rewards of {self.all_failed} requests in a row failed for every member (env "
-                f"{result.request.task.env}); the last error: {result.scored.failed[0][1]}"
-            )
+        g = result.request.group_id  # requests that keep failing: the dispatcher stops the run (failing.py)
         if result.scored.failed:  # settled first: it may abandon the group, whose episodes are then admitted at once
             self.metrics.reward_failed += len(result.scored.failed)
             members = tuple(m for m, _ in result.scored.failed)

@@ -6,20 +6,28 @@ all because it was cancelled (counted in ``cancelled_groups``); each episode car
 policy version that was current when its group was dispatched. No request waits forever.
 
 One request with ``n = members`` samples a whole group (they share the prompt) unless
-``rollout.members_per_request`` splits it, so that members finish at different times. Each try of a request goes
-to the server the :class:`~rlrun.orchestrator.endpoints.RolloutPool` picks (one holding the version the request is
-labelled with and not reloading: the label is never newer than the weights that produce the tokens). A request
-that fails on a server — a transport error, an error answer, or no answer within
-``rollout.request_timeout_seconds`` — is retried (tenacity), on a server that has not failed recently when there is
-one, for up to ``rollout.retry_window_seconds``; then its result carries the error, so the orchestrator can
-request the members again or abandon the group (:mod:`~rlrun.orchestrator.cancellation`). An answer with a
-completion that cannot be trained (``UnusableCompletion``: no tokens, ``abort``, ``error``…) fails the request at
-once, to be requested again within ``rollout.max_group_retries``: never scored (a reward 0 would bias its siblings'
-advantages). A server the pool takes out of use (removed from the endpoint set, or benched) loses the requests in
-flight on it: :meth:`Dispatcher.lose_on` cancels them at once and returns them for settling as ``lost`` (a
+``rollout.members_per_request`` splits it, so that members finish at different times. Each try of a request
+goes to the server the :class:`~rlrun.orchestrator.endpoints.RolloutPool` picks (one holding the version the
+request is labelled with and not reloading: the label is never newer than the weights that produce the
+tokens). A request that fails on a server — a transport error, an error answer, or no answer within
+``rollout.request_timeout_seconds`` — is retried (tenacity), on a server that has not failed recently when
+there is one, for up to ``rollout.retry_window_seconds``; then its result carries the error, so the
+orchestrator can request the members again or abandon the group (:mod:`~rlrun.orchestrator.cancellation`). An
+answer with a completion that cannot be trained (``UnusableCompletion``: no tokens, ``abort``, ``error``…)
+fails the request at once, to be requested again within ``rollout.max_group_retries``: never scored (a reward
+0 would bias its siblings' advantages); so does a refusal (a 4xx,
+:class:`~rlrun.rollout.rejections.RequestRejected`: the same request gets the same answer anywhere), never
+retried as a server fault. A prompt refused as longer than the server's context
+(:class:`~rlrun.rollout.rejections.ContextExceeded`, where rlrun did not know that context) stops the run at
+once with one line naming ``spec.rollout.max_model_len``
+(:class:`~rlrun.orchestrator.episodes.ServerContextTooSmall`); a later turn of a multi-turn episode refused so
+ends that episode truncated (:mod:`.turns`). Each delivered request's outcome goes to the run's
+:class:`~rlrun.orchestrator.failing.FailureStreak`, which stops a run whose requests keep failing. A server
+the pool takes out of use (removed from the endpoint set, or benched) loses the requests in flight on it:
+:meth:`Dispatcher.lose_on` cancels them at once and returns them for settling as ``lost`` (a
 :class:`~rlrun.orchestrator.cancellation.GroupCancellation`, as :meth:`Dispatcher.cancel_stale` returns). A
-multi-turn env's request samples every member's first turn at once, then each member's next turns one request each
-(:mod:`.turns`; same retries and version rule); its members share one fate.
+multi-turn env's request samples every member's first turn at once, then each member's next turns one request
+each (:mod:`.turns`; same retries and version rule); its members share one fate.
 """
 
 from __future__ import annotations
@@ -39,9 +47,18 @@ from rlrun.api.spec import RLRunSpec, SamplingSpec
 from rlrun.envs.base import Env
 from rlrun.orchestrator.endpoints import RolloutPool
 from rlrun.orchestrator.episodes import EpisodeBuilder
+from rlrun.orchestrator.failing import FailureKind, FailureStreak
 from rlrun.orchestrator.groups import GroupCancellation, GroupRequest, GroupResult, KeptConversation
-from rlrun.orchestrator.turns import Conversation, TurnIO, go_on, play_all, sum_sampled
-from rlrun.rollout.client import Completion, RolloutClient, RolloutError, ServerReloading, UnusableCompletion
+from rlrun.orchestrator.turns import Conversation, TurnIO, go_on, is_env_failure, play_all, sum_sampled
+from rlrun.rollout.client import (
+    Completion,
+    ContextExceeded,
+    RequestRejected,
+    RolloutClient,
+    RolloutError,
+    ServerReloading,
+    UnusableCompletion,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +67,9 @@ _REQUEST_ERRORS = (httpx.TransportError, RolloutError, asyncio.TimeoutError)
 
 
 def _retried_in_place(exc: BaseException) -> bool:
-    """A failed try worth another (the server may answer next time); an unusable completion is not."""
-    return isinstance(exc, _REQUEST_ERRORS) and not isinstance(exc, UnusableCompletion)
+    """A failed try worth another (the server may answer next time); an unusable completion or a refusal is
+    not."""
+    return isinstance(exc, _REQUEST_ERRORS) and not isinstance(exc, (UnusableCompletion, RequestRejected))
 
 
 def _key(request: GroupRequest) -> tuple[int, int]:
@@ -80,6 +98,7 @@ class Dispatcher:
             benchmarks pass fakes).
         members_per_request: split a group into requests of at most this many members (None: one request).
         request_timeout_s: most seconds one try of a request may take on one server.
+        streak: the failed requests in a row that stop the run (default: :class:`FailureStreak`'s own limits).
 
     Attributes:
         pool: the rollout servers in use (:class:`~rlrun.orchestrator.endpoints.RolloutPool`), which picks each try's.
@@ -97,8 +116,11 @@ class Dispatcher:
         client_factory: Callable[[str], RolloutClient] = RolloutClient,
         members_per_request: int | None = None,
         request_timeout_s: float = 300.0,
+        streak: FailureStreak | None = None,
     ) -> None:
         self.pool = RolloutPool(endpoints, client_factory, retry_window_s)
+        self.streak = streak if streak is not None else FailureStreak()
+        self._context_told = False  # whether a multi-turn turn refused for the context was logged (once)
         self.inflight: dict[tuple[int, int], _Inflight] = {}
         self.cancelled_groups = 0
         self.episodes = episodes
@@ -124,8 +146,8 @@ class Dispatcher:
         client_factory: Callable[[str], RolloutClient] = RolloutClient,
     ) -> Dispatcher:
         """The dispatcher of a run: its episodes made with a Hugging Face ``tokenizer`` and the envs' rewards
-        (:meth:`EpisodeBuilder.for_run`); sampling, ``members_per_request``, the request timeout and the retry
-        window from ``spec``."""
+        (:meth:`EpisodeBuilder.for_run`); sampling, ``members_per_request``, the request timeout, the retry
+        window and the failure streak's limits from ``spec``."""
         return cls(
             endpoints,
             episodes=EpisodeBuilder.for_run(tokenizer, envs, spec),
@@ -135,6 +157,7 @@ class Dispatcher:
             client_factory=client_factory,
             members_per_request=spec.rollout.members_per_request,
             request_timeout_s=spec.rollout.request_timeout_seconds,
+            streak=FailureStreak.for_spec(spec),
         )
 
     def lose_on(self, urls: list[str], why: str) -> list[GroupCancellation]:
@@ -221,7 +244,7 @@ class Dispatcher:
         ``policy_version``; ``failed``: the servers that failed this request (shared by its turns).
 
         Raises:
-            UnusableCompletion: at once; a request error once ``retry_window_s`` has passed.
+            UnusableCompletion, RequestRejected: at once; a request error once ``retry_window_s`` has passed.
         """
         entry = self.inflight.get(_key(request))  # registered by dispatch before the request's task runs
         members = f"group {request.group_id} members {request.first_member}–{request.next_member - 1}"
@@ -238,15 +261,17 @@ class Dispatcher:
                         entry.url, entry.sent_at = url, time.monotonic()
                     try:
                         with self.pool.sending(url, n) as client:
-                            return await asyncio.wait_for(
+                            completions = await asyncio.wait_for(
                                 client.complete(prompt_ids, self.sampling, n=n), self.request_timeout_s
                             )
+                        self.streak.answered()  # a server answers: the rollout streak ends (failing.py)
+                        return completions
                     except ServerReloading as exc:  # not the server's failure: ask again at once
                         if exc.answered_after_pause:
                             log.info("%s: %s; asked again", members, exc)
                         continue
-                    except UnusableCompletion:
-                        raise  # the server works; the answer is what cannot be used
+                    except (UnusableCompletion, RequestRejected):
+                        raise  # the server works; the request or its answer is what cannot be used
                     except _REQUEST_ERRORS as exc:
                         failed.add(url)
                         self.pool.note_failure(url)
@@ -272,21 +297,28 @@ class Dispatcher:
                 completions = await self._sample(request, prompt_ids, request.members, policy_version, failed)
                 if self.episodes.multi_turn(request.task):  # each member's conversation goes on on its own
                     conversations = await play_all(env, request.task, prompt_ids, completions, io, request.first_member)
-        except UnusableCompletion as exc:
+        except ContextExceeded as exc:  # the first turn: the prompt itself does not fit the server's context
+            raise self.episodes.context_refused(request.task, len(prompt_ids), exc) from None
+        except (UnusableCompletion, RequestRejected) as exc:
             log.warning("%s: %s", members, exc)
-            self._deliver(GroupResult(request, error=str(exc)))
+            kind = "unusable" if isinstance(exc, UnusableCompletion) else "rejected"
+            self._deliver(GroupResult(request, error=str(exc)), kind)
             return
         except _REQUEST_ERRORS as exc:
             error = f"failed on every try for {self.retry_window_s:.0f} s ({_describe(exc, self.request_timeout_s)})"
             log.warning("%s %s", members, error)
-            self._deliver(GroupResult(request, error=error))
+            self._deliver(GroupResult(request, error=error), "server")
             return
         scored = await self.episodes.episodes(request, policy_version, prompt_ids, completions, conversations)
         if conversations is None:
             tokens = sum(len(c.token_ids) for c in completions or [])
         else:  # sampled in this request: a continued conversation's earlier turns were counted when sampled
             tokens = sum_sampled(conversations) - (kept.sampled_tokens if kept is not None else 0)
-        self._deliver(GroupResult(request, scored, tokens))
+        failed = None
+        if scored.failed and not scored.episodes:  # every member's reward, or env, failed
+            env = all(is_env_failure(error, request.task.env) for _, error in scored.failed)
+            failed = "env" if env else "reward"
+        self._deliver(GroupResult(request, scored, tokens), failed)
 
     def _turn_io(self, request: GroupRequest, policy_version: int, failed: set[str]) -> TurnIO:
         """How ``request``'s conversations sample turns (this dispatcher's retried requests) and keep them
@@ -301,9 +333,29 @@ class Dispatcher:
         return dataclasses.replace(io, keep=keep)
 
     async def _turn(self, request: GroupRequest, ids: list[int], policy_version: int, failed: set[str]) -> Completion:
-        return (await self._sample(request, ids, 1, policy_version, failed))[0]
+        try:
+            return (await self._sample(request, ids, 1, policy_version, failed))[0]
+        except ContextExceeded as exc:  # the episode ends truncated (turns.py); said once per attempt
+            if not self._context_told:
+                self._context_told = True
+                log.warning(
+                    "env %s: a turn of %d tokens was refused by the rollout server as longer than its "
+                    "context (%s): such episodes end at their last turn (length), at the cost of one "
+                    "refused request each; set spec.rollout.max_model_len to the server's context to end "
+                    "them before it",
+                    request.task.env,
+                    len(ids),
+                    exc.context or exc.message[:120],
+                )
+            raise
 
-    def _deliver(self, result: GroupResult) -> None:
+    def _deliver(self, result: GroupResult, failed: FailureKind | None = None) -> None:
+        """Put ``result`` on the results queue, unless its request was cancelled meanwhile; its outcome
+        (``failed``: how it failed, None: it delivered an episode) goes to the failure streak first.
+
+        Raises:
+            RequestsFailing: the streak reached its limit (the request's task fails with it: the run stops).
+        """
         key = _key(result.request)
         entry = self.inflight.get(key)
         if entry is None or entry.task is not asyncio.current_task():
@@ -311,6 +363,11 @@ class Dispatcher:
             # result must never reach the sink. asyncio.wait_for can return a result whose cancellation
             # raced it (Python < 3.12), so the task may get here after being cancelled.
             return
+        if failed is None:
+            self.streak.delivered()
+        else:
+            error = result.error or result.scored.failed[0][1]
+            self.streak.failed(failed, result.request.task.env, error)
         self.undelivered[key] = result.request
         self.results.put_nowait(result)
 

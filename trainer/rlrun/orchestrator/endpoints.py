@@ -18,12 +18,13 @@ update is **benched** — its requests are requested again elsewhere at once —
 it answers ``/health`` and is given the current weights (tried every :data:`REJOIN_EVERY_S` per
 server); a removed server's requests are requested again at once too, not counted as retries.
 
-**Versions.** No server gets a request before the vLLM version it reports (``GET /version``, read once per URL) is
-found within rlrun's pins (:mod:`rlrun.versions`): the first endpoints are read together once they are healthy, and
-one outside them ends the orchestrator (:meth:`EndpointMembership.start`, :class:`~rlrun.versions.UnsupportedVersion`);
-a server added later is read before it is caught up, and one outside them is **refused**: never used while it is
-listed, logged as an error naming its URL and versions (:attr:`RolloutPool.refused`). A server that does not
-answer is benched and read when it answers again.
+**Versions.** No server gets a request before the vLLM version it reports (``GET /version``, read once per
+URL) is found within rlrun's pins (:mod:`rlrun.versions`): the first endpoints are read together once they are
+healthy, and one outside them ends the orchestrator (:meth:`EndpointMembership.start`,
+:class:`~rlrun.versions.UnsupportedVersion`); a server added later is read before it is caught up, and one
+outside them is **refused**: never used while it is listed, logged as an error naming its URL and versions
+(:attr:`RolloutPool.refused`). A server that does not answer is benched and read when it answers again. One
+whose updates keep failing verification (:mod:`rlrun.orchestrator.served`) is refused so; none left: a stop.
 
 Policy objects in the manner of prime-rl's ``concurrency.py``: neither owns a task. The pool says which servers
 went out of use; the dispatcher, which keeps the requests in flight, cancels those that were on them
@@ -45,6 +46,7 @@ import httpx
 from rlrun.errors import OrchestratorError
 from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.groups import GroupCancellation
+from rlrun.orchestrator.served import ServedWeightsUnverified
 from rlrun.rollout.client import RolloutClient, RolloutError
 from rlrun.timeouts import within
 from rlrun.versions import UnsupportedVersion, check_served
@@ -256,6 +258,7 @@ class EndpointMembership:
         #: endpoints are set, and :meth:`start` reads them once they are healthy
         self.checking = False
         self.pool: RolloutPool | None = None
+        self.unusable: str | None = None  # why no server is left to use (refuse_unverified): the run stops
 
     def bind(
         self,
@@ -275,6 +278,22 @@ class EndpointMembership:
         self.weights = weights
         self.settle = settle
         self.capacity = capacity
+        weights.unverified.refuse = self.refuse_unverified
+
+    def refuse_unverified(self, due: dict[str, str]) -> None:
+        """Never use again, while listed, the servers ``{url: why}`` that kept serving other weights than the
+        published ones (their requests out are asked again; an error line each).
+
+        Raises:
+            ServedWeightsUnverified: none is left in use or benched (and at each :meth:`look` from then on).
+        """
+        for url, why in due.items():
+            self.settle(self.lose([url], "refused: its weights are not the published ones"))
+            self.pool.refuse(url, why)
+            log.error("refused: %s", why)
+        if not self.pool.clients and not self.pool.benched:
+            self.unusable = "no rollout server left to use: " + "; ".join(self.pool.refused.values())
+            raise ServedWeightsUnverified(self.unusable)
 
     async def set(self, urls: list[str]) -> None:
         """Replace the endpoints with ``urls``; new ones get the current weights first.
@@ -367,7 +386,10 @@ class EndpointMembership:
 
     async def look(self) -> None:
         """The membership's periodic look (the orchestrator's follower loop): :meth:`catch_up_lagging`, then
-        :meth:`rejoin_benched`."""
+        :meth:`rejoin_benched`; it raises :meth:`refuse_unverified`'s error once no server is left to use (a
+        refusal in ``PUT /rollout-endpoints`` fails that request, not the run: the run stops here)."""
+        if self.unusable is not None:
+            raise ServedWeightsUnverified(self.unusable)
         await self.catch_up_lagging()
         await self.rejoin_benched()
 

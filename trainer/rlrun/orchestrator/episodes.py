@@ -21,9 +21,10 @@ from rlrun.api.spec import RLRunSpec
 from rlrun.envs.base import Env, Messages, Task, is_multi_turn
 from rlrun.envs.replies import answer_text, reply_renderer
 from rlrun.orchestrator.groups import GroupRequest, ScoredRequest
-from rlrun.orchestrator.turns import Conversation, TurnIO
-from rlrun.rewards.scoring import GroupScores, RewardContext, RewardFunction, RewardScorer, env_rewards, own_reward
-from rlrun.rollout.client import Completion
+from rlrun.orchestrator.turns import Conversation, TurnIO, env_threads
+from rlrun.rewards.calls import RewardContext, RewardFunction
+from rlrun.rewards.scoring import GroupScores, RewardScorer, env_rewards, own_reward
+from rlrun.rollout.client import Completion, ContextExceeded
 from rlrun.samples import Episode
 
 #: Distinct prompt texts whose token ids :func:`tokenizer_codec` keeps (about 1 KiB each).
@@ -63,6 +64,15 @@ class PromptTooLongError(PromptError):
     be shorter, or ``max_tokens`` smaller."""
 
     reason = "PromptTooLong"
+
+
+class ServerContextTooSmall(PromptError):
+    """A rollout server refused a task's prompt as longer than its context, which rlrun did not know (the
+    message names ``spec.rollout.max_model_len`` and the server's context): every prompt must be measured
+    against the real context at the start (:mod:`.prompts`). Retrying cannot heal it (``permanent``, exit 78,
+    ``reason``)."""
+
+    reason = "ServerContextTooSmall"
 
 
 class EpisodeBuilder:
@@ -112,6 +122,9 @@ class EpisodeBuilder:
         self.render = render
         self.max_prompt_tokens = max_prompt_tokens
         self.render_reply = render_reply
+        #: each multi-turn env's threads for its ``start`` and ``respond``
+        #: (:func:`rlrun.orchestrator.turns.env_threads`)
+        self.env_calls = {name: env_threads(env, name) for name, env in envs.items() if is_multi_turn(env)}
         self.scorer = RewardScorer()
         self.max_steps = 0
         self.log_metric: Callable[[str, float], None] | None = None
@@ -209,6 +222,27 @@ class EpisodeBuilder:
             f"prompt starts {self.prompt_text(task)[:60]!r}"
         )
 
+    def context_refused(self, task: Task, tokens: int, refusal: ContextExceeded) -> ServerContextTooSmall:
+        """The error that stops a run whose server refused ``task``'s prompt of ``tokens`` tokens as longer
+        than its context (``refusal``): one line naming the setting to give (``spec.rollout.max_model_len``)
+        and the context."""
+        context = refusal.context
+        said = f"its context is {context} tokens" if context else f"it said: {refusal.message[:200]}"
+        limit = self.max_prompt_tokens
+        believed = (
+            "rlrun was told no context (spec.rollout.max_model_len unset, the tokenizer gives no limit)"
+            if limit is None
+            else f"rlrun allowed prompts of up to {limit} tokens (the context it was told less max_tokens)"
+        )
+        value = context if context else "the server's context"
+        return ServerContextTooSmall(
+            f"env {task.env} task {task.index}: the rollout server refused the prompt of {tokens} tokens as "
+            f"longer than its context ({said}), and {believed}: set spec.rollout.max_model_len: {value} "
+            "so that every prompt is measured against it before the first request "
+            "(rollout.overlong_prompts: filter skips a prompt too long, refuse stops the run) and "
+            "multi-turn episodes end before it"
+        )
+
     def multi_turn(self, task: Task) -> bool:
         """Whether ``task``'s env plays conversations (:func:`rlrun.envs.base.is_multi_turn`)."""
         return is_multi_turn(self.envs[task.env])
@@ -236,7 +270,10 @@ class EpisodeBuilder:
     def turn_io(self, task: Task, complete: Callable[[list[int]], Any]) -> TurnIO:
         """What :func:`rlrun.orchestrator.turns.play` needs for ``task``, sampling each turn with ``complete``."""
         timeout = self.reward_timeout_s.get(task.env, 60.0)
-        return TurnIO(complete, self.text, self.reply_ids, self.max_prompt_tokens, timeout)
+        if task.env not in self.env_calls:  # an env added after the builder was made
+            self.env_calls[task.env] = env_threads(self.envs[task.env], task.env)
+        calls = self.env_calls[task.env]
+        return TurnIO(complete, self.text, self.reply_ids, self.max_prompt_tokens, timeout, env_calls=calls)
 
     async def episodes(
         self,
@@ -319,5 +356,7 @@ class EpisodeBuilder:
         return scores
 
     def close(self) -> None:
-        """Stop the reward workers."""
+        """Stop the reward workers and let the envs' idle threads end (hung calls are not waited for)."""
         self.scorer.close()
+        for calls in self.env_calls.values():
+            calls.close()

@@ -14,8 +14,10 @@ scores the policy on ``evaluation.tasks`` tasks of each env's **eval split** (ne
   Language Models Trained on Code", eq. 1, with ``n = k`` samples);
 - ``completion_len_mean`` of the greedy completions (tokens).
 
-Each line of ``<run_dir>/eval.jsonl`` holds them overall and ``per_env``, with the ``policy_version``
-evaluated (trainer steps: the weights after that step; 0 is the model the run started from).
+Each line of ``<run_dir>/eval.jsonl`` holds them overall and ``per_env`` (and, for an env whose tasks name
+their family — a reasoning-gym mixture's member: :data:`rlrun.envs.base.FAMILY` —, per family in its
+``per_family``), with the ``policy_version`` evaluated (trainer steps: the weights after that step; 0 is the
+model the run started from).
 
 How it runs without stalling training: the eval requests go to the rollout servers beside the training
 requests (vLLM batches them together), and the weights are held for their duration — the next weight push
@@ -27,10 +29,21 @@ the servers' time on ``tasks × (1 + k)`` completions per round (``benchmarks/le
 step time with evaluation on and off). Eval work never enters the dispatcher, the sink, the journal or the
 ledger: it is never trained and never in a training fate.
 
-A round that fails (a server error, no server holding the version) is logged and skipped; evaluation
-never fails the run, and never stalls it for long: the hold lasts at most :data:`MAX_HOLD_S` (a server that
-stops answering must not keep the weights back until ``evaluation.timeout_seconds``); a round whose weights
-moved before it was answered is discarded, not written with the wrong label.
+A round begins once no weight update is under way on the servers (it waits for a reload to end: a round sent
+into a reload window would be refused), and a completion refused because a reload began meanwhile is asked
+again once the server serves. The **final** round (the last step's policy) is held like any other — the
+follower pushes nothing while it runs — and always runs: it waits for an update under way, loads the last
+step's weights where no server holds them, then evaluates (issue 47.10: it was skipped when the follower's
+push of the same weights began while it was loading them, in 2 of 6 runs).
+
+A round that fails (a server error, no server holding the version, no answer within
+``evaluation.timeout_seconds``) is **dropped**: never raised, but counted (``eval_rounds_dropped`` in
+``metrics.jsonl``, ``rlrun_eval_rounds_dropped_total``) and said (a warning naming the policy and why).
+Evaluation never fails the run, and never stalls it for long: the hold lasts at most :data:`MAX_HOLD_S` (a
+server that stops answering must not keep the weights back until ``evaluation.timeout_seconds``), and a round
+still unanswered then says so in a warning; the seconds rounds held the weight pushes are counted
+(``eval_hold_s``, ``rlrun_eval_hold_seconds_total``). A round whose weights moved before it was answered is
+discarded (dropped), not written with the wrong label.
 """
 
 from __future__ import annotations
@@ -44,11 +57,12 @@ from pathlib import Path
 from typing import Any
 
 from rlrun.api.spec import EvaluationSpec, RLRunSpec, SamplingSpec
-from rlrun.envs.base import SOLVED_REWARD, Env, Task
+from rlrun.envs.base import FAMILY, MAX_FAMILIES, SOLVED_REWARD, Env, Task
 from rlrun.orchestrator.episodes import EpisodeBuilder
+from rlrun.orchestrator.metrics import StepMetrics
 from rlrun.orchestrator.prompts import Overlong, fitting_eval_tasks
 from rlrun.orchestrator.turns import Conversation, play_all
-from rlrun.rollout.client import Completion, RolloutClient, RolloutError
+from rlrun.rollout.client import Completion, RolloutClient, RolloutError, ServerReloading
 from rlrun.rundir import end_torn_line, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -59,6 +73,8 @@ Answers = tuple[list[Completion], list[Conversation] | None]
 #: Longest hold of the weight pushes by one round, seconds (the round goes on; if the weights move before it
 #: is answered, it is discarded).
 MAX_HOLD_S = 60.0
+#: Seconds between looks at the servers while a round waits for a weight update under way to end.
+SETTLE_POLL_S = 0.05
 
 
 def greedy(sampling: SamplingSpec) -> SamplingSpec:
@@ -158,10 +174,10 @@ class Evaluator:
 
         async def ask(i: int, task: Task, sampling: SamplingSpec, n: int) -> Answers:
             client, prompt = clients[i % len(clients)], list(self.episodes.prompt_ids(task))
-            completions = await client.complete(prompt, sampling, n=n)
+            completions = await _complete(client, prompt, sampling, n)
             if not self.episodes.multi_turn(task):
                 return completions, None
-            io = self.episodes.turn_io(task, lambda ids: _one(client.complete(ids, sampling, n=1)))
+            io = self.episodes.turn_io(task, lambda ids: _one(_complete(client, ids, sampling, 1)))
             return completions, await play_all(self.envs[task.env], task, prompt, completions, io)
 
         answers = await asyncio.gather(
@@ -173,18 +189,26 @@ class Evaluator:
             raise RolloutError(f"the weights of {moved} moved past policy {version} before the round was answered")
         greedy_answers, sampled_answers = answers[: len(self.tasks)], answers[len(self.tasks) :]
         per_env: dict[str, dict[str, list[float]]] = {name: {} for name in self.envs}
+        per_family: dict[str, dict[str, dict[str, list[float]]]] = {name: {} for name in self.envs}
         for task, (gc, gt), (sc, st) in zip(self.tasks, greedy_answers, sampled_answers, strict=True):
-            stats = per_env[task.env]
             reward, *sampled = await self._score(task, [*gc, *sc], None if gt is None else [*gt, *st], version)
-            for key, value in (
-                ("greedy_reward", reward),
-                ("greedy_solved", float(reward >= SOLVED_REWARD)),
-                ("sampled_reward", sum(sampled) / len(sampled)),
-                ("pass_at_k", float(any(r >= SOLVED_REWARD for r in sampled))),
-                ("completion_len_mean", float(len(gc[0].token_ids if gt is None else gt[0].completion_ids))),
-            ):
-                stats.setdefault(key, []).append(value)
-        envs = {name: {key: sum(v) / len(v) for key, v in stats.items()} for name, stats in per_env.items()}
+            family, families = task.info.get(FAMILY), per_family[task.env]
+            named = isinstance(family, str) and family != ""
+            named = named and (family in families or len(families) < MAX_FAMILIES)
+            length = len(gc[0].token_ids if gt is None else gt[0].completion_ids)
+            for stats in (per_env[task.env], *([families.setdefault(family, {})] if named else [])):
+                for key, value in (
+                    ("greedy_reward", reward),
+                    ("greedy_solved", float(reward >= SOLVED_REWARD)),
+                    ("sampled_reward", sum(sampled) / len(sampled)),
+                    ("pass_at_k", float(any(r >= SOLVED_REWARD for r in sampled))),
+                    ("completion_len_mean", float(length)),
+                ):
+                    stats.setdefault(key, []).append(value)
+        envs: dict[str, dict[str, Any]] = {name: _means(stats) for name, stats in per_env.items()}
+        for name, families in per_family.items():
+            if families:
+                envs[name]["per_family"] = {f: _means(stats) for f, stats in sorted(families.items())}
         keys = ("greedy_reward", "greedy_solved", "sampled_reward", "pass_at_k", "completion_len_mean")
         line = {
             "policy_version": version,
@@ -219,8 +243,24 @@ class Evaluator:
         return [0.0 if r is None else r for r in scores.rewards]
 
 
+def _means(stats: dict[str, list[float]]) -> dict[str, Any]:
+    return {key: sum(v) / len(v) for key, v in stats.items()}
+
+
 async def _one(request: Awaitable[list[Completion]]) -> Completion:  # a multi-turn episode's next turn
     return (await request)[0]
+
+
+async def _complete(client: RolloutClient, ids: list[int], spec: SamplingSpec, n: int) -> list[Completion]:
+    """``client``'s completions of the prompt ``ids``; one refused because a weight update of the server
+    began (nothing generated, or answered after its pause) is asked again once the server serves: the
+    round's end checks that its weights did not move (:meth:`Evaluator.evaluate`), and its timeout bounds
+    the waits."""
+    while True:
+        try:
+            return await client.complete(ids, spec, n=n)
+        except ServerReloading:
+            await client.wait_serving()
 
 
 class EvalRounds:
@@ -228,17 +268,26 @@ class EvalRounds:
 
     A policy object like :mod:`.liveness`: :meth:`bind` wires it; the loop calls :meth:`start` once the attempt
     has begun, :meth:`updated` after each weight push (and checks :attr:`holding` before the next one), and
-    :meth:`finish` at the end of the run.
+    :meth:`finish` at the end of the run. What it drops and holds is counted on the bound
+    :class:`~rlrun.orchestrator.metrics.StepMetrics` (``eval_rounds_dropped``, ``eval_hold_s``).
     """
 
     def __init__(self) -> None:
         self.evaluator: Evaluator | None = None
+        self.metrics: StepMetrics | None = None
         self._round: asyncio.Task | None = None
         self._since = 0.0  # when the round began (monotonic seconds)
 
-    def bind(self, evaluator: Evaluator | None, clients: Callable[[], list[RolloutClient]], max_steps: int) -> None:
-        """``evaluator`` (None: evaluation off), ``clients()`` the rollout servers in use, the run's last step."""
-        self.evaluator, self.clients, self.max_steps = evaluator, clients, max_steps
+    def bind(
+        self,
+        evaluator: Evaluator | None,
+        clients: Callable[[], list[RolloutClient]],
+        max_steps: int,
+        metrics: StepMetrics | None = None,
+    ) -> None:
+        """``evaluator`` (None: evaluation off), ``clients()`` the rollout servers in use, the run's last
+        step, and the ``metrics`` that count dropped rounds and hold seconds (None: not counted)."""
+        self.evaluator, self.clients, self.max_steps, self.metrics = evaluator, clients, max_steps, metrics
 
     @property
     def holding(self) -> bool:
@@ -257,51 +306,93 @@ class EvalRounds:
             return
         self.evaluator.resumed_at(version)
         if not self.running and self.evaluator.due_at_start(version, self.max_steps):
-            self._begin(version)
+            self._begin(self.run(version), version)
 
     def updated(self, before: int, after: int) -> None:
         """The servers went from policy ``before`` to ``after``: evaluate ``after`` if that passed a point."""
         if self.evaluator is not None and not self.running and self.evaluator.crossed(before, after, self.max_steps):
-            self._begin(after)
+            self._begin(self.run(after), after)
 
-    def _begin(self, version: int) -> None:
-        self._since = time.monotonic()
-        self._round = asyncio.get_running_loop().create_task(self.run(version))
+    def _begin(self, work: Awaitable[dict | None], version: int) -> asyncio.Task:
+        """Run ``work`` (the round of ``version``) as the round under way: it holds the weight pushes from
+        now."""
+        loop = asyncio.get_running_loop()
+        self._since = since = time.monotonic()
+        self._round = task = loop.create_task(work)
+        late = loop.call_later(MAX_HOLD_S, self._unanswered, task, version)
+
+        def ended(_: asyncio.Task) -> None:
+            late.cancel()
+            if self.metrics is not None:  # the pushes were held from its start until its end or MAX_HOLD_S
+                self.metrics.eval_hold_seconds += min(time.monotonic() - since, MAX_HOLD_S)
+
+        task.add_done_callback(ended)
+        return task
+
+    def _unanswered(self, task: asyncio.Task, version: int) -> None:
+        if not task.done():
+            assert self.evaluator is not None
+            timeout = self.evaluator.spec.timeout_seconds
+            log.warning(
+                "evaluation of policy %d unanswered after %.0f s: the weight pushes it held go on; it is "
+                "dropped if the weights move before it is answered, or at evaluation.timeout_seconds "
+                "(%.0f s)",
+                *(version, MAX_HOLD_S, timeout),
+            )
+
+    async def _settled(self, deadline: float) -> None:
+        """Return once no weight update is under way on a server in use (or at monotonic ``deadline``)."""
+        while any(c.updating for c in self.clients() if not c.closed) and time.monotonic() < deadline:
+            await asyncio.sleep(SETTLE_POLL_S)
+
+    def _dropped(self, version: int, why: str) -> None:
+        dropped = 1
+        if self.metrics is not None:
+            self.metrics.eval_rounds_dropped += 1
+            dropped = self.metrics.eval_rounds_dropped
+        log.warning("evaluation of policy %d dropped (%d this attempt): %s", version, dropped, why)
 
     async def run(self, version: int) -> dict | None:
-        """One round on the servers holding ``version``; None when it failed (logged, never raised)."""
+        """One round on the servers holding ``version``, begun once no weight update is under way; None when
+        it was dropped (counted and logged, never raised)."""
         assert self.evaluator is not None
-        clients = [c for c in self.clients() if c.loaded_version == version and not c.closed]
+        timeout = self.evaluator.spec.timeout_seconds
+
+        async def round_() -> dict:
+            await self._settled(time.monotonic() + timeout)
+            clients = [c for c in self.clients() if c.loaded_version == version and not c.closed]
+            return await self.evaluator.evaluate(clients, version)
+
         try:
-            return await asyncio.wait_for(
-                self.evaluator.evaluate(clients, version), self.evaluator.spec.timeout_seconds
-            )
+            return await asyncio.wait_for(round_(), timeout)
         except Exception as exc:  # evaluation never fails the run (a timeout included)
-            why = (
-                f"no answer within {self.evaluator.spec.timeout_seconds:.0f} s"
-                if isinstance(exc, TimeoutError)
-                else exc
-            )
-            log.warning("evaluation of policy %d skipped: %s: %s", version, type(exc).__name__, why)
+            why = f"no answer within {timeout:.0f} s" if isinstance(exc, TimeoutError) else exc
+            self._dropped(version, f"{type(exc).__name__}: {why}")
             return None
 
-    async def finish(self, version: int, load_last: Callable[[], Awaitable[object]]) -> None:
-        """At the end of the run (the servers hold ``version``): wait for a round under way, then evaluate the
-        last step's policy unless done — after ``await load_last()`` gives it to the servers, when they hold an
-        older one."""
+    async def finish(self, load_last: Callable[[], Awaitable[object]]) -> None:
+        """At the end of the run: wait for a round under way, then evaluate the last step's policy unless done
+        (:meth:`_final`: it always runs, held like any round)."""
         if self._round is not None:
             await asyncio.gather(self._round, return_exceptions=True)
         if self.evaluator is None or self.max_steps in self.evaluator.evaluated:
             return
-        if version < self.max_steps:
+        await asyncio.gather(self._begin(self._final(load_last), self.max_steps), return_exceptions=True)
+
+    async def _final(self, load_last: Callable[[], Awaitable[object]]) -> dict | None:
+        """The final round: once a weight update under way has ended (the follower's push of the last weights,
+        begun before this round held the pushes), ``await load_last()`` gives the last step's weights to the
+        servers if none holds them, then :meth:`run`."""
+        assert self.evaluator is not None
+        await self._settled(time.monotonic() + self.evaluator.spec.timeout_seconds)
+        if not any(c.loaded_version == self.max_steps for c in self.clients() if not c.closed):
             try:
                 await load_last()
             except Exception as exc:  # evaluation never fails the run
-                log.warning(
-                    "final evaluation skipped: the weights of step %d could not be loaded: %s", self.max_steps, exc
-                )
-                return
-        await self.run(self.max_steps)
+                why = f"the weights of step {self.max_steps} could not be loaded: {exc}"
+                self._dropped(self.max_steps, why)
+                return None
+        return await self.run(self.max_steps)
 
     def cancel(self) -> None:
         """Stop a round under way (the attempt ends)."""
@@ -320,10 +411,8 @@ async def evaluate_weights(
         WeightsError: the weights do not fit the model (the server is not touched).
         RolloutError, httpx.HTTPError: the server failed to load them or to answer.
     """
-    from transformers import AutoTokenizer
-
     from rlrun.envs import make_env
-    from rlrun.model.resolve import pretrained_kwargs
+    from rlrun.model.resolve import load_tokenizer
     from rlrun.orchestrator.weights import push_weights, weights_reference
 
     evaluation = spec.evaluation.model_validate({**spec.evaluation.model_dump(), **overrides, "enabled": True})
@@ -334,7 +423,7 @@ async def evaluate_weights(
             push = await push_weights([client], weights, version, reference)
             if push.unreachable:
                 raise RolloutError(f"{url} went away while loading {weights}: {push.unreachable[url]}")
-        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, model_path, **pretrained_kwargs(spec.model))
+        tokenizer = await asyncio.to_thread(load_tokenizer, model_path, spec.model)
         envs = {e.name: make_env(e) for e in spec.envs}
         evaluator = Evaluator.for_run(spec.model_copy(update={"evaluation": evaluation}), envs, tokenizer, out, 0)
         return await evaluator.evaluate([client], version)

@@ -6,14 +6,18 @@ then drain → pause → reload → reset prefix cache → resume; a LoRA run's 
 removes the older broadcasts — in a LoRA run, those no server still holds as an adapter (vLLM reloads an
 adapter its cache evicted from the directory it was loaded from), the rest at a later update.
 
-Guarantees: the policy version only goes up; only broadcasts written by this attempt's
-trainer are loaded (a dead attempt's may hold weights the resumed run never trained);
-weights that do not match the model are refused before any server is touched; the version
-recorded at dispatch is never newer than the weights that produce the tokens, and those are the
-weights the server held when the request was sent (a server gets no request while it reloads, and
-reloads once the requests out are answered: :mod:`rlrun.rollout.client`). A server that cannot be
-reached during an update (its node is going away) is returned as unreachable rather than
-failing the run: the orchestrator benches it until it answers again and has caught up.
+Guarantees: the policy version only goes up; only broadcasts written by this attempt's trainer are loaded (a
+dead attempt's may hold weights the resumed run never trained); weights that do not match the model are
+refused before any server is touched; the version recorded at dispatch is never newer than the weights that
+produce the tokens, and those are the weights the server held when the request was sent (a server gets no
+request while it reloads, and reloads once the requests out are answered: :mod:`rlrun.rollout.client`). A
+server that cannot be reached during an update (its node is going away) is returned as unreachable rather than
+failing the run: the orchestrator benches it until it answers again and has caught up. Every update is
+verified (the server's digest of what it holds against the published files':
+:mod:`rlrun.rollout.verification`); a server whose update is not gets no request until a catch-up's is, and is
+refused after failing again and again (:class:`~rlrun.orchestrator.served.UnverifiedServers`); the
+trainer–sampler mismatch of each version with a probe is measured on the servers that took it
+(:class:`~rlrun.orchestrator.served.MismatchGuard`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import logging
 import shutil
 from pathlib import Path
 
+from rlrun.orchestrator.served import MismatchGuard, UnverifiedServers, served_mismatch
 from rlrun.orchestrator.weights import AdapterReference, Reference, WeightPush, push_weights
+from rlrun.probes import PROBE_FILE, read_probe
 from rlrun.rollout.client import RolloutClient
 from rlrun.rundir import RunDir, step_dirs, written_by
 
@@ -39,16 +45,24 @@ class WeightFollower:
         reference: what every weights directory must match (:data:`~rlrun.orchestrator.weights.Reference`: the
             model's tensor names, dtypes and shapes; a LoRA run's :class:`~rlrun.orchestrator.weights.AdapterReference`;
             None: unchecked full weights).
+        max_mismatch_kl: ``spec.rollout.max_mismatch_kl`` (:class:`~rlrun.orchestrator.served.MismatchGuard`).
 
     Attributes:
         version: the policy version the rollout servers hold (trainer steps).
+        unverified: the servers whose updates failed verification, counted (refused after a few in a row).
+        mismatch: the trainer–sampler mismatch of each probed version (``mismatch.last``: metrics.jsonl's
+            ``served_mismatch_kl``).
     """
 
-    def __init__(self, run_dir: RunDir, attempt: int, reference: Reference) -> None:
+    def __init__(
+        self, run_dir: RunDir, attempt: int, reference: Reference, max_mismatch_kl: float | None = None
+    ) -> None:
         self.run_dir = run_dir
         self.attempt = attempt
         self.reference = reference
         self.version = 0
+        self.unverified = UnverifiedServers()
+        self.mismatch = MismatchGuard(max_mismatch_kl)
         #: the last weight update (None before one) and every update's seconds together (validation, then each
         #: server's pause, reload and resume): what metrics.jsonl's ``weight_update_s`` and ``/metrics`` report
         self.last_push: WeightPush | None = None
@@ -68,18 +82,26 @@ class WeightFollower:
         )
 
     async def load(self, clients: list[RolloutClient], path: str | Path, version: int) -> WeightPush:
-        """Load the weights in ``path`` into ``clients`` as policy ``version`` (the version moves even
-        when some servers were unreachable: they must catch up before serving again).
+        """Load the weights in ``path`` into ``clients`` as policy ``version`` (the version moves even when
+        some servers were unreachable or not verified: they must catch up before serving again), then measure
+        the version's mismatch on the servers verified, when ``path`` has a probe.
 
         Raises:
             WeightsError: the weights do not match the model (no server was touched).
             RolloutError: a reachable server failed to reload.
+            ServedWeightsUnverified: a server failed verification again and nothing can refuse it.
+            SamplerMismatch: the mismatch passed ``spec.rollout.max_mismatch_kl`` versions in a row.
         """
         push = await push_weights(clients, path, version, self.reference)
         self.version, self.last_push = version, push
         self.update_seconds += push.seconds
         for url, error in push.unreachable.items():
             log.warning("rollout server %s unreachable during the update to policy %d: %s", url, version, error)
+        self.unverified.record(push.verified, push.unverified, version)
+        probe = await asyncio.to_thread(read_probe, path) if (Path(path) / PROBE_FILE).is_file() else None
+        if probe and push.verified:
+            verified = [c for c in clients if c.base_url in push.verified]
+            self.mismatch.observe(version, await served_mismatch(verified, probe))
         return push
 
     async def begin(self, clients: list[RolloutClient], step: int | None, model: str | Path) -> dict[str, str]:

@@ -14,14 +14,12 @@ import sys
 import time
 from collections.abc import Callable
 
-from transformers import AutoTokenizer
-
 from rlrun.api.control import OrchestratorPhase, PauseResult, ResumeReport, StatusReport
 from rlrun.api.spec import RLRunSpec
 from rlrun.batch import write_batch
 from rlrun.envs import make_env
 from rlrun.ledger import LEDGER_VERSION, Ledger, LedgerEvent
-from rlrun.model.resolve import pretrained_kwargs
+from rlrun.model.resolve import load_tokenizer
 from rlrun.orchestrator.admission import Admission
 from rlrun.orchestrator.cancellation import settle
 from rlrun.orchestrator.checkpointing import CheckpointManager, capture_of
@@ -125,7 +123,7 @@ class Orchestrator:
         self.checkpoints = CheckpointManager(
             self.run_dir, attempt, spec.checkpoint.keep_last, self.ledger, lambda step: capture_of(self, step)
         )
-        self.weights = WeightFollower(self.run_dir, attempt, reference=None)
+        self.weights = WeightFollower(self.run_dir, attempt, None, spec.rollout.max_mismatch_kl)
         self.metrics = StepMetrics(self.run_dir.metrics, attempt, self.weights)
         committed = lambda: self.checkpoints.last_step  # noqa: E731 - read from the publisher's thread
         self.tracking = TrackerPublisher(spec, self.run_dir, name, run_uid, attempt, committed, self.max_steps)
@@ -346,9 +344,7 @@ class Orchestrator:
 
     async def _wire(self) -> None:
         """Make the dispatcher (the tokenizer loaded off the loop) and bind the stages to it and each other."""
-        tokenizer = await asyncio.to_thread(
-            AutoTokenizer.from_pretrained, self.model_path, **pretrained_kwargs(self.spec.model)
-        )
+        tokenizer = await asyncio.to_thread(load_tokenizer, self.model_path, self.spec.model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.weights.reference = await asyncio.to_thread(weights_reference, self.spec, self.model_path)
         self.dispatcher = Dispatcher.for_tokenizer(
@@ -361,7 +357,7 @@ class Orchestrator:
         evaluator = Evaluator.for_run(
             self.spec, self.envs, tokenizer, self.run_dir.evaluations, self.attempt, self.dispatcher.episodes
         )
-        self.evaluation.bind(evaluator, self._clients, self.max_steps)
+        self.evaluation.bind(evaluator, self._clients, self.max_steps, self.metrics)
         report = lambda: stall_accounting(self.view(detail=True))  # noqa: E731
         self.liveness.bind(self.dispatcher, self._settle, self._progress, report, self.sink)
         self.admission.bind(
@@ -425,7 +421,7 @@ class Orchestrator:
         if self._done():
             self.phase = "done"
             log.info("orchestrator done: %d steps shipped and checkpointed", self.shipped)
-            await self.evaluation.finish(self.policy_version, self._load_last)
+            await self.evaluation.finish(self._load_last)  # held, after any reload under way: it always runs
         return self.shipped
 
     # -- the teardown (run's checklist) --------------------------------------------------------

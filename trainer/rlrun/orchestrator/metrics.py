@@ -25,7 +25,9 @@ stale_wasted_fraction}}``, cumulative: where the waste falls), ``groups_cancelle
 ``prompts_too_long`` (cumulative over the attempt: tasks passed over because their prompt does not fit the
 context less ``sampling.max_tokens``, ``rollout.overlong_prompts: filter``; also in ``per_env``),
 ``groups_abandoned`` (cumulative: nothing of the group could still train, or its requests kept failing),
-``reward/<env>`` (the mean reward of the env's episodes finished since the previous step) and
+``reward/<env>`` (the mean reward of the env's episodes finished since the previous step; also
+``reward/<env>/<family>`` per task family, for tasks whose ``info`` names one:
+:data:`rlrun.envs.base.FAMILY`) and
 ``reward/<series>`` (each reward function's mean score over them, where it applied: ``spec.envs[].rewards``;
 an env without ``rewards`` has one, named after it), ``reward_metrics`` (``{name: mean}`` of what the rewards
 reported with TRL's ``log_metric(name, value)`` since the previous step; absent when none did),
@@ -34,9 +36,16 @@ members whose reward raised, timed out or was no number; requested again), ``num
 ``tool_errors`` (multi-turn envs only: means per episode finished since the previous step: model turns, tool
 calls, tool calls that failed), ``rollout_tokens_per_s`` (sampled tokens) and ``step_time_s`` (since the
 previous step), ``weight_update_s`` (time the rollout servers spent taking new weights since the previous step:
-validation, then pause, reload and resume), ``time`` (Unix s), ``restored`` (the batch was cut from the queue a resume put
-back, before this attempt consumed any rollout: its ``reward_mean`` is null and its tokens/s
-0 are no measurement).
+validation, then pause, reload, verification and resume), ``served_mismatch_kl`` (the trainer–sampler
+mismatch of the newest policy version the servers hold, nats/token, the largest over them: the k3 KL of
+their logprobs against the trainer's on the version's probe, :mod:`rlrun.probes`; ≈ 0 for the same weights;
+null when not measured), ``time`` (Unix s),
+``eval_rounds_dropped`` (cumulative over the attempt: held-out evaluation rounds dropped — failed,
+unanswered within ``evaluation.timeout_seconds``, or discarded because their weights moved:
+:mod:`rlrun.orchestrator.evaluation`) and ``eval_hold_s`` (seconds evaluation rounds held the weight
+pushes since the previous step, counted at each round's end), ``restored`` (the batch was cut from the
+queue a resume put back, before this attempt consumed any rollout: its ``reward_mean`` is null and its
+tokens/s 0 are no measurement).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ import threading
 import time
 from pathlib import Path
 
+from rlrun.envs.base import FAMILY, MAX_FAMILIES
 from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.sink import TrainSink
@@ -103,6 +113,7 @@ class StepMetrics:
         self._consumed_any = False
         self._warned_starved: set[str] = set()
         self._scores: dict[str, list[float]] = {}  # series → scores of the episodes finished since the last step
+        self._families: dict[str, set[str]] = {}  # env → the task families with a series of their own
         self._turns: dict[str, list[int]] = {}  # num_turns / tool_calls / tool_errors → per multi-turn episode
         self._logged: dict[str, list[float]] = {}  # a reward's log_metric(name, value) calls since the last step
         self._logged_lock = threading.Lock()  # log_metric is called from the reward threads
@@ -112,6 +123,11 @@ class StepMetrics:
         self.prompts_too_long: dict[str, int] = {}
         #: the last line written (None before the first step): what ``/metrics`` reports of the last step
         self.last_line: dict | None = None
+        #: evaluation rounds dropped, and seconds rounds held the weight pushes (cumulative over this attempt;
+        #: counted by :class:`rlrun.orchestrator.evaluation.EvalRounds`)
+        self.eval_rounds_dropped = 0
+        self.eval_hold_seconds = 0.0
+        self._eval_hold_at_step = 0.0
 
     def add_scores(
         self,
@@ -124,6 +140,12 @@ class StepMetrics:
         reward function's scores of them, None where it did not apply) for ``reward/<series>``; a multi-turn
         env's ``turns`` (``num_turns``, ``tool_calls``, ``tool_errors`` of each episode) for those keys."""
         self._scores.setdefault(env, []).extend(e.reward for e in episodes)
+        families = self._families.setdefault(env, set())
+        for e in episodes:
+            family = e.task.info.get(FAMILY)
+            if isinstance(family, str) and family and (family in families or len(families) < MAX_FAMILIES):
+                families.add(family)
+                self._scores.setdefault(f"{env}/{family}", []).append(e.reward)
         for series, scores in parts.items():
             self._scores.setdefault(series, []).extend(x for x in scores if x is not None)
         for key, values in (turns or {}).items():
@@ -207,10 +229,14 @@ class StepMetrics:
             "rollout_tokens_per_s": self._tokens / elapsed,
             "step_time_s": elapsed,
             "weight_update_s": self._weight_update_s(),
+            "served_mismatch_kl": self.weights.mismatch.last if self.weights is not None else None,
+            "eval_rounds_dropped": self.eval_rounds_dropped,
+            "eval_hold_s": round(self.eval_hold_seconds - self._eval_hold_at_step, 3),
             "time": time.time(),
             "restored": not self._consumed_any,
         }
         self.last_line = line
+        self._eval_hold_at_step = self.eval_hold_seconds
         self._tokens = 0
         self._since = now
         self._scores = {name: [] for name in self._scores}  # a series that saw nothing this step says null

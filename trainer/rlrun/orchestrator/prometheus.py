@@ -43,6 +43,16 @@ METRICS: dict[str, tuple[str, str]] = {
     "rlrun_weight_update_seconds": (
         "gauge", "Time the last weight update took: validation, then every server's pause, reload and resume.",
     ),
+    "rlrun_served_mismatch_kl_nats": (
+        "gauge", "Trainer-sampler mismatch of the newest policy probed on the rollout servers, nats/token.",
+    ),
+    "rlrun_weight_updates_unverified": (
+        "counter", "Server updates after which the served weights were not the published ones.",
+    ),
+    "rlrun_eval_rounds_dropped": (
+        "counter", "Held-out evaluation rounds dropped: failed, unanswered in time, or their weights moved.",
+    ),
+    "rlrun_eval_hold_seconds": ("counter", "Time evaluation rounds held the weight pushes."),
     "rlrun_reward_mean": ("gauge", "Mean reward of the episodes scored before the last shipped step."),
     "rlrun_reward_std": ("gauge", "Standard deviation of those rewards."),
     "rlrun_staleness_mean_steps": ("gauge", "Mean off-policy staleness of the last batch, steps."),
@@ -105,6 +115,10 @@ class OrchestratorCollector:
                 last_pause.seconds if last_pause is not None and last_pause.step is not None else None
             ),
             "rlrun_weight_update_seconds": v.weight_update_seconds,
+            "rlrun_served_mismatch_kl_nats": v.served_mismatch_kl,
+            "rlrun_weight_updates_unverified": v.updates_unverified,
+            "rlrun_eval_rounds_dropped": v.eval_rounds_dropped,
+            "rlrun_eval_hold_seconds": v.eval_hold_seconds,
         }
         out.update({name: line.get(key) for name, key in _LAST_STEP.items()})
         return out

@@ -221,15 +221,11 @@ def check_prompts(spec: RLRunSpec, model_path: str) -> None:
     """
     if spec.rollout.overlong_prompts != "refuse":
         return
-    from transformers import AutoTokenizer
-
     from rlrun.envs import make_env
-    from rlrun.model.resolve import pretrained_kwargs
+    from rlrun.model.resolve import load_tokenizer
 
     envs = {e.name: make_env(e) for e in spec.envs}
-    episodes = EpisodeBuilder.for_run(
-        AutoTokenizer.from_pretrained(model_path, **pretrained_kwargs(spec.model)), envs, spec
-    )
+    episodes = EpisodeBuilder.for_run(load_tokenizer(model_path, spec.model), envs, spec)
     try:
         problem = refusal(scan(episodes, spec.seed), episodes.max_prompt_tokens)
     finally:

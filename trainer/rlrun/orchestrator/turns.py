@@ -20,8 +20,19 @@ snapshots store logprobs as float64, so the mask survives them unchanged.
 
 When an episode ends: the env says ``done``; ``max_turns`` model turns were played; a turn stopped for
 ``length`` (a truncated turn cannot be answered); or the next turn would not fit the context
-(``finish_reason`` ``length``). The policy version of a multi-turn episode is that of its first (oldest)
-sampled turn — what the staleness rule reads (``docs/envs.md``).
+(``finish_reason`` ``length``) — known beforehand (``TurnIO.context``), or told by the server refusing the
+turn (:class:`~rlrun.rollout.rejections.ContextExceeded`, where rlrun did not know the server's context):
+either way the episode ends at its last sampled turn, the env's answer after it dropped. The policy version of
+a multi-turn episode is that of its first (oldest) sampled turn — what the staleness rule reads
+(``docs/envs.md``).
+
+Env code runs off the loop in threads of the env's own (``TurnIO.env_calls``, a
+:class:`~rlrun.worker_threads.WorkerThreads`): at most :data:`ENV_THREADS` calls of one env at once, each ``start`` or ``respond`` timed by
+its own run time; a hung call gives its turn up at its timeout and holds only a spare thread
+(:data:`ENV_SPARE` per env), and no thread holds the orchestrator's exit. Issue 47: these calls shared the
+event loop's default executor (6 threads on 2 cores, also the checkpoint's and the journal's) and their
+timeout counted the wait for one, so an env whose ``start`` hung on every 5th task failed the innocent ones
+(``start failed: took longer than 5 s``), and the finished orchestrator did not exit for minutes.
 
 Durability: after each env answer the episode goes on from, the conversation is handed to ``TurnIO.keep``
 (the orchestrator journals it: :mod:`.conversations`), and a resumed attempt continues it from there
@@ -43,8 +54,20 @@ from typing import Any
 
 from rlrun.envs.base import EnvStateError, Messages, MultiTurnEnv, Task
 from rlrun.orchestrator.groups import KeptConversation
-from rlrun.rollout.client import Completion
-from rlrun.samples import ENV_TOKEN_LOGPROB, count_sampled
+from rlrun.rollout.client import Completion, ContextExceeded
+from rlrun.samples import ENV_TOKEN_LOGPROB, count_sampled, is_sampled
+from rlrun.worker_threads import NoThreadFree, RanTooLong, WorkerThreads
+
+#: Calls of one env's ``start`` and ``respond`` run at once (an env's ``max_concurrent_calls`` overrides it).
+ENV_THREADS = 32
+#: Spare threads of one env: they stand in for those its calls past their timeout still hold.
+ENV_SPARE = 64
+
+
+def env_threads(env: MultiTurnEnv, name: str) -> WorkerThreads:
+    """The threads env code of ``env`` (named ``name`` in the run) runs in: its ``max_concurrent_calls`` at
+    once (default :data:`ENV_THREADS`), :data:`ENV_SPARE` spare (module docstring)."""
+    return WorkerThreads(f"env {name}", int(getattr(env, "max_concurrent_calls", ENV_THREADS)), ENV_SPARE)
 
 
 def kept_state(state: Any, env: str) -> Any:
@@ -132,9 +155,11 @@ class TurnIO:
         text: a completion's text up to EOS (what the env and the rewards read).
         reply_ids: ``reply_ids(task, message) -> ids`` of an env answer (module docstring).
         context: the model's context in tokens, less ``sampling.max_tokens`` (None: no limit).
-        respond_timeout_s: most seconds one ``start`` or ``respond`` may take.
+        respond_timeout_s: most seconds one ``start`` or ``respond`` may run, from when a thread starts it.
         keep: ``keep(member, conversation)``, called after each env answer the episode goes on from (the
             conversation then waits for its next turn; None: nothing is kept).
+        env_calls: the threads the env's ``start`` and ``respond`` run in (:func:`env_threads`: the env's
+            own).
     """
 
     complete: Callable[[list[int]], Awaitable[Completion]]
@@ -143,21 +168,23 @@ class TurnIO:
     context: int | None
     respond_timeout_s: float = 60.0
     keep: Callable[[int, Conversation], None] | None = None
+    env_calls: WorkerThreads = field(default_factory=lambda: WorkerThreads("env", ENV_THREADS, ENV_SPARE))
 
 
 async def play(
     env: MultiTurnEnv, task: Task, prompt_ids: Sequence[int], first: Completion, io: TurnIO, member: int = 0
 ) -> Conversation:
-    """Play member ``member``'s episode from its first sampled turn ``first`` (module docstring); the env's ``start``
-    and ``respond`` run in worker threads. An env that raises or times out ends the episode with
-    :attr:`Conversation.error`.
+    """Play member ``member``'s episode from its first sampled turn ``first`` (module docstring); the env's
+    ``start`` and ``respond`` run in its threads (``io.env_calls``). An env that raises or times out ends the
+    episode with :attr:`Conversation.error`.
 
     Raises:
-        whatever ``io.complete`` raises (the request fails: its members share a fate).
+        whatever ``io.complete`` raises (the request fails: its members share a fate) but a turn the server
+        refused as longer than its context (the episode ends truncated).
     """
     conv = Conversation(len(prompt_ids), list(prompt_ids))
     try:
-        conv.state = await asyncio.wait_for(asyncio.to_thread(env.start, task), io.respond_timeout_s)
+        conv.state = await io.env_calls.run(env.start, task, timeout_s=io.respond_timeout_s)
     except Exception as exc:
         conv.error = f"env {task.env}: start failed: {_describe(exc, io.respond_timeout_s)}"
         return conv
@@ -169,8 +196,8 @@ async def go_on(
 ) -> Conversation:
     """Play ``conv`` to its end from turn ``first`` (None: sample its next turn first — a conversation continued
     at its last durable turn, :meth:`Conversation.from_kept`)."""
-    completion = first if first is not None else await io.complete(conv.ids)
-    while True:
+    completion = first if first is not None else await _next_turn(conv, io)
+    while completion is not None:
         conv.ids.extend(completion.token_ids)
         conv.logprobs.extend(completion.logprobs)
         conv.turns += 1
@@ -178,8 +205,8 @@ async def go_on(
         if completion.finish_reason != "stop" or conv.turns >= env.max_turns:
             return conv
         try:
-            reply = await asyncio.wait_for(
-                asyncio.to_thread(env.respond, task, conv.state, conv.last_text), io.respond_timeout_s
+            reply = await io.env_calls.run(
+                env.respond, task, conv.state, conv.last_text, timeout_s=io.respond_timeout_s
             )
         except Exception as exc:
             conv.error = f"env {task.env}: respond failed at turn {conv.turns}: {_describe(exc, io.respond_timeout_s)}"
@@ -202,7 +229,22 @@ async def go_on(
             # Python 3.11's wait_for can swallow a cancel that races its result (a respond that just returned):
             # a cancelled conversation must not send another turn
             raise asyncio.CancelledError
-        completion = await io.complete(conv.ids)
+        completion = await _next_turn(conv, io)
+    return conv
+
+
+async def _next_turn(conv: Conversation, io: TurnIO) -> Completion | None:
+    """``conv``'s next turn, or None when the server refused it as longer than its context: the episode then
+    ends at its last sampled turn (``length``), the env's answer after it dropped, as when the context is
+    known."""
+    try:
+        return await io.complete(conv.ids)
+    except ContextExceeded:
+        while conv.logprobs and not is_sampled(conv.logprobs[-1]):  # the env's last answer: not sampled
+            conv.logprobs.pop()
+            conv.ids.pop()
+        conv.finish_reason = "length"
+        return None
 
 
 async def play_all(
@@ -234,12 +276,18 @@ async def play_all(
     return [t.result() for t in tasks]
 
 
+def is_env_failure(error: str, env: str) -> bool:
+    """Whether a failed member's ``error`` is its env's (:attr:`Conversation.error`: ``start`` or ``respond``
+    raised or timed out), not a reward's."""
+    return error.startswith(f"env {env}: ")
+
+
 def sum_sampled(conversations: list[Conversation]) -> int:
     """Sampled tokens of ``conversations`` (env tokens not counted)."""
     return sum(count_sampled(c.logprobs) for c in conversations)
 
 
 def _describe(exc: BaseException, timeout_s: float) -> str:
-    if isinstance(exc, asyncio.TimeoutError):
-        return f"took longer than {timeout_s:g} s"
+    if isinstance(exc, (RanTooLong, NoThreadFree)):
+        return str(exc)  # "took longer than 5 s", or that it never got a thread (spares held by hung calls)
     return f"{type(exc).__name__}: {exc}"

@@ -86,6 +86,11 @@ class OrchestratorView:
         journal_fsyncs: group commits of the journal.
         journal_bytes: bytes written to the journal.
         weight_update_seconds: the last weight update's time (None: none yet).
+        served_mismatch_kl: the trainer–sampler mismatch of the newest version probed, nats/token (None:
+            none).
+        updates_unverified: server updates whose weights were not the published ones, in this attempt.
+        eval_rounds_dropped: held-out evaluation rounds dropped in this attempt.
+        eval_hold_seconds: seconds evaluation rounds held the weight pushes in this attempt.
         last_step_metrics: the last ``metrics.jsonl`` line (None before the first step).
         work: the stall report's lists (None unless asked for).
     """
@@ -119,6 +124,10 @@ class OrchestratorView:
     journal_fsyncs: int
     journal_bytes: int
     weight_update_seconds: float | None
+    served_mismatch_kl: float | None
+    updates_unverified: int
+    eval_rounds_dropped: int
+    eval_hold_seconds: float
     last_step_metrics: Mapping[str, Any] | None
     work: WorkDetail | None = None
 
@@ -188,6 +197,10 @@ def view_of(orch: Viewed, detail: bool = False) -> OrchestratorView:
         journal_fsyncs=journal.fsyncs if journal is not None else 0,
         journal_bytes=journal.bytes_written if journal is not None else 0,
         weight_update_seconds=push.seconds if push is not None else None,
+        served_mismatch_kl=orch.weights.mismatch.last,
+        updates_unverified=orch.weights.unverified.total,
+        eval_rounds_dropped=orch.metrics.eval_rounds_dropped,
+        eval_hold_seconds=orch.metrics.eval_hold_seconds,
         last_step_metrics=orch.metrics.last_line,
         work=_work(orch) if detail else None,
     )

@@ -15,6 +15,13 @@ tensors are exactly those peft writes for the base model's weights the targets w
 another rank or scaling and serve a policy the trainer does not train. Only then is it loaded on every server
 (:meth:`~rlrun.rollout.client.RolloutClient.update_adapter`: no pause).
 
+Every server's update is **verified** before it counts: the digest its workers compute over what they hold
+must equal the published files' (:mod:`rlrun.rollout.verification`; one
+:class:`~rlrun.rollout.verification.Expected` per push, so the files are digested once per served dtype, off
+the event loop). A server whose update is not verified is reported as ``unverified``: it gets no request until
+an update to the current version is verified (the caller's catch-up asks again;
+:mod:`rlrun.orchestrator.follower` refuses a server that fails again and again).
+
 A server that cannot be reached during its update (a transport error: its node is going
 away, or its endpoint was removed and its client closed meanwhile) does not fail the
 update of the others: it is reported as ``unreachable`` and the caller takes it out of use
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -35,7 +42,7 @@ from safetensors import safe_open
 from rlrun.api.spec import LoraSpec, RLRunSpec
 from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from rlrun.errors import WeightsError, WeightsMismatch
-from rlrun.rollout.client import RolloutClient
+from rlrun.rollout.client import Expected, RolloutClient, WeightsUnverified
 
 Signature = dict[str, tuple[str, tuple[int, ...]]]
 
@@ -67,6 +74,15 @@ def weights_signature(path: str | Path) -> Signature:
 
 #: safetensors dtype names of floating-point tensors (``safe_open(...).get_slice(name).get_dtype()``).
 FLOATING_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
+
+
+#: safetensors dtype names → the name a worker reports its served dtype by (``str(torch.dtype)``).
+TORCH_DTYPES = {
+    "F64": "torch.float64",
+    "F32": "torch.float32",
+    "F16": "torch.float16",
+    "BF16": "torch.bfloat16",
+}
 
 
 def _kind(dtype: str) -> str:
@@ -245,10 +261,15 @@ class WeightPush:
         seconds: wall time of validation and every server's update, seconds.
         unreachable: the servers that could not be reached (base URL → the transport error):
             they may hold older weights and must not serve until they are given the current ones.
+        unverified: the servers reached whose update was not verified (base URL → why: both digests): they
+            serve no request until an update to the current version is (:mod:`rlrun.rollout.verification`).
+        verified: the servers whose update is verified (base URLs).
     """
 
     seconds: float
     unreachable: dict[str, str] = field(default_factory=dict)
+    unverified: dict[str, str] = field(default_factory=dict)
+    verified: list[str] = field(default_factory=list)
 
 
 def _unreachable(client: RolloutClient, error: BaseException) -> bool:
@@ -262,7 +283,7 @@ async def push_weights(
     """Validate ``path`` then update every server to it as policy ``version``: an adapter update when
     ``reference`` is an :class:`AdapterReference` (a LoRA run), else a weight update.
 
-    Every server's update runs to its end even when another's fails.
+    Every server's update runs to its end even when another's fails, and is verified (module docstring).
 
     Raises:
         WeightsError: validation failed (no server was touched).
@@ -270,16 +291,26 @@ async def push_weights(
     """
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    await asyncio.to_thread(validate, path, reference)
+    signature = await asyncio.to_thread(validate, path, reference)
     adapter = isinstance(reference, AdapterReference)
     where = str(Path(path).absolute()) if adapter else str(path)  # vLLM reloads an evicted adapter from it
-    updates = (c.update_adapter(where, version) if adapter else c.update_weights(where, version) for c in clients)
+    expected = Expected(where, adapter)
+    published = {TORCH_DTYPES.get(dtype) for dtype, _ in signature.values()}
+    if len(published) == 1 and None not in published:  # servers serve the dtype the trainer publishes in
+        expected.prefetch(published.pop())  # so the digest their reload is checked against is ready in time
+    updates = (
+        c.update_adapter(where, version, expected) if adapter else c.update_weights(where, version, expected)
+        for c in clients
+    )
     outcomes = await asyncio.gather(*updates, return_exceptions=True)
-    unreachable = {}
+    push = WeightPush(0.0)
     for client, outcome in zip(clients, outcomes, strict=True):
         if not isinstance(outcome, BaseException):
-            continue
-        if isinstance(outcome, asyncio.CancelledError) or not _unreachable(client, outcome):
+            push.verified.append(client.base_url)
+        elif isinstance(outcome, WeightsUnverified):
+            push.unverified[client.base_url] = str(outcome)
+        elif isinstance(outcome, asyncio.CancelledError) or not _unreachable(client, outcome):
             raise outcome
-        unreachable[client.base_url] = f"{type(outcome).__name__}: {outcome}"
-    return WeightPush(loop.time() - t0, unreachable)
+        else:
+            push.unreachable[client.base_url] = f"{type(outcome).__name__}: {outcome}"
+    return replace(push, seconds=loop.time() - t0)

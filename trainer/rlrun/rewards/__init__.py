@@ -7,5 +7,6 @@ completion, sync or async; returns one score (or ``None``: does not apply) per c
 
 - :mod:`.builtin`: ``exact``, ``math`` (math-verify), ``lcs``, ``regex`` (:data:`BUILTIN_REWARDS`);
 - :mod:`.loading`: a :class:`~rlrun.api.spec.RewardSpec` to a callable, with typed errors;
-- :mod:`.scoring`: a group's scores, weighted and checked, in worker threads with a timeout.
+- :mod:`.scoring`: a group's scores, weighted and checked, off the event loop with a timeout: in worker
+  threads, or in worker processes (:mod:`.workers`, :mod:`.worker`) for a reward whose ``isolation`` says so.
 """

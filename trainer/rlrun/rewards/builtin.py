@@ -5,7 +5,8 @@ for TRL: called with keyword arguments ``prompts``, ``completions`` (one per sam
 chat prompt ``[{"role": "assistant", "content": text}]``), ``completion_ids`` and every other task field
 (``answer``, a dataset's columns), each a list with one item per sample; it returns one ``float`` per
 sample, or ``None`` where the reward does not apply (TRL's semantics: left out of the weighted sum).
-Every function is pure and thread-safe: :mod:`rlrun.rewards.scoring` calls them in worker threads.
+Every function is pure and thread-safe: :mod:`rlrun.rewards.scoring` calls them in worker threads, or in
+worker processes (``math`` by default: :data:`rlrun.api.spec.PROCESS_REWARDS`).
 
 :data:`BUILTIN_REWARDS` maps the name a manifest gives (``spec.envs[].rewards[].name``) to a factory
 that takes the reward's ``args`` as keyword arguments and returns the function.
@@ -171,9 +172,10 @@ def math(completions: list[Any], answer: list[Any], **kwargs: Any) -> list[float
     - ``verify(gold, prediction)``: symbolic and numeric equality (6 decimal places) of any pair.
 
     math-verify's own timeouts are off (``parsing_timeout=None``, ``timeout_seconds=None``): they use
-    ``signal.alarm``, which raises ``ValueError`` outside the main thread, and this runs in a worker thread
-    whose scorer enforces ``reward_timeout_seconds`` itself. Source: Hugging Face math-verify
-    (github.com/huggingface/Math-Verify), as TRL's ``accuracy_reward`` uses it.
+    ``signal.alarm``, which raises ``ValueError`` outside the main thread, and cannot interrupt C code anyway
+    (``$10^{10^{7}}$`` computes a 10-million-digit integer with the GIL held); the scorer enforces
+    ``reward_timeout_seconds`` itself, killing the worker process this runs in by default. Source: Hugging
+    Face math-verify (github.com/huggingface/Math-Verify), as TRL's ``accuracy_reward`` uses it.
 
     Raises:
         ValueError: ``completions`` and ``answer`` differ in length.

@@ -21,14 +21,17 @@ when it scores: the optimizer steps behind the weights that generated) and ``max
 ``log_metric(name, value)`` into ``metrics.jsonl`` (``reward_metrics``, the mean per step). rlrun keeps no
 completions table: ``log_extra(column, values)`` is accepted and its values are dropped.
 
-**Where it runs**: :class:`RewardScorer` runs each group's scoring in a worker thread (a sync
-function in it directly, an async one in an event loop of that thread), never on the orchestrator's
-loop. The timeout is the call's **own run time**, from the moment a worker thread starts it: waiting
-for a thread is not the reward's time. :data:`REWARD_THREADS` calls run at once; a call past its
-timeout gives its turn to the next one, and its thread (Python cannot stop a thread) is replaced by a
-spare one while it finishes, up to :data:`SPARE_THREADS` such calls — so a slow reward fails only its own
-calls. Past that many hung calls, a call that gets no thread within its timeout fails with a message that
-says it waited for a thread (a reward that can hang should bound its own work).
+**Where it runs** (:class:`RewardScorer`), never on the orchestrator's loop: a reward whose spec says
+``isolation: process`` — the builtin ``math`` unless told otherwise (:data:`rlrun.api.spec.PROCESS_REWARDS`)
+— in a worker process (:mod:`rlrun.rewards.workers`), killed and replaced when its call runs past the
+timeout, so a reward that computes (holding the GIL, as math-verify does for seconds on a giant exponent)
+cannot stall the loop; the others, and an env's own reward, in a worker thread (:mod:`rlrun.worker_threads`:
+a sync function in it directly, an async one in an event loop of that thread). A group whose rewards run in
+both is scored in both at once. The timeout is each call's **own run time**, from the moment a worker has
+it: waiting for one is not the reward's time. :data:`REWARD_THREADS` thread calls run at once; one past its
+timeout gives its turn to the next one, and its thread (Python cannot stop a thread) is replaced by a spare
+one while it finishes, up to :data:`SPARE_THREADS` such calls; past that many, a call that gets no thread
+within its timeout fails saying it waited for a thread.
 """
 
 from __future__ import annotations
@@ -37,15 +40,14 @@ import asyncio
 import inspect
 import logging
 import math
-import threading
-import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from rlrun.api.spec import EnvSpec
 from rlrun.envs.base import Env, Task
+from rlrun.rewards.calls import CALL_ARGUMENTS, TRAINER_ARGUMENTS, RewardContext, RewardFunction
+from rlrun.rewards.workers import REWARD_PROCESSES, Outcome, RewardWorkers, WorkerFailure, timed_out
+from rlrun.worker_threads import NoThreadFree, RanTooLong, WorkerThreads
 
 log = logging.getLogger(__name__)
 
@@ -53,62 +55,6 @@ log = logging.getLogger(__name__)
 REWARD_THREADS = 8
 #: Spare threads of a :class:`RewardScorer`: they stand in for those of calls past their timeout while these finish.
 SPARE_THREADS = 56
-#: Keyword arguments a reward function gets from the call itself; a task field of the same name is not passed.
-CALL_ARGUMENTS = ("prompts", "completions", "completion_ids")
-#: Keyword arguments TRL's trainer adds for every reward (:class:`RewardContext`); a task field of the same name
-#: is not passed either.
-TRAINER_ARGUMENTS = ("trainer_state", "log_extra", "log_metric")
-
-
-@dataclass(frozen=True)
-class RewardContext:
-    """What TRL's ``GRPOTrainer`` tells a reward besides the data (:data:`TRAINER_ARGUMENTS`).
-
-    Attributes:
-        step: ``trainer_state.global_step``: the policy version that sampled the group (trainer steps behind its
-            weights; TRL's ``global_step`` when it scores an on-policy batch).
-        max_steps: ``trainer_state.max_steps``: the run's last step.
-        log_metric: where ``log_metric(name, value)`` goes (None: dropped, e.g. in an evaluation).
-    """
-
-    step: int = 0
-    max_steps: int = 0
-    log_metric: Callable[[str, float], None] | None = None
-
-    def kwargs(self, n: int) -> dict[str, Any]:
-        """``trainer_state``, ``log_extra`` and ``log_metric`` for a call scoring ``n`` completions."""
-        from transformers.trainer_callback import TrainerState  # imports torch: the orchestrator has it already
-
-        def log_extra(column: str, values: list) -> None:  # rlrun keeps no completions table (module docstring)
-            if not isinstance(column, str) or len(values) != n:
-                raise ValueError(f"log_extra(column, values) takes a column name and {n} values, got {column!r}")
-
-        def log_metric(name: str, value: float) -> None:
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"log_metric(name, value): name must be a non-empty string, got {name!r}")
-            number = float(value)  # ints, floats, NumPy and torch scalars
-            if self.log_metric is not None and math.isfinite(number):
-                self.log_metric(name, number)
-
-        state = TrainerState(global_step=self.step, max_steps=self.max_steps)
-        return {"trainer_state": state, "log_extra": log_extra, "log_metric": log_metric}
-
-
-@dataclass(frozen=True)
-class RewardFunction:
-    """One reward of an env, ready to call.
-
-    Attributes:
-        series: its name in metrics (``reward/<series>``).
-        weight: its weight in the episode's reward.
-        func: a TRL-convention function (``own`` False), or the env's ``reward(task, text)`` (``own`` True).
-        own: whether ``func`` is the env's own reward.
-    """
-
-    series: str
-    weight: float
-    func: Callable[..., Any]
-    own: bool = False
 
 
 @dataclass
@@ -137,7 +83,7 @@ def env_rewards(spec: EnvSpec, env: Env) -> list[RewardFunction]:
         return [own_reward(spec.name, env)]
     from rlrun.rewards.loading import load_reward
 
-    return [RewardFunction(series=r.series, weight=r.weight, func=load_reward(r)) for r in spec.rewards]
+    return [RewardFunction(r.series, r.weight, load_reward(r), spec=r) for r in spec.rewards]
 
 
 def own_reward(name: str, env: Env) -> RewardFunction:
@@ -207,40 +153,41 @@ def _number(value: Any) -> float | None:
     return number
 
 
-def score_group(
-    rewards: list[RewardFunction],
-    task: Task,
-    texts: list[str],
-    completion_ids: list[list[int]],
-    context: RewardContext | None = None,
-) -> GroupScores:
-    """Score ``texts`` (the completions' decoded texts, ``completion_ids`` their token ids) of ``task`` with every
-    reward (module docstring: weights, ``None``, failures; ``context``: TRL's trainer arguments). Blocking: run it in
-    a worker thread."""
+def reward_outcome(reward: RewardFunction, task: Task, texts: list[str], kwargs: dict[str, Any]) -> Outcome:
+    """One reward's call on a group of n completions (``kwargs``: :func:`reward_kwargs`), checked.
+
+    Returns:
+        Its n scores (None: it does not apply, or failed) and n member errors (``"reward <series>: …"``;
+        None: the member does not fail for it). Plain data: a worker process answers with it
+        (:mod:`rlrun.rewards.worker`). Blocking.
+    """
     n = len(texts)
-    kwargs = reward_kwargs(task, texts, completion_ids, context)
-    parts: dict[str, list[float | None]] = {}
+    scores: list[float | None] = [None] * n
+    try:
+        out = _call(reward, task, texts, kwargs)
+    except Exception as exc:  # any error of user code fails the members, never the run
+        return scores, [f"reward {reward.series}: {type(exc).__name__}: {exc}"] * n
+    if not isinstance(out, (list, tuple)) or len(out) != n:
+        wrong = f"returned {type(out).__name__} {out!r:.60}, not a list of {n} scores"
+        return scores, [f"reward {reward.series}: {wrong}"] * n
     errors: list[str | None] = [None] * n
-    for reward in rewards:
-        scores: list[float | None] = [None] * n
+    for k, value in enumerate(out):
         try:
-            out = _call(reward, task, texts, kwargs)
-        except Exception as exc:  # any error of user code fails the members, never the run
-            out, failure = None, f"{type(exc).__name__}: {exc}"
-        else:
-            failure = None
-            if not isinstance(out, (list, tuple)) or len(out) != n:
-                failure = f"returned {type(out).__name__} {out!r:.60}, not a list of {n} scores"
-        if failure is not None:
-            errors = [e or f"reward {reward.series}: {failure}" for e in errors]
-            parts[reward.series] = scores
-            continue
-        for k, value in enumerate(out):
-            try:
-                scores[k] = _number(value)
-            except (TypeError, ValueError) as exc:
-                errors[k] = errors[k] or f"reward {reward.series}: {exc}"
-        parts[reward.series] = scores
+            scores[k] = _number(value)
+        except (TypeError, ValueError) as exc:
+            errors[k] = f"reward {reward.series}: {exc}"
+    return scores, errors
+
+
+def combine(rewards: list[RewardFunction], found: list[Outcome]) -> GroupScores:
+    """A group's scores from each reward's outcome (``found``: :func:`reward_outcome`, in the order of
+    ``rewards``): a member fails with the first error a reward gave it, or when no reward applies to it; else
+    its reward is ``Σ weight · score`` over those that apply."""
+    n = len(found[0][0]) if found else 0
+    parts = {r.series: scores for r, (scores, _) in zip(rewards, found, strict=True)}
+    errors: list[str | None] = [None] * n
+    for _, reward_errors in found:
+        errors = [e or r for e, r in zip(errors, reward_errors, strict=True)]
     totals: list[float | None] = []
     for k in range(n):
         applied = [(r.weight, parts[r.series][k]) for r in rewards if parts[r.series][k] is not None]
@@ -250,66 +197,57 @@ def score_group(
     return GroupScores(totals, parts, errors)
 
 
-class _Call:
-    """One scoring call handed to the worker threads: when a thread started it (its timeout's clock), or that the
-    caller gave up waiting for a thread (then no thread runs it)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.started: asyncio.Future[float] = loop.create_future()  # set on the loop once a thread starts it
-        self.t0: float | None = None  # when a thread started it (monotonic seconds)
-        self.given_up = False
-        self.run_s: float | None = None  # its run time, once it returned (seconds)
-        self._lock = threading.Lock()
-
-    def run(self, func: Callable[..., GroupScores], *args: Any) -> GroupScores | None:
-        """In a worker thread: ``func(*args)``, unless the caller gave up (None)."""
-        with self._lock:
-            if self.given_up:
-                return None
-            self.t0 = time.monotonic()
-        self.loop.call_soon_threadsafe(_set_result, self.started, self.t0)
-        try:
-            return func(*args)
-        finally:
-            self.run_s = time.monotonic() - self.t0
-
-    def give_up(self) -> float | None:
-        """Stop waiting for a thread: None, or when a thread started the call meanwhile (it runs)."""
-        with self._lock:
-            self.given_up = self.t0 is None
-            return self.t0
+def outcomes(
+    rewards: list[RewardFunction],
+    task: Task,
+    texts: list[str],
+    completion_ids: list[list[int]],
+    context: RewardContext | None = None,
+) -> list[Outcome]:
+    """Each of ``rewards``' outcome (:func:`reward_outcome`) on ``texts`` of ``task``. Blocking."""
+    kwargs = reward_kwargs(task, texts, completion_ids, context)
+    return [reward_outcome(reward, task, texts, kwargs) for reward in rewards]
 
 
-def _set_result(future: asyncio.Future, value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
+def score_group(
+    rewards: list[RewardFunction],
+    task: Task,
+    texts: list[str],
+    completion_ids: list[list[int]],
+    context: RewardContext | None = None,
+) -> GroupScores:
+    """Score ``texts`` (the completions' decoded texts, ``completion_ids`` their token ids) of ``task`` with
+    every reward, in this thread (module docstring: weights, ``None``, failures; ``context``: TRL's trainer
+    arguments). Blocking: :class:`RewardScorer` scores off the event loop."""
+    return combine(rewards, outcomes(rewards, task, texts, completion_ids, context))
 
 
 class RewardScorer:
-    """Runs :func:`score_group` in worker threads: ``threads`` calls at once, each bounded by its own run time
-    (module docstring).
+    """Scores groups off the event loop: the rewards that run in processes (:attr:`RewardFunction.process`)
+    in :class:`~rlrun.rewards.workers.RewardWorkers`, the others in worker threads
+    (:class:`~rlrun.worker_threads.WorkerThreads`, ``threads`` calls at once); each call bounded by its own
+    run time (module docstring).
 
     Args:
-        threads: calls run at once.
+        threads: calls run at once in threads.
         spare: threads that stand in for those of abandoned calls while they finish.
+        processes: worker processes at most (started on the first call that needs one).
 
     Attributes:
-        abandoned: calls still running that nobody waits for any more (past their timeout, or their request
-            cancelled): each holds a thread.
+        threads: the worker threads.
+        workers: the worker processes.
     """
 
-    def __init__(self, threads: int = REWARD_THREADS, spare: int = SPARE_THREADS) -> None:
-        self.threads = threads
-        self.pool = ThreadPoolExecutor(max_workers=threads + spare, thread_name_prefix="reward")
-        self.abandoned = 0
-        self._turns: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+    def __init__(
+        self, threads: int = REWARD_THREADS, spare: int = SPARE_THREADS, processes: int = REWARD_PROCESSES
+    ) -> None:
+        self.threads = WorkerThreads("reward", threads, spare)
+        self.workers = RewardWorkers(processes)
 
-    def _running(self, loop: asyncio.AbstractEventLoop) -> asyncio.Semaphore:
-        """The turns to run (``threads`` at once) on ``loop`` (one per loop: a semaphore belongs to one)."""
-        if self._turns is None or self._turns[0] is not loop:
-            self._turns = (loop, asyncio.Semaphore(self.threads))
-        return self._turns[1]
+    @property
+    def abandoned(self) -> int:
+        """Thread calls still running that nobody waits for any more: each holds a thread."""
+        return self.threads.abandoned
 
     async def score(
         self,
@@ -320,54 +258,51 @@ class RewardScorer:
         timeout_s: float,
         context: RewardContext | None = None,
     ) -> GroupScores:
-        """:func:`score_group` off the event loop. Every member fails when the call runs longer than ``timeout_s``
-        (seconds of its own run time, from when a thread starts it; the thread is left to finish on its own), or
-        when no thread starts it within ``timeout_s`` because :attr:`abandoned` calls hold every spare thread."""
-        loop = asyncio.get_running_loop()
-        async with self._running(loop):  # an abandoned call gives up its turn: waiting for one is not its time
-            call = _Call(loop)
-            future = loop.run_in_executor(
-                self.pool, call.run, score_group, rewards, task, texts, completion_ids, context
-            )
-            try:
-                try:
-                    started = await asyncio.wait_for(asyncio.shield(call.started), timeout_s)
-                except asyncio.TimeoutError:
-                    started = call.give_up()
-                    if started is None:
-                        return _failed(rewards, texts, self._no_thread(timeout_s))
-                left = max(0.0, started + timeout_s - time.monotonic())
-                scores = await asyncio.wait_for(asyncio.shield(future), left)
-                if (
-                    call.run_s is not None and call.run_s > timeout_s
-                ):  # done, but past its time (a busy loop saw it late)
-                    raise asyncio.TimeoutError
-            except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
-                if call.give_up() is not None and not future.done():
-                    self.abandoned += 1
-                    future.add_done_callback(self._finished_abandoned)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                error = f"rewards ran longer than {timeout_s:g} s (spec.envs[].reward_timeout_seconds)"
-                return _failed(rewards, texts, error)
-            assert scores is not None  # a call a thread started is never skipped
-            return scores
+        """:func:`score_group` off the event loop: the rewards that run in processes in a worker process, the
+        others in a worker thread, both at once. Every member fails when either call runs longer than
+        ``timeout_s`` (seconds of its own run time, from when a worker has it: a process is killed then, a
+        thread left to finish on its own), when its worker process dies, or when no thread starts the call
+        within ``timeout_s`` because abandoned calls hold every spare thread."""
+        in_process = [r for r in rewards if r.process]
+        in_threads = [r for r in rewards if not r.process]
+        calls = []
+        if in_threads:
+            calls.append(self._in_thread(in_threads, task, texts, completion_ids, timeout_s, context))
+        if in_process:
+            calls.append(self.workers.score(in_process, task, texts, completion_ids, timeout_s, context))
+        try:
+            results = await asyncio.gather(*calls)
+        except WorkerFailure as exc:
+            return _failed(rewards, texts, str(exc))
+        found = dict(zip(map(id, in_threads + in_process), [o for out in results for o in out], strict=True))
+        return combine(rewards, [found[id(r)] for r in rewards])
 
-    def _finished_abandoned(self, future: asyncio.Future) -> None:
-        self.abandoned -= 1
-        if not future.cancelled() and future.exception() is not None:
-            log.debug("an abandoned reward call raised: %s", future.exception())
+    async def _in_thread(
+        self,
+        rewards: list[RewardFunction],
+        task: Task,
+        texts: list[str],
+        completion_ids: list[list[int]],
+        timeout_s: float,
+        context: RewardContext | None,
+    ) -> list[Outcome]:
+        """:func:`outcomes` in a worker thread, within ``timeout_s`` of its own run time.
 
-    def _no_thread(self, timeout_s: float) -> str:
-        return (
-            f"no reward thread was free within {timeout_s:g} s: {self.abandoned} reward calls past their timeout "
-            "(spec.envs[].reward_timeout_seconds) are still running and hold every spare thread; a reward that can "
-            "hang should bound its own work"
-        )
+        Raises:
+            WorkerFailure: past its time, or no thread free within it.
+        """
+        args = (rewards, task, texts, completion_ids, context)
+        try:
+            return await self.threads.run(outcomes, *args, timeout_s=timeout_s)
+        except RanTooLong:
+            raise WorkerFailure(timed_out(timeout_s)) from None
+        except NoThreadFree as exc:
+            raise WorkerFailure(str(exc)) from None
 
     def close(self) -> None:
-        """Stop the workers (without waiting for a hung one)."""
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the workers: the processes killed (none is left running), the threads not waited for."""
+        self.workers.close()
+        self.threads.close()
 
 
 def _failed(rewards: list[RewardFunction], texts: list[str], error: str) -> GroupScores:

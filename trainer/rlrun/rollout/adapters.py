@@ -1,8 +1,14 @@
 """Which LoRA adapters one rollout server holds, which one a request names, and when an old one may go.
 
-A LoRA run (``spec.model.lora``) brings each policy version ``N`` to a server as adapter ``policy-vN``
-(:func:`adapter_name`; version 0 is the base model, served under its own name). Guarantees, for the one
-:class:`~rlrun.rollout.client.RolloutClient` that owns an :class:`AdapterRegistry`:
+A LoRA run (``spec.model.lora``) brings each policy version ``N`` to a server as an adapter named
+``policy-vN-<token>`` (:func:`new_adapter_name`; version 0 is the base model, served under its own name), a
+**name never used before**: vLLM 0.32 keeps the ``LoRARequest`` of a load, ``load_inplace`` flag included, and
+hands it to every completion naming the adapter, and its worker reloads an adapter at each engine step while
+that flag is set (``WorkerLoRAManager.add_adapter``: ``not loaded or lora_request.load_inplace``), from a
+directory the trainer may replace or the follower remove meanwhile (issue 47: 40 reloads for 20 completions of
+2 tokens; a deleted file killed the server). A fresh name needs no ``load_inplace``: the server reads the
+directory once, at the load. Guarantees, for the one :class:`~rlrun.rollout.client.RolloutClient` that owns an
+:class:`AdapterRegistry`:
 
 - a request names the adapter of the **newest** version the server holds (:meth:`AdapterRegistry.name`), which
   is ≥ the version the request is labelled with, since the dispatcher sends a request labelled ``v`` only to a
@@ -18,6 +24,7 @@ Pure bookkeeping: no I/O; the client sends the loads and unloads it decides.
 
 from __future__ import annotations
 
+import secrets
 from collections import Counter
 
 #: The name rlrun serves the base model under (``--served-model-name``): policy version 0, and every version of a
@@ -25,9 +32,10 @@ from collections import Counter
 SERVED_MODEL_NAME = "policy"
 
 
-def adapter_name(version: int) -> str:
-    """The name policy ``version`` is served under: ``policy-vN`` for an adapter, the base name at 0."""
-    return f"{SERVED_MODEL_NAME}-v{version}" if version > 0 else SERVED_MODEL_NAME
+def new_adapter_name(version: int) -> str:
+    """A name for policy ``version`` (≥ 1) no server was given before: ``policy-vN-`` and 8 random hex digits
+    (one load in 4·10⁹ would repeat another load's name of the same version)."""
+    return f"{SERVED_MODEL_NAME}-v{version}-{secrets.token_hex(4)}"
 
 
 class AdapterRegistry:
@@ -35,12 +43,16 @@ class AdapterRegistry:
 
     Attributes:
         held: version → the directory its adapter was loaded from, for every adapter loaded and not yet unloaded.
+        names: version → the name its adapter was loaded under (:func:`new_adapter_name`), for the same
+        versions.
         out: adapter name → requests sent naming it and not yet answered (the base name counts too).
     """
 
     def __init__(self) -> None:
         self.held: dict[int, str] = {}
+        self.names: dict[int, str] = {}
         self.out: Counter[str] = Counter()
+        self._replaced: set[str] = set()  # names of a version loaded again under another, not yet unloaded
 
     @property
     def newest(self) -> int:
@@ -48,8 +60,8 @@ class AdapterRegistry:
         return max(self.held, default=0)
 
     def name(self) -> str:
-        """The name a request sent now names: the newest adapter's (:func:`adapter_name`)."""
-        return adapter_name(self.newest)
+        """The name a request sent now names: the newest adapter's, the base model's when none is held."""
+        return self.names.get(self.newest, SERVED_MODEL_NAME)
 
     def sent(self, name: str) -> None:
         """A request naming ``name`` was sent."""
@@ -63,19 +75,27 @@ class AdapterRegistry:
             del self.out[name]
         return self._releasable()
 
-    def loaded(self, version: int, path: str) -> list[str]:
-        """Adapter ``version`` was loaded from ``path``; returns the adapters to unload now (older ones none names)."""
-        self.held[version] = path
+    def loaded(self, version: int, path: str, name: str) -> list[str]:
+        """Adapter ``version`` was loaded from ``path`` as ``name``; returns the adapters to unload now: older
+        ones none names, and the name the version had before when it was loaded again (a catch-up) once none
+        names it."""
+        if (before := self.names.get(version)) not in (None, name):
+            self._replaced.add(before)
+        self.held[version], self.names[version] = path, name
         return self._releasable()
 
     def reset(self) -> None:
         """The server lost every adapter (it restarted): nothing is held; requests out stay counted, since they
         are still answered (with an error) and counted down."""
         self.held.clear()
+        self.names.clear()
+        self._replaced.clear()
 
     def _releasable(self) -> list[str]:
         newest = self.newest
-        gone = [v for v in self.held if v < newest and not self.out.get(adapter_name(v))]
-        for v in gone:
-            del self.held[v]
-        return [adapter_name(v) for v in sorted(gone)]
+        gone = [self.names[v] for v in sorted(self.held) if v < newest and not self.out.get(self.names[v])]
+        for v in [v for v in self.held if self.names[v] in gone]:
+            del self.held[v], self.names[v]
+        replaced = sorted(n for n in self._replaced if not self.out.get(n))
+        self._replaced.difference_update(replaced)
+        return gone + replaced

@@ -19,7 +19,16 @@ step shows once in the run W&B keeps — its offline files then hold those steps
 
 The tracker run's id derives from the run's identity: the RLRun's uid (``--run-uid``, the operator's), else
 (``rlrun local``) an id made once and kept in ``tracking.json``. Every attempt resumes that run, so charts
-continue through preemptions. Each resume is marked at the first step logged after it: ``run/attempt`` is on
+continue through preemptions. ``tracking.json`` also records the run directory it was made in (``home``: its
+path, device and inode). A run directory **copied** and resumed elsewhere holds the original's
+``tracking.json``: without a run uid, a directory whose inode is not the recorded one is a copy (a move or a
+mount elsewhere keeps the inode; a copy never does), and it logs to a tracker run of its own, its id derived
+from the original's and the copy's location (:func:`tracker_run_id`), said in one warning — never into the
+original's run, which the original may still be writing (issue 47.8: steps 15–16 logged twice, with
+different values). The copy's new run gets every step its metrics files hold (the original's history up to
+the copy included). With a run uid (the operator), the uid decides: a copy runs under another RLRun, so
+another uid, and the pods of one run may see the volume under other device numbers on other nodes. Each
+resume is marked at the first step logged after it: ``run/attempt`` is on
 every step (it steps up at each resume), ``run/resumes`` counts the attempts that resumed so far, and
 ``run/resumed_groups``, ``run/resumed_samples`` and ``run/conversations_continued`` say what the resume put back
 (the numbers ``kubectl get rlrun`` shows); TensorBoard also gets a ``run/events`` text.
@@ -33,6 +42,7 @@ checkpoint time, so ``checkpoint.interval`` bounds how far the charts lag the ru
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -57,10 +67,11 @@ AT_PAUSE_S = 10.0
 
 
 def read_state(run_dir: RunDir) -> dict[str, Any]:
-    """``tracking.json`` (empty when missing or not a JSON object): ``run_id``, ``logged`` (each tracker's
-    :class:`~rlrun.tracking.backends.Cursor` as JSON: ``{"tensorboard": {"step": 10, "versions": [0, 10]}}``),
-    ``resumed_attempts``, ``locations`` and ``errors`` (this attempt's trackers: where each can be seen; why one
-    could not log)."""
+    """``tracking.json`` (empty when missing or not a JSON object): ``run_id``, ``home`` (the run directory
+    it is in: :func:`location`), ``copy_of`` (a copy's original: ``{"path", "run_id"}``), ``logged`` (each
+    tracker's :class:`~rlrun.tracking.backends.Cursor` as JSON: ``{"tensorboard": {"step": 10, "versions":
+    [0, 10]}}``), ``resumed_attempts``, ``locations``, ``errors`` and ``notes`` (this attempt's trackers:
+    where each can be seen; why one could not log; what it decided, e.g. that the directory is a copy)."""
     try:
         state = json.loads(run_dir.tracking.read_text())
     except (OSError, ValueError):
@@ -68,13 +79,41 @@ def read_state(run_dir: RunDir) -> dict[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-def tracker_run_id(run_uid: str | None, state: dict[str, Any]) -> str:
-    """The tracker run's id: the run uid (W&B's id alphabet: letters, digits, ``-``, ``_``; at most 64), else the
-    one ``state`` holds, else a new one."""
+def location(run_dir: RunDir) -> dict[str, Any]:
+    """Where ``run_dir`` is: ``{"path": its absolute path, "device": st_dev, "inode": st_ino}`` of its root.
+
+    Raises:
+        OSError: the directory cannot be read.
+    """
+    st = run_dir.root.stat()
+    return {"path": str(run_dir.root.resolve()), "device": st.st_dev, "inode": st.st_ino}
+
+
+def copied_from(state: dict[str, Any], here: dict[str, Any]) -> str | None:
+    """The path of the run directory whose ``tracking.json`` (``state``) a directory at ``here``
+    (:func:`location`) holds, when that is another directory — a copy: its inode is not the recorded one (a
+    move or a mount elsewhere keeps it); None when it is the same one, or ``state`` records none (written
+    before rlrun recorded it)."""
+    home = state.get("home")
+    if not isinstance(home, dict) or not isinstance(home.get("inode"), int) or home["inode"] == here["inode"]:
+        return None
+    return str(home.get("path"))
+
+
+def tracker_run_id(run_uid: str | None, state: dict[str, Any], here: dict[str, Any] | None = None) -> str:
+    """The tracker run's id: the run uid (W&B's id alphabet: letters, digits, ``-``, ``_``; at most 64),
+    else the one ``state`` holds — unless the directory at ``here`` is a copy of the one that made it
+    (:func:`copied_from`): then 16 hex digits of the SHA-256 of that id and ``here`` (the same at every
+    attempt of the copy) —, else a new one."""
     if run_uid:
         return re.sub(r"[^A-Za-z0-9_-]", "-", run_uid)[:64]
     kept = state.get("run_id")
-    return kept if isinstance(kept, str) and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", kept) else uuid.uuid4().hex[:16]
+    if not isinstance(kept, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", kept):
+        return uuid.uuid4().hex[:16]
+    if here is not None and copied_from(state, here) is not None:
+        where = f"{kept}:{here['path']}:{here['device']}:{here['inode']}"
+        return hashlib.sha256(where.encode()).hexdigest()[:16]
+    return kept
 
 
 class TrackerPublisher:
@@ -139,19 +178,33 @@ class TrackerPublisher:
 
     def _begin(self, resumed: ResumeReport | None) -> None:
         state = read_state(self.run_dir)
-        run_id = tracker_run_id(self.run_uid, state)
-        if state.get("run_id") != run_id:  # a new run (a new RLRun over a retained volume): a new tracker run
+        here = location(self.run_dir)
+        run_id = tracker_run_id(self.run_uid, state, here)
+        kept = state.get("run_id")
+        copy_of = None if self.run_uid or tracker_run_id(None, state) != kept else copied_from(state, here)
+        if state.get("run_id") != run_id:  # a new run (a new RLRun over a retained volume, a copy): a new one
             state = {"run_id": run_id}
+        notes = []
+        if copy_of is not None:
+            notes.append(
+                f"run directory {here['path']} is a copy of {copy_of} (not the directory its tracking.json "
+                f"was made in): it logs to tracker run {run_id} of its own, not to {copy_of}'s run {kept}"
+            )
+            log.warning("%s", notes[-1])
+            state["copy_of"] = {"path": copy_of, "run_id": kept}
         attempts = state.get("resumed_attempts")
         attempts = [a for a in attempts if isinstance(a, int)] if isinstance(attempts, list) else []
         logged = state.get("logged") if isinstance(state.get("logged"), dict) else {}
         self.state = {
             "run_id": run_id,
+            "home": here,  # where it was made (a move keeps its inode: the new path is recorded)
+            **({"copy_of": state["copy_of"]} if isinstance(state.get("copy_of"), dict) else {}),
             # every tracker's, configured or not: one left out for an attempt keeps what it holds
             "logged": {t: Cursor.from_json(logged.get(t)).to_json() for t in {*self.spec.logging.trackers, *logged}},
             "resumed_attempts": sorted({*attempts, self.attempt}) if resumed is not None else attempts,
             "locations": [],
             "errors": [],
+            "notes": notes,
         }
         if resumed is not None:
             self._marker = {

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rlrun.checkpoint import TRAINER_PROGRESS_FILE, WEIGHTS_FILE
 from rlrun.ledger import Ledger, LedgerEvent
-from rlrun.rundir import META_FILE, RunDir, publish_dir, write_meta
+from rlrun.rundir import META_FILE, RunDir, publish_broadcast, publish_dir, write_meta
 
 
 def fake_trainer(
@@ -87,7 +87,10 @@ def _publish(run_dir: RunDir, weights: Path, step: int, attempt: int, part: bool
 
     if part:
         run_dir.checkpoint(step).mkdir(parents=True, exist_ok=True)
-    publish_dir(run_dir.trainer_checkpoint(step) if part else run_dir.broadcast(step), fill)
+    if part:
+        publish_dir(run_dir.trainer_checkpoint(step), fill)
+    else:
+        publish_broadcast(run_dir.broadcast(step), fill, attempt)
 
 
 def start_fake_trainer(run_dir: RunDir, model_dir: Path, steps: int, interval: int, **kwargs) -> threading.Event:

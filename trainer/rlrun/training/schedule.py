@@ -19,14 +19,16 @@ floor, where transformers' cosine would rise again.
 
 The horizon is ``spec.max_steps``, never the ``--max-steps`` a process is started with (that only says where it
 stops), so the curve is a function of the spec: a resume cannot change it without changing the spec, which
-:func:`rlrun.identity.check_compatible` refuses. Resume (:func:`restore_scheduler`): the saved state when the
-part has one (``progress.json``'s ``lr_scheduler``, both part formats), else (a part written before schedules)
-the position derived from the step; either way the rate of the next step is ``lr · λ(step)``.
+:func:`rlrun.identity.check_compatible` refuses. Resume (:func:`restore_scheduler`): the saved state when
+the part has one (``progress.json``'s ``lr_scheduler``, both part formats), else (a part written before
+schedules) the position derived from the step — said in one log line, as the part lacks what every part
+written since holds —; either way the rate of the next step is ``lr · λ(step)``.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from typing import Any
 
@@ -35,6 +37,8 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from rlrun.api.spec import RLRunSpec
 from rlrun.errors import CheckpointError
+
+log = logging.getLogger(__name__)
 
 
 def lr_factor(count: int, *, schedule: str, warmup_steps: int, horizon: int, min_lr_ratio: float) -> float:
@@ -80,7 +84,7 @@ def restore_scheduler(
     Args:
         saved: the part's ``scheduler.state_dict()`` (plain JSON: ``functools.partial`` keeps no state; None: a
             part written before schedules, the position then derived from the step, as the scheduler steps once per
-            optimizer step).
+            optimizer step, and said in one INFO line naming the part, the step and the rate).
         step: the resumed step.
         source: the part, for the error.
 
@@ -92,5 +96,11 @@ def restore_scheduler(
     rates = [base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
     derived = {**scheduler.state_dict(), "last_epoch": step, "_step_count": step + 1, "_last_lr": rates}
     scheduler.load_state_dict(saved if saved is not None else derived)
+    if saved is None:
+        log.info(
+            "%s holds no LR scheduler state (a part written before schedules): its position is derived from "
+            "step %d, the next step trains at lr %.6g",
+            *(source, step, rates[0] if rates else float("nan")),
+        )
     for group, rate in zip(optimizer.param_groups, rates, strict=True):
         group["lr"] = rate

@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -38,11 +39,12 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from rlrun.dcp_format import (
+    METADATA_FILE,
     SHARD_SUFFIX,
     SHARDED_DIR,
     SHARDED_FORMAT,
-    SafeFileSystemReader,
     ShardedCheckpointInfo,
+    read_metadata,
     sha256_of,
     verify_sharded,
 )
@@ -51,6 +53,19 @@ from rlrun.rundir import publish_dir, write_meta
 from rlrun.training.distributed import DataParallel
 
 log = logging.getLogger(__name__)
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """DCP's file reader with :func:`rlrun.dcp_format.read_metadata`'s allow-list unpickler for ``.metadata``."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        if kwargs.get("rank") is not None:  # per-rank metadata is only written without rank coordination
+            raise CheckpointError(f"{self.path}: per-rank DCP metadata is not supported")
+        metadata = read_metadata(Path(self.path) / METADATA_FILE)
+        if metadata.storage_meta is not None:
+            metadata.storage_meta.load_id = self.load_id
+        return metadata
+
 
 # --- save / load ----------------------------------------------------------------------------------
 

@@ -87,6 +87,16 @@ class StepSettings:
 _warned_long_sample = False
 
 
+def on_policy_rows(batch: TrainBatch, step: int) -> torch.Tensor:
+    """``[b]`` bool over ``batch``'s rows (this rank's): sampled by policy version ``step − 1``, the weights
+    the trainer holds when it trains ``step`` (``mismatch_kl_on_policy``; with ``max_off_policy_steps ≥ 1``
+    seldom any: the probe measures the mismatch then, :mod:`rlrun.probes`)."""
+    versions = [t["policy_version"] for t in batch.meta["traces"]]
+    start, stop = batch.meta.get("rank_rows", [0, len(versions)])
+    rows = [v == step - 1 for v in versions[start:stop]] or [False]  # a rank's placeholder row weighs nothing
+    return torch.tensor(rows, dtype=torch.bool)
+
+
 def _plan(
     model: nn.Module, batch: TrainBatch, on_policy_rows: torch.Tensor, settings: StepSettings, pack: bool
 ) -> list[MicroBatch]:

@@ -65,12 +65,13 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from rlrun.api.spec import RLRunSpec
-from rlrun.batch import TrainBatch, read_batch
+from rlrun.batch import read_batch
 from rlrun.checkpoint import WEIGHTS_FILE
 from rlrun.identity import check_compatible, run_identity
 from rlrun.ledger import Ledger, LedgerEvent
 from rlrun.model.resolve import pretrained_kwargs
-from rlrun.rundir import RunDir, end_torn_line, holds_a_run, publish_dir, run_dir_attempt, write_meta
+from rlrun.probes import write_probe
+from rlrun.rundir import RunDir, end_torn_line, holds_a_run, publish_broadcast, run_dir_attempt, write_meta
 from rlrun.training.batches import Noticed, batch_accepted, wait_for_batch
 from rlrun.training.distributed import (
     DataParallel,
@@ -93,10 +94,11 @@ from rlrun.training.parts import (
     write_part,
 )
 from rlrun.training.precision import cast_floating, dtype_name, mixed_precision_policy, resolve_precision
+from rlrun.training.probe import probe_logprobs, probe_rows
 from rlrun.training.prometheus import TrainerMetrics, serve_from_env
 from rlrun.training.reference import reference_policy
 from rlrun.training.schedule import new_scheduler, restore_scheduler
-from rlrun.training.step import StepSettings, accumulate_gradients
+from rlrun.training.step import StepSettings, accumulate_gradients, on_policy_rows
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +169,7 @@ class Trainer:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, **load)  # float32 master
         self.compute_dtype = resolve_precision(spec.trainer.precision, self.dp.device, warn=self.dp.is_main)
         self.step_settings = StepSettings.from_spec(spec, self.compute_dtype)
+        self.probe_rows: list[tuple[list[int], list[bool]]] = []  # the last batch's (rlrun.training.probe)
         if spec.trainer.activation_checkpointing:  # before sharding: FSDP2 wraps the checkpointed blocks
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         lora = spec.model.lora  # injected before sharding (FSDP2 shards each block with its adapter), the base frozen
@@ -298,7 +301,7 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         stats = accumulate_gradients(
-            self.model, batch, self._on_policy_rows(batch, step), self.step_settings, dp, reference=self.reference
+            self.model, batch, on_policy_rows(batch, step), self.step_settings, dp, reference=self.reference
         )
         grad_norm = clip_grad_norm_(self.model.parameters(), self.spec.optimizer.max_grad_norm)
         lr = self.optimizer.param_groups[0]["lr"]  # lr · λ(step − 1): rlrun.training.schedule
@@ -306,6 +309,7 @@ class Trainer:
         self.lr_scheduler.step()
         if dp.is_main:
             self.ledger.write(LedgerEvent.TRAINED, step=step, ids=[t["episode_id"] for t in whole.meta["traces"]])
+        self.probe_rows = probe_rows(whole)  # what publish() scores under the new weights (rlrun.probes)
         return {
             "step": step,
             "loss": stats.pop("loss"),
@@ -319,20 +323,14 @@ class Trainer:
             **({"ranks": dp.world_size} if dp.distributed else {}),
         }
 
-    @staticmethod
-    def _on_policy_rows(batch: TrainBatch, step: int) -> torch.Tensor:
-        """``[b]`` bool over ``batch``'s rows (this rank's): sampled by policy version ``step − 1``, the weights the
-        trainer holds when it trains ``step``."""
-        versions = [t["policy_version"] for t in batch.meta["traces"]]
-        start, stop = batch.meta.get("rank_rows", [0, len(versions)])
-        rows = [v == step - 1 for v in versions[start:stop]] or [False]  # a rank's placeholder row weighs nothing
-        return torch.tensor(rows, dtype=torch.bool)
-
     def publish(self, step: int) -> int:
         """Publish ``broadcasts/step_N/`` (weights after step N, and the attempt that made them), in the dtype the
         trainer computes in, which is the dtype the rollout servers serve (:mod:`rlrun.training.precision`); with LoRA
-        the adapter alone (:func:`~rlrun.training.lora.save_adapter`). With ``W > 1`` ranks a collective: every rank
-        gathers, rank 0 writes. Returns the bytes written (the directory's files; 0 on the other ranks)."""
+        the adapter alone (:func:`~rlrun.training.lora.save_adapter`); beside them the step's mismatch probe
+        (:mod:`rlrun.training.probe`). One this attempt published already is kept (a retrained step:
+        :func:`rlrun.rundir.publish_broadcast`). With ``W > 1`` ranks a collective: every rank gathers, rank 0
+        writes. Returns the bytes written (the directory's files; 0 on the other ranks)."""
+        probe = probe_logprobs(self.model, self.probe_rows, self.dp, self.step_settings)
         if self.adapter is not None:  # already in the compute dtype, on the CPU
             state = adapter_state(self.adapter, self.dp, self.compute_dtype)
         elif self.dp.distributed:
@@ -348,9 +346,10 @@ class Trainer:
             else:
                 cast = {k: v.cpu() for k, v in cast_floating(state, self.compute_dtype).items()}
                 save_file(cast, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            write_probe(tmp, probe, step)
             write_meta(tmp, step, self.attempt)
 
-        published = publish_dir(self.run_dir.broadcast(step), fill)
+        published, _ = publish_broadcast(self.run_dir.broadcast(step), fill, self.attempt)
         return sum(f.stat().st_size for f in published.iterdir())
 
     def checkpoint(self, step: int, reason: str = "periodic") -> Path:
