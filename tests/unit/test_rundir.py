@@ -5,7 +5,7 @@ attempt (:func:`rlrun.rundir.publish_broadcast`)."""
 from __future__ import annotations
 
 from rlrun.launcher.preflight import run_dir_problem
-from rlrun.rundir import RunDir, holds_a_run, publish_broadcast, write_meta
+from rlrun.rundir import RunDir, holds_a_run, publish_broadcast, publish_dir, write_file_atomic, write_meta
 
 
 def test_a_run_dir_holds_a_run_once_a_checkpoint_or_batch_is_past_step_0(tmp_path):
@@ -41,3 +41,33 @@ def test_a_broadcast_is_never_replaced_by_the_attempt_that_published_it(tmp_path
     assert again == (path, False) and (path / "weights").read_text() == "first"
     later = publish_broadcast(run_dir.broadcast(3), fill("next", 2), 2)
     assert later == (path, True) and (path / "weights").read_text() == "next"
+
+
+def test_published_directories_and_files_are_readable_as_the_umask_says(tmp_path):
+    """CI, issue 46: the builtin model was renamed into the cache as ``tempfile.mkdtemp`` made it (0700), so the
+    CPU image's non-root user could not read the cache a volume mounted, and safetensors writes its files 0600
+    (so did every broadcast). Published directories, the files in them and atomically written files take the modes
+    ``mkdir`` and ``open`` give (0777 and 0666 less the umask)."""
+    import os
+
+    import torch
+    from safetensors.torch import save_file
+
+    def fill(directory):
+        save_file({"w": torch.zeros(2)}, str(directory / "model.safetensors"))
+        (directory / "model.bin").write_bytes(b"v")
+
+    previous = os.umask(0o022)
+    try:
+        published = publish_dir(tmp_path / "broadcasts" / "step_1", lambda d: (d / "model.bin").write_bytes(b"w"))
+        publish_dir(published, fill)  # replaces the earlier one
+        write_file_atomic(tmp_path / "spec.json", b"{}")
+        os.umask(0o027)
+        write_file_atomic(tmp_path / "tracking.json", b"{}")
+    finally:
+        os.umask(previous)
+    assert (published.stat().st_mode & 0o777, (published / "model.bin").read_bytes()) == (0o755, b"v")
+    assert (published / "model.safetensors").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "spec.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "tracking.json").stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in published.parent.iterdir()) == ["step_1"]  # no temporary left beside it

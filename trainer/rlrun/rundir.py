@@ -41,13 +41,13 @@ import os
 import re
 import shutil
 import signal
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from rlrun.errors import CheckpointError
+from rlrun.file_modes import open_to_readers, temp_sibling_dir, temp_sibling_file
 from rlrun.ledger import ledger_attempts
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def write_file_atomic(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fault("before_write")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    fd, tmp = temp_sibling_file(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             if callable(data):
@@ -140,16 +140,17 @@ def publish_dir(final: str | os.PathLike, fill: Callable[[Path], None]) -> Path:
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    tmp = temp_sibling_dir(final, "tmp")
     try:
         fill(tmp)
+        open_to_readers(tmp)
         for f in tmp.rglob("*"):
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
         fsync_dir(tmp)
         if final.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+            trash = temp_sibling_dir(final, "old")
             os.replace(final, trash / final.name)
             shutil.rmtree(trash, ignore_errors=True)
         os.replace(tmp, final)

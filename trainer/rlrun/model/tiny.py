@@ -20,7 +20,6 @@ import os
 import random
 import shutil
 import string
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from rlrun.envs.reverse_text import ReverseTextEnv, lcs_ratio
+from rlrun.file_modes import open_to_readers, temp_sibling_dir
 from rlrun.model.build_progress import BuildProgress, LineProgress
 from rlrun.model.recipe import TinyEnvsRecipe, TinyModelRecipe
 
@@ -266,11 +266,12 @@ def write_model_dir(out: Path, model: Any, tokenizer: Any, report: dict) -> None
     reader never sees a half-written model; ``out`` may exist if it is empty.
     """
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = temp_sibling_dir(out, "tmp")  # readable as a mkdir'd directory is: a cache other users mount
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "rlrun_model.json").write_text(json.dumps(report, indent=2) + "\n")
+        open_to_readers(tmp)  # safetensors writes the weights 0600
         if out.exists():
             out.rmdir()
         os.rename(tmp, out)
