@@ -180,6 +180,17 @@ INVALID = [
      "spec.loss.importance_correction.high", "spec.loss.importance_correction.high"),
     ({"loss": {"importance_correction": {"mode": "mask", "low": 2.0, "high": 1.5}}},
      "spec.loss.importance_correction.low", "spec.loss.importance_correction.low"),
+    # the curriculum (issue 48): a known policy, pools by increasing pass rate up to 1, weights above 0
+    ({"curriculum": {"policy": "greso"}}, "spec.curriculum.policy", "spec.curriculum.policy"),
+    ({"curriculum": {"pools": [{"max_pass_rate": 0.5, "weight": 1}, {"max_pass_rate": 0.25, "weight": 1},
+                               {"max_pass_rate": 1, "weight": 1}]}}, "spec.curriculum.pools", "spec.curriculum.pools"),
+    ({"curriculum": {"pools": [{"max_pass_rate": 0.5, "weight": 1}]}}, "spec.curriculum.pools",
+     "spec.curriculum.pools"),
+    ({"curriculum": {"pools": [{"max_pass_rate": 1, "weight": 0}]}}, "spec.curriculum.pools.0.weight",
+     "spec.curriculum.pools[0].weight"),
+    ({"curriculum": {"pools": [{"max_pass_rate": 1.5, "weight": 1}]}}, "spec.curriculum.pools.0.max_pass_rate",
+     "spec.curriculum.pools[0].max_pass_rate"),
+    ({"curriculum": {"max_skip": 1}}, "spec.curriculum.max_skip", "spec.curriculum.max_skip"),
     ({"scheduling": {"node_selector": {"pool": 3}}}, "spec.scheduling.node_selector.pool",
      "spec.scheduling.node_selector.pool"),
     # a role's volumes and env: a restricted Kubernetes Volume / EnvVar, kept apart from rlrun's own

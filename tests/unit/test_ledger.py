@@ -36,6 +36,32 @@ def test_a_clean_run_accounts_for_every_episode(tmp_path):
     assert report.steps == 1 and report.rolled_back == 0
 
 
+def test_the_report_says_what_the_generated_tokens_went_to(tmp_path):
+    """Issue 48: completion tokens (``finished`` rows' ``n``) of the finished, the trained, and the groups rejected for
+    zero spread, split into solved by every member and not; a group rejected for too few fresh members is neither."""
+    rows = [("1/0", 1.0, 10), ("1/1", 0.0, 30), ("2/0", 1.0, 4), ("2/1", 1.0, 6), ("3/0", 0.0, 8), ("3/1", 0.0, 8)]
+    rows += [("4/0", 0.5, 7), ("4/1", 0.5, 9), ("5/0", 1.0, 100)]
+    write(
+        tmp_path, 1, "orchestrator",
+        *[(LedgerEvent.FINISHED, {"id": i, "reward": r, "v": 0, "n": n}) for i, r, n in rows],
+        (LedgerEvent.REJECTED, {"ids": ["2/0", "2/1"], "group": 2, "reason": "zero_advantage"}),
+        (LedgerEvent.REJECTED, {"ids": ["3/0", "3/1"], "group": 3, "reason": "zero_advantage"}),
+        (LedgerEvent.REJECTED, {"ids": ["4/0", "4/1"], "group": 4, "reason": "zero_advantage"}),
+        (LedgerEvent.REJECTED, {"ids": ["5/0"], "group": 5, "reason": "too_few_fresh_members"}),
+    )  # fmt: skip
+    write(tmp_path, 1, "trainer", trained(1, "1/0", "1/1"))
+    report = check_ledger(tmp_path)
+    assert report.ok, report.problems
+    assert (report.tokens_finished, report.tokens_trained) == (182, 40)
+    assert (report.tokens_zero_spread_solved, report.tokens_zero_spread_unsolved) == (10, 32)
+    from rlrun.launcher.progress import tokens_line
+
+    assert tokens_line(report) == (
+        "tokens: 182 generated, 22% trained (4.55 generated per trained token); 23% on groups with zero reward "
+        "spread (5% solved by every member, 18% not)"
+    )
+
+
 def test_a_lost_episode_and_a_twice_trained_one_are_named(tmp_path):
     write(tmp_path, 1, "orchestrator", *finished("1/0", "1/1", "1/2"))
     write(tmp_path, 1, "trainer", trained(1, "1/0"), trained(2, "1/0", "1/1"))

@@ -28,6 +28,7 @@ LAST_STEP = {
     "groups_zero_std_ratio": "frac_reward_zero_std", "groups_solved_all_ratio": "solved_all",
     "groups_solved_none_ratio": "solved_none", "episodes_truncated_ratio": "truncated_fraction",
     "rollout_tokens_per_second": "rollout_tokens_per_s", "step_duration_seconds": "step_time_s",
+    "zero_spread_token_ratio": "zero_spread_token_fraction",
 }  # fmt: skip
 
 

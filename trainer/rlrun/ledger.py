@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlrun.ledger_checks import check_tasks, check_turns
+from rlrun.ledger_checks import check_tasks, check_turns, count_tokens
 from rlrun.ledger_events import LEDGER_VERSION, LedgerEvent
 
 __all__ = [
@@ -183,6 +183,12 @@ class LedgerReport:
     tasks_dropped: int = 0  # rejected, abandoned or dropped stale (the ledger says why), none trained
     tasks_leftover: int = 0
     tasks_pending: int = 0
+    #: completion tokens of the finished episodes, of those trained, and of those rejected for zero reward spread in
+    #: groups every member solved / not every member solved (:func:`~rlrun.ledger_checks.count_tokens`)
+    tokens_finished: int = 0
+    tokens_trained: int = 0
+    tokens_zero_spread_solved: int = 0
+    tokens_zero_spread_unsolved: int = 0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -374,5 +380,6 @@ def check_ledger(root: Path) -> LedgerReport:
     report.abandoned = counts[LedgerEvent.ABANDONED.value]
     report.leftover = counts[LedgerEvent.LEFTOVER.value]
     report.shipped_untrained = counts[_SHIPPED_UNTRAINED]
+    count_tokens(orch, cutoff, finished, fates, report)
     report.problems = report.problems[:50]
     return report

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from rlrun.envs.base import SOLVED_REWARD
 from rlrun.ledger_events import LedgerEvent
 from rlrun.samples import episode_id
 
@@ -119,3 +120,32 @@ def check_tasks(
             )
         else:
             report.problems.append(f"task {g} was dispatched but never trained, rejected, dropped or left over")
+
+
+def count_tokens(
+    orch: dict[int, list[dict]], cutoff: dict[int, int], finished: set[str], fates: dict, report: Any
+) -> None:
+    """What the run's tokens went to (issue 48): the completion tokens (``finished`` rows' ``n``: ledgers written
+    before it have none, and count 0) of the finished episodes, of those trained, and of those rejected for zero
+    reward spread (``rejected`` with reason ``zero_advantage``), split into groups every member solved (reward ≥
+    :data:`~rlrun.envs.base.SOLVED_REWARD`) and the rest. An episode counts once, by its final fate."""
+    tokens: dict[str, int] = {}
+    rewards: dict[str, float] = {}
+    for a in sorted(orch):
+        for ev in orch[a]:
+            if ev["e"] == LedgerEvent.FINISHED and ev["id"] not in tokens:
+                tokens[ev["id"]], rewards[ev["id"]] = int(ev.get("n", 0)), float(ev["reward"])
+    report.tokens_finished = sum(tokens.get(e, 0) for e in finished)
+    report.tokens_trained = sum(
+        tokens.get(e, 0) for e in finished if any(f.startswith(LedgerEvent.TRAINED.value) for f in fates.get(e, []))
+    )
+    for a in sorted(orch):
+        for ev in orch[a][: cutoff[a]]:
+            if ev["e"] != LedgerEvent.REJECTED or ev.get("reason") != "zero_advantage":
+                continue
+            ids = [e for e in ev["ids"] if e in finished]
+            n = sum(tokens.get(e, 0) for e in ids)
+            if ids and all(rewards.get(e, 0.0) >= SOLVED_REWARD for e in ids):
+                report.tokens_zero_spread_solved += n
+            else:
+                report.tokens_zero_spread_unsolved += n

@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from rlrun.api.algorithm import LOSS_CEL_RULES
+from rlrun.api.curriculum import CURRICULUM_CEL_RULES
 from rlrun.api.pod_inputs import ROLE_CEL_RULES
 from rlrun.api.spec import (
     API_GROUP,
@@ -305,6 +306,8 @@ def _defaults_for_models(schema: dict[str, Any], model: type) -> None:
             _defaults_for_models(prop, ann)
         elif "default" not in prop and field.default_factory is not None:
             value = field.default_factory()
+            if isinstance(value, list):  # a list of models (spec.curriculum.pools): as the manifest writes it
+                value = [v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in value]
             if value not in ({}, [], None):
                 prop["default"] = value
         items = prop.get("items")
@@ -334,6 +337,7 @@ def spec_schema() -> dict[str, Any]:
     rules += [((role, *path), role_rules) for role in ROLES for path, role_rules in ROLE_CEL_RULES.items()]
     rules += [(("rollout", *path), path_rules) for path, path_rules in VLLM_ARGS_CEL_RULES.items()]
     rules += [(("loss", *path), path_rules) for path, path_rules in LOSS_CEL_RULES.items()]
+    rules += [(("curriculum", *path), path_rules) for path, path_rules in CURRICULUM_CEL_RULES.items()]
     rules += [(("model", *path), path_rules) for path, path_rules in MODEL_CEL_RULES.items()]
     for path, path_rules in rules:
         node = schema

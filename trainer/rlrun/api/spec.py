@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rlrun.api.algorithm import AdvantageSpec, LossSpec, OptimizerSpec, SamplingSpec
+from rlrun.api.curriculum import CurriculumSpec
 from rlrun.api.lora import LORA_CEL_RULES, LoraSpec
 from rlrun.api.pod_inputs import DNS_LABEL_PATTERN, Quantity
 from rlrun.api.role_specs import OrchestratorSpec, RolloutSpec, TrainerSpec
@@ -300,6 +301,7 @@ class RLRunSpec(Strict):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     loss: LossSpec = Field(default_factory=LossSpec)
     advantage: AdvantageSpec = Field(default_factory=AdvantageSpec, validate_default=True)  # reads loss's alias
+    curriculum: CurriculumSpec = Field(default_factory=CurriculumSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)

@@ -109,7 +109,10 @@ class Env(Protocol):
     ``fingerprint() -> str`` — a digest of the data the env's tasks come from (a dataset env: its
     files' bytes); a checkpoint keeps it and a resume whose env data changed is refused;
     ``demonstration(task) -> str | None`` — the completion that solves ``task`` (default: ``task.answer``),
-    what the builtin ``tiny`` model's warm start trains on (:mod:`rlrun.model.tiny_envs`).
+    what the builtin ``tiny`` model's warm start trains on (:mod:`rlrun.model.tiny_envs`);
+    ``num_task_keys() -> int`` and ``task_key(seed, index) -> int`` — a finite task space (a dataset's rows): which
+    of its ``num_task_keys()`` tasks train task ``index`` asks, what a curriculum keeps state of
+    (:mod:`rlrun.orchestrator.difficulty`).
     """
 
     name: str

@@ -192,12 +192,28 @@ class DatasetEnv:
             ValueError: a negative index, an unknown split, or ``eval`` without an eval split.
         """
         rows = self._split(split)
+        prompt, answer, info = json.loads(rows[self._row(rows, split, seed, index)])
+        return Task(env=self.name, index=index, prompt=prompt, answer=answer, info=info)
+
+    def _row(self, rows: list[str], split: Split, seed: int, index: int) -> int:
         if index < 0:
             raise ValueError(f"dataset: task index must be ≥ 0, got {index}")
         epoch, i = divmod(index, len(rows))
-        row = self._order(split, seed, epoch)[i] if self.shuffle else i
-        prompt, answer, info = json.loads(rows[row])
-        return Task(env=self.name, index=index, prompt=prompt, answer=answer, info=info)
+        return self._order(split, seed, epoch)[i] if self.shuffle else i
+
+    def num_task_keys(self) -> int:
+        """How many distinct training tasks there are: the train split's rows (what a curriculum keeps state of,
+        :mod:`rlrun.orchestrator.difficulty`)."""
+        return self.num_rows("train")
+
+    def task_key(self, seed: int, index: int) -> int:
+        """The train row (``0 … num_task_keys() − 1``) that task ``index`` of ``seed``'s stream asks: the same row in
+        every epoch, and in every attempt while the files are the same (:meth:`fingerprint`).
+
+        Raises:
+            ValueError: a negative index.
+        """
+        return self._row(self._split("train"), "train", seed, index)
 
     def reward(self, task: Task, completion: str) -> float:
         """1.0 when ``completion`` and ``task.answer``, stripped of surrounding whitespace, are equal, else 0.0.

@@ -131,10 +131,13 @@ def progress_cells(row: dict, max_steps: int, elapsed_s: float, trained: dict | 
         else []
     )
     kl = [f"mismatch KL {trained['mismatch_kl']:.4f}"] if trained and trained.get("mismatch_kl") is not None else []
+    wasted = row.get("zero_spread_token_fraction")
+    zero_spread = [f"zero-spread {wasted:.0%} of tokens"] if wasted is not None else []
     return [
         f"step {row.get('step', 0)}/{max_steps}",
         reward,
         *solved,
+        *zero_spread,
         *kl,
         tokens,
         f"queue {row.get('queue', 0)}",
@@ -203,12 +206,28 @@ def ledger_line(report: LedgerReport) -> str:
     )
 
 
+def tokens_line(report: LedgerReport) -> str | None:
+    """The summary's line on what the generated tokens went to (issue 48), from the ledger check: the share trained,
+    generated tokens per trained token, and the share spent on groups rejected for zero reward spread, solved by every
+    member or not; None for a ledger without token counts (written before them) or with nothing finished."""
+    total = report.tokens_finished
+    if not total:
+        return None
+    solved, unsolved = report.tokens_zero_spread_solved, report.tokens_zero_spread_unsolved
+    per_trained = f"{total / report.tokens_trained:.2f}" if report.tokens_trained else "—"
+    return (
+        f"tokens: {total:,} generated, {report.tokens_trained / total:.0%} trained ({per_trained} generated per trained "
+        f"token); {(solved + unsolved) / total:.0%} on groups with zero reward spread ({solved / total:.0%} solved by "
+        f"every member, {unsolved / total:.0%} not)"
+    )
+
+
 def print_summary(console: Console, run_dir: RunDir, rows: list[dict], lora: LoraSpec | None = None) -> LedgerReport:
     """Print what ``rlrun local`` shows once every process has exited 0: the :func:`summary_table` of ``rows`` (every
     step's last metrics line, in step order) with the trainer's mismatch KL, the :func:`reward_gain`, what each policy
     version published (:func:`published_line`; ``lora``: the run's ``spec.model.lora``), the held-out
-    :func:`eval_report`, the :func:`tracker_lines`, and the ledger check (:func:`ledger_line`, then its first 5
-    problems). Returns the ledger check's report: the run succeeded only when it is ``ok``."""
+    :func:`eval_report`, the :func:`tracker_lines`, and the ledger check (:func:`ledger_line`, :func:`tokens_line`,
+    then its first 5 problems). Returns the ledger check's report: the run succeeded only when it is ``ok``."""
     trained = {r["step"]: r for r in read_jsonl(run_dir.trainer_metrics) if "step" in r}  # the last of each
     console.print(summary_table(rows, trained=trained))
     gain = reward_gain(rows)
@@ -222,6 +241,8 @@ def print_summary(console: Console, run_dir: RunDir, rows: list[dict], lora: Lor
         console.print(line, markup=False)
     report = check_ledger(run_dir.root / "ledger")
     console.print(ledger_line(report))
+    if tokens := tokens_line(report):
+        console.print(tokens, markup=False)
     for problem in report.problems[:5]:
         console.print(f"  [red]{problem}[/red]")
     return report

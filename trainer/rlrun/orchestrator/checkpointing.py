@@ -119,6 +119,7 @@ def capture_of(orch: Captured, step: int) -> tuple[dict[str, Any], sink_snapshot
     }
     snap = orch.sink.snapshot(orch.dispatcher.emitted_requests() if orch.dispatcher is not None else [])
     snap.conversations = orch.kept.current()
+    snap.source_tensors = orch.source.tensors()  # the same cut as progress["source"]
     if orch.journal is not None:  # the same step as the snapshot: records after this cut are replayed
         progress["journal"] = orch.journal.cut()
     return progress, snap, snap.counts(list(orch.source.resume_requests))

@@ -25,6 +25,8 @@ from rlrun.orchestrator.cancellation import settle
 from rlrun.orchestrator.checkpointing import CheckpointManager, capture_of
 from rlrun.orchestrator.control import ControlServer, status_report
 from rlrun.orchestrator.conversations import KeptConversations
+from rlrun.orchestrator.curriculum import Curriculum
+from rlrun.orchestrator.difficulty import TaskDifficulty
 from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.endpoints import EndpointMembership
 from rlrun.orchestrator.evaluation import EvalRounds, Evaluator
@@ -117,14 +119,16 @@ class Orchestrator:
         self.client_factory = client_factory
         self.ledger = Ledger(self.run_dir.root / "ledger", attempt, "orchestrator")
         self.envs = {e.name: make_env(e) for e in spec.envs}
-        self.source = TrainSource([(self.envs[e.name], e.weight) for e in spec.envs], spec.seed)
+        self.curriculum = Curriculum(spec.curriculum, TaskDifficulty(self.envs, spec.seed), spec.seed, self.ledger)
+        self.source = TrainSource([(self.envs[e.name], e.weight) for e in spec.envs], spec.seed, 0, self.curriculum)
         self.sink = TrainSink.for_spec(spec, record=self.ledger.record)
+        self.sink.difficulty = self.curriculum.difficulty  # told what each task's groups scored
         self.flow = FlowControl.of(spec, self.max_steps)
         self.checkpoints = CheckpointManager(
             self.run_dir, attempt, spec.checkpoint.keep_last, self.ledger, lambda step: capture_of(self, step)
         )
         self.weights = WeightFollower(self.run_dir, attempt, None, spec.rollout.max_mismatch_kl)
-        self.metrics = StepMetrics(self.run_dir.metrics, attempt, self.weights)
+        self.metrics = StepMetrics(self.run_dir.metrics, attempt, self.weights, self.curriculum)
         committed = lambda: self.checkpoints.last_step  # noqa: E731 - read from the publisher's thread
         self.tracking = TrackerPublisher(spec, self.run_dir, name, run_uid, attempt, committed, self.max_steps)
         self.results: asyncio.Queue[GroupResult | None] = asyncio.Queue()  # None: wake up, episodes admitted

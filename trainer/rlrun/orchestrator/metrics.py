@@ -25,6 +25,9 @@ stale_wasted_fraction}}``, cumulative: where the waste falls), ``groups_cancelle
 ``prompts_too_long`` (cumulative over the attempt: tasks passed over because their prompt does not fit the
 context less ``sampling.max_tokens``, ``rollout.overlong_prompts: filter``; also in ``per_env``),
 ``groups_abandoned`` (cumulative: nothing of the group could still train, or its requests kept failing),
+what zero-spread groups cost in tokens (:func:`token_cost`: ``tokens_generated``, ``zero_spread_token_fraction``
+and its ``_solved`` / ``_unsolved`` parts, ``trained_token_fraction``, ``generated_tokens_per_trained_token``),
+``tasks_skipped`` (cumulative over the run: tasks the curriculum passed over, ``spec.curriculum``),
 ``reward/<env>`` (the mean reward of the env's episodes finished since the previous step; also
 ``reward/<env>/<family>`` per task family, for tasks whose ``info`` names one:
 :data:`rlrun.envs.base.FAMILY`) and
@@ -57,9 +60,10 @@ import time
 from pathlib import Path
 
 from rlrun.envs.base import FAMILY, MAX_FAMILIES
+from rlrun.orchestrator.curriculum import Curriculum
 from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.follower import WeightFollower
-from rlrun.orchestrator.sink import TrainSink
+from rlrun.orchestrator.sink import SinkCounters, TrainSink
 from rlrun.rundir import end_torn_line
 from rlrun.samples import Episode, TrainingSample
 
@@ -93,6 +97,26 @@ def starved_envs(per_env: dict[str, dict[str, int]]) -> dict[str, tuple[float, f
     return out
 
 
+def token_cost(recent: dict[str, int], counters: SinkCounters) -> dict[str, float | int | None]:
+    """What zero-spread groups cost, in completion tokens (issue 48): ``tokens_generated`` since the previous step
+    (``recent``: :meth:`TrainSink.drain_recent_tokens`) and the shares of them in groups rejected for zero reward
+    spread, ``zero_spread_token_fraction`` = ``…_solved…`` (every member solved it) + ``…_unsolved…`` (the rest:
+    every member failed it, or scored the same partial reward); ``trained_token_fraction`` (tokens shipped ÷ tokens
+    generated) and ``generated_tokens_per_trained_token``, both cumulative over the run (the counters a resume
+    restores). Shares are null when nothing was generated (or shipped)."""
+    generated = recent["tokens_finished"]
+    solved, unsolved = recent["tokens_zero_spread_solved"], recent["tokens_zero_spread_unsolved"]
+    total, shipped = counters.tokens_finished, counters.tokens_shipped
+    return {
+        "tokens_generated": generated,
+        "zero_spread_token_fraction": (solved + unsolved) / generated if generated else None,
+        "zero_spread_solved_token_fraction": solved / generated if generated else None,
+        "zero_spread_unsolved_token_fraction": unsolved / generated if generated else None,
+        "trained_token_fraction": shipped / total if total else None,
+        "generated_tokens_per_trained_token": total / shipped if shipped else None,
+    }
+
+
 class StepMetrics:
     """Appends the metrics line of each shipped step (keys in the module docstring).
 
@@ -100,10 +124,14 @@ class StepMetrics:
         path: ``<run_dir>/metrics.jsonl`` (appended to, so a resumed run continues it).
         attempt: this attempt's number.
         weights: the weight follower whose update time ``weight_update_s`` reports.
+        curriculum: the one whose passed-over tasks ``tasks_skipped`` reports (None: 0).
     """
 
-    def __init__(self, path: Path, attempt: int, weights: WeightFollower | None = None) -> None:
+    def __init__(
+        self, path: Path, attempt: int, weights: WeightFollower | None = None, curriculum: Curriculum | None = None
+    ) -> None:
         self.path = path
+        self.curriculum = curriculum
         self.attempt = attempt
         self.weights = weights
         self._update_seconds = 0.0  # the follower's update seconds at the previous step
@@ -225,6 +253,8 @@ class StepMetrics:
             "episodes_reward_failed": self.reward_failed,
             "groups_cancelled": dispatcher.cancelled_groups,
             "groups_abandoned": counters.groups_abandoned,
+            **token_cost(sink.drain_recent_tokens(), counters),
+            "tasks_skipped": self.curriculum.skipped if self.curriculum is not None else 0,
             "prompts_too_long": sum(self.prompts_too_long.values()),
             "rollout_tokens_per_s": self._tokens / elapsed,
             "step_time_s": elapsed,

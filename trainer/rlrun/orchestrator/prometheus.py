@@ -33,6 +33,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "rlrun_samples_dropped_stale": ("counter", "Queued samples dropped as too old to train (max_off_policy_steps)."),
     "rlrun_groups_abandoned": ("counter", "Groups given up (nothing left could train, or their requests kept failing)."),
     "rlrun_groups_rejected": ("counter", "Groups scored and not trained (zero reward spread, too few fresh members)."),
+    "rlrun_completion_tokens": ("counter", "Completion tokens of the episodes finished (generated), over the run."),
+    "rlrun_completion_tokens_zero_spread_solved": (
+        "counter", "Of them, in groups rejected for zero reward spread that every member solved.",
+    ),
+    "rlrun_completion_tokens_zero_spread_unsolved": (
+        "counter", "Of them, in groups rejected for zero reward spread that not every member solved.",
+    ),
+    "rlrun_completion_tokens_trained": ("counter", "Completion tokens of the samples shipped to the trainer."),
+    "rlrun_tasks_skipped": ("counter", "Tasks the curriculum passed over (spec.curriculum), over the run."),
     "rlrun_requests_cancelled": ("counter", "Rollout requests cancelled (stale, failed, lost)."),
     "rlrun_episodes_reward_failed": ("counter", "Members whose reward raised, timed out or was no number."),
     "rlrun_journal_records": ("counter", "Records appended to this attempt's episode journal."),
@@ -62,6 +71,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "rlrun_episodes_truncated_ratio": ("gauge", "Share of the episodes scored that stopped at max_tokens."),
     "rlrun_rollout_tokens_per_second": ("gauge", "Completion tokens sampled per second over the last step."),
     "rlrun_step_duration_seconds": ("gauge", "Time between the last two shipped steps."),
+    "rlrun_zero_spread_token_ratio": (
+        "gauge", "Share of the completion tokens generated before the last step spent on zero-spread groups.",
+    ),
 }  # fmt: skip
 
 #: The gauges of :data:`METRICS` that come from the last ``metrics.jsonl`` line, by its key.
@@ -75,6 +87,7 @@ _LAST_STEP = {
     "rlrun_episodes_truncated_ratio": "truncated_fraction",
     "rlrun_rollout_tokens_per_second": "rollout_tokens_per_s",
     "rlrun_step_duration_seconds": "step_time_s",
+    "rlrun_zero_spread_token_ratio": "zero_spread_token_fraction",
 }
 
 
@@ -105,6 +118,11 @@ class OrchestratorCollector:
             "rlrun_samples_dropped_stale": c.samples_dropped_stale,
             "rlrun_groups_abandoned": c.groups_abandoned,
             "rlrun_groups_rejected": c.groups_rejected,
+            "rlrun_completion_tokens": c.tokens_finished,
+            "rlrun_completion_tokens_zero_spread_solved": c.tokens_zero_spread_solved,
+            "rlrun_completion_tokens_zero_spread_unsolved": c.tokens_zero_spread_unsolved,
+            "rlrun_completion_tokens_trained": c.tokens_shipped,
+            "rlrun_tasks_skipped": line.get("tasks_skipped"),
             "rlrun_requests_cancelled": v.requests_cancelled,
             "rlrun_episodes_reward_failed": v.rewards_failed,
             "rlrun_journal_records": v.journal_records,

@@ -278,7 +278,7 @@ async def restore(run_dir: RunDir, spec: RLRunSpec, stages: Stages) -> Restored 
     state = ckpt.orchestrator
     envs = {env.name: env for env in source.envs}  # their data's fingerprints: a resume over changed data is refused
     check_compatible(state.get("identity"), spec, str(run_dir.orchestrator_checkpoint(ckpt.step)), envs)
-    source.load_state(state["source"])
+    source.load_state(state["source"], state.get("tensors", {}))
     shipped = int(state.get("shipped", ckpt.step))
     # Batches shipped after the snapshot hold samples the snapshot still has queued: drop them.
     removed = run_dir.remove_steps_after(run_dir.rollouts, shipped)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rlrun.api.algorithm import AdvantageSpec
 from rlrun.api.spec import RLRunSpec
@@ -38,6 +38,14 @@ from rlrun.samples import Episode, TrainingSample
 Record = Callable[..., None]
 
 ZERO_ADVANTAGE = 1e-9
+#: The :class:`SinkCounters` that count completion tokens (what a zero-spread group costs: issue 48).
+TOKEN_COUNTERS = ("tokens_finished", "tokens_zero_spread_solved", "tokens_zero_spread_unsolved", "tokens_shipped")
+
+
+class Difficulty(Protocol):
+    """What the sink tells of every group it scores (:class:`rlrun.orchestrator.difficulty.TaskDifficulty`)."""
+
+    def record(self, task: Task, rewards: list[float]) -> None: ...
 
 
 @dataclass
@@ -64,6 +72,12 @@ class SinkCounters:
     samples_dropped_stale: int = 0
     members_left_out_stale: int = 0
     groups_abandoned: int = 0
+    #: completion tokens (what the rollout servers generated): of every finished episode that reached the sink, of the
+    #: groups rejected for zero spread solved by every member / not solved by every member, of the samples shipped
+    tokens_finished: int = 0
+    tokens_zero_spread_solved: int = 0
+    tokens_zero_spread_unsolved: int = 0
+    tokens_shipped: int = 0
     #: ``{env: {"finished": episodes, "wasted_stale": episodes, "abandoned": groups}}``: where the waste falls
     #: (a task class that is always slow is starved first: :func:`rlrun.orchestrator.metrics.starved_envs`)
     per_env: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -111,6 +125,9 @@ class TrainSink:
         #: and their episodes that stopped at max_tokens (finish reason length)
         self._recent_groups = [0, 0, 0, 0, 0]
         self._recent_floored = 0  # groups queued since the last drain whose std normalisation used advantage.min_std
+        self._recent_tokens: dict[str, int] = dict.fromkeys(TOKEN_COUNTERS, 0)  # the token counters since the drain
+        #: told the rewards of every group scored (the curriculum's per-task state); None: nobody is
+        self.difficulty: Difficulty | None = None
         self._record = record or (lambda event, ids, **fields: None)
 
     @classmethod
@@ -132,6 +149,7 @@ class TrainSink:
             The samples this call queued (empty while the group is open or when it was rejected).
         """
         self.counters.episodes_finished += len(episodes)
+        self._count_tokens("tokens_finished", sum(len(e.completion_ids) for e in episodes))
         self.counters.count_env(task.env, "finished", len(episodes))
         if group_id in self.abandoned:  # results that were on their way when the group was given up
             self._record(
@@ -148,6 +166,8 @@ class TrainSink:
     def _score(self, group: OpenGroup, next_step: int) -> list[TrainingSample]:
         self.counters.groups_scored += 1
         rewards = [e.reward for e in group.episodes]
+        if self.difficulty is not None:  # every member's reward, stale ones too: they measure the task
+            self.difficulty.record(group.task, rewards)
         self._recent_rewards.extend(rewards)
         # of every member, stale ones included, like the reward metric: it tracks the policy
         recent = self._recent_groups
@@ -174,11 +194,16 @@ class TrainSink:
         return samples
 
     def _count_zero_spread(self, members: list[Episode]) -> None:
-        """Count a group rejected for zero reward spread, and why it had it: solved by all, or the same wrong answer."""
+        """Count a group rejected for zero reward spread, its tokens, and why it had it: solved by all, or the same
+        wrong answer."""
         self.counters.groups_rejected_zero_spread += 1
+        tokens = sum(len(e.completion_ids) for e in members)
         if all(e.reward >= SOLVED_REWARD for e in members):
             self.counters.groups_rejected_solved += 1
-        elif len({tuple(e.completion_ids) for e in members}) == 1:
+            self._count_tokens("tokens_zero_spread_solved", tokens)
+            return
+        self._count_tokens("tokens_zero_spread_unsolved", tokens)
+        if len({tuple(e.completion_ids) for e in members}) == 1:
             self.counters.groups_rejected_same_wrong += 1
 
     def sweep(self, step: int) -> list[TrainingSample]:
@@ -205,6 +230,7 @@ class TrainSink:
         ordered = sorted(self.queue, key=lambda s: s.policy_version)
         batch, self.queue = ordered[: self.batch_size], ordered[self.batch_size :]
         self.counters.samples_shipped += len(batch)
+        self._count_tokens("tokens_shipped", sum(len(s.completion_ids) for s in batch))
         return batch
 
     def drain_recent_rewards(self) -> list[float]:
@@ -219,6 +245,15 @@ class TrainSink:
         a group whose fresh members alone have zero spread is rejected without counting here."""
         out, self._recent_groups = tuple(self._recent_groups), [0, 0, 0, 0, 0]
         return out  # type: ignore[return-value]
+
+    def _count_tokens(self, counter: str, n: int) -> None:
+        setattr(self.counters, counter, getattr(self.counters, counter) + n)
+        self._recent_tokens[counter] += n
+
+    def drain_recent_tokens(self) -> dict[str, int]:
+        """The token counters (:data:`TOKEN_COUNTERS`) since the last call: what the step's cost shares divide."""
+        out, self._recent_tokens = self._recent_tokens, dict.fromkeys(TOKEN_COUNTERS, 0)
+        return out
 
     def drain_recent_floored(self) -> int:
         """Groups queued since the last call whose std normalisation divided by ``advantage.min_std`` instead of

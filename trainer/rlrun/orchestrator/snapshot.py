@@ -53,6 +53,8 @@ class SinkSnapshot:
     emitted_train_groups: list[GroupRequest]
     counters: dict[str, int] = field(default_factory=dict)
     conversations: list[KeptConversation] = field(default_factory=list)
+    #: tensors of the source's state taken at the same cut (the curriculum's per-task arrays), saved beside the sink's
+    source_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def taken_members(self) -> Iterator[tuple[int, int]]:
         """``(group_id, next_member)`` for every saved episode, emitted request and kept conversation: member
@@ -164,7 +166,7 @@ def pack(snap: SinkSnapshot) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     tensors = {f"sink.{k}": v for k, v in tokens.tensors().items()}
     for k, col in cols.items():
         tensors[f"sink.pending.{k}"] = _view(col, torch.float64 if col.typecode == "d" else torch.int64)
-    return state, tensors
+    return state, tensors | snap.source_tensors
 
 
 def unpack(state: dict[str, Any] | None, tensors: dict[str, torch.Tensor]) -> SinkSnapshot:

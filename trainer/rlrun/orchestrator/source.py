@@ -3,9 +3,10 @@
 Task number ``i`` of a run is a pure function of ``(seed, i)``: its env is drawn
 with the envs' weights from an RNG seeded by ``(seed, i)``, and the env makes task
 ``i`` of its own seeded stream. The whole sampler state is therefore the cursor
-``i``, and a resumed run that restores the cursor draws exactly the tasks an
-uninterrupted run would have drawn next. The group id of a fresh group is its task
-number, unique within the run.
+``i`` — with a curriculum (``spec.curriculum``), which passes over tasks by a draw seeded by
+``(seed, env, i)`` against the per-task state, that state too (:mod:`.curriculum`) — and a resumed run
+that restores them draws exactly the tasks an uninterrupted run would have drawn next. The group id of a
+fresh group is its task number, unique within the run.
 
 Resume requests — members of a group asked again, same task and same group id, after a
 cancellation or a resume from a sink snapshot — are served **before** any new task
@@ -24,10 +25,13 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlrun.envs.base import Env, Task
 from rlrun.orchestrator.groups import GroupRequest, KeptConversation
+
+if TYPE_CHECKING:
+    from rlrun.orchestrator.curriculum import Curriculum
 
 
 class TrainSource:
@@ -42,7 +46,9 @@ class TrainSource:
         ValueError: no envs.
     """
 
-    def __init__(self, envs: list[tuple[Env, float]], seed: int, cursor: int = 0) -> None:
+    def __init__(
+        self, envs: list[tuple[Env, float]], seed: int, cursor: int = 0, curriculum: Curriculum | None = None
+    ) -> None:
         if not envs:
             raise ValueError("TrainSource needs at least one env")
         self.envs = [e for e, _ in envs]
@@ -54,6 +60,8 @@ class TrainSource:
         self._retries: dict[int, int] = {}  # groups requested again after failed requests → how often
         #: ``admit(task) -> bool``: False passes a fresh task over (the caller records why); None: every task is admitted
         self.admit: Callable[[Task], bool] | None = None
+        #: passes over tasks by what their earlier groups scored (``spec.curriculum``); None: every task is drawn
+        self.curriculum = curriculum
 
     def task_at(self, index: int) -> Task:
         """Task number ``index`` (pure; does not move the cursor)."""
@@ -71,7 +79,9 @@ class TrainSource:
         while True:  # a task admit refuses is passed over: the cursor moves on, the caller has recorded it
             index = self.cursor
             task = self.task_at(index)
-            admitted = self.admit is None or self.admit(task)
+            admitted = (self.admit is None or self.admit(task)) and (
+                self.curriculum is None or self.curriculum.admit(task)
+            )
             # only past a task that was made and judged: one whose env raised, or that admit raised on (refuse), is
             # not passed over: the run stops on it, and a draw meanwhile (the loop's, after its follower's) asks again
             self.cursor += 1
@@ -135,7 +145,7 @@ class TrainSource:
 
     def state(self) -> dict[str, Any]:
         """JSON-compatible state for checkpoints: ``{"cursor": int, "resume_requests": [GroupRequest dict, …],
-        "retries": {"<group id>": int}}``.
+        "retries": {"<group id>": int}}``, and ``"curriculum"`` (:meth:`Curriculum.state`) with one.
 
         Member numbers are not saved: a resume notes them again from the snapshot's episodes and
         requests (:meth:`note_members`).
@@ -144,11 +154,18 @@ class TrainSource:
             "cursor": self.cursor,
             "resume_requests": [r.to_dict() for r in self.resume_requests],
             "retries": {str(g): n for g, n in self._retries.items()},
-        }
+        } | ({"curriculum": self.curriculum.state()} if self.curriculum is not None else {})
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state` (older checkpoints lack resume requests and retries: none)."""
+    def tensors(self) -> dict[str, Any]:
+        """The bulk part of :meth:`state`, as tensors: the curriculum's per-task arrays (copies; {} without one)."""
+        return self.curriculum.difficulty.tensors() if self.curriculum is not None else {}
+
+    def load_state(self, state: dict[str, Any], tensors: dict[str, Any] | None = None) -> None:
+        """Restore :meth:`state` and :meth:`tensors` (older checkpoints lack resume requests, retries and the
+        curriculum: none)."""
         self.cursor = int(state["cursor"])
+        if self.curriculum is not None:
+            self.curriculum.load(state.get("curriculum"), tensors or {})
         self._retries = {int(g): int(n) for g, n in state.get("retries", {}).items()}
         self.resume_requests = deque(GroupRequest.from_dict(r) for r in state.get("resume_requests", []))
         self._next_member = {}
