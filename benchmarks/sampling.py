@@ -5,7 +5,7 @@ For each ``--policies`` policy (``spec.curriculum.policy``) and ``--seeds`` seed
 
 - ``--env dataset``: the arithmetic dataset example (``examples/arithmetic-dataset.yaml``) and its model (the builtin
   ``tiny`` warm-started on the example's training split), trained on the first ``--rows`` rows of that split and
-  evaluated on its whole held-out split (200 rows), so a run of ``--steps`` steps passes over the training rows
+  evaluated on its whole held-out split (210 rows), so a run of ``--steps`` steps passes over the training rows
   several times (``epochs`` below): per-task history needs tasks to come back;
 - ``--env default``: the default example (``examples/reverse-text.yaml``): ≈ 6,300 two-word tasks, each drawn
   about once in a run, so no task's history is ever read (a procedural env keeps none: ``curriculum.py``).

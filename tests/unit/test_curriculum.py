@@ -306,3 +306,16 @@ async def test_the_state_a_real_checkpoint_holds_is_what_a_resumed_attempt_resto
         assert np.array_equal(arrays[field], tensors[f"curriculum.dataset.{field}"].numpy(), equal_nan=True), field
     assert second.curriculum.skipped == saved["skipped"]
     second.ledger.close()
+
+
+def test_a_policy_on_an_env_it_cannot_act_on_is_said_at_validation(tmp_path):
+    """A procedural env keeps no per-task state: ``skip`` or ``pools`` on it draws uniformly, and ``rlrun validate``,
+    ``rlrun local`` and the orchestrator say so, naming the env (a dataset env gets no warning)."""
+    from rlrun.manifest import curriculum_warnings
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "ab=", "answer": "ba"}\n' * 3)
+    envs = [{"name": "reverse-text"}, {"name": "dataset", "args": {"path": str(data)}}]
+    assert curriculum_warnings(parse(envs=envs).spec) == []  # uniform
+    [warning] = curriculum_warnings(parse(envs=envs, curriculum={"policy": "skip"}).spec)
+    assert "env reverse-text" in warning and "drawn uniformly" in warning and "dataset" not in warning

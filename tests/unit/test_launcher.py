@@ -89,8 +89,10 @@ def test_progress_cells_of_other_rows():
 
 def test_progress_cells_show_the_groups_solved_and_the_trainers_mismatch_kl():
     row = {**metrics_row(5, 1, 0.4567, 812.4), "solved_all": 0.25, "solved_none": 0.125}
-    cells = progress_cells(row, 6, 1.0, {"step": 4, "mismatch_kl": 0.00123})
+    cells = progress_cells(row, 6, 1.0, {"step": 5, "mismatch_kl": 0.00123})
     assert cells[1:5] == ["reward 0.457", "solved all/none 0.25/0.12", "mismatch KL 0.0012", "812 tok/s"]
+    # the trainer's newest line is of another step (it trains step 5 after the orchestrator ships it): named
+    assert progress_cells(row, 6, 1.0, {"step": 4, "mismatch_kl": 0.00123})[3] == "mismatch KL 0.0012 (step 4)"
     assert progress_cells(metrics_row(5, 1, 0.4567, 812.4), 6, 1.0)[1:3] == ["reward 0.457", "812 tok/s"]
 
 

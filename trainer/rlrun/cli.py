@@ -18,7 +18,7 @@ from pathlib import Path
 import typer
 
 from rlrun.api.spec import RLRun, RLRunSpec
-from rlrun.manifest import Checks, ManifestError, load_manifest
+from rlrun.manifest import Checks, ManifestError, curriculum_warnings, load_manifest
 from rlrun.model.resolve import init_builtin_model  # no torch: the builds import it when they run
 from rlrun.roles import FAKE_ROLLOUT_ENV
 
@@ -79,7 +79,8 @@ def _load(manifest: Path, checks: Checks = "full") -> RLRun:
     except ManifestError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
-    for line in run.spec.deprecations:  # rlrun validate and local say it; the orchestrator logs it
+    notes = run.spec.deprecations + (curriculum_warnings(run.spec) if checks == "full" else [])
+    for line in notes:  # rlrun validate and local say it; the orchestrator logs it
         typer.echo(f"warning: {line}", err=True)
     return run
 

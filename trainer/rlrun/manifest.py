@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from rlrun.api.pod_inputs import DNS_LABEL_PATTERN, QUANTITY_PATTERN
 from rlrun.api.spec import NAME_PATTERN, EnvSpec, RLRun, RLRunSpec
 from rlrun.envs import BUILTIN_ENVS, Env, EnvArgsError, UnknownEnvError, make_env, resolve_env
+from rlrun.envs.base import has_task_keys
 from rlrun.rewards.loading import RewardArgsError, argument_problems, load_reward
 from rlrun.tracking.backends import missing_packages
 
@@ -303,6 +304,22 @@ def reward_argument_error(
             "passes: end its signature with **kwargs (TRL's convention)"
         )
     return None
+
+
+def curriculum_warnings(spec: RLRunSpec) -> list[str]:
+    """One sentence per env a non-uniform ``spec.curriculum`` cannot act on: an env without a finite task space
+    (:func:`~rlrun.envs.base.has_task_keys`: a procedural env makes a new task at every index) keeps no per-task
+    history, and is drawn uniformly whatever the policy. Printed by ``rlrun validate`` and ``rlrun local``, logged by
+    the orchestrator; empty for ``uniform``."""
+    policy = spec.curriculum.policy
+    if policy == "uniform":
+        return []
+    return [
+        f"spec.curriculum.policy {policy} does not apply to env {e.name}: it makes a new task at every index (no "
+        "finite task space to keep a per-task history of), so it is drawn uniformly (docs/algorithms.md, Curriculum)"
+        for e in spec.envs
+        if inspect.isclass(factory := resolve_env(e.name)) and not has_task_keys(factory)  # a factory: unknown
+    ]
 
 
 def warm_start_error(envs: list[tuple[str, Env]]) -> str | None:

@@ -24,8 +24,8 @@ class PoolSpec(Strict):
     """One pass-rate pool of the ``pools`` policy: the tasks whose last group's mean reward is at most
     ``max_pass_rate`` (and above the previous pool's), drawn with relative weight ``weight``."""
 
-    max_pass_rate: float = Field(ge=0, le=1)
-    weight: float = Field(gt=0, le=1e6)
+    max_pass_rate: float = Field(ge=0, le=1, allow_inf_nan=False)
+    weight: float = Field(gt=0, le=1e6, allow_inf_nan=False)
 
 
 #: prime-rl's ``DifficultyPoolSampler`` pools: hard (≤ 0.25) and easy (above 0.75) tasks at a fifth of the weight of
@@ -57,9 +57,9 @@ class CurriculumSpec(Strict):
 
     policy: Literal["uniform", "pools", "skip"] = "uniform"
     pools: list[PoolSpec] = Field(default_factory=lambda: list(DEFAULT_POOLS), min_length=1, max_length=MAX_POOLS)
-    unseen_weight: float = Field(default=1.0, gt=0, le=1e6)
-    exploration: float = Field(default=0.5, gt=0, lt=1)
-    max_skip: float = Field(default=0.9, ge=0, lt=1)
+    unseen_weight: float = Field(default=1.0, gt=0, le=1e6, allow_inf_nan=False)
+    exploration: float = Field(default=0.5, gt=0, lt=1, allow_inf_nan=False)
+    max_skip: float = Field(default=0.9, ge=0, lt=1, allow_inf_nan=False)
 
     @field_validator("pools")
     @classmethod

@@ -131,6 +131,12 @@ class Env(Protocol):
 EnvFactory = Callable[..., Env]
 
 
+def has_task_keys(env: object) -> bool:
+    """Whether ``env`` (an env, or its class) has a finite task space: ``num_task_keys()`` and ``task_key(seed,
+    index)`` (the dataset env's rows), what a curriculum keeps per-task state of (:mod:`rlrun.orchestrator.difficulty`)."""
+    return callable(getattr(env, "num_task_keys", None)) and callable(getattr(env, "task_key", None))
+
+
 @dataclass(frozen=True)
 class Reply:
     """What a multi-turn env answers to one model turn (:class:`MultiTurnEnv.respond`).

@@ -364,7 +364,7 @@ class LocalLauncher:
             nonlocal offset, eval_offset, trained_offset, last_line
             new, offset = read_metrics(self.run_dir.metrics, offset)
             lines, trained_offset = read_metrics(self.run_dir.trainer_metrics, trained_offset)
-            trained[:] = trained[-1:] + lines  # only the newest is shown
+            trained[:] = trained[-1:] + lines  # the newest, and the lines read now (a resume reads its history)
             label_restored(new, self._generating)
             dropped = [eval_dropped_line(a, b) for a, b in zip((rows or [{}])[-1:] + new, new, strict=False)]
             rows.extend(new)
@@ -379,9 +379,10 @@ class LocalLauncher:
             for line in filter(None, dropped):  # a dropped round, as the step after it lands
                 self.console.print(line, markup=False)
             latest = trained[-1] if trained else None
+            by_step = {t["step"]: t for t in trained if "step" in t}
             for row in new:
                 if row["step"] % every == 0 or row["step"] == self.max_steps or row["restored"]:
-                    cells = progress_cells(row, self.max_steps, time.monotonic() - t0, latest)
+                    cells = progress_cells(row, self.max_steps, time.monotonic() - t0, by_step.get(row["step"], latest))
                     self.console.print("  ".join(cells), markup=False)
                     last_line = time.monotonic()
             if time.monotonic() - last_line >= HEARTBEAT_S:

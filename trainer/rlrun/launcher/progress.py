@@ -114,7 +114,8 @@ def reward_gain(rows: list[dict], window: int = 10) -> tuple[float, float] | Non
 
 def progress_cells(row: dict, max_steps: int, elapsed_s: float, trained: dict | None = None) -> list[str]:
     """The cells of a progress line for metrics ``row`` (``{}`` before the first step) and ``trained``, the
-    trainer's newest metrics line (its mismatch KL; None before one).
+    trainer's metrics line of the row's step, else its newest (its mismatch KL, labelled with its step when that is
+    not the row's: the trainer trains step N after the orchestrator ships it; None before one).
 
     A restored batch (:func:`label_restored`) shows ``reward — (restored batch)`` and
     ``— tok/s``; another step with no episode scored since the one before, ``reward — (none scored)``.
@@ -130,7 +131,10 @@ def progress_cells(row: dict, max_steps: int, elapsed_s: float, trained: dict | 
         if row.get("solved_all") is not None and row.get("solved_none") is not None
         else []
     )
-    kl = [f"mismatch KL {trained['mismatch_kl']:.4f}"] if trained and trained.get("mismatch_kl") is not None else []
+    kl = []
+    if trained and trained.get("mismatch_kl") is not None:  # the trainer's step, named when it is not the row's
+        other = trained.get("step") is not None and trained.get("step") != row.get("step")
+        kl = [f"mismatch KL {trained['mismatch_kl']:.4f}" + (f" (step {trained['step']})" if other else "")]
     wasted = row.get("zero_spread_token_fraction")
     zero_spread = [f"zero-spread {wasted:.0%} of tokens"] if wasted is not None else []
     return [

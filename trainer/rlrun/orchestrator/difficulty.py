@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rlrun.envs.base import Env, Task
+from rlrun.envs.base import Env, Task, has_task_keys
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class TaskDifficulty:
 
     def __init__(self, envs: Mapping[str, Env], seed: int) -> None:
         self.seed = seed
-        self.envs = {name: env for name, env in envs.items() if _keyed(env)}
+        self.envs = {name: env for name, env in envs.items() if has_task_keys(env)}
         self.tables = {name: EnvDifficulty(int(env.num_task_keys())) for name, env in self.envs.items()}  # type: ignore[attr-defined]
 
     def key(self, task: Task) -> tuple[EnvDifficulty, int] | None:
@@ -144,10 +144,6 @@ class TaskDifficulty:
                 continue
             for field, dtype in FIELDS.items():
                 table.arrays[field] = tensors[f"curriculum.{name}.{field}"].numpy().astype(dtype, copy=True)
-
-
-def _keyed(env: Env) -> bool:
-    return callable(getattr(env, "num_task_keys", None)) and callable(getattr(env, "task_key", None))
 
 
 def _fingerprint(env: Env) -> str | None:

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlrun.manifest import load_manifest
+from rlrun.manifest import curriculum_warnings, load_manifest
 from rlrun.model.resolve import resolve_model
 from rlrun.orchestrator import loop
 from rlrun.role_exit import RoleExit, reporting
@@ -48,7 +48,7 @@ def run_orchestrator(
     """
     with reporting("orchestrator") as exit_:
         run = load_manifest(manifest)
-        for line in run.spec.deprecations:
+        for line in run.spec.deprecations + curriculum_warnings(run.spec):
             log.warning("%s", line)
         exit_.max_steps = max_steps or run.spec.max_steps
         orch = loop.Orchestrator(

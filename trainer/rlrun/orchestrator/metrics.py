@@ -103,7 +103,9 @@ def token_cost(recent: dict[str, int], counters: SinkCounters) -> dict[str, floa
     spread, ``zero_spread_token_fraction`` = ``…_solved…`` (every member solved it) + ``…_unsolved…`` (the rest:
     every member failed it, or scored the same partial reward); ``trained_token_fraction`` (tokens shipped ÷ tokens
     generated) and ``generated_tokens_per_trained_token``, both cumulative over the run (the counters a resume
-    restores). Shares are null when nothing was generated (or shipped)."""
+    restores). Shares are null when nothing was generated (or shipped). ``tokens_generated`` sums to the run's total
+    over an uninterrupted run's lines; a resumed attempt counts from its resume, so the tokens an attempt finished
+    after its last line are in the cumulative keys and the ledger check, in no line."""
     generated = recent["tokens_finished"]
     solved, unsolved = recent["tokens_zero_spread_solved"], recent["tokens_zero_spread_unsolved"]
     total, shipped = counters.tokens_finished, counters.tokens_shipped

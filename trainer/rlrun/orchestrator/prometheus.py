@@ -122,7 +122,7 @@ class OrchestratorCollector:
             "rlrun_completion_tokens_zero_spread_solved": c.tokens_zero_spread_solved,
             "rlrun_completion_tokens_zero_spread_unsolved": c.tokens_zero_spread_unsolved,
             "rlrun_completion_tokens_trained": c.tokens_shipped,
-            "rlrun_tasks_skipped": line.get("tasks_skipped"),
+            "rlrun_tasks_skipped": v.tasks_skipped,
             "rlrun_requests_cancelled": v.requests_cancelled,
             "rlrun_episodes_reward_failed": v.rewards_failed,
             "rlrun_journal_records": v.journal_records,

@@ -82,6 +82,7 @@ class OrchestratorView:
         counters: a copy of the sink's cumulative counters.
         requests_cancelled: rollout requests cancelled (stale, failed, lost).
         rewards_failed: members whose reward failed in this attempt.
+        tasks_skipped: tasks the curriculum passed over, over the run (restored by a resume).
         journal_records: records appended to this attempt's episode journal.
         journal_fsyncs: group commits of the journal.
         journal_bytes: bytes written to the journal.
@@ -120,6 +121,7 @@ class OrchestratorView:
     counters: SinkCounters
     requests_cancelled: int
     rewards_failed: int
+    tasks_skipped: int
     journal_records: int
     journal_fsyncs: int
     journal_bytes: int
@@ -193,6 +195,7 @@ def view_of(orch: Viewed, detail: bool = False) -> OrchestratorView:
         counters=dataclasses.replace(sink.counters),
         requests_cancelled=d.cancelled_groups if d is not None else 0,
         rewards_failed=orch.metrics.reward_failed,
+        tasks_skipped=orch.metrics.curriculum.skipped if orch.metrics.curriculum is not None else 0,
         journal_records=journal.next_seq if journal is not None else 0,
         journal_fsyncs=journal.fsyncs if journal is not None else 0,
         journal_bytes=journal.bytes_written if journal is not None else 0,
