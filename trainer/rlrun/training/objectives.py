@@ -30,29 +30,51 @@ normaliser is known before any forward, as IcePop's objective and TRL's masked i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 import torch
 
-Aggregation = Literal["token_mean", "sequence_mean", "constant"]
+from rlrun.api.algorithm import LossSpec
 
 #: The detached sums :func:`loss_sums` returns, in this order (summed over parts, then divided by the batch's
 #: counts: :mod:`rlrun.training.step`).
 SUM_KEYS = ("clipped", "ratio_sum", "dual_clipped", "truncated", "masked", "kl_sum", "policy_loss")
 
 
-@dataclass(frozen=True)
+#: Where each of :class:`LossSettings`' plain names is set in :class:`~rlrun.api.algorithm.LossSpec` (the two sides
+#: of the clip as ``clip_low``/``clip_high``, the correction's settings in ``importance_correction``).
+_SPEC_PATH = {
+    "objective": ("objective",),
+    "epsilon_low": ("clip_low",),
+    "epsilon_high": ("clip_high",),
+    "dual_clip": ("dual_clip",),
+    "aggregation": ("aggregation",),
+    "kl_coef": ("kl_coef",),
+    "kl_estimator": ("kl_estimator",),
+    "correction": ("importance_correction", "mode"),
+    "correction_level": ("importance_correction", "level"),
+    "cap": ("importance_correction", "cap"),
+    "low": ("importance_correction", "low"),
+    "high": ("importance_correction", "high"),
+}
+
+
 class LossSettings:
-    """The loss's settings, as plain values (``spec.loss``, and the constant normaliser from the spec).
+    """The loss's settings: ``spec.loss`` (a :class:`~rlrun.api.algorithm.LossSpec`, which holds every default and
+    allowed value) and the constant normaliser from the spec, read by plain names.
+
+    ``LossSettings(loss, constant)`` holds a spec's loss; ``LossSettings(constant=…, **values)`` builds one from
+    plain names (tests, benchmarks), validated as a manifest's would be. Two settings are equal when every plain
+    value and the constant are (``ratio_clip: 0.3`` equals ``epsilon_low = epsilon_high = 0.3``).
 
     Attributes:
+        loss: the spec's loss settings.
+        constant: ``batch_size × sampling.max_tokens``, the ``constant`` aggregation's normaliser (tokens).
         objective: ``ppo_clip``, ``gspo`` or ``cispo``.
         epsilon_low: ε below 1 (the ratio's clip floor is ``1 − epsilon_low``).
         epsilon_high: ε above 1 (the ceiling ``1 + epsilon_high``).
         dual_clip: ``c > 1`` bounding a negative advantage's surrogate at ``c · A``; None: off.
         aggregation: ``token_mean``, ``sequence_mean`` or ``constant``.
-        constant: ``batch_size × sampling.max_tokens``, the ``constant`` aggregation's normaliser (tokens).
         kl_coef: β of the KL penalty (0: off).
         kl_estimator: ``k1``, ``k2`` or ``k3``.
         correction: ``none``, ``truncate`` or ``mask``.
@@ -60,39 +82,102 @@ class LossSettings:
         cap: the truncation's cap.
         low: the mask's lower bound.
         high: the mask's upper bound.
+
+    Raises:
+        TypeError: a name that is none of the above, or ``loss`` given with plain values.
+        pydantic.ValidationError: a plain value ``spec.loss`` refuses.
     """
 
-    objective: Literal["ppo_clip", "gspo", "cispo"] = "ppo_clip"
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2
-    dual_clip: float | None = None
-    aggregation: Aggregation = "token_mean"
-    constant: float = 1.0
-    kl_coef: float = 0.0
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    correction: Literal["none", "truncate", "mask"] = "none"
-    correction_level: Literal["token", "sequence"] = "token"
-    cap: float = 2.0
-    low: float = 0.5
-    high: float = 2.0
+    __slots__ = ("constant", "loss")
+
+    def __init__(self, loss: LossSpec | None = None, constant: float = 1.0, **values: Any) -> None:
+        if loss is not None and values:
+            raise TypeError(f"give a LossSpec or plain values, not both (got {sorted(values)})")
+        if unknown := sorted(set(values) - set(_SPEC_PATH)):
+            raise TypeError(f"unknown loss settings {unknown}: the names are {list(_SPEC_PATH)}")
+        if loss is None:
+            nested: dict[str, Any] = {}
+            for name, value in values.items():
+                *outer, last = _SPEC_PATH[name]
+                place = nested
+                for key in outer:
+                    place = place.setdefault(key, {})
+                place[last] = value
+            loss = LossSpec.model_validate(nested)
+        self.loss = loss
+        self.constant = float(constant)
 
     @classmethod
     def from_spec(cls, spec) -> LossSettings:
         """The settings of an :class:`~rlrun.api.spec.RLRunSpec` (``loss``; ``batch_size`` and
         ``sampling.max_tokens`` for the constant normaliser)."""
-        loss, ic = spec.loss, spec.loss.importance_correction
-        return cls(
-            objective=loss.objective, epsilon_low=loss.epsilon_low, epsilon_high=loss.epsilon_high,
-            dual_clip=loss.dual_clip, aggregation=loss.aggregation,
-            constant=float(spec.batch_size * spec.sampling.max_tokens), kl_coef=loss.kl_coef,
-            kl_estimator=loss.kl_estimator, correction=ic.mode, correction_level=ic.level, cap=ic.cap, low=ic.low,
-            high=ic.high,
-        )  # fmt: skip
+        return cls(spec.loss, constant=float(spec.batch_size * spec.sampling.max_tokens))
+
+    @property
+    def objective(self) -> str:
+        return self.loss.objective
+
+    @property
+    def epsilon_low(self) -> float:
+        return self.loss.epsilon_low
+
+    @property
+    def epsilon_high(self) -> float:
+        return self.loss.epsilon_high
+
+    @property
+    def dual_clip(self) -> float | None:
+        return self.loss.dual_clip
+
+    @property
+    def aggregation(self) -> str:
+        return self.loss.aggregation
+
+    @property
+    def kl_coef(self) -> float:
+        return self.loss.kl_coef
+
+    @property
+    def kl_estimator(self) -> str:
+        return self.loss.kl_estimator
+
+    @property
+    def correction(self) -> str:
+        return self.loss.importance_correction.mode
+
+    @property
+    def correction_level(self) -> str:
+        return self.loss.importance_correction.level
+
+    @property
+    def cap(self) -> float:
+        return self.loss.importance_correction.cap
+
+    @property
+    def low(self) -> float:
+        return self.loss.importance_correction.low
+
+    @property
+    def high(self) -> float:
+        return self.loss.importance_correction.high
 
     @property
     def uses_reference(self) -> bool:
         """Whether the loss has a KL term, hence needs the reference policy's logprobs."""
         return self.kl_coef > 0
+
+    def _values(self) -> tuple:
+        return (*(getattr(self, name) for name in _SPEC_PATH), self.constant)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LossSettings) and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{name}={getattr(self, name)!r}" for name in (*_SPEC_PATH, "constant"))
+        return f"LossSettings({values})"
 
 
 def normaliser(settings: LossSettings, tokens: float, sequences: float) -> float:
