@@ -63,6 +63,17 @@ class OptimizerSpec(Strict):
         return ratio
 
 
+#: CEL rules on ``spec.optimizer`` (:mod:`rlrun.api.crd`): :class:`OptimizerSpec`'s validator above.
+OPTIMIZER_CEL_RULES: list[dict[str, str]] = [
+    {  # double(): a YAML 0 arrives as an int, and CEL compares an int with a double only by converting it
+        "rule": "!has(self.min_lr_ratio) || double(self.min_lr_ratio) == 0.0 || "
+        "(has(self.lr_schedule) && self.lr_schedule != 'constant')",
+        "message": "optimizer.min_lr_ratio applies to a decaying lr_schedule (linear or cosine)",
+        "fieldPath": ".min_lr_ratio",
+    },
+]
+
+
 #: ε of the clip on both sides when none of ``ratio_clip``, ``clip_low``, ``clip_high`` is set (PPO's 0.2).
 DEFAULT_CLIP = 0.2
 

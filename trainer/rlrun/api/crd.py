@@ -16,10 +16,10 @@ Conversion rules, pydantic JSON Schema (2020-12) → Kubernetes OpenAPI v3 (stru
 - optional nested objects get ``default: {}`` so the API server applies their fields'
   defaults (defaulting recurses into objects that exist);
 - cross-field rules of the pydantic validators (and single-field ones whose message says why) are
-  repeated as CEL rules (``x-kubernetes-validations``, :data:`CEL_RULES`, and each role's
-  :data:`rlrun.api.pod_inputs.ROLE_CEL_RULES`, the rollout's :data:`rlrun.api.vllm_args.VLLM_ARGS_CEL_RULES`,
-  the loss's :data:`rlrun.api.algorithm.LOSS_CEL_RULES`, the model's :data:`rlrun.api.spec.MODEL_CEL_RULES`)
-  so ``kubectl apply`` rejects them.
+  repeated as CEL rules (``x-kubernetes-validations``), each written beside the validator it repeats
+  (``*_CEL_RULES`` of :mod:`rlrun.api.spec`, :mod:`~rlrun.api.algorithm`, :mod:`~rlrun.api.run_settings`,
+  :mod:`~rlrun.api.role_specs`, :mod:`~rlrun.api.pod_inputs` (each role's), :mod:`~rlrun.api.vllm_args`,
+  :mod:`~rlrun.api.curriculum`, :mod:`~rlrun.api.lora`) and collected here, so ``kubectl apply`` rejects them.
 
 Unknown fields are pruned by a structural schema; ``kubectl apply`` (field validation
 ``Strict`` by default since Kubernetes 1.27) rejects them with the field named.
@@ -39,9 +39,11 @@ from typing import Any
 
 import yaml
 
-from rlrun.api.algorithm import LOSS_CEL_RULES
+from rlrun.api.algorithm import LOSS_CEL_RULES, OPTIMIZER_CEL_RULES
 from rlrun.api.curriculum import CURRICULUM_CEL_RULES
 from rlrun.api.pod_inputs import ROLE_CEL_RULES
+from rlrun.api.role_specs import TRAINER_CEL_RULES
+from rlrun.api.run_settings import PREEMPTION_CEL_RULES, STORAGE_CEL_RULES
 from rlrun.api.spec import (
     API_GROUP,
     API_VERSION,
@@ -49,6 +51,7 @@ from rlrun.api.spec import (
     MAX_NAME_LENGTH,
     MODEL_CEL_RULES,
     NAME_PATTERN,
+    RUN_CEL_RULES,
     RLRunSpec,
 )
 from rlrun.api.status import RLRunStatus
@@ -66,82 +69,16 @@ CHART_CRD_FILE = Path("charts") / "rlrun-operator" / "crds" / f"{API_GROUP}_{PLU
 #: never upgrades it: the operator compares the installed CRD's hash with its own to tell an outdated one.
 SCHEMA_HASH_ANNOTATION = f"{API_GROUP}/schema-hash"
 
-#: CEL rules by the path of the spec object they sit on (``()`` = ``spec``). Defaults are applied
-#: before validation, so defaulted fields exist; ``has()`` guards the optional ones anyway.
-CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
-    (): [
-        {
-            "rule": "self.group_size >= 2",
-            "message": "group_size must be ≥ 2: GRPO advantages compare the members of a group",
-            "fieldPath": ".group_size",
-        },
-        {
-            "rule": "self.batch_size >= self.group_size",
-            "message": "batch_size must be ≥ group_size: a batch holds whole groups",
-            "fieldPath": ".batch_size",
-        },
-        {
-            "rule": "!has(self.rollout) || self.rollout.max_inflight >= self.group_size",
-            "message": "rollout.max_inflight must be ≥ group_size: a group is requested at once",
-            "fieldPath": ".rollout.max_inflight",
-        },
-        {
-            "rule": "!has(self.optimizer) || !has(self.optimizer.warmup_steps) || "
-            "self.optimizer.warmup_steps < self.max_steps",
-            "message": "optimizer.warmup_steps must be < max_steps: the warmup ends before the last step",
-            "fieldPath": ".optimizer.warmup_steps",
-        },
-        {
-            # advantage.std_normalize has no default in the CRD, so has() tells whether the user set it
-            "rule": "!has(self.loss) || !has(self.loss.std_normalize_advantages) || !has(self.advantage) || "
-            "!has(self.advantage.std_normalize) || self.loss.std_normalize_advantages == self.advantage.std_normalize",
-            "message": "advantage.std_normalize and loss.std_normalize_advantages, its deprecated alias, disagree: "
-            "set only advantage.std_normalize",
-            "fieldPath": ".advantage.std_normalize",
-        },
-    ],
-    ("optimizer",): [
-        {  # double(): a YAML 0 arrives as an int, and CEL compares an int with a double only by converting it
-            "rule": "!has(self.min_lr_ratio) || double(self.min_lr_ratio) == 0.0 || "
-            "(has(self.lr_schedule) && self.lr_schedule != 'constant')",
-            "message": "optimizer.min_lr_ratio applies to a decaying lr_schedule (linear or cosine)",
-            "fieldPath": ".min_lr_ratio",
-        },
-    ],
-    ("envs", "[]", "rewards", "[]"): [
-        {
-            "rule": "has(self.name) != has(self.function)",
-            "message": "set exactly one of name (a builtin reward) or function (an import path module:attr)",
-        },
-        {
-            "rule": "!has(self.function) || !has(self.args) || size(self.args) == 0",
-            "message": "args apply to a builtin reward (name), not to a function",
-            "fieldPath": ".args",
-        },
-    ],
-    ("storage",): [
-        {
-            "rule": "self == oldSelf",
-            "message": "storage is immutable: the run directory lives on it (create a new RLRun)",
-        },
-    ],
-    ("trainer",): [
-        {
-            "rule": "self.gpus == 0 || self.processes_per_node <= self.gpus",
-            "message": "trainer.processes_per_node must be ≤ trainer.gpus when the trainer has GPUs: "
-            "each rank takes one GPU",
-            "fieldPath": ".processes_per_node",
-        },
-    ],
-    ("preemption",): [
-        {
-            "rule": "self.snapshot_timeout_seconds < self.termination_grace_period_seconds",
-            "message": "termination_grace_period_seconds must be > snapshot_timeout_seconds: "
-            "the snapshot must be written before the kubelet kills the pod",
-            "fieldPath": ".termination_grace_period_seconds",
-        },
-    ],
-}
+#: Every CEL rule but the roles' own, by the path of the spec object it sits on (``()`` = ``spec``), each written
+#: beside the pydantic validator it repeats: collected here in the order they are added to the schema (on
+#: ``spec.trainer``, :data:`~rlrun.api.role_specs.TRAINER_CEL_RULES` before :data:`ROLE_CEL_RULES`).
+CEL_RULES: list[tuple[tuple[str, ...], list[dict[str, str]]]] = [
+    *RUN_CEL_RULES.items(),
+    (("optimizer",), OPTIMIZER_CEL_RULES),
+    (("storage",), STORAGE_CEL_RULES),
+    (("trainer",), TRAINER_CEL_RULES),
+    (("preemption",), PREEMPTION_CEL_RULES),
+]
 #: The roles whose spec is a ``RoleSpec``: each gets :data:`rlrun.api.pod_inputs.ROLE_CEL_RULES`.
 ROLES = ("orchestrator", "trainer", "rollout")
 
@@ -333,7 +270,7 @@ def spec_schema() -> dict[str, Any]:
         for key in ("volumes", "env"):
             schema["properties"][role]["properties"][key]["x-kubernetes-list-type"] = "map"
             schema["properties"][role]["properties"][key]["x-kubernetes-list-map-keys"] = ["name"]
-    rules = [*CEL_RULES.items()]
+    rules = [*CEL_RULES]
     rules += [((role, *path), role_rules) for role in ROLES for path, role_rules in ROLE_CEL_RULES.items()]
     rules += [(("rollout", *path), path_rules) for path, path_rules in VLLM_ARGS_CEL_RULES.items()]
     rules += [(("loss", *path), path_rules) for path, path_rules in LOSS_CEL_RULES.items()]

@@ -77,6 +77,17 @@ class TrainerSpec(RoleSpec):
         return processes
 
 
+#: CEL rules on ``spec.trainer`` (:mod:`rlrun.api.crd`, before the roles' own): :class:`TrainerSpec`'s validator.
+TRAINER_CEL_RULES: list[dict[str, str]] = [
+    {
+        "rule": "self.gpus == 0 || self.processes_per_node <= self.gpus",
+        "message": "trainer.processes_per_node must be ≤ trainer.gpus when the trainer has GPUs: "
+        "each rank takes one GPU",
+        "fieldPath": ".processes_per_node",
+    },
+]
+
+
 class RolloutSpec(RoleSpec):
     """Rollout servers (vLLM), one pod each on Kubernetes.
 

@@ -24,8 +24,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from rlrun.api.algorithm import AdvantageSpec, LossSpec, OptimizerSpec, SamplingSpec
 from rlrun.api.curriculum import CurriculumSpec
 from rlrun.api.lora import LORA_CEL_RULES, LoraSpec
-from rlrun.api.pod_inputs import DNS_LABEL_PATTERN, Quantity
 from rlrun.api.role_specs import OrchestratorSpec, RolloutSpec, TrainerSpec
+from rlrun.api.run_settings import (
+    CheckpointSpec,
+    EvaluationSpec,
+    FailurePolicySpec,
+    PreemptionSpec,
+    SchedulingSpec,
+    StorageSpec,
+)
 from rlrun.api.strict import Strict
 from rlrun.api.tracking import LoggingSpec
 
@@ -152,6 +159,20 @@ class RewardSpec(Strict):
         return self.isolation == "process" if self.isolation is not None else self.name in PROCESS_REWARDS
 
 
+#: CEL rules on each ``spec.envs[].rewards[]`` (:mod:`rlrun.api.crd`): :class:`RewardSpec`'s validator above.
+REWARD_CEL_RULES: list[dict[str, str]] = [
+    {
+        "rule": "has(self.name) != has(self.function)",
+        "message": "set exactly one of name (a builtin reward) or function (an import path module:attr)",
+    },
+    {
+        "rule": "!has(self.function) || !has(self.args) || size(self.args) == 0",
+        "message": "args apply to a builtin reward (name), not to a function",
+        "fieldPath": ".args",
+    },
+]
+
+
 class EnvSpec(Strict):
     """One environment the run samples tasks from.
 
@@ -179,104 +200,6 @@ class EnvSpec(Strict):
         if dups:
             raise ValueError(f"two rewards would log as reward/{dups[0]}: give them distinct labels")
         return rewards
-
-
-class EvaluationSpec(Strict):
-    """Evaluation on each env's held-out ``eval`` split (:mod:`rlrun.orchestrator.evaluation`): at the start,
-    every ``interval`` steps and at the end, greedy (temperature 0) and sampled (the run's sampling, ``k =
-    samples_per_task`` completions per task: mean reward and pass@k) on ``tasks`` held-out tasks per env, on the
-    rollout servers. Never trained, never in the ledger; results in ``<run_dir>/eval.jsonl``. Off unless
-    ``enabled`` (as in TRL, verl and prime-rl: it costs rollout time; the examples turn it on). A round not
-    answered within ``timeout_seconds`` is skipped."""
-
-    enabled: bool = False
-    interval: int = Field(default=20, ge=1)
-    tasks: int = Field(default=100, ge=1, le=100_000)
-    samples_per_task: int = Field(default=1, ge=1, le=64)
-    timeout_seconds: float = Field(default=300.0, gt=0)
-
-
-class CheckpointSpec(Strict):
-    """Checkpoint cadence (``interval`` steps) and retention (the ``keep_last`` newest complete ones)."""
-
-    interval: int = Field(default=10, ge=1)
-    keep_last: int = Field(default=2, ge=1)
-
-
-class PreemptionSpec(Strict):
-    """How a run is stopped for preemption.
-
-    Attributes:
-        snapshot_timeout_seconds: most time the orchestrator spends after SIGTERM pausing, writing its
-            snapshot and pairing it with the trainer's save on notice (it waits for the trainer to stop,
-            until 10 % of this before the end) before it exits anyway (files stay consistent either way).
-        termination_grace_period_seconds: the pods' grace period; must exceed the snapshot timeout.
-    """
-
-    snapshot_timeout_seconds: int = Field(default=60, ge=1)
-    termination_grace_period_seconds: int = Field(default=120, ge=1)
-
-    @field_validator("termination_grace_period_seconds")
-    @classmethod
-    def _grace_fits_timeout(cls, grace: int, info: ValidationInfo) -> int:
-        timeout = info.data.get("snapshot_timeout_seconds")
-        if timeout is not None and timeout >= grace:
-            raise ValueError(
-                f"must be > snapshot_timeout_seconds ({timeout}): the snapshot must be written before the "
-                f"kubelet kills the pod, got {grace}"
-            )
-        return grace
-
-
-class FailurePolicySpec(Strict):
-    """How many crashes a run survives on Kubernetes (JobSet's ``failurePolicy``, Job's ``backoffLimit``).
-
-    A failure is a pod that ends ``Failed`` for a reason of its own (a crash, ``OOMKilled``): the
-    operator restarts the attempt from the newest complete checkpoint and counts it in
-    ``status.failures``. Preemptions (a pod disrupted or deleted, its node lost or tainted) and
-    suspensions never count. Errors that retrying cannot heal (a manifest or checkpoint that does
-    not match, weights that do not fit the model: the process exits 78 and says so) fail the run
-    at once, whatever the budget.
-
-    Attributes:
-        backoff_limit: failures restarted before the run ends ``Failed`` with reason
-            ``BackoffLimitExceeded`` (0: the first failure ends it).
-    """
-
-    backoff_limit: int = Field(default=3, ge=0, le=1000)
-
-
-class StorageSpec(Strict):
-    """The volume holding the run directory (checkpoints, batches, broadcasts, ledger, logs).
-
-    Every pod of a run mounts it, so pods on different nodes need ``ReadWriteMany``.
-
-    Attributes:
-        size: capacity of the claim the operator creates.
-        storage_class_name: its storage class (None: the cluster's default).
-        access_modes: its access modes.
-        existing_claim: use this PersistentVolumeClaim (in the run's namespace) instead of
-            creating one; it is never deleted by the operator.
-        retention_policy: what happens to a created claim when the RLRun is deleted:
-            ``Retain`` (default: the run directory outlives the RLRun) or ``Delete``.
-    """
-
-    size: Quantity = "20Gi"
-    storage_class_name: str | None = Field(default=None, min_length=1)
-    access_modes: list[Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"]] = Field(
-        default_factory=lambda: ["ReadWriteMany"], min_length=1, max_length=3
-    )
-    existing_claim: str | None = Field(default=None, max_length=253, pattern=DNS_LABEL_PATTERN)
-    retention_policy: Literal["Retain", "Delete"] = "Retain"
-
-
-class SchedulingSpec(Strict):
-    """Where the run's pods may go: passed through to every pod unchanged (Kubernetes' own shapes)."""
-
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    affinity: dict[str, Any] | None = None
-    priority_class_name: str | None = Field(default=None, pattern=DNS_LABEL_PATTERN)
 
 
 class RLRunSpec(Strict):
@@ -381,6 +304,45 @@ class RLRunSpec(Strict):
                 f"max_inflight ({rollout.max_inflight}) must be ≥ group_size ({group_size}): a group is requested at once"
             )
         return rollout
+
+
+#: CEL rules by the path of the ``spec`` object they sit on (``()`` = ``spec``), repeating :class:`RLRunSpec`'s
+#: validators and :class:`RewardSpec`'s (:mod:`rlrun.api.crd` adds them, with those of the modules composed here).
+#: Defaults are applied before validation, so defaulted fields exist; ``has()`` guards the optional ones anyway.
+RUN_CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
+    (): [
+        {
+            "rule": "self.group_size >= 2",
+            "message": "group_size must be ≥ 2: GRPO advantages compare the members of a group",
+            "fieldPath": ".group_size",
+        },
+        {
+            "rule": "self.batch_size >= self.group_size",
+            "message": "batch_size must be ≥ group_size: a batch holds whole groups",
+            "fieldPath": ".batch_size",
+        },
+        {
+            "rule": "!has(self.rollout) || self.rollout.max_inflight >= self.group_size",
+            "message": "rollout.max_inflight must be ≥ group_size: a group is requested at once",
+            "fieldPath": ".rollout.max_inflight",
+        },
+        {
+            "rule": "!has(self.optimizer) || !has(self.optimizer.warmup_steps) || "
+            "self.optimizer.warmup_steps < self.max_steps",
+            "message": "optimizer.warmup_steps must be < max_steps: the warmup ends before the last step",
+            "fieldPath": ".optimizer.warmup_steps",
+        },
+        {
+            # advantage.std_normalize has no default in the CRD, so has() tells whether the user set it
+            "rule": "!has(self.loss) || !has(self.loss.std_normalize_advantages) || !has(self.advantage) || "
+            "!has(self.advantage.std_normalize) || self.loss.std_normalize_advantages == self.advantage.std_normalize",
+            "message": "advantage.std_normalize and loss.std_normalize_advantages, its deprecated alias, disagree: "
+            "set only advantage.std_normalize",
+            "fieldPath": ".advantage.std_normalize",
+        },
+    ],
+    ("envs", "[]", "rewards", "[]"): REWARD_CEL_RULES,
+}
 
 
 class ObjectMeta(BaseModel):
