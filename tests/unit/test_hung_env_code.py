@@ -98,3 +98,16 @@ async def test_an_env_whose_calls_all_hang_takes_no_slot_of_another_env():
     # the threads are daemon threads: a hung call never holds the process's exit
     # (tests/processes/test_hung_env_exit.py)
     assert all(t.daemon for t in threading.enumerate() if t.name.startswith("env stuck"))
+
+
+async def test_an_env_call_that_raises_without_a_message_is_named_by_its_type_alone():
+    """An env's ``start`` raising a bare ``ConnectionResetError()`` fails its episode with the type, no dangling
+    ``": "`` (as the dispatcher describes a request's failure)."""
+
+    class Bare(Hangs):
+        def start(self, task):
+            raise ConnectionResetError()
+
+    env = Bare(every=0)
+    played = await play_tasks(builder([env], timeout_s=1.0), env, range(1))
+    assert [c.error for c in played] == ["env hangs: start failed: ConnectionResetError"]

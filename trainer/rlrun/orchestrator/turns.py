@@ -290,4 +290,4 @@ def sum_sampled(conversations: list[Conversation]) -> int:
 def _describe(exc: BaseException, timeout_s: float) -> str:
     if isinstance(exc, (RanTooLong, NoThreadFree)):
         return str(exc)  # "took longer than 5 s", or that it never got a thread (spares held by hung calls)
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
