@@ -1,4 +1,5 @@
-"""``within``: a time limit that never loses a cancellation (``asyncio.wait_for`` before Python 3.12 does, gh-86296)."""
+"""``within``: a time limit that never loses a cancellation (``asyncio.wait_for`` before Python 3.12 does, gh-86296);
+``describe_failure``: a failure in words, a timeout with its limit."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import asyncio
 import sys
 
 import pytest
-from rlrun.timeouts import within
+from rlrun.timeouts import describe_failure, within
+from rlrun.worker_threads import NoThreadFree, RanTooLong
 
 
 async def cancelled_as_the_item_arrives(wait) -> bool:
@@ -38,3 +40,24 @@ async def test_the_time_limit_raises_timeout_error_and_a_result_in_time_is_retur
         await within(asyncio.sleep(1), 0.01)
     assert await within(asyncio.sleep(0, result=7), 1) == 7
     assert await within(asyncio.sleep(0, result=8), None) == 8
+
+
+@pytest.mark.parametrize(
+    ("exc", "timeout_s", "words"),
+    [
+        (asyncio.TimeoutError(), 300.0, "no answer within 300 s (rollout.request_timeout_seconds)"),
+        (asyncio.TimeoutError(), None, "TimeoutError"),  # no limit of the caller's: the exception's own
+        (RanTooLong(5.0), None, "took longer than 5 s"),
+        (RanTooLong(5.0), 300.0, "took longer than 5 s"),  # an env call's own limit, not the caller's
+        (
+            NoThreadFree("env x", 0.3, 2),
+            None,
+            "no env x thread was free within 0.3 s: 2 calls past their timeout "
+            "still run and hold every spare thread (code that can hang should bound its own work)",
+        ),
+        (ConnectionResetError(), 300.0, "ConnectionResetError"),
+        (ConnectionError("the sandbox is gone"), None, "ConnectionError: the sandbox is gone"),
+    ],
+)
+def test_a_failure_is_described_with_the_time_limit_it_ran_past(exc, timeout_s, words):
+    assert describe_failure(exc, timeout_s, "rollout.request_timeout_seconds") == words

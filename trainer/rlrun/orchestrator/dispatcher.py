@@ -59,11 +59,14 @@ from rlrun.rollout.client import (
     ServerReloading,
     UnusableCompletion,
 )
+from rlrun.timeouts import describe_failure
 
 log = logging.getLogger(__name__)
 
 #: What a failed try of a request raises: the server is gone, answered an error, or took too long.
 _REQUEST_ERRORS = (httpx.TransportError, RolloutError, asyncio.TimeoutError)
+#: The setting a try's time limit (``request_timeout_s``) comes from, as a timed-out try's failure names it.
+TIMEOUT_SETTING = "rollout.request_timeout_seconds"
 
 
 def _retried_in_place(exc: BaseException) -> bool:
@@ -275,7 +278,8 @@ class Dispatcher:
                     except _REQUEST_ERRORS as exc:
                         failed.add(url)
                         self.pool.note_failure(url)
-                        log.warning("%s failed on %s: %s", members, url, _describe(exc, self.request_timeout_s))
+                        why = describe_failure(exc, self.request_timeout_s, TIMEOUT_SETTING)
+                        log.warning("%s failed on %s: %s", members, url, why)
                         raise
                     finally:
                         if entry is not None and entry.url == url:
@@ -305,7 +309,7 @@ class Dispatcher:
             self._deliver(GroupResult(request, error=str(exc)), kind)
             return
         except _REQUEST_ERRORS as exc:
-            error = f"failed on every try for {self.retry_window_s:.0f} s ({_describe(exc, self.request_timeout_s)})"
+            error = f"failed on every try for {self.retry_window_s:.0f} s ({describe_failure(exc, self.request_timeout_s, TIMEOUT_SETTING)})"
             log.warning("%s %s", members, error)
             self._deliver(GroupResult(request, error=error), "server")
             return
@@ -406,10 +410,3 @@ class Dispatcher:
         self.inflight.clear()
         await self.pool.aclose()
         self.episodes.close()
-
-
-def _describe(exc: BaseException, timeout_s: float) -> str:
-    """A failed try in words: a timeout names its limit (its exception has no message)."""
-    if isinstance(exc, asyncio.TimeoutError):
-        return f"no answer within {timeout_s:.0f} s (rollout.request_timeout_seconds)"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -56,7 +56,8 @@ from rlrun.envs.base import EnvStateError, Messages, MultiTurnEnv, Task
 from rlrun.orchestrator.groups import KeptConversation
 from rlrun.rollout.client import Completion, ContextExceeded
 from rlrun.samples import ENV_TOKEN_LOGPROB, count_sampled, is_sampled
-from rlrun.worker_threads import NoThreadFree, RanTooLong, WorkerThreads
+from rlrun.timeouts import describe_failure
+from rlrun.worker_threads import WorkerThreads
 
 #: Calls of one env's ``start`` and ``respond`` run at once (an env's ``max_concurrent_calls`` overrides it).
 ENV_THREADS = 32
@@ -186,7 +187,7 @@ async def play(
     try:
         conv.state = await io.env_calls.run(env.start, task, timeout_s=io.respond_timeout_s)
     except Exception as exc:
-        conv.error = f"env {task.env}: start failed: {_describe(exc, io.respond_timeout_s)}"
+        conv.error = f"env {task.env}: start failed: {describe_failure(exc)}"
         return conv
     return await go_on(env, task, conv, io, member, first)
 
@@ -209,7 +210,7 @@ async def go_on(
                 env.respond, task, conv.state, conv.last_text, timeout_s=io.respond_timeout_s
             )
         except Exception as exc:
-            conv.error = f"env {task.env}: respond failed at turn {conv.turns}: {_describe(exc, io.respond_timeout_s)}"
+            conv.error = f"env {task.env}: respond failed at turn {conv.turns}: {describe_failure(exc)}"
             return conv
         conv.state = reply.state
         conv.reward += reply.reward or 0.0
@@ -285,9 +286,3 @@ def is_env_failure(error: str, env: str) -> bool:
 def sum_sampled(conversations: list[Conversation]) -> int:
     """Sampled tokens of ``conversations`` (env tokens not counted)."""
     return sum(count_sampled(c.logprobs) for c in conversations)
-
-
-def _describe(exc: BaseException, timeout_s: float) -> str:
-    if isinstance(exc, (RanTooLong, NoThreadFree)):
-        return str(exc)  # "took longer than 5 s", or that it never got a thread (spares held by hung calls)
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
