@@ -11,7 +11,8 @@ import subprocess
 
 import torch
 from peft import PeftModel
-from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, latest_complete_checkpoint
+from rlrun.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.ledger import check_ledger
 from rlrun.probes import PROBE_FILE
 from rlrun.rundir import META_FILE, RunDir, step_dirs

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from rlrun.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from rlrun.batch import write_batch
-from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, save_orchestrator_progress
+from rlrun.checkpoint import save_orchestrator_progress
 from rlrun.launcher.processes import free_port
 from rlrun.rundir import META_FILE, RunDir
 from rlrun.samples import QueuedTrace, TrainingSample

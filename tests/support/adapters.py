@@ -1,5 +1,6 @@
-"""LoRA adapter directories in peft's ``save_pretrained`` layout, written without peft (fast), for the tests of the
-adapter path (``tests/unit/test_weights.py`` checks that peft itself writes the same names and shapes)."""
+"""LoRA adapter directories in peft's ``save_pretrained`` layout (:mod:`rlrun.adapter_format`), written without peft
+(fast), for the tests of the adapter path (``tests/unit/test_weights.py`` checks that peft itself writes the same
+names and shapes)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rlrun.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, Signature, adapter_signature, tensor_names
 from rlrun.api.spec import LoraSpec
-from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
-from rlrun.orchestrator.weights import PEFT_PREFIX, Signature, adapter_signature
 from rlrun.rundir import publish_dir, write_meta
 from safetensors.torch import save_file
 
@@ -45,8 +45,8 @@ def write_adapter(
     if tensors is None:
         tensors = {}
         for module, (a, b) in adapter_signature(base, lora).items():
-            tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = torch.randn(a)
-            tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = torch.zeros(b)
+            name_a, name_b = tensor_names(module)
+            tensors[name_a], tensors[name_b] = torch.randn(a), torch.zeros(b)
     save_file(tensors, str(path / ADAPTER_WEIGHTS_FILE))
     (path / ADAPTER_CONFIG_FILE).write_text(json.dumps(adapter_config(lora, **config)))
     return path

@@ -15,11 +15,12 @@ import shutil
 
 import httpx
 import pytest
+from rlrun.adapter_format import adapter_signature
 from rlrun.api.spec import SamplingSpec
 from rlrun.orchestrator.endpoints import EndpointMembership
 from rlrun.orchestrator.follower import WeightFollower
 from rlrun.orchestrator.groups import GroupRequest
-from rlrun.orchestrator.weights import AdapterReference, adapter_signature, push_weights
+from rlrun.orchestrator.weights import AdapterReference, push_weights
 from rlrun.rollout.adapters import AdapterRegistry, new_adapter_name
 from rlrun.rollout.client import Expected, RolloutClient, RolloutError, WeightsUnverified
 from rlrun.rollout.fake import fake_vllm_transport

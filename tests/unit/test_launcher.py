@@ -349,7 +349,7 @@ def test_eval_of_a_step_without_a_checkpoint_lists_the_steps_it_can_evaluate(tmp
 
 
 def test_eval_of_a_lora_run_picks_the_steps_whose_trainer_part_holds_the_adapter(tmp_path):
-    from rlrun.checkpoint import ADAPTER_WEIGHTS_FILE
+    from rlrun.adapter_format import ADAPTER_WEIGHTS_FILE
     from rlrun.launcher.evaluate import EvalError, checkpoint_step, evaluable_steps, weights_file
 
     from tests.support.adapters import write_adapter

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 from peft import PeftModel
+from rlrun.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from rlrun.api.spec import LoraSpec
-from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from rlrun.errors import CheckpointMismatch, WeightsMismatch
 from rlrun.identity import check_compatible, run_identity
 from rlrun.manifest import ManifestError

@@ -9,8 +9,9 @@ import json
 
 import pytest
 import torch
+from rlrun.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from rlrun.batch import write_batch
-from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, WEIGHTS_FILE, save_orchestrator_progress
+from rlrun.checkpoint import WEIGHTS_FILE, save_orchestrator_progress
 from rlrun.errors import CheckpointMismatch
 from rlrun.manifest import ManifestError
 from rlrun.probes import PROBE_FILE

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors import safe_open
 
+from rlrun.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, holds_adapter
 from rlrun.dcp_format import SHARDED_FORMAT, verify_sharded
 from rlrun.errors import CheckpointError
 from rlrun.rundir import META_FILE, RunDir, read_json_part, step_dirs, write_file_atomic
@@ -41,12 +42,9 @@ log = logging.getLogger(__name__)
 PROGRESS_SCHEMA_VERSION = 1
 PROGRESS_FILE = "progress.pt"
 TRAINER_PROGRESS_FILE = "progress.json"
+#: A full-weights run's weights; a LoRA run's (``spec.model.lora``) are the adapter alone, in its broadcasts and
+#: trainer parts alike (:mod:`rlrun.adapter_format`: peft's layout).
 WEIGHTS_FILE = "model.safetensors"
-#: A LoRA run's weights (``spec.model.lora``): the adapter alone, in ``peft``'s ``save_pretrained`` layout (tensor
-#: names ``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight``, and its config), in its broadcasts and
-#: trainer parts alike; the rollout servers load the directory as a vLLM LoRA adapter.
-ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
-ADAPTER_CONFIG_FILE = "adapter_config.json"
 
 
 def _digest(payload: str, tensors: dict[str, torch.Tensor]) -> str:
@@ -163,7 +161,7 @@ def load_trainer_progress(run_dir: RunDir, step: int) -> dict[str, Any]:
         # beside them, checked below, is what the orchestrator loads into vLLM).
         verify_sharded(root)
     weights = root / WEIGHTS_FILE
-    if not weights.is_file() and (root / ADAPTER_WEIGHTS_FILE).is_file():  # a LoRA run's part: the adapter alone
+    if not weights.is_file() and holds_adapter(root):  # a LoRA run's part: the adapter alone
         weights = root / ADAPTER_WEIGHTS_FILE
         read_json_part(root / ADAPTER_CONFIG_FILE)
     if not weights.is_file():  # safetensors' own message would name the file a second time

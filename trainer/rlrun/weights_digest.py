@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from rlrun.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 
 #: Values digested at a time (a float32 copy of them is made: 64 MB, beside a GPU's weights and KV cache);
 #: each bit pattern is below 2³¹ in magnitude, so an int64 sum of 2³² of them could not overflow.

@@ -23,8 +23,9 @@ import yaml
 from rich.table import Table
 
 from rlrun import roles
+from rlrun.adapter_format import ADAPTER_WEIGHTS_FILE
 from rlrun.api.spec import RLRunSpec
-from rlrun.checkpoint import ADAPTER_WEIGHTS_FILE, WEIGHTS_FILE, latest_complete_checkpoint
+from rlrun.checkpoint import WEIGHTS_FILE, latest_complete_checkpoint
 from rlrun.launcher.processes import Child, free_port, wait_http_ok
 from rlrun.rundir import RunDir, step_dirs
 

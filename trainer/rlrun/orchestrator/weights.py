@@ -11,7 +11,7 @@ A LoRA run (``spec.model.lora``) publishes adapters, and its reference is an :cl
 (:func:`weights_reference` decides which a run has): an adapter directory must hold a peft ``adapter_config.json``
 that says what the spec says (rank, alpha, target modules; plain LoRA) and an ``adapter_model.safetensors`` whose
 tensors are exactly those peft writes for the base model's weights the targets wrap, shaped from the base model's
-(:func:`validate_adapter_dir`). vLLM refuses a bad adapter with an error rather than dying, but it would load one of
+(:func:`validate_adapter_dir`; peft's layout and rules: :mod:`rlrun.adapter_format`). vLLM refuses a bad adapter with an error rather than dying, but it would load one of
 another rank or scaling and serve a policy the trainer does not train. Only then is it loaded on every server
 (:meth:`~rlrun.rollout.client.RolloutClient.update_adapter`: no pause).
 
@@ -39,12 +39,18 @@ from pathlib import Path
 import httpx
 from safetensors import safe_open
 
+from rlrun.adapter_format import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILE,
+    AdapterModules,
+    Signature,
+    adapter_signature,
+    config_problems,
+    expected_tensors,
+)
 from rlrun.api.spec import LoraSpec, RLRunSpec
-from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from rlrun.errors import WeightsError, WeightsMismatch
 from rlrun.rollout.client import Expected, RolloutClient, WeightsUnverified
-
-Signature = dict[str, tuple[str, tuple[int, ...]]]
 
 
 def _file_signature(f: Path, sig: Signature) -> None:
@@ -119,30 +125,6 @@ def validate_weights_dir(path: str | Path, reference: Signature | None) -> Signa
     return sig
 
 
-#: peft's prefix of an adapter's tensor names (``PeftModel`` wraps the model as ``base_model.model``).
-PEFT_PREFIX = "base_model.model."
-
-
-def targeted(module: str, targets: list[str]) -> bool:
-    """Whether peft wraps ``module`` (a dotted module path) for ``target_modules`` ``targets``: its name is one of
-    them or ends with ``.`` + one (``peft.tuners.tuners_utils.check_target_module_exists``, peft 0.21)."""
-    return any(module == t or module.endswith(f".{t}") for t in targets)
-
-
-def adapter_signature(base: Signature, lora: LoraSpec) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
-    """What peft's ``save_pretrained`` writes for a rank-``lora.rank`` adapter of the model whose weights are
-    ``base``: ``{module: (lora_A shape, lora_B shape)}`` for every 2-D ``<module>.weight`` of ``base`` that a target
-    wraps (:func:`targeted`), ``lora_A`` ``[r, in]`` and ``lora_B`` ``[out, r]`` for a weight ``[out, in]`` (Hu et al.
-    2021, eq. 3: ``W + B·A``, ``B`` out × r, ``A`` r × in). An embedding's (``lora_embedding_A`` ``[r, rows]``,
-    ``lora_embedding_B`` ``[cols, r]``) is derived from the same pair by :func:`validate_adapter_dir`."""
-    r = lora.rank
-    return {
-        name.removesuffix(".weight"): ((r, shape[1]), (shape[0], r))
-        for name, (_, shape) in base.items()
-        if name.endswith(".weight") and len(shape) == 2 and targeted(name.removesuffix(".weight"), lora.target_modules)
-    }
-
-
 @dataclass(frozen=True)
 class AdapterReference:
     """What every adapter directory of a LoRA run must hold (:func:`validate_adapter_dir`).
@@ -150,12 +132,12 @@ class AdapterReference:
     Attributes:
         lora: the run's ``spec.model.lora`` (rank, alpha, target modules).
         modules: the modules the adapter wraps and the shapes of their ``lora_A``, ``lora_B``
-            (:func:`adapter_signature`); None when the base model's files are not at hand (a hub model id): then
-            only the config and that the tensors parse are checked.
+            (:func:`rlrun.adapter_format.adapter_signature`); None when the base model's files are not at hand (a hub
+            model id): then only the config and that the tensors parse are checked.
     """
 
     lora: LoraSpec
-    modules: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None
+    modules: AdapterModules | None
 
 
 #: A run's reference for its weight directories: the base model's signature (full weights), an
@@ -177,36 +159,14 @@ def weights_reference(spec: RLRunSpec, model_path: str | Path) -> Reference:
     return AdapterReference(spec.model.lora, None if base is None else adapter_signature(base, spec.model.lora))
 
 
-def _config_problems(config: dict, lora: LoraSpec) -> list[str]:
-    """How a peft ``adapter_config.json`` differs from ``lora`` (what vLLM would serve differently)."""
-    targets = config.get("target_modules")
-    problems = [
-        f"{key} is {config.get(key)!r}, the spec says {want!r}"
-        for key, want in (("peft_type", "LORA"), ("r", lora.rank), ("lora_alpha", lora.alpha))
-        if config.get(key) != want
-    ]
-    if not isinstance(targets, list) or set(targets) != set(lora.target_modules):
-        problems.append(f"target_modules is {targets!r}, the spec says {sorted(lora.target_modules)}")
-    problems += [  # each a function vLLM serves as peft computes it, not the trainer's (alpha / r on every module)
-        f"{key} is {config[key]!r}: plain LoRA expected"
-        for key in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern")
-        if config.get(key)
-    ]
-    if config.get("bias", "none") != "none":
-        problems.append(f"bias is {config['bias']!r}: 'none' expected")
-    if config.get("modules_to_save"):
-        problems.append(f"modules_to_save is {config['modules_to_save']!r}: the adapter alone expected")
-    return problems
-
-
 def validate_adapter_dir(path: str | Path, reference: AdapterReference) -> Signature:
     """Check the adapter directory ``path`` against ``reference``; returns its tensors' signature.
 
-    Its ``adapter_config.json`` must parse and match the spec (:func:`_config_problems`); its
+    Its ``adapter_config.json`` must parse and match the spec (:func:`rlrun.adapter_format.config_problems`); its
     ``adapter_model.safetensors`` must parse and hold, for each module of ``reference.modules``, exactly peft's two
-    tensors ``base_model.model.<module>.lora_A.weight`` and ``.lora_B.weight`` (an embedding's:
-    ``lora_embedding_A`` and ``lora_embedding_B``, no ``.weight``) of the expected shapes, floating-point, and no
-    other tensor.
+    tensors (:func:`rlrun.adapter_format.expected_tensors`: ``base_model.model.<module>.lora_A.weight`` and
+    ``.lora_B.weight``; an embedding's ``lora_embedding_A`` and ``lora_embedding_B``) of the expected shapes,
+    floating-point, and no other tensor.
 
     Raises:
         WeightsError: a file missing or that does not parse.
@@ -219,7 +179,7 @@ def validate_adapter_dir(path: str | Path, reference: AdapterReference) -> Signa
         raise WeightsError(f"{path / ADAPTER_CONFIG_FILE}: unreadable adapter config ({exc})") from None
     if not isinstance(config, dict):
         raise WeightsError(f"{path / ADAPTER_CONFIG_FILE}: not a JSON object")
-    if problems := _config_problems(config, reference.lora):
+    if problems := config_problems(config, reference.lora):
         raise WeightsMismatch(f"{path}: adapter does not match spec.model.lora: " + "; ".join(problems))
     if not (path / ADAPTER_WEIGHTS_FILE).is_file():
         raise WeightsError(f"{path}: no {ADAPTER_WEIGHTS_FILE}")
@@ -227,13 +187,7 @@ def validate_adapter_dir(path: str | Path, reference: AdapterReference) -> Signa
     _file_signature(path / ADAPTER_WEIGHTS_FILE, sig)
     if reference.modules is None:
         return sig
-    expected: dict[str, tuple[int, ...]] = {}
-    for module, (a, b) in reference.modules.items():
-        stem = PEFT_PREFIX + module
-        if f"{stem}.lora_embedding_A" in sig:  # an embedding: A is [r, rows], B is [cols, r] of W [rows, cols]
-            expected |= {f"{stem}.lora_embedding_A": (a[0], b[0]), f"{stem}.lora_embedding_B": (a[1], b[1])}
-        else:
-            expected |= {f"{stem}.lora_A.weight": a, f"{stem}.lora_B.weight": b}
+    expected = expected_tensors(reference.modules, sig)
     problems = [f"missing {n}" for n in expected if n not in sig]
     problems += [f"unexpected {n}" for n in sig if n not in expected]
     problems += [

@@ -57,6 +57,7 @@ from pathlib import Path
 
 import httpx
 
+from rlrun.adapter_format import missing_files
 from rlrun.rollout.adapters import SERVED_MODEL_NAME
 from rlrun.rollout.client import RolloutClient
 from rlrun.versions import imitated_vllm
@@ -225,8 +226,6 @@ def _not_found(message: str) -> httpx.Response:
 def _adapter_call(path: str, body: dict, counts: ReloadCounts) -> httpx.Response:
     """``/v1/load_lora_adapter`` or ``/v1/unload_lora_adapter`` with ``body``, as vLLM 0.32 answers them
     (``vllm/entrypoints/openai/models/serving.py``): see the module docstring."""
-    from rlrun.checkpoint import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE  # here: it imports torch, a slow start
-
     name = body.get("lora_name")
     if path == "/v1/unload_lora_adapter":
         if name not in counts.adapters:
@@ -239,7 +238,7 @@ def _adapter_call(path: str, body: dict, counts: ReloadCounts) -> httpx.Response
         return httpx.Response(400, json={"error": {"message": "Both 'lora_name' and 'lora_path' must be provided."}})
     if name == SERVED_MODEL_NAME or (name in counts.adapters and not body.get("load_inplace")):
         return httpx.Response(400, json={"error": {"message": f"The lora adapter '{name}' has already been loaded."}})
-    if not all((Path(where) / f).is_file() for f in (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE)):
+    if missing_files(Path(where)):
         return _not_found(f"Loading lora {name} failed: No adapter found for {where}")
     counts.adapters.pop(name, None)  # a name loaded again is the newest
     counts.adapters[name] = where

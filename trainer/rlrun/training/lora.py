@@ -4,9 +4,10 @@ and the adapter directory the trainer publishes and checkpoints.
 Guarantee: with an :class:`Adapter`, only the adapter's parameters (each wrapped linear layer's ``lora_A`` and
 ``lora_B``) are trainable; the base weights are frozen (``requires_grad`` False: no gradient, no optimizer state) and
 never written. The state :func:`adapter_state` returns and :func:`save_adapter` writes is peft's ``save_pretrained``
-layout — ``adapter_config.json`` and ``adapter_model.safetensors`` with tensors named
-``base_model.model.<module path>.lora_A.weight`` / ``.lora_B.weight`` (no adapter-name infix) — so the directory
-loads with ``peft.PeftModel.from_pretrained(base, dir)`` and with vLLM's LoRA loader (``docs/design.md``, "LoRA").
+layout (:mod:`rlrun.adapter_format`, its one definition) — ``adapter_config.json`` and ``adapter_model.safetensors``
+with tensors named ``base_model.model.<module path>.lora_A.weight`` / ``.lora_B.weight`` (no adapter-name infix) — so
+the directory loads with ``peft.PeftModel.from_pretrained(base, dir)`` and with vLLM's LoRA loader (``docs/design.md``,
+"LoRA").
 
 The model keeps its own class and names: peft injects its LoRA layers in place (``get_peft_model``), and the trainer
 goes on calling the Hugging Face model itself (its LM head, transformer blocks and config where it found them), so
@@ -25,14 +26,12 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from rlrun.adapter_format import ADAPTER_WEIGHTS_FILE, PEFT_PREFIX
+from rlrun.adapter_format import holds_adapter as holds_adapter  # re-exported: rlrun.training.parts imports it here
 from rlrun.api.spec import LoraSpec, ModelSpec
-from rlrun.checkpoint import ADAPTER_WEIGHTS_FILE
 from rlrun.errors import WeightsMismatch
 from rlrun.training.distributed import DataParallel
 from rlrun.training.lora_targets import require_wrappable
-
-#: The prefix peft's saved layout puts before a module path (``PeftModel`` → ``LoraModel`` → the model).
-SAVED_PREFIX = "base_model.model."
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def wrap(model: nn.Module, lora: LoraSpec) -> Adapter:
     require_wrappable(model, list(lora.target_modules), "(checked by the trainer with its model loaded)")
     wrapped = get_peft_model(model, lora_config(lora))
     live = {k: v for k, v in model.named_parameters() if v.requires_grad}
-    saved = get_peft_model_state_dict(wrapped, state_dict={f"{SAVED_PREFIX}{k}": v for k, v in live.items()})
+    saved = get_peft_model_state_dict(wrapped, state_dict={f"{PEFT_PREFIX}{k}": v for k, v in live.items()})
     by_id = {id(v): k for k, v in live.items()}
     names = {s: by_id[id(v)] for s, v in saved.items()}
     if sorted(names.values()) != sorted(live):  # a trainable parameter peft would not save: never trained unseen
@@ -142,11 +141,6 @@ def load_adapter(adapter: Adapter, directory: Path) -> None:
         )
     mapped = {adapter.names[k]: v for k, v in state.items()}
     set_model_state_dict(adapter.model, mapped, options=StateDictOptions(full_state_dict=True, strict=False))
-
-
-def holds_adapter(directory: Path) -> bool:
-    """Whether the published directory (a broadcast or trainer part) holds a LoRA adapter rather than full weights."""
-    return (directory / ADAPTER_WEIGHTS_FILE).is_file()
 
 
 def base_model_identity(model: ModelSpec, model_path: str) -> str:

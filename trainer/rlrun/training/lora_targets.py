@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from rlrun.adapter_format import targeted
 from rlrun.api.spec import RLRunSpec
 from rlrun.manifest import ManifestError
 from rlrun.model.resolve import pretrained_kwargs
@@ -40,16 +41,16 @@ def wrappable_names(model: nn.Module) -> list[str]:
 def target_problems(model: nn.Module, targets: list[str]) -> list[str]:
     """Why each of ``targets`` cannot be wrapped, as ``spec.model.lora.target_modules[i]: …`` lines (``[]``: all can).
 
-    A target selects the modules whose name is it or ends with ``.<target>`` (peft's rule for a list); it must select
-    at least one module, and only :data:`WRAPPABLE` ones. A name selecting none is answered with the nearest of the
-    model's wrappable names (``difflib``) and all of them.
+    A target selects the modules whose name is it or ends with ``.<target>`` (peft's rule for a list:
+    :func:`rlrun.adapter_format.targeted`); it must select at least one module, and only :data:`WRAPPABLE` ones. A
+    name selecting none is answered with the nearest of the model's wrappable names (``difflib``) and all of them.
     """
     modules = [(name, m) for name, m in model.named_modules() if name]
     wrappable = wrappable_names(model)
     problems = []
     for i, target in enumerate(targets):
         field = f"spec.model.lora.target_modules[{i}]"
-        chosen = [(n, m) for n, m in modules if n == target or n.endswith(f".{target}")]
+        chosen = [(n, m) for n, m in modules if targeted(n, [target])]
         if not chosen:
             near = difflib.get_close_matches(target, wrappable, n=1, cutoff=0.0)
             hint = f"did you mean {near[0]!r}? " if near else ""
