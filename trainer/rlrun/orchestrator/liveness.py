@@ -52,6 +52,7 @@ from rlrun.orchestrator.dispatcher import Dispatcher
 from rlrun.orchestrator.groups import GroupCancellation
 from rlrun.orchestrator.no_signal import NoSignalGuard
 from rlrun.orchestrator.sink import TrainSink
+from rlrun.orchestrator.staleness import min_fresh_version
 from rlrun.orchestrator.view import OrchestratorView
 
 log = logging.getLogger(__name__)
@@ -197,7 +198,8 @@ def stall_accounting(view: OrchestratorView) -> dict:
     if work is None:
         raise ValueError("the stall report needs the view's work detail (Orchestrator.view(detail=True))")
     v = view.policy_version
-    need = max(view.hold_below, view.cut - work.max_off_policy_steps)  # the least policy that may dispatch
+    # the least policy that may dispatch: one whose samples may train in the next batch, the one after `cut`
+    need = max(view.hold_below, min_fresh_version(view.cut + 1, work.max_off_policy_steps))
     waiting = None
     if view.budget <= 0 or v < view.hold_below:  # nothing may be dispatched until the servers hold a newer policy
         waiting = (
