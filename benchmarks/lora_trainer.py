@@ -45,13 +45,13 @@ def one_side(spec, model: str, run_root: Path, steps: int, batch: int) -> dict:
 
     run_dir = RunDir(run_root)
     trainer = Trainer(spec, run_dir, model, max_steps=steps)
-    _batches(run_dir, steps, batch, trainer.model.config.vocab_size)
+    _batches(run_dir, steps, batch, trainer.policy.model.config.vocab_size)
     trainer.run()
     trainer.ledger.close()
     lines = [json.loads(x) for x in run_dir.trainer_metrics.read_text().splitlines()][1:]  # the first warms up
     part = run_dir.trainer_checkpoint(steps)
     return {
-        "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+        "trainable_parameters": sum(p.numel() for p in trainer.policy.model.parameters() if p.requires_grad),
         "train_s_mean": round(statistics.mean(m["train_s"] for m in lines), 4),
         "broadcast_s_mean": round(statistics.mean(m["broadcast_s"] for m in lines), 4),
         "broadcast_bytes": lines[-1]["broadcast_bytes"],

@@ -157,7 +157,7 @@ def child(cfg: dict) -> dict | None:
         **{k: metrics[k] for k in ("padding_share", "micro_batches") if k in metrics},
     }
     if gpu:
-        out.update(gpu_flops(trainer.model, tokens, max(cfg["lengths"]), metrics["train_s"], cfg["peak_tflops"]))
+        out.update(gpu_flops(trainer.policy.model, tokens, max(cfg["lengths"]), metrics["train_s"], cfg["peak_tflops"]))
     return out
 
 

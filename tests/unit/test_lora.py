@@ -16,7 +16,7 @@ from rlrun.identity import check_compatible, run_identity
 from rlrun.manifest import ManifestError
 from rlrun.training.distributed import single_process
 from rlrun.training.lora import AdapterOff, adapter_state, load_adapter, save_adapter, wrap
-from rlrun.training.parts import new_optimizer
+from rlrun.training.schedule import new_optimizer
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 

@@ -49,14 +49,14 @@ def test_a_lora_run_writes_the_adapter_alone_and_resumes_with_the_uninterrupted_
 
     # the base weights are never written and never change
     base = load_file(str(tiny_model / WEIGHTS_FILE))
-    now = {k.replace(".base_layer", ""): v for k, v in whole.model.state_dict().items() if "lora_" not in k}
+    now = {k.replace(".base_layer", ""): v for k, v in whole.policy.model.state_dict().items() if "lora_" not in k}
     assert all(torch.equal(now[k], v) for k, v in base.items())
     # broadcasts and parts: the adapter alone (tiny-reverse: 2.5 MB of weights; this adapter: 56 kB in float32)
     part = whole_dir.trainer_checkpoint(2)
     assert {p.name for p in part.iterdir()} == {ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, "optimizer.pt",
                                                 "progress.json", "meta.json"}  # fmt: skip
     adapter_bytes = (part / ADAPTER_WEIGHTS_FILE).stat().st_size
-    params = sum(p.numel() for p in whole.model.parameters() if p.requires_grad)
+    params = sum(p.numel() for p in whole.policy.model.parameters() if p.requires_grad)
     assert params == 4 * (4 * 128 + 128 * 4 + 4 * 128 + 64 * 4 + 4 * 256 + 128 * 4)  # 4 layers: q, v, down
     assert 4 * params < adapter_bytes < 4 * params + 8192  # float32 tensors and the header
     assert adapter_bytes < (tiny_model / WEIGHTS_FILE).stat().st_size / 10
@@ -78,7 +78,8 @@ def test_a_lora_run_writes_the_adapter_alone_and_resumes_with_the_uninterrupted_
     assert resumed.step == 2
     resumed.run()
     resumed.ledger.close()
-    want, got = adapter_state(whole.adapter, single_process()), adapter_state(resumed.adapter, single_process())
+    want = adapter_state(whole.policy.adapter, single_process())
+    got = adapter_state(resumed.policy.adapter, single_process())
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=0, atol=1e-7, msg=name)
     assert any(float(v.abs().max()) > 1e-3 for k, v in want.items() if "lora_B" in k)  # the adapter moved
@@ -99,7 +100,7 @@ def test_the_kl_reference_of_a_lora_run_is_its_base_model_with_no_second_copy(tm
     run_dir = RunDir(tmp_path)
     _batches(run_dir, range(1, 3))
     trainer = Trainer(spec, run_dir, str(tiny_model))
-    assert isinstance(trainer.reference, AdapterOff)
+    assert isinstance(trainer.policy.reference, AdapterOff)
     first, second = trainer.train_step(1), trainer.train_step(2)
     trainer.ledger.close()
     assert first["kl_ref"] == pytest.approx(0, abs=1e-9)  # B starts at zero: the policy is the base model

@@ -58,9 +58,9 @@ def test_weights_are_published_in_the_compute_dtype_and_checkpointed_in_float32(
     trainer = Trainer(spec, run_dir, str(tiny_model))
     trainer.publish(1)
     trainer.ledger.close()
-    assert trainer.compute_dtype == (torch.bfloat16 if has_bf16 else torch.float32)
+    assert trainer.policy.compute_dtype == (torch.bfloat16 if has_bf16 else torch.float32)
     assert _dtypes(run_dir.broadcast(1) / "model.safetensors") == published  # what vLLM serves
     assert _dtypes(run_dir.trainer_checkpoint(0) / "model.safetensors") == {"F32"}  # master weights
-    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    assert all(p.dtype == torch.float32 for p in trainer.policy.model.parameters())
     # the orchestrator accepts it against the float32 initial model (names and shapes match)
     validate_weights_dir(run_dir.broadcast(1), weights_signature(tiny_model))

@@ -39,8 +39,8 @@ def test_kl_ref_is_zero_while_the_policy_is_the_reference_and_grows_as_it_moves(
     spec = parse(max_steps=2, loss=KL).spec
     run_dir = RunDir(tmp_path)
     trainer = Trainer(spec, run_dir, str(tiny_model))
-    assert trainer.reference is not None and not trainer.reference.training
-    assert not any(p.requires_grad for p in trainer.reference.parameters())
+    assert trainer.policy.reference is not None and not trainer.policy.reference.training
+    assert not any(p.requires_grad for p in trainer.policy.reference.parameters())
     _batch(run_dir, 1)
     _batch(run_dir, 2)
     first, second = trainer.train_step(1), trainer.train_step(2)
@@ -48,7 +48,7 @@ def test_kl_ref_is_zero_while_the_policy_is_the_reference_and_grows_as_it_moves(
     assert first["kl_ref"] == pytest.approx(0.0, abs=1e-9)
     assert second["kl_ref"] > 1e-6
     assert second["loss"] == pytest.approx(second["policy_loss"] + 0.1 * second["kl_ref"], rel=1e-5)
-    assert all(p.grad is None for p in trainer.reference.parameters())  # frozen: no gradient ever reaches it
+    assert all(p.grad is None for p in trainer.policy.reference.parameters())  # frozen: no gradient ever reaches it
 
 
 def test_no_reference_is_held_or_logged_when_kl_coef_is_0(tmp_path, tiny_model):
@@ -57,7 +57,7 @@ def test_no_reference_is_held_or_logged_when_kl_coef_is_0(tmp_path, tiny_model):
     _batch(run_dir, 1)
     metrics = trainer.train_step(1)
     trainer.ledger.close()
-    assert trainer.reference is None and "kl_ref" not in metrics and "policy_loss" not in metrics
+    assert trainer.policy.reference is None and "kl_ref" not in metrics and "policy_loss" not in metrics
 
 
 def test_a_resumed_trainer_holds_the_starting_weights_as_its_reference_not_the_checkpoints(tmp_path, tiny_model):
@@ -74,7 +74,7 @@ def test_a_resumed_trainer_holds_the_starting_weights_as_its_reference_not_the_c
     resumed.ledger.close()
     assert resumed.step == 1
     start = load_file(str(tiny_model / "model.safetensors"))
-    ref, policy = resumed.reference.state_dict(), resumed.model.state_dict()
+    ref, policy = resumed.policy.reference.state_dict(), resumed.policy.model.state_dict()
     name = "model.layers.0.self_attn.q_proj.weight"
     assert torch.equal(ref[name], start[name].float())
     assert not torch.equal(policy[name], start[name].float())  # the policy resumed the trained weights

@@ -96,7 +96,7 @@ def test_a_resumed_trainer_trains_each_step_at_the_rate_of_the_uninterrupted_run
     assert _train(resumed, range(4, 7)) == pytest.approx(expected[3:])
     resumed.ledger.close()
     # and the weights: the same updates as the uninterrupted run's
-    for (name, a), b in zip(whole.model.named_parameters(), resumed.model.parameters(), strict=True):
+    for (name, a), b in zip(whole.policy.model.named_parameters(), resumed.policy.model.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6), name
     # the schedule is not safe to change: a trainer resuming with another refuses (it exits 78), naming the field
     other = parse("sched", max_steps=6, optimizer={**optimizer, "lr_schedule": "linear"}).spec
@@ -108,8 +108,8 @@ def test_a_sharded_part_restores_the_schedule_as_an_unsharded_one_does(tmp_path)
     """A DCP part (what several ranks write; here one process, no process group) carries the scheduler state in its
     ``progress.json`` too, and the trainer's restore path puts the optimizer at the next step's rate."""
     from rlrun.training.distributed import init_from_env
-    from rlrun.training.parts import SCHEDULER_KEY, new_optimizer, restore_part
-    from rlrun.training.schedule import new_scheduler, restore_scheduler
+    from rlrun.training.parts import SCHEDULER_KEY, restore_part
+    from rlrun.training.schedule import new_optimizer, new_scheduler, restore_scheduler
     from rlrun.training.sharded_checkpoint import save_sharded
 
     spec = parse("dcp", max_steps=10, optimizer={"lr": 0.01, "lr_schedule": "linear", "warmup_steps": 2}).spec
@@ -137,8 +137,7 @@ def test_a_sharded_part_restores_the_schedule_as_an_unsharded_one_does(tmp_path)
 
 
 def test_a_part_without_scheduler_state_is_restored_from_its_step_and_says_so_once(caplog):
-    from rlrun.training.parts import new_optimizer
-    from rlrun.training.schedule import new_scheduler, restore_scheduler
+    from rlrun.training.schedule import new_optimizer, new_scheduler, restore_scheduler
 
     spec = parse("old", max_steps=10, optimizer={"lr": 0.01, "lr_schedule": "linear", "warmup_steps": 2}).spec
     optimizer = new_optimizer(torch.nn.Linear(3, 2), spec)

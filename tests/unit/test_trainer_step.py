@@ -36,7 +36,7 @@ def test_train_step_reports_the_mean_entropy_of_the_trained_tokens(tmp_path, tin
     write_batch(run_dir.rollout_batch(1), 1, samples, pad_id=0)
     batch = read_batch(run_dir.rollout_batch(1))
     with torch.no_grad():  # the expected value, by hand, of the policy before the step
-        logits = trainer.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logits = trainer.policy.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         h = torch.distributions.Categorical(logits=logits[:, :-1].float() / 0.7).entropy()
         expected = float(h[batch.loss_mask].mean())
     metrics = trainer.train_step(1)
@@ -77,14 +77,14 @@ def test_mismatch_kl_is_zero_for_the_trainers_own_logprobs_and_moves_when_the_se
         ]  # fmt: skip
         write_batch(run_dir.rollout_batch(step), step, samples, pad_id=0)
 
-    batch(1, server_logprobs(trainer.model), version=0)  # the server holds the trainer's weights (version 0)
+    batch(1, server_logprobs(trainer.policy.model), version=0)  # the server holds the trainer's weights (version 0)
     same = trainer.train_step(1)
     assert same["mismatch_kl"] < 1e-6 and same["mismatch_kl_on_policy"] == pytest.approx(same["mismatch_kl"])
     other = Trainer(spec, RunDir(tmp_path / "other"), str(tiny_model))
     with torch.no_grad():
-        for p in other.model.parameters():
+        for p in other.policy.model.parameters():
             p.add_(0.05 * torch.randn_like(p))  # weights the trainer does not hold
-    batch(2, server_logprobs(other.model), version=1)  # labelled as the weights the trainer holds at step 2
+    batch(2, server_logprobs(other.policy.model), version=1)  # labelled as the weights the trainer holds at step 2
     moved = trainer.train_step(2)
     trainer.ledger.close()
     other.ledger.close()
@@ -117,7 +117,7 @@ def test_on_policy_ratio_is_one_under_top_p(tmp_path, tiny_model):
         for member in range(4):
             ids, logprobs = [3, 4, 9], []
             for _ in range(8):
-                logits = trainer.model(input_ids=torch.tensor([ids])).logits[0, -1:]
+                logits = trainer.policy.model(input_ids=torch.tensor([ids])).logits[0, -1:]
                 processed = _vllm_processed_logprobs(logits, temperature, top_p)
                 token = int(torch.multinomial(processed.exp(), 1, generator=g))
                 kept_mass.append(float(torch.softmax(logits / temperature, -1)[0][processed[0] > -math.inf].sum()))

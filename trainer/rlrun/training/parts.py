@@ -9,7 +9,8 @@ by several ranks, their DCP shards (:mod:`rlrun.training.sharded_checkpoint`) pl
 (:func:`restore_part`), so a run can change its rank count. ``progress.json`` holds the LR scheduler's
 state in both formats (:mod:`rlrun.training.schedule`).
 
-A LoRA run's part (``spec.model.lora``, :mod:`rlrun.training.lora`) holds the adapter alone: ``adapter_config.json``
+A LoRA run's part (a :class:`~rlrun.training.policy.Policy` with an adapter, ``spec.model.lora``: what
+:func:`write_part` and :func:`restore_part` dispatch on) holds the adapter alone: ``adapter_config.json``
 and ``adapter_model.safetensors`` (float32, peft's layout), ``optimizer.pt`` (the adapter's AdamW state, keyed by
 parameter name: ``get_optimizer_state_dict`` with full tensors), ``progress.json`` and ``meta.json`` — no base weights,
 which are never written. Several ranks gather the adapter and its optimizer state (a few MB) and rank 0 writes the part
@@ -42,10 +43,11 @@ from rlrun.checkpoint import (
 )
 from rlrun.dcp_format import SHARDED_FORMAT
 from rlrun.errors import CheckpointError, CheckpointMismatch, WeightsMismatch
-from rlrun.identity import run_identity
 from rlrun.rundir import RunDir, fault_point, publish_dir, read_attempt, step_dirs, write_meta, written_by
 from rlrun.training.distributed import DataParallel, full_state_dict, tied_weights, untied
 from rlrun.training.lora import Adapter, adapter_state, holds_adapter, load_adapter, save_adapter
+from rlrun.training.policy import Policy
+from rlrun.training.schedule import adamw
 
 log = logging.getLogger(__name__)
 
@@ -180,39 +182,29 @@ def choose_checkpoint(run_dir: RunDir, attempt: int, pair_wait_s: float = PAIR_W
     return latest_complete_checkpoint(run_dir)
 
 
-def _adamw(params, spec: RLRunSpec) -> torch.optim.AdamW:
-    opt = spec.optimizer
-    return torch.optim.AdamW(params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
-
-
-def new_optimizer(model: torch.nn.Module, spec: RLRunSpec) -> torch.optim.AdamW:
-    """The trainer's optimizer: AdamW with the spec's settings over the trainable parameters (every one; with LoRA the
-    adapter's alone: the frozen base weights get no optimizer state)."""
-    return _adamw([p for p in model.parameters() if p.requires_grad], spec)
-
-
 def restore_part(
     root: Path,
     step: int,
-    model: torch.nn.Module,
+    policy: Policy | torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     spec: RLRunSpec,
     dp: DataParallel,
-    adapter: Adapter | None = None,
 ) -> None:
-    """Load trainer part ``root`` (of ``step``) into ``model`` and ``optimizer``, whatever wrote it.
+    """Load trainer part ``root`` (of ``step``) into ``policy`` (:class:`~rlrun.training.policy.Policy`; a bare
+    model: its full weights) and ``optimizer``, whatever wrote it.
 
     A sharded part (``meta.json`` ``format: "dcp"``) with :func:`~rlrun.training.sharded_checkpoint.load_sharded`
     on any number of ranks; an unsharded one into one process directly, or into the shards of several
-    ranks (:func:`_load_unsharded_into_shards`); a LoRA part into ``adapter`` (:func:`_load_adapter_part`). A part of
-    step 0 holds no optimizer state worth loading: the optimizer stays fresh.
+    ranks (:func:`_load_unsharded_into_shards`); a LoRA part into the policy's adapter (:func:`_load_adapter_part`).
+    A part of step 0 holds no optimizer state worth loading: the optimizer stays fresh.
 
     Raises:
-        CheckpointMismatch: a LoRA part and no ``adapter``, or the reverse (the run identity, checked first, says so
-            too; this holds for a part written before it recorded LoRA).
+        CheckpointMismatch: a LoRA part and a policy without an adapter, or the reverse (the run identity, checked
+            first, says so too; this holds for a part written before it recorded LoRA).
         WeightsMismatch: the weights do not fit the model.
         CheckpointError: a torn or foreign sharded part.
     """
+    model, adapter = (policy.model, policy.adapter) if isinstance(policy, Policy) else (policy, None)
     if holds_adapter(root) != (adapter is not None):
         what = "a LoRA adapter alone" if adapter is None else "the model's full weights, no LoRA adapter"
         want = "a run without spec.model.lora" if adapter is None else "a run with spec.model.lora"
@@ -267,7 +259,7 @@ def _load_unsharded_into_shards(
 
     plain = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
     load_weights(plain, root / WEIGHTS_FILE)
-    plain_opt = _adamw(plain.parameters(), spec)
+    plain_opt = adamw(plain.parameters(), spec)
     plain_opt.load_state_dict(torch.load(root / OPTIMIZER_FILE, weights_only=True))
     if not plain_opt.state:  # never stepped (step 0): keep the fresh optimizer, as one process does
         set_model_state_dict(model, plain.state_dict(), options=StateDictOptions(full_state_dict=True))
@@ -285,35 +277,38 @@ def write_part(
     run_dir: RunDir,
     step: int,
     reason: str,
-    model: torch.nn.Module,
+    policy: Policy,
     optimizer: torch.optim.Optimizer,
-    spec: RLRunSpec,
     attempt: int,
     dp: DataParallel,
     lr_scheduler: LRScheduler | None = None,
-    adapter: Adapter | None = None,
-    identity: dict | None = None,
 ) -> Path:
     """Publish ``checkpoints/step_N/trainer/`` (``reason``: ``periodic`` or ``notice``, recorded in
     ``progress.json``); returns its path. With several ranks a collective: every rank writes its DCP
     shard of the model and optimizer (:func:`~rlrun.training.sharded_checkpoint.save_sharded`, ``meta.json``
     ``format: "dcp"``), rank 0 adds the full ``model.safetensors`` (what the orchestrator loads into
-    vLLM) and ``progress.json``, and renames the part into place once every shard is written. With an
-    ``adapter`` (LoRA), the adapter's part instead (:func:`_write_adapter_part`). The LR scheduler's state (plain
-    JSON) is in ``progress.json`` under ``lr_scheduler``, in every format; ``identity`` (default
-    :func:`~rlrun.identity.run_identity` of ``spec``) under ``identity``."""
+    vLLM) and ``progress.json``, and renames the part into place once every shard is written. A policy with an
+    adapter (LoRA) writes the adapter's part instead (:func:`_write_adapter_part`). The LR scheduler's state (plain
+    JSON) is in ``progress.json`` under ``lr_scheduler``, in every format; the policy's run identity under
+    ``identity``."""
     progress = {
-        "step": step, "policy_version": step, "identity": identity or run_identity(spec), "time": time.time(),
+        "step": step,
+        "policy_version": step,
+        "identity": policy.identity,
+        "time": time.time(),
         "reason": reason,
-        **({"world_size": dp.world_size} if dp.distributed else {}),
-        **({SCHEDULER_KEY: lr_scheduler.state_dict()} if lr_scheduler is not None else {}),
-    }  # fmt: skip
+    }
+    if dp.distributed:
+        progress["world_size"] = dp.world_size
+    if lr_scheduler is not None:
+        progress[SCHEDULER_KEY] = lr_scheduler.state_dict()
 
     def write_progress(tmp: Path) -> None:
         (tmp / TRAINER_PROGRESS_FILE).write_text(json.dumps(progress))
 
-    if adapter is not None:
-        return _write_adapter_part(run_dir, step, reason, adapter, optimizer, attempt, dp, write_progress)
+    if policy.adapter is not None:
+        return _write_adapter_part(run_dir, step, reason, policy.adapter, optimizer, attempt, dp, write_progress)
+    model = policy.model
     if dp.distributed:
         from rlrun.training.sharded_checkpoint import save_sharded
 

@@ -1,5 +1,6 @@
-"""The learning-rate schedule (``spec.optimizer.lr_schedule``, ``warmup_steps``, ``min_lr_ratio``): a torch
-``LambdaLR`` over the trainer's AdamW, its state in every trainer checkpoint part.
+"""The trainer's optimizer (AdamW of ``spec.optimizer``, :func:`new_optimizer`) and its learning-rate schedule
+(``spec.optimizer.lr_schedule``, ``warmup_steps``, ``min_lr_ratio``): a torch ``LambdaLR`` over it, its state in every
+trainer checkpoint part.
 
 The factor ``λ(c)`` multiplies ``spec.optimizer.lr`` after ``c`` optimizer steps, so **step s trains with
 ``lr · λ(s − 1)``** (the scheduler steps once after each optimizer step). With ``W`` = ``warmup_steps``, ``N`` =
@@ -30,6 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -39,6 +41,19 @@ from rlrun.api.spec import RLRunSpec
 from rlrun.errors import CheckpointError
 
 log = logging.getLogger(__name__)
+
+
+def adamw(params: Iterable[torch.nn.Parameter], spec: RLRunSpec) -> torch.optim.AdamW:
+    """AdamW over ``params`` with ``spec.optimizer``'s ``lr``, ``betas``, ``eps`` and ``weight_decay``."""
+    opt = spec.optimizer
+    return torch.optim.AdamW(params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay)
+
+
+def new_optimizer(model: torch.nn.Module, spec: RLRunSpec) -> torch.optim.AdamW:
+    """The trainer's optimizer: AdamW with the spec's settings over the trainable parameters (every one; with LoRA the
+    adapter's alone: the frozen base weights get no optimizer state). Build it after the model is sharded
+    (:mod:`rlrun.training.policy`): it holds the parameters the ranks keep."""
+    return adamw([p for p in model.parameters() if p.requires_grad], spec)
 
 
 def lr_factor(count: int, *, schedule: str, warmup_steps: int, horizon: int, min_lr_ratio: float) -> float:
@@ -64,9 +79,12 @@ def schedule_of(spec: RLRunSpec) -> functools.partial[float]:
     """``λ`` of ``spec`` as a one-argument function of the step count (horizon: ``spec.max_steps``)."""
     opt = spec.optimizer
     return functools.partial(
-        lr_factor, schedule=opt.lr_schedule, warmup_steps=opt.warmup_steps, horizon=spec.max_steps,
+        lr_factor,
+        schedule=opt.lr_schedule,
+        warmup_steps=opt.warmup_steps,
+        horizon=spec.max_steps,
         min_lr_ratio=opt.min_lr_ratio,
-    )  # fmt: skip
+    )
 
 
 def new_scheduler(optimizer: torch.optim.Optimizer, spec: RLRunSpec) -> LambdaLR:

@@ -1,15 +1,20 @@
 """The trainer process: one optimizer step per shipped batch, then publish the new weights.
 
-Step ``s`` reads ``rollouts/step_s/`` (waiting until the orchestrator publishes it),
-takes one AdamW step (at the rate of the LR schedule, :mod:`rlrun.training.schedule`, whose state every trainer
-part keeps) on the loss of ``spec.loss`` (:mod:`rlrun.training.objectives`) over the whole batch, in
-micro-batches (:mod:`rlrun.training.step`) in the compute dtype of ``spec.trainer.precision`` (:mod:`rlrun.training.precision`),
-publishes ``broadcasts/step_s/model.safetensors`` (policy version ``s``, in that dtype; with ``spec.model.lora`` the
-adapter alone, ``adapter_config.json`` + ``adapter_model.safetensors``: :mod:`rlrun.training.lora`) and, every
-``checkpoint.interval`` steps and at the last step, ``checkpoints/step_s/trainer/``
-(a fresh run also checkpoints step 0, so a pause always has a trainer part to pair
-with). Both are published by an atomic directory rename, so readers never see a torn
-file, and both record the attempt number in ``meta.json`` (:func:`rlrun.rundir.write_meta`).
+The policy it trains is assembled in :mod:`rlrun.training.policy` (:meth:`~rlrun.training.policy.Policy.from_spec`:
+loading, precision, activation checkpointing, the LoRA wrap, sharding, the KL reference), which also decides, once per
+run, whether it publishes and checkpoints full weights or a LoRA adapter; the trainer keeps the attempt, the loop,
+publishing, checkpoints and notices.
+
+Step ``s`` reads ``rollouts/step_s/`` (waiting until the orchestrator publishes it), takes one AdamW step (at the
+rate of the LR schedule, :mod:`rlrun.training.schedule`, whose state every trainer part keeps) on the loss of
+``spec.loss`` (:mod:`rlrun.training.objectives`) over the whole batch, in micro-batches (:mod:`rlrun.training.step`)
+in the compute dtype of ``spec.trainer.precision`` (:mod:`rlrun.training.precision`), publishes
+``broadcasts/step_s/model.safetensors`` (policy version ``s``, in that dtype; with ``spec.model.lora`` the adapter
+alone, ``adapter_config.json`` + ``adapter_model.safetensors``: :meth:`~rlrun.training.policy.Policy.write_weights`)
+and, every ``checkpoint.interval`` steps and at the last step, ``checkpoints/step_s/trainer/`` (a fresh run also
+checkpoints step 0, so a pause always has a trainer part to pair with). Both are published by an atomic directory
+rename, so readers never see a torn file, and both record the attempt number in ``meta.json``
+(:func:`rlrun.rundir.write_meta`).
 
 Resume from step ``N``: the checkpoint's orchestrator part says ``M`` batches were
 shipped when it was taken. Batches ``N+1 … M`` on disk are trained as they are; a
@@ -35,15 +40,14 @@ and when its predecessor published a trainer part the live orchestrator has not 
 it waits up to ``pair_wait_s`` for the orchestrator to complete it before choosing the step to
 resume from (:func:`rlrun.training.parts.wait_for_pairing`), so a notice save is never thrown away.
 
-Data parallel (``dp.world_size`` W > 1, ranks started by ``torchrun``): the model is FSDP2-sharded
-(:func:`~rlrun.training.distributed.shard_model`) before the optimizer is built. Every rank reads
-the shipped batch file itself and trains its rows (:func:`~rlrun.training.distributed.rank_slice`,
-:func:`~rlrun.training.step.accumulate_gradients` in micro-batches, global
-:func:`~rlrun.training.distributed.clip_grad_norm_`): the same update as one process. Rank 0
-alone decides what to resume from and publishes: broadcasts, ledger, metrics (and, in
-``rlrun trainer``, the exit report); a broadcast's weights come from
-:func:`~rlrun.training.distributed.full_state_dict`, which every rank calls. Trainer parts, in
-either format and loadable into any number of ranks: :mod:`rlrun.training.parts`.
+Data parallel (``dp.world_size`` W > 1, ranks started by ``torchrun``): the model is FSDP2-sharded while the policy
+is assembled (:meth:`~rlrun.training.policy.Policy.from_spec`, with :func:`~rlrun.training.distributed.shard_model`),
+before the trainer builds the optimizer. Every rank reads the shipped batch file itself and trains its rows
+(:func:`~rlrun.training.distributed.rank_slice`, :func:`~rlrun.training.step.accumulate_gradients` in
+micro-batches, global :func:`~rlrun.training.distributed.clip_grad_norm_`): the same update as one process. Rank 0
+alone decides what to resume from and publishes: broadcasts, ledger, metrics (and, in ``rlrun trainer``, the exit
+report); a broadcast's weights come from :meth:`~rlrun.training.policy.Policy.published_state`, which every rank
+calls. Trainer parts, in either format and loadable into any number of ranks: :mod:`rlrun.training.parts`.
 
 Agreement between ranks (:meth:`Trainer._agree`): at each step boundary, and at each poll while
 waiting for a batch (:mod:`rlrun.training.batches`), the ranks all-reduce (MAX) two flags: "I have
@@ -61,43 +65,28 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM
 
 from rlrun.api.spec import RLRunSpec
 from rlrun.batch import read_batch
-from rlrun.checkpoint import WEIGHTS_FILE
-from rlrun.identity import check_compatible, run_identity
+from rlrun.identity import check_compatible
 from rlrun.ledger import Ledger, LedgerEvent
-from rlrun.model.resolve import pretrained_kwargs
 from rlrun.probes import write_probe
 from rlrun.rundir import RunDir, end_torn_line, holds_a_run, publish_broadcast, run_dir_attempt, write_meta
 from rlrun.training.batches import Noticed, batch_accepted, wait_for_batch
-from rlrun.training.distributed import (
-    DataParallel,
-    clip_grad_norm_,
-    full_state_dict,
-    rank_slice,
-    shard_model,
-    single_process,
-    untied,
-)
-from rlrun.training.lora import AdapterOff, adapter_state, base_model_identity, save_adapter, wrap
+from rlrun.training.distributed import DataParallel, clip_grad_norm_, rank_slice, single_process
 from rlrun.training.parts import (
     PAIR_WAIT_S,
     SCHEDULER_KEY,
     choose_checkpoint,
     clear_after,
-    new_optimizer,
     republish,
     restore_part,
     write_part,
 )
-from rlrun.training.precision import cast_floating, dtype_name, mixed_precision_policy, resolve_precision
+from rlrun.training.policy import Policy
 from rlrun.training.probe import probe_logprobs, probe_rows
 from rlrun.training.prometheus import TrainerMetrics, serve_from_env
-from rlrun.training.reference import reference_policy
-from rlrun.training.schedule import new_scheduler, restore_scheduler
+from rlrun.training.schedule import new_optimizer, new_scheduler, restore_scheduler
 from rlrun.training.step import StepSettings, accumulate_gradients, on_policy_rows
 
 log = logging.getLogger(__name__)
@@ -164,37 +153,10 @@ class Trainer:
             self.attempt = run_dir_attempt(self.run_dir, run_uid, attempt)
         self.max_steps = max_steps or spec.max_steps
         self.poll_s = poll_s
-        torch.manual_seed(spec.seed)
-        load = pretrained_kwargs(spec.model)  # the revision vLLM serves, for the policy and the KL reference
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, **load)  # float32 master
-        self.compute_dtype = resolve_precision(spec.trainer.precision, self.dp.device, warn=self.dp.is_main)
-        self.step_settings = StepSettings.from_spec(spec, self.compute_dtype)
+        self.policy = Policy.from_spec(spec, model_path, self.dp)  # loaded, wrapped, sharded: build the optimizer after
+        self.step_settings = StepSettings.from_spec(spec, self.policy.compute_dtype)
         self.probe_rows: list[tuple[list[int], list[bool]]] = []  # the last batch's (rlrun.training.probe)
-        if spec.trainer.activation_checkpointing:  # before sharding: FSDP2 wraps the checkpointed blocks
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        lora = spec.model.lora  # injected before sharding (FSDP2 shards each block with its adapter), the base frozen
-        self.adapter = wrap(self.model, lora) if lora is not None else None
-        self.identity = run_identity(spec, base_model=base_model_identity(spec.model, model_path) if lora else None)
-        # to the device (a GPU in one process too), and FSDP2-sharded with ranks
-        shard_model(self.model, self.dp, mp_policy=mixed_precision_policy(self.compute_dtype))
-        # the KL term's reference, the starting weights on every start; with LoRA the base: the adapter off, no copy
-        if not spec.loss.kl_coef:
-            self.reference = None
-        elif self.adapter is not None:
-            self.reference = AdapterOff(self.adapter)
-        else:
-            self.reference = reference_policy(self.model, model_path, self.dp, self.compute_dtype, load)
-        if self.dp.is_main:
-            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-            log.info(
-                "trainer: computes in %s (spec.trainer.precision %s), micro-batches of ≤ %d tokens, LM head in chunks "
-                "of %d positions, activation checkpointing %s, trains %s", dtype_name(self.compute_dtype),
-                spec.trainer.precision, spec.trainer.micro_batch_tokens, spec.trainer.logprob_chunk_tokens,
-                "on" if spec.trainer.activation_checkpointing else "off",
-                f"a LoRA adapter of rank {lora.rank} on {', '.join(lora.target_modules)} ({trainable:,} parameters)"
-                if lora else f"every weight ({trainable:,} parameters)",
-            )  # fmt: skip
-        self.optimizer = new_optimizer(self.model, spec)
+        self.optimizer = new_optimizer(self.policy.model, spec)
         self.lr_scheduler = new_scheduler(self.optimizer, spec)  # its horizon is spec.max_steps, not max_steps
         restored = resume and self._restore()
         # Batches may already be arriving from this run's orchestrator: only checkpoints count (holds_a_run).
@@ -256,15 +218,18 @@ class Trainer:
             log.info("resume: no complete checkpoint in %s; starting from step 0", self.run_dir.root)
             return False
         root = self.run_dir.trainer_checkpoint(ckpt.step)
-        check_compatible(ckpt.trainer.get("identity"), self.spec, str(root), base_model=self.identity.get("base_model"))
-        restore_part(root, ckpt.step, self.model, self.optimizer, self.spec, self.dp, self.adapter)
+        base_model = self.policy.identity.get("base_model")
+        check_compatible(ckpt.trainer.get("identity"), self.spec, str(root), base_model=base_model)
+        restore_part(root, ckpt.step, self.policy, self.optimizer, self.spec, self.dp)
         restore_scheduler(self.lr_scheduler, self.optimizer, ckpt.trainer.get(SCHEDULER_KEY), ckpt.step, str(root))
         self.step = self.checkpointed_step = ckpt.step
         self.shipped_at_restore = int(ckpt.orchestrator.get("shipped", ckpt.step))
         log.info(
             "resume: restored trainer checkpoint step %d from %s (batches up to %d were shipped before it)",
-            ckpt.step, root, self.shipped_at_restore,
-        )  # fmt: skip
+            ckpt.step,
+            root,
+            self.shipped_at_restore,
+        )
         return True
 
     def _wait_for_batch(self, step: int) -> Path:
@@ -296,14 +261,13 @@ class Trainer:
         wait_t0 = time.perf_counter()
         whole = read_batch(self._wait_for_batch(step))
         t0 = time.perf_counter()
-        dp = self.dp
+        dp, model = self.dp, self.policy.model
         batch = rank_slice(whole, dp.rank, dp.world_size) if dp.distributed else whole
-        self.model.train()
+        model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        stats = accumulate_gradients(
-            self.model, batch, on_policy_rows(batch, step), self.step_settings, dp, reference=self.reference
-        )
-        grad_norm = clip_grad_norm_(self.model.parameters(), self.spec.optimizer.max_grad_norm)
+        rows = on_policy_rows(batch, step)
+        stats = accumulate_gradients(model, batch, rows, self.step_settings, dp, reference=self.policy.reference)
+        grad_norm = clip_grad_norm_(model.parameters(), self.spec.optimizer.max_grad_norm)
         lr = self.optimizer.param_groups[0]["lr"]  # lr · λ(step − 1): rlrun.training.schedule
         self.optimizer.step()
         self.lr_scheduler.step()
@@ -326,26 +290,17 @@ class Trainer:
     def publish(self, step: int) -> int:
         """Publish ``broadcasts/step_N/`` (weights after step N, and the attempt that made them), in the dtype the
         trainer computes in, which is the dtype the rollout servers serve (:mod:`rlrun.training.precision`); with LoRA
-        the adapter alone (:func:`~rlrun.training.lora.save_adapter`); beside them the step's mismatch probe
+        the adapter alone (:meth:`~rlrun.training.policy.Policy.write_weights`); beside them the step's mismatch probe
         (:mod:`rlrun.training.probe`). One this attempt published already is kept (a retrained step:
         :func:`rlrun.rundir.publish_broadcast`). With ``W > 1`` ranks a collective: every rank gathers, rank 0
         writes. Returns the bytes written (the directory's files; 0 on the other ranks)."""
-        probe = probe_logprobs(self.model, self.probe_rows, self.dp, self.step_settings)
-        if self.adapter is not None:  # already in the compute dtype, on the CPU
-            state = adapter_state(self.adapter, self.dp, self.compute_dtype)
-        elif self.dp.distributed:
-            state = full_state_dict(self.model, self.dp)
-        else:  # the live tensors, no copy but the cast's (the file is written before the next step)
-            state = untied({k: v.detach() for k, v in self.model.state_dict().items()}, self.model)
+        probe = probe_logprobs(self.policy.model, self.probe_rows, self.dp, self.step_settings)
+        state = self.policy.published_state(self.dp)
         if state is None:  # not rank 0
             return 0
 
         def fill(tmp: Path) -> None:
-            if self.adapter is not None:
-                save_adapter(tmp, state, self.adapter)
-            else:
-                cast = {k: v.cpu() for k, v in cast_floating(state, self.compute_dtype).items()}
-                save_file(cast, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            self.policy.write_weights(tmp, state)
             write_probe(tmp, probe, step)
             write_meta(tmp, step, self.attempt)
 
@@ -357,9 +312,8 @@ class Trainer:
         (:func:`~rlrun.training.parts.write_part`; ``reason``, ``periodic`` or ``notice``, in ``progress.json``).
         With ``W > 1`` ranks a collective."""
         path = write_part(
-            self.run_dir, step, reason, self.model, self.optimizer, self.spec, self.attempt, self.dp, self.lr_scheduler,
-            self.adapter, self.identity,
-        )  # fmt: skip
+            self.run_dir, step, reason, self.policy, self.optimizer, self.attempt, self.dp, self.lr_scheduler
+        )
         self.checkpointed_step = step
         return path
 
@@ -415,10 +369,10 @@ class Trainer:
             written = self.publish(step)
             self.step = step
             checkpoint = step % interval == 0 or step == self.max_steps
+            broadcast_s = round(time.perf_counter() - t0, 4)
             metrics.update(
-                attempt=self.attempt, broadcast_s=round(time.perf_counter() - t0, 4), broadcast_bytes=written,
-                checkpoint=checkpoint,
-            )  # fmt: skip
+                attempt=self.attempt, broadcast_s=broadcast_s, broadcast_bytes=written, checkpoint=checkpoint
+            )
             # The line goes before the checkpoint: once a checkpoint holds the step, its line is on disk, and the last
             # line of each step a complete checkpoint holds is final (what rlrun.tracking logs).
             if self.dp.is_main:
@@ -431,12 +385,15 @@ class Trainer:
             if not self.dp.is_main:
                 continue
             gauges.observe(metrics)  # type: ignore[union-attr]
+            kl_ref = f" kl_ref {metrics['kl_ref']:.4f}" if "kl_ref" in metrics else ""
             log.info(
                 "step %d loss %.4f grad_norm %.3f lr %.3g clip %.3f |Δlogp| %.4f entropy %.3f%s train %.2fs wait %.2fs",
-                step, metrics["loss"], metrics["grad_norm"], metrics["lr"], metrics["clip_fraction"],
-                metrics["logprob_abs_diff"], metrics["entropy"],
-                f" kl_ref {metrics['kl_ref']:.4f}" if "kl_ref" in metrics else "", metrics["train_s"], metrics["wait_s"],
-            )  # fmt: skip
+                step,
+                *(metrics[k] for k in ("loss", "grad_norm", "lr", "clip_fraction", "logprob_abs_diff", "entropy")),
+                kl_ref,
+                metrics["train_s"],
+                metrics["wait_s"],
+            )
         if server is not None:
             server.shutdown()
         if self._stop_requested():
