@@ -77,10 +77,10 @@ from rlrun.training.distributed import (
     teardown,
     transformer_blocks,
 )
-from rlrun.training.loss import batch_loss, token_logprobs
 from rlrun.training.objectives import LossSettings
 from rlrun.training.precision import mixed_precision_policy
 from rlrun.training.reference import load_reference
+from rlrun.training.reference_loss import batch_loss, token_logprobs
 from rlrun.training.sharded_checkpoint import load_sharded, save_sharded
 from rlrun.training.step import StepSettings, accumulate_gradients
 from safetensors.torch import load_file, save_file

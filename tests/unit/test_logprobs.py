@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from rlrun.training.logprobs import chunked_token_stats, head_returns_token_stats, nucleus_threshold
-from rlrun.training.loss import token_entropy, token_logprobs
+from rlrun.training.reference_loss import token_entropy, token_logprobs
 
 
 def _inputs(seed: int = 0, b: int = 3, t: int = 9, h: int = 16, v: int = 50, bias: bool = False):

@@ -87,7 +87,7 @@ def test_packed_rows_restart_positions_per_sample():
 def test_packed_micro_batches_give_the_models_logprobs_of_each_sample_alone(tiny_model):
     """transformers builds each packed sample's own causal mask from the restarting position ids (sdpa here):
     a packed row's logprobs are those of its samples run one by one."""
-    from rlrun.training.loss import token_logprobs
+    from rlrun.training.reference_loss import token_logprobs
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)

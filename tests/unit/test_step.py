@@ -12,9 +12,9 @@ import torch
 from rlrun.batch import TrainBatch, collate
 from rlrun.samples import QueuedTrace, TrainingSample
 from rlrun.training.distributed import single_process
-from rlrun.training.loss import batch_loss, mismatch_kl, token_entropy, token_logprobs
 from rlrun.training.objectives import LossSettings
-from rlrun.training.step import StepSettings, accumulate_gradients
+from rlrun.training.reference_loss import batch_loss, token_entropy, token_logprobs
+from rlrun.training.step import StepSettings, accumulate_gradients, mismatch_kl
 from transformers import AutoModelForCausalLM
 
 TEMPERATURE = 0.8

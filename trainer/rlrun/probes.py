@@ -68,7 +68,7 @@ def read_probe(directory: str | Path) -> list[ProbeSequence] | None:
 def mismatch_kl(trainer: list[float | None], served: list[float | None]) -> tuple[float, int]:
     """``(Σ k3, tokens)`` over the positions where both give a log-probability: the k3 estimate ``exp(d) − 1 −
     d`` with ``d = trainer − served`` (J. Schulman, "Approximating KL divergence", 2020; the trainer's
-    ``rlrun.training.loss.mismatch_kl``), so the mean is in nats per token, ≈ 0 for the same weights.
+    ``rlrun.training.step.mismatch_kl``), so the mean is in nats per token, ≈ 0 for the same weights.
 
     Raises:
         ValueError: the two lists are not as long.

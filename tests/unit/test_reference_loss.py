@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from rlrun.training.loss import batch_loss, token_entropy, token_logprobs
+from rlrun.training.reference_loss import batch_loss, token_entropy, token_logprobs
 
 
 def _two_tokens(advantage: float):
