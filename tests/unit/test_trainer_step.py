@@ -53,7 +53,7 @@ def test_mismatch_kl_is_zero_for_the_trainers_own_logprobs_and_moves_when_the_se
 ):
     """The server's logprobs are the trainer's own when both hold the same weights (a correct sync): mismatch KL
     ≈ 0. The same batch sampled by other weights (a sync that did not happen): it moves, on-policy samples too."""
-    from rlrun.training.loss import token_logprobs
+    from rlrun.training.reference_loss import token_logprobs
 
     spec = parse("kl", max_steps=2, sampling={"temperature": 1.0}).spec
     run_dir = RunDir(tmp_path)

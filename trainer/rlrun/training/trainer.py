@@ -251,7 +251,7 @@ class Trainer:
         ``entropy``: mean over the trained tokens of the policy's next-token entropy under the sampling distribution
         (temperature, top-p: :mod:`rlrun.training.logprobs`, nats/token, before the step): its fall to 0
         is the policy collapsing. ``mismatch_kl``: mean over the trained tokens of
-        :func:`~rlrun.training.loss.mismatch_kl` (the trainer's logprobs against vLLM's, nats/token), and
+        :func:`~rlrun.training.step.mismatch_kl` (the trainer's logprobs against vLLM's, nats/token), and
         ``mismatch_kl_on_policy`` over the samples of the weights the trainer holds (policy version ``step − 1``;
         None when none): ≈ 0 unless the server's weights or tokens differ from the trainer's.
 
