@@ -15,7 +15,9 @@ stop path is the preemption's own).
 | any other look at an admitted run | :func:`step` | the Workload's ``PodsReady`` follows the pods |
 
 An eviction that finds the run recovering from the loss of its pods under the admission Kueue takes back is
-that loss's cause made known late: counted once (:func:`same_interruption`).
+that loss's cause made known late: counted once (:func:`.kueue_recovery.same_interruption`). The status patches
+written here are :mod:`.kueue_recovery`'s (pure); attempt 0's pods are created by :func:`.stages.create_first`,
+as for a run without Kueue.
 
 The run's ``status.queue`` marks it as admitted through Kueue: only such a run is watched for evictions (a label
 added to, or removed from, a running run takes effect at its next queueing: when it is suspended, or evicted).
@@ -28,13 +30,12 @@ import logging
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
-from rlrun.api.status import ConditionType, EventReason, Phase, Reason, Recovery, RecoveryKind, Stage, Trigger
+from rlrun.api.status import EventReason, Phase, Reason, Recovery, RecoveryKind, Stage, Trigger
 
-from rlrun_operator import kueue, naming, recovery, stages
+from rlrun_operator import kueue, kueue_recovery, naming, recovery, stages
 from rlrun_operator.pods import build_pods
 from rlrun_operator.run_context import RunContext
 from rlrun_operator.stages import Reconciling
-from rlrun_operator.status import now_rfc3339, rfc3339_seconds, set_condition
 
 log = logging.getLogger(__name__)
 
@@ -44,29 +45,26 @@ NOT_SERVED = (
     "or remove the label to run without queueing"
 )
 
-#: Stages of its own eviction that another eviction does not take over (it would only count it twice).
-OWN_STAGES = (Stage.PAUSING, Stage.STOPPING, Stage.STARTING)
 
-
-def label(ctx: RunContext) -> str | None:
+def queue_name(ctx: RunContext) -> str | None:
     """The run's LocalQueue (its ``kueue.x-k8s.io/queue-name`` label), if it has one."""
     return kueue.queue_name(ctx.body)
 
 
 def managed(ctx: RunContext) -> bool:
     """Kueue admits the run: it has the queue label and the operator runs with ``kueue_enabled``."""
-    return bool(label(ctx)) and ctx.settings.kueue_enabled
+    return bool(queue_name(ctx)) and ctx.settings.kueue_enabled
 
 
 def held(ctx: RunContext) -> bool:
     """The run has the queue label but the operator runs without Kueue: it is held, never run unqueued."""
-    return bool(label(ctx)) and not ctx.settings.kueue_enabled
+    return bool(queue_name(ctx)) and not ctx.settings.kueue_enabled
 
 
 def involved(ctx: RunContext, rec: Recovery | None) -> bool:
     """Whether Kueue has a say in this reconcile: the run has the queue label, was admitted through Kueue
     (``status.queue``), or waits in stage ``Queued`` (its label may be gone since)."""
-    return bool(label(ctx) or ctx.status.get("queue") or (rec is not None and rec.stage == Stage.QUEUED))
+    return bool(queue_name(ctx) or ctx.status.get("queue") or (rec is not None and rec.stage == Stage.QUEUED))
 
 
 def _next_attempt(ctx: RunContext, rec: Recovery) -> int:
@@ -76,16 +74,7 @@ def _next_attempt(ctx: RunContext, rec: Recovery) -> int:
 
 
 def _queue(ctx: RunContext, adm: kueue.Admission | None = None) -> dict[str, Any]:
-    return {
-        "name": label(ctx), "workload": naming.workload_name(ctx.name), "admitted": adm is not None,
-        "clusterQueue": adm.cluster_queue if adm else None, "flavors": adm.flavors if adm else None,
-    }  # fmt: skip
-
-
-def _admitted(ctx: RunContext, value: bool, reason: str, message: str) -> list[dict[str, Any]]:
-    return set_condition(
-        list(ctx.status.get("conditions") or []), ConditionType.ADMITTED, value, reason, message, ctx.generation
-    )
+    return kueue_recovery.queue_record(queue_name(ctx), naming.workload_name(ctx.name), adm)
 
 
 # -- the Workload -----------------------------------------------------------------------------------------
@@ -149,13 +138,13 @@ async def ensure_workload(ctx: RunContext, attempt: int) -> dict[str, Any]:
             await asyncio.to_thread(ctx.kube.delete_workload, ctx.namespace, naming.workload_name(ctx.name))
         return workload
     if workload is None:
-        built = kueue.build_workload(ctx.body, pods, label(ctx) or "", await _priority(ctx))
+        built = kueue.build_workload(ctx.body, pods, queue_name(ctx) or "", await _priority(ctx))
         await ctx.create([built])
         return await _get(ctx) or built
     patch: dict[str, Any] = {}
     if not kueue.is_true(workload, kueue.QUOTA_RESERVED):  # Kueue lets these change only while no quota is reserved
-        if label(ctx) and (workload.get("spec") or {}).get("queueName") != label(ctx):
-            patch["queueName"] = label(ctx)  # the label was changed while queued: the run moves to that queue
+        if queue_name(ctx) and (workload.get("spec") or {}).get("queueName") != queue_name(ctx):
+            patch["queueName"] = queue_name(ctx)  # the label was changed while queued: the run moves to that queue
         if kueue.pod_sets_differ(workload, wanted):
             patch["podSets"] = wanted
     if patch:
@@ -185,16 +174,10 @@ async def start_queued(ctx: RunContext) -> bool:
     """A new run with the queue label (its objects exist): its Workload and no pods, phase ``Queued`` — or held
     when the integration is off. False: not Kueue's (no label), or created suspended (its Workload comes when it
     is unsuspended)."""
-    if not label(ctx) or (managed(ctx) and ctx.run.spec.suspend):
+    if not queue_name(ctx) or (managed(ctx) and ctx.run.spec.suspend):
         return False
-    now = now_rfc3339()
-    rec = Recovery(
-        trigger=Trigger.KUEUE_ADMISSION, kind=RecoveryKind.SUSPENSION, reason="Created", message="waiting for Kueue",
-        stage=Stage.QUEUED, since=now, stageSince=now, nextAttempt=0,
-    )  # fmt: skip
-    await ctx.write(
-        {"recovery": rec.model_dump(mode="json"), "observedGeneration": ctx.generation, "phase": Phase.QUEUED}
-    )
+    patch, rec = kueue_recovery.begin_queueing(ctx.generation)
+    await ctx.write(patch)
     await queued(ctx, rec)  # the Workload is created there
     return True
 
@@ -202,31 +185,23 @@ async def start_queued(ctx: RunContext) -> bool:
 async def _show(
     ctx: RunContext, reason: str, message: str, warning: bool = False, extra: dict[str, Any] | None = None
 ) -> None:
-    """Phase ``Queued`` with ``Admitted`` False (``reason``, ``message``) and the ``extra`` patch; an Event when the
-    run enters it (or the reason changes)."""
-    old = next((c for c in ctx.status.get("conditions") or [] if c.get("type") == ConditionType.ADMITTED), {})
-    text = f"queued in LocalQueue {label(ctx)} (Workload {naming.workload_name(ctx.name)}): {message}"
-    if reason == Reason.KUEUE_DISABLED:
-        text = message
-    patch = {"phase": Phase.QUEUED, "message": text, "conditions": _admitted(ctx, False, reason, text)}
-    if reason != Reason.KUEUE_DISABLED:
-        patch["queue"] = _queue(ctx)
-    entering = ctx.status.get("phase") != Phase.QUEUED or old.get("reason") != reason
-    if not extra and not entering and old.get("message") == text:
+    """Phase ``Queued`` with ``Admitted`` False (``reason``, ``message``) and the ``extra`` patch
+    (:func:`.kueue_recovery.queued`); an Event when the run enters it (or the reason changes)."""
+    patch, event = kueue_recovery.queued(ctx.status, ctx.generation, _queue(ctx), reason, message, extra)
+    if patch is None:
         return
-    await ctx.write({**patch, **(extra or {})})
-    if not entering:  # Kueue's message changed: the condition follows it, without a new Event
-        return
-    event = {Reason.QUEUED: EventReason.QUEUED, Reason.KUEUE_DISABLED: EventReason.KUEUE_DISABLED}
-    ctx.event(event.get(reason, EventReason.FLAVOR_CONFLICT), text, warning=warning)
+    await ctx.write(patch)
+    if event is not None:  # None: Kueue's message changed, the condition follows it without a new Event
+        ctx.event(event, patch["message"], warning=warning)
 
 
 async def queued(ctx: RunContext, rec: Recovery) -> bool:
     """Stage ``Queued``: no pods; on admission (placement checked), ``Starting`` the next attempt."""
     if held(ctx):
         message = (
-            f"the run has the label {naming.QUEUE_LABEL}={label(ctx)} but the operator runs without Kueue: it is held "
-            "(never run bypassing the queue); enable kueue.enabled in the rlrun-operator chart, or remove the label"
+            f"the run has the label {naming.QUEUE_LABEL}={queue_name(ctx)} but the operator runs without Kueue: "
+            "it is held (never run bypassing the queue); enable kueue.enabled in the rlrun-operator chart, or remove "
+            "the label"
         )
         await _show(ctx, Reason.KUEUE_DISABLED, message, warning=True)
         return False
@@ -234,9 +209,7 @@ async def queued(ctx: RunContext, rec: Recovery) -> bool:
         # admit it again and hold quota for pods it does not own)
         if ctx.settings.kueue_enabled:  # off: none was made (and Kueue's API is not the operator's to call)
             await asyncio.to_thread(ctx.kube.delete_workload, ctx.namespace, naming.workload_name(ctx.name))
-        conditions = [c for c in ctx.status.get("conditions") or [] if c.get("type") != ConditionType.ADMITTED]
-        stage = recovery.to_stage(rec, Stage.STARTING, nextAttempt=_next_attempt(ctx, rec))
-        await ctx.write({**stage, "conditions": conditions, "queue": None})
+        await ctx.write(kueue_recovery.unqueued(ctx.status, rec, _next_attempt(ctx, rec)))
         return True
     if ctx.run.spec.suspend:  # suspended while queued: nothing to pause
         patch, _ = recovery.begin_suspension(ctx.status, ctx.generation, orchestrator_alive=False)
@@ -263,10 +236,9 @@ async def queued(ctx: RunContext, rec: Recovery) -> bool:
         await _show(ctx, Reason.FLAVOR_CONFLICT, problem, warning=True)
         return False
     message = f"admitted by Kueue: {adm.describe()}"
-    await ctx.write({
-        **recovery.to_stage(rec, Stage.STARTING, nextAttempt=_next_attempt(ctx, rec)),
-        "queue": _queue(ctx, adm), "conditions": _admitted(ctx, True, Reason.ADMITTED, message), "message": message,
-    })  # fmt: skip
+    await ctx.write(
+        kueue_recovery.admitted(ctx.status, ctx.generation, rec, _next_attempt(ctx, rec), _queue(ctx, adm), message)
+    )
     ctx.event(EventReason.ADMITTED, message)
     return True
 
@@ -299,42 +271,12 @@ async def starting(r: Reconciling, ctx: RunContext, rec: Recovery, workload: dic
     if problem:
         return await _requeue(ctx, rec, problem)
     if rec.trigger == Trigger.KUEUE_ADMISSION and ctx.attempt is None:  # the first start: nothing to resume
-        pods = kueue.place(build_pods(ctx.body, ctx.run, ctx.settings, 0), placements)
-        count = await ctx.create(pods)
-        await ctx.write(
-            {**recovery.started(ctx.status, ctx.generation, None, 0, ctx.run.spec.rollout.replicas), "recovery": None}
-        )
-        ctx.event(EventReason.CREATED, f"attempt 0: {count} pods created ({adm.describe()})")
+        await stages.create_first(ctx, placements, adm)
         return True
     return await stages.start(r, ctx, rec, placements)
 
 
 # -- eviction ---------------------------------------------------------------------------------------------
-
-
-def _may_take_over(rec: Recovery | None) -> bool:
-    if rec is None:
-        return True
-    if rec.kind == RecoveryKind.SUSPENSION or rec.stage == Stage.QUEUED:
-        return False
-    return not (rec.trigger == Trigger.KUEUE_EVICTION and rec.stage in OWN_STAGES)
-
-
-def same_interruption(rec: Recovery | None, workload: dict[str, Any] | None) -> bool:
-    """Whether Kueue's eviction of ``workload`` is the preemption the run is already recovering from
-    (``rec``), made known late: ``rec`` is a preemption other than Kueue's own eviction (pods deleted,
-    disrupted or gone), begun while the admission Kueue now takes back held (``QuotaReserved`` True since no
-    later than ``rec.since``). Its pods were lost before Kueue's word arrived (something else deleted them
-    first, or Kueue wrote ``Evicted`` after the operator had seen them go): one interruption, counted once.
-    An eviction without a reservation (``QuotaLost``, ``WorkloadDeleted``), of a later admission, or during a
-    failure's or a suspension's recovery is not."""
-    if rec is None or rec.kind != RecoveryKind.PREEMPTION or rec.trigger == Trigger.KUEUE_EVICTION:
-        return False
-    reserved = kueue.reserved_since(workload)
-    try:
-        return reserved is not None and rfc3339_seconds(reserved) <= rfc3339_seconds(rec.since)
-    except ValueError:  # a time that does not parse: counted, as before
-        return False
 
 
 async def evict(
@@ -347,33 +289,20 @@ async def evict(
     """Kueue evicted the run: an attempt-scope preemption, the same pause → snapshot → stop path, phase
     ``Evicted``; the recovery in progress ``taken`` (if any) is taken over (its pods stop with the attempt's).
     Counted once in ``status.preemptions``: not again when ``taken`` is that same preemption
-    (:func:`same_interruption`), whose start time, count and recoveries metric the eviction keeps."""
-    now = now_rfc3339()
-    message = ev.describe(naming.workload_name(ctx.name))
-    same = same_interruption(taken, workload)
-    if same and taken is not None:
-        message += f"; the run was recovering from its pods' loss ({taken.trigger}): counted once"
-    alive = ctx.live_orchestrator() is not None
-    rec = Recovery(
-        trigger=Trigger.KUEUE_EVICTION, kind=RecoveryKind.PREEMPTION, reason=ev.reason, message=message,
-        stage=Stage.PAUSING if alive else Stage.STOPPING,  # no pod "hit": the orchestrator is paused first
-        since=taken.since if same and taken is not None else now, stageSince=now, attempt=ctx.attempt,
-    )  # fmt: skip
-    conditions = list(ctx.status.get("conditions") or [])
-    for type_, value, reason in (
-        (ConditionType.READY, False, Reason.EVICTED),
-        (ConditionType.PREEMPTED, True, Trigger.KUEUE_EVICTION),
-        (ConditionType.ADMITTED, False, Reason.EVICTED),
-    ):
-        conditions = set_condition(conditions, type_, value, reason, message, ctx.generation, now)
-    queue = {**(ctx.status.get("queue") or _queue(ctx)), "admitted": False}
-    preemptions = (ctx.status.get("preemptions") or 0) + (0 if same else 1)
-    await ctx.write({
-        "preemptions": preemptions, "recovery": rec.model_dump(mode="json"), "phase": Phase.EVICTED,
-        "message": f"evicted: {message}; pausing, then stopping the pods", "conditions": conditions,
-        "queue": queue,
-    })  # fmt: skip
-    ctx.event(EventReason.EVICTED, message, warning=True)
+    (:func:`.kueue_recovery.same_interruption`), whose start time, count and recoveries metric the eviction keeps."""
+    same = kueue_recovery.same_interruption(taken, workload)
+    patch, rec = kueue_recovery.evicted(
+        ctx.status,
+        ctx.generation,
+        ev,
+        queue_name(ctx),
+        naming.workload_name(ctx.name),
+        taken=taken,
+        same=same,
+        orchestrator_alive=ctx.live_orchestrator() is not None,
+    )
+    await ctx.write(patch)
+    ctx.event(EventReason.EVICTED, rec.message, warning=True)
     if not same:  # the same interruption keeps its recovery time from the loss
         ctx.metrics.recoveries.labels(RecoveryKind.PREEMPTION, Trigger.KUEUE_EVICTION).inc()
         r.recovery_started(ctx)
@@ -402,7 +331,7 @@ async def step(r: Reconciling, ctx: RunContext, rec: Recovery | None) -> bool | 
     retrying = rec is not None and rec.stage == Stage.STARTING  # a failed run's next attempt: queued anew
     if ctx.status.get("phase") == Phase.FAILED or (kueue.is_true(workload, kueue.FINISHED) and not retrying):
         return None
-    if tracked and _may_take_over(rec):
+    if tracked and kueue_recovery.may_take_over(rec):
         ev = kueue.eviction(workload, has_pods=bool(ctx.current()))
         if ev is not None:
             return await evict(r, ctx, ev, rec, workload)

@@ -39,7 +39,7 @@ from rlrun.api.status import ConditionType, Phase, Reason, Recovery, RecoveryKin
 
 from rlrun_operator import naming
 from rlrun_operator.disruption import Disruption
-from rlrun_operator.status import now_rfc3339, resume_totals, set_condition
+from rlrun_operator.status import PodView, now_rfc3339, resume_totals, set_condition
 
 #: Most nodes remembered in ``status.failedNodes`` (the oldest are forgotten: a run kept off every
 #: node of a small cluster would never be scheduled again).
@@ -254,6 +254,57 @@ def failed_patch(
         "phase": Phase.FAILED, "observedGeneration": generation, "message": message, "conditions": conditions,
         "recovery": None,
     }  # fmt: skip
+
+
+def succeeded(status: dict[str, Any], generation: int | None, now: str | None = None) -> dict[str, Any]:
+    """The patch of a run that trained every step: ``Succeeded`` True (``Completed``; the message names
+    ``status.maxSteps``), ``Ready``, ``Progressing``, ``Degraded`` and ``Failed`` False, ``Preempted`` cleared when a
+    recovery was in progress, the recovery closed, ``step`` and ``progress`` at the end."""
+    now = now or now_rfc3339()
+    steps = status.get("maxSteps")
+    message = f"all {steps} steps trained" if steps else "training finished"
+    updates = [
+        (ConditionType.SUCCEEDED, True, Reason.COMPLETED, message),
+        (ConditionType.FAILED, False, Reason.COMPLETED, ""),
+        (ConditionType.READY, False, Reason.COMPLETED, "the run has finished"),
+        (ConditionType.PROGRESSING, False, Reason.COMPLETED, message),
+        (ConditionType.DEGRADED, False, Reason.COMPLETED, ""),
+    ]
+    if status.get("recovery") and any(c.get("type") == ConditionType.PREEMPTED for c in status.get("conditions") or []):
+        updates.append((ConditionType.PREEMPTED, False, Reason.COMPLETED, ""))
+    patch = {
+        "phase": Phase.SUCCEEDED,
+        "message": message,
+        "conditions": _conditions(status, generation, now, *updates),
+        "observedGeneration": generation,
+        "recovery": None,
+    }
+    if steps:
+        patch["step"] = steps
+        patch["progress"] = {"percent": 100, "text": "100%", "eta": "-", "etaSeconds": None}
+    return patch
+
+
+def held_by_finalizers(
+    status: dict[str, Any], generation: int | None, held: Sequence[PodView], now: str | None = None
+) -> tuple[dict[str, Any], str | None]:
+    """``(patch, warning)``: the patch saying that a recovery waits for the pods ``held`` terminating by finalizers
+    (``Degraded`` True, ``PodStuckTerminating``), or, none held, taking that back (``Degraded`` False, ``AsExpected``);
+    empty when nothing is new. ``warning``: the message of the Warning Event due (None: none)."""
+    degraded = next((c for c in status.get("conditions") or [] if c.get("type") == ConditionType.DEGRADED), {})
+    if held:
+        message = (
+            "; ".join(f"pod {p.name} is held terminating by finalizers {', '.join(p.finalizers)}" for p in held)
+            + ": the recovery goes on once it is gone (whatever owns a finalizer must remove it)"
+        )
+        if degraded.get("status") == "True" and degraded.get("message") == message:
+            return {}, None
+        update, warning = (ConditionType.DEGRADED, True, Reason.POD_STUCK_TERMINATING, message), message
+    elif degraded.get("reason") == Reason.POD_STUCK_TERMINATING:
+        update, warning = (ConditionType.DEGRADED, False, Reason.AS_EXPECTED, ""), None
+    else:
+        return {}, None
+    return {"conditions": _conditions(status, generation, now, update)}, warning
 
 
 def started(

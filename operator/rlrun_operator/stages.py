@@ -10,6 +10,7 @@ when it changed something and another stage may follow in the same reconcile.
 | stage | function | does |
 |---|---|---|
 | (created) | :func:`start_first` | the run's objects, attempt 0's pods (none when created suspended), its first status |
+| (created, or admitted) | :func:`create_first` | attempt 0's pods and first status: the one first start, Kueue's too |
 | — | :func:`begin` | a disruption seen: record the recovery (or fail the run), count it, post the Event |
 | Pausing | :func:`pause` | ``POST /pause`` to the live orchestrator, record what the snapshot saved |
 | Stopping | :func:`stop` | delete the pods that must restart and wait until they are gone |
@@ -35,14 +36,14 @@ from typing import Protocol
 from kubernetes.client.exceptions import ApiException
 from rlrun.api.control import StatusReport
 from rlrun.api.control_client import ControlError
-from rlrun.api.status import ConditionType, EventReason, Phase, Reason, Recovery, RecoveryKind, Stage, Trigger
+from rlrun.api.status import EventReason, Phase, Recovery, RecoveryKind, Stage, Trigger
 
 from rlrun_operator import kueue, naming, recovery
 from rlrun_operator.builders import build_run_objects
 from rlrun_operator.disruption import Disruption, node_trouble
 from rlrun_operator.pods import build_pods, build_rollout_replacement, build_trainer_replacement
 from rlrun_operator.run_context import RunContext
-from rlrun_operator.status import PodView, rfc3339_seconds, set_condition
+from rlrun_operator.status import PodView, rfc3339_seconds
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +120,21 @@ async def start_first(ctx: RunContext, queue: Callable[[RunContext], Awaitable[b
         await ctx.write(recovery.created_suspended(ctx.status, ctx.generation))
         ctx.event(EventReason.SUSPENDED, "created with spec.suspend: no pods until it is false")
         return
-    count = await ctx.create(build_pods(ctx.body, ctx.run, ctx.settings, 0))
-    await ctx.write(recovery.started(ctx.status, ctx.generation, None, 0, ctx.run.spec.rollout.replicas))
+    await create_first(ctx)
+
+
+async def create_first(
+    ctx: RunContext, placements: dict[str, kueue.Placement] | None = None, admission: kueue.Admission | None = None
+) -> None:
+    """Attempt 0's pods, its first status (:func:`.recovery.started`) and the ``Created`` Event: a new run's
+    (:func:`start_first`), or a queued one's once Kueue admits it (:func:`.kueue_stages.starting`: the pods with the
+    admission's ``placements``, the record of its wait closed, the ``admission`` named in the Event)."""
+    count = await ctx.create(kueue.place(build_pods(ctx.body, ctx.run, ctx.settings, 0), placements))
+    patch = recovery.started(ctx.status, ctx.generation, None, 0, ctx.run.spec.rollout.replicas)
+    await ctx.write(patch if admission is None else {**patch, "recovery": None})
     log.info("%s/%s: attempt 0: %d pods created", ctx.namespace, ctx.name, count)
-    ctx.event(EventReason.CREATED, f"attempt 0: {count} pods created")
+    named = f" ({admission.describe()})" if admission is not None else ""
+    ctx.event(EventReason.CREATED, f"attempt 0: {count} pods created{named}")
 
 
 # -- a recovery's start and stages ------------------------------------------------------------------------
@@ -203,23 +215,10 @@ async def held_by_finalizers(ctx: RunContext, held: list[PodView]) -> None:
     another controller's finalizer is that controller's business), and the recovery never starts the next
     pods while the old ones exist: it keeps waiting, and the condition says what for.
     """
-    conditions = list(ctx.status.get("conditions") or [])
-    degraded = next((c for c in conditions if c.get("type") == ConditionType.DEGRADED), {})
-    if held:
-        message = (
-            "; ".join(f"pod {p.name} is held terminating by finalizers {', '.join(p.finalizers)}" for p in held)
-            + ": the recovery goes on once it is gone (whatever owns a finalizer must remove it)"
-        )
-        if degraded.get("status") == "True" and degraded.get("message") == message:
-            return
-        conditions = set_condition(
-            conditions, ConditionType.DEGRADED, True, Reason.POD_STUCK_TERMINATING, message, ctx.generation
-        )
-        await ctx.write({"conditions": conditions})
-        ctx.event(EventReason.POD_STUCK_TERMINATING, message, warning=True)
-    elif degraded.get("reason") == Reason.POD_STUCK_TERMINATING:
-        conditions = set_condition(conditions, ConditionType.DEGRADED, False, Reason.AS_EXPECTED, "", ctx.generation)
-        await ctx.write({"conditions": conditions})
+    patch, warning = recovery.held_by_finalizers(ctx.status, ctx.generation, held)
+    await ctx.write(patch)
+    if warning is not None:
+        ctx.event(EventReason.POD_STUCK_TERMINATING, warning, warning=True)
 
 
 async def stop(r: Reconciling, ctx: RunContext, rec: Recovery) -> bool:
@@ -407,29 +406,8 @@ async def advance(r: Reconciling, ctx: RunContext, rec: Recovery) -> bool:
 async def succeed(ctx: RunContext) -> None:
     """Every step trained: ``Succeeded`` (its conditions, the recovery closed), the rollout pods freed."""
     rollouts = [p for p in ctx.pods if p.component == naming.ROLLOUT and not p.deleting]
-    steps = ctx.status.get("maxSteps")
-    message = f"all {steps} steps trained" if steps else "training finished"
-    conditions = list(ctx.status.get("conditions") or [])
-    for type_, value, text in (
-        (ConditionType.SUCCEEDED, True, message),
-        (ConditionType.FAILED, False, ""),
-        (ConditionType.READY, False, "the run has finished"),
-        (ConditionType.PROGRESSING, False, message),
-        (ConditionType.DEGRADED, False, ""),
-    ):
-        conditions = set_condition(conditions, type_, value, Reason.COMPLETED, text, ctx.generation)
-    if ctx.status.get("recovery") and any(c["type"] == ConditionType.PREEMPTED for c in conditions):
-        conditions = set_condition(conditions, ConditionType.PREEMPTED, False, Reason.COMPLETED, "", ctx.generation)
-    patch = {
-        "phase": Phase.SUCCEEDED,
-        "message": message,
-        "conditions": conditions,
-        "observedGeneration": ctx.generation,
-        "recovery": None,
-    }
-    if steps:
-        patch["step"] = steps
-        patch["progress"] = {"percent": 100, "text": "100%", "eta": "-", "etaSeconds": None}
+    patch = recovery.succeeded(ctx.status, ctx.generation)
+    message = patch["message"]
     # Kueue's quota freed first: a Succeeded run is never looked at again (killed in between, the operator finds the
     # run complete again and finishes the Workload once more, which changes nothing)
     await ctx.finish_workload(Phase.SUCCEEDED, message)

@@ -227,20 +227,6 @@ def test_status_writes_are_guarded_by_the_resource_version_they_were_computed_fr
     ]
 
 
-def test_an_eviction_is_the_pod_loss_it_explains_only_when_that_loss_began_under_the_admission_taken_back():
-    from rlrun.api.status import Recovery
-    from rlrun_operator.kueue_stages import same_interruption
-
-    def rec(trigger="PodDeleted", kind="preemption", since="2026-12-04T12:00:05Z"):
-        fields = dict(trigger=trigger, kind=kind, reason="r", message="m", stage="Stopping")
-        return Recovery(**fields, since=since, stageSince=since)
-
-    evicted = workload(cond("QuotaReserved", "True"), cond("Evicted", "True", "Preempted"))  # reserved at NOW
-    assert kueue.reserved_since(evicted) == NOW
-    assert same_interruption(rec(), evicted) and same_interruption(rec(since=NOW), evicted)
-    assert not same_interruption(None, evicted)
-    assert not same_interruption(rec(kind="failure"), evicted)  # a crash and an eviction: two counts
-    assert not same_interruption(rec(trigger="KueueEviction"), evicted)  # Kueue's own eviction
-    assert not same_interruption(rec(since="2026-12-04T11:59:59Z"), evicted)  # began before this admission
-    assert not same_interruption(rec(), workload(cond("QuotaReserved", "False")))  # QuotaLost: no reservation
+def test_reserved_since_is_when_quota_reserved_became_true():
+    assert kueue.reserved_since(workload(cond("QuotaReserved", "True"), cond("Evicted", "True", "Preempted"))) == NOW
     assert kueue.reserved_since(workload(cond("QuotaReserved", "False"))) is None

@@ -276,3 +276,51 @@ def test_which_conditions_are_true_together_during_a_preemption(lost, orchestrat
     assert not (
         conditions(done)["Ready"] == "True" and "True" in (conditions(done)["Succeeded"], conditions(done)["Failed"])
     )
+
+
+def test_success_completes_every_condition_closes_the_recovery_and_fills_the_progress():
+    status = {"maxSteps": 40, "step": 39, "recovery": {"stage": "Resuming"}}
+    status["conditions"] = [{"type": "Preempted", "status": "True", "reason": "NodeTainted", "message": "m"}]
+    completed = {"reason": "Completed", "lastTransitionTime": NOW, "observedGeneration": 2}
+    assert recovery.succeeded(status, 2, now=NOW) == {
+        "phase": "Succeeded",
+        "message": "all 40 steps trained",
+        "conditions": [
+            {"type": "Succeeded", "status": "True", "message": "all 40 steps trained", **completed},
+            {"type": "Failed", "status": "False", "message": "", **completed},
+            {"type": "Ready", "status": "False", "message": "the run has finished", **completed},
+            {"type": "Progressing", "status": "False", "message": "all 40 steps trained", **completed},
+            {"type": "Degraded", "status": "False", "message": "", **completed},
+            {"type": "Preempted", "status": "False", "message": "", **completed},
+        ],
+        "observedGeneration": 2,
+        "recovery": None,
+        "step": 40,
+        "progress": {"percent": 100, "text": "100%", "eta": "-", "etaSeconds": None},
+    }
+    # no step count known, no recovery in progress: Preempted is left as it is
+    patch = recovery.succeeded({"conditions": status["conditions"]}, 2, now=NOW)
+    assert patch["message"] == "training finished" and "step" not in patch and "progress" not in patch
+    assert patch["conditions"][0] == status["conditions"][0]  # Preempted left as it was
+
+
+def test_a_finalizer_hold_is_said_once_and_taken_back_when_the_pod_is_gone():
+    from rlrun_operator.status import PodView
+
+    held = PodView("demo-trainer-a0", "trainer", 0, "Running", True, None, deleting=True, finalizers=("example.com/f",))
+    message = (
+        "pod demo-trainer-a0 is held terminating by finalizers example.com/f: the recovery goes on once it is gone "
+        "(whatever owns a finalizer must remove it)"
+    )
+    patch, warning = recovery.held_by_finalizers({}, 3, [held], now=NOW)
+    degraded = {"type": "Degraded", "lastTransitionTime": NOW, "observedGeneration": 3}
+    assert warning == message
+    assert patch == {
+        "conditions": [{**degraded, "status": "True", "reason": "PodStuckTerminating", "message": message}]
+    }
+    assert recovery.held_by_finalizers(patch, 3, [held], now=NOW) == ({}, None)  # said already
+    assert recovery.held_by_finalizers(patch, 3, [], now=NOW) == (
+        {"conditions": [{**degraded, "status": "False", "reason": "AsExpected", "message": ""}]},
+        None,
+    )
+    assert recovery.held_by_finalizers({}, 3, [], now=NOW) == ({}, None)  # nothing to take back
