@@ -8,6 +8,7 @@ lost or trained twice. The operator is the real ``rlrun operator`` process with 
 from __future__ import annotations
 
 import pytest
+from rlrun_operator.naming import QUEUE_LABEL
 
 from tests.cluster.test_node_loss import bound_nodes
 from tests.support.polling import wait_for
@@ -57,7 +58,7 @@ def condition(status: dict, type_: str) -> dict:
 
 def test_a_kueue_eviction_pauses_gives_the_quota_back_and_resumes_on_another_flavor(cluster, kueue):
     doc = manifest(max_steps=12)
-    doc["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-q"}
+    doc["metadata"]["labels"] = {QUEUE_LABEL: "team-q"}
     apply(cluster, doc)
     wait_for_training(cluster, 5)
     assert set(bound_nodes(cluster, 0).values()) == {"node-1"}  # the admitted flavor's node

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import yaml
+from rlrun_operator.naming import PRIORITY_LABEL, QUEUE_LABEL
 
 from tests.kube.conftest import GPU_POOL, GPU_TOLERATION, LOCAL_QUEUE, NAMESPACE
 from tests.kube.test_preemption import (
@@ -28,7 +29,6 @@ from tests.support.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = "rlrun-demo"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 WORKLOADS = "kueue.x-k8s.io/v1beta1/workloads"
 
 
@@ -322,7 +322,7 @@ def test_the_queue_label_on_a_cluster_without_kueue_holds_the_run_and_says_so(ku
 
 def test_a_missing_priority_class_queues_the_run_without_priority_and_says_so(kueue, cluster):
     doc = queued_manifest()
-    doc["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = "urgent"
+    doc["metadata"]["labels"][PRIORITY_LABEL] = "urgent"
     cluster.kube.create("rlruns", doc, NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="pods")  # admitted all the same
     assert "priority" not in kueue.workload(WORKLOAD)["spec"]

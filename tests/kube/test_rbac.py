@@ -12,6 +12,7 @@ owner references) are never used, so they must be granted but are not expected i
 from __future__ import annotations
 
 import kopf
+from rlrun_operator.naming import PRIORITY_LABEL, QUEUE_LABEL
 
 from tests.kube.conftest import KUEUE_RBAC_USAGE, LOCAL_QUEUE, NAMESPACE, RBAC_USAGE
 from tests.kube.test_preemption import attempt_pods, finish_old_pods
@@ -80,16 +81,16 @@ def kueue_lifecycle(cluster, kueue) -> None:
     deactivated) and resumed, succeeded (Finished), deleted."""
     # a labelled run whose label is removed while it waits in a queue that does not exist: its Workload is deleted
     other = manifest(name="other")
-    other["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "nowhere"}
+    other["metadata"]["labels"] = {QUEUE_LABEL: "nowhere"}
     cluster.kube.create("rlruns", other, NAMESPACE)
     wait_for(lambda: kueue.workload("rlrun-other"), what="other's Workload")
-    cluster.kube.patch("rlruns", "other", {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": None}}}, NAMESPACE)
+    cluster.kube.patch("rlruns", "other", {"metadata": {"labels": {QUEUE_LABEL: None}}}, NAMESPACE)
     wait_for(lambda: kueue.workload("rlrun-other") is None, what="other's Workload deleted")
     cluster.kube.delete("rlruns", "other", NAMESPACE)
     priority = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "WorkloadPriorityClass", "metadata": {"name": "high"}}
     cluster.kube.create("workloadpriorityclasses", {**priority, "value": 100})
     doc = manifest()
-    doc["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": LOCAL_QUEUE, "kueue.x-k8s.io/priority-class": "high"}
+    doc["metadata"]["labels"] = {QUEUE_LABEL: LOCAL_QUEUE, PRIORITY_LABEL: "high"}
     cluster.kube.create("rlruns", doc, NAMESPACE)
     wait_for(lambda: len(cluster.pods()) == 3, what="pods")
     fake = cluster.orchestrators.run(NAMESPACE, "demo")
