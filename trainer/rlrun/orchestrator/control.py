@@ -140,7 +140,7 @@ def status_report(view: OrchestratorView) -> StatusReport:
     """What ``GET /status`` answers, read off the orchestrator's ``view``."""
     return StatusReport(
         phase=view.phase,
-        attempt=view.attempt,
+        attempt=view.attempt_number,
         run_dir_attempt=view.run_dir_attempt,
         step=view.step,
         policy_version=view.policy_version,

@@ -107,7 +107,7 @@ class OrchestratorCollector:
             "rlrun_step": v.step,
             "rlrun_max_steps": v.max_steps,
             "rlrun_policy_version": v.policy_version,
-            "rlrun_attempt": v.attempt,
+            "rlrun_attempt": v.attempt_number,
             "rlrun_last_checkpoint_step": v.last_checkpoint_step,
             "rlrun_queue_samples": v.queued,
             "rlrun_open_groups": v.open_groups,

@@ -58,7 +58,7 @@ class OrchestratorView:
 
     Attributes:
         phase: the orchestrator's phase.
-        attempt: its attempt number as given (``--attempt``).
+        attempt_number: its attempt number as given (``--attempt``: the operator's count), not the run directory's.
         run_dir_attempt: the run-directory attempt its files are stamped with.
         step: batches shipped.
         cut: the last batch cut from the queue, shipped or being written (flow control counts it shipped).
@@ -97,7 +97,7 @@ class OrchestratorView:
     """
 
     phase: OrchestratorPhase
-    attempt: int
+    attempt_number: int
     run_dir_attempt: int
     step: int
     cut: int
@@ -171,7 +171,7 @@ def view_of(orch: Viewed, detail: bool = False) -> OrchestratorView:
     version = orch.weights.version
     return OrchestratorView(
         phase=orch.phase,
-        attempt=orch.attempt_number,
+        attempt_number=orch.attempt_number,
         run_dir_attempt=orch.attempt,
         step=orch.shipped,
         cut=orch.cut,
