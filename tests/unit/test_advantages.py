@@ -89,6 +89,6 @@ def test_the_sink_counts_the_groups_the_floor_touched_in_the_metrics_line(tmp_pa
 
 
 def test_the_sink_of_a_run_takes_spec_advantage_and_the_deprecated_alias():
-    sink = TrainSink.for_spec(parse(advantage={"baseline": "leave_one_out", "min_std": 0.2}).spec)
+    sink = TrainSink.from_spec(parse(advantage={"baseline": "leave_one_out", "min_std": 0.2}).spec)
     assert sink.advantage == AdvantageSpec(baseline="leave_one_out", min_std=0.2)
-    assert TrainSink.for_spec(parse(loss={"std_normalize_advantages": True}).spec).advantage.std_normalize
+    assert TrainSink.from_spec(parse(loss={"std_normalize_advantages": True}).spec).advantage.std_normalize

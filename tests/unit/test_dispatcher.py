@@ -158,7 +158,7 @@ def test_a_run_encodes_prompts_through_the_fast_backend_like_the_tokenizer_and_o
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     spec = load_manifest("examples/reverse-text.yaml").spec
-    d = Dispatcher.for_tokenizer(tokenizer, [], {}, spec, asyncio.Queue())
+    d = Dispatcher.from_spec(tokenizer, [], {}, spec, asyncio.Queue())
     prompts = ["beautiful is better=", "flat=", " two  spaces=", "ünïcode ß=", ""]
     encode = d.episodes.encode
     assert [list(encode(p)) for p in prompts] == [tokenizer.encode(p, add_special_tokens=False) for p in prompts]

@@ -139,7 +139,7 @@ class Dispatcher:
         self.keep_turn: Callable[[KeptConversation], None] | None = None
 
     @classmethod
-    def for_tokenizer(
+    def from_spec(
         cls,
         tokenizer: Any,
         endpoints: list[str],
@@ -160,7 +160,7 @@ class Dispatcher:
             client_factory=client_factory,
             members_per_request=spec.rollout.members_per_request,
             request_timeout_s=spec.rollout.request_timeout_seconds,
-            streak=FailureStreak.for_spec(spec),
+            streak=FailureStreak.from_spec(spec),
         )
 
     def lose_on(self, urls: list[str], why: str) -> list[GroupCancellation]:

@@ -44,7 +44,7 @@ from rlrun.errors import OrchestratorError
 log = logging.getLogger(__name__)
 
 #: Failed requests in a row at which a run stops (server faults: at least this,
-#: :meth:`FailureStreak.for_spec`).
+#: :meth:`FailureStreak.from_spec`).
 LIMIT = 64
 #: The warning comes at this share of the limit (once per streak).
 WARN_SHARE = 0.2
@@ -131,7 +131,7 @@ class FailureStreak:
         self._rollout, self._scoring = _Streak(), _Streak()
 
     @classmethod
-    def for_spec(cls, spec: RLRunSpec) -> FailureStreak:
+    def from_spec(cls, spec: RLRunSpec) -> FailureStreak:
         """The streaks of a run: server faults bounded at twice the requests that fit in flight (module
         docstring)."""
         per_request = min(spec.rollout.members_per_request or spec.group_size, spec.group_size)

@@ -121,7 +121,7 @@ class Orchestrator:
         self.envs = {e.name: make_env(e) for e in spec.envs}
         self.curriculum = Curriculum(spec.curriculum, TaskDifficulty(self.envs, spec.seed), spec.seed, self.ledger)
         self.source = TrainSource([(self.envs[e.name], e.weight) for e in spec.envs], spec.seed, 0, self.curriculum)
-        self.sink = TrainSink.for_spec(spec, record=self.ledger.record)
+        self.sink = TrainSink.from_spec(spec, record=self.ledger.record)
         self.sink.difficulty = self.curriculum.difficulty  # told what each task's groups scored
         self.flow = FlowControl.of(spec, self.max_steps)
         self.checkpoints = CheckpointManager(
@@ -351,7 +351,7 @@ class Orchestrator:
         tokenizer = await asyncio.to_thread(load_tokenizer, self.model_path, self.spec.model)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.weights.reference = await asyncio.to_thread(weights_reference, self.spec, self.model_path)
-        self.dispatcher = Dispatcher.for_tokenizer(
+        self.dispatcher = Dispatcher.from_spec(
             tokenizer, self.rollout_urls, self.envs, self.spec, self.results, self.client_factory
         )
         self.dispatcher.episodes.tell_rewards(self.max_steps, self.metrics.log_metric)  # TRL's trainer arguments

@@ -131,7 +131,7 @@ class TrainSink:
         self._record = record or (lambda event, ids, **fields: None)
 
     @classmethod
-    def for_spec(cls, spec: RLRunSpec, record: Record | None = None) -> TrainSink:
+    def from_spec(cls, spec: RLRunSpec, record: Record | None = None) -> TrainSink:
         """The sink of a run: group and batch sizes, staleness bound and advantage settings from ``spec``."""
         return cls(spec.group_size, spec.batch_size, spec.max_off_policy_steps, spec.advantage, record)
 
