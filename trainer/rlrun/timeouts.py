@@ -1,5 +1,5 @@
-"""Awaiting with a time limit without losing a cancellation: :func:`within`, where a lost one would hang a stop; a
-failure described with its time limit: :func:`describe_failure`.
+"""Awaiting with a time limit without losing a cancellation: :func:`within`, where a lost one would hang a
+stop; a failure described with its time limit: :func:`describe_failure`.
 
 ``asyncio.wait_for`` before Python 3.12 returns the awaited result instead of raising when the waiting task is
 cancelled in the same loop iteration as the result arrives (CPython gh-86296, fixed in 3.12 by building ``wait_for``
@@ -49,9 +49,10 @@ def describe_failure(exc: BaseException, timeout_s: float | None = None, setting
         setting: the spec field that sets ``timeout_s`` (``rollout.request_timeout_seconds``).
 
     Returns:
-        an env call's timeout (:class:`~rlrun.worker_threads.RanTooLong`, :class:`~rlrun.worker_threads.NoThreadFree`)
-        as it says itself (``took longer than 5 s``); with ``timeout_s``, an ``asyncio.TimeoutError`` (no message of
-        its own) as ``no answer within 300 s (<setting>)``; else ``Type: message``, or ``Type`` without a message.
+        an env call's timeout (:class:`~rlrun.worker_threads.RanTooLong`,
+        :class:`~rlrun.worker_threads.NoThreadFree`) as it says itself (``took longer than 5 s``); with
+        ``timeout_s``, an ``asyncio.TimeoutError`` (no message of its own) as ``no answer within 300 s
+        (<setting>)``; else ``Type: message``, or ``Type`` alone without a message.
     """
     if isinstance(exc, (RanTooLong, NoThreadFree)):
         return str(exc)  # "took longer than 5 s", or that it never got a thread (spares held by hung calls)

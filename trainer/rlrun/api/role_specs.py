@@ -77,7 +77,8 @@ class TrainerSpec(RoleSpec):
         return processes
 
 
-#: CEL rules on ``spec.trainer`` (:mod:`rlrun.api.crd`, before the roles' own): :class:`TrainerSpec`'s validator.
+#: CEL rules on ``spec.trainer`` (:mod:`rlrun.api.crd`, before the roles' own): :class:`TrainerSpec`'s
+#: validator.
 TRAINER_CEL_RULES: list[dict[str, str]] = [
     {
         "rule": "self.gpus == 0 || self.processes_per_node <= self.gpus",

@@ -1,9 +1,10 @@
 """How a run is kept and placed (``spec.evaluation``, ``spec.checkpoint``, ``spec.preemption``,
-``spec.failure_policy``, ``spec.storage``, ``spec.scheduling``): settings of the run around its algorithm and roles.
+``spec.failure_policy``, ``spec.storage``, ``spec.scheduling``): the run's settings around its algorithm
+and roles.
 
-Composed into :class:`rlrun.api.spec.RLRunSpec`; the CEL rules that repeat their validators for the API server
-(:data:`PREEMPTION_CEL_RULES`, and :data:`STORAGE_CEL_RULES`, which has no pydantic twin: only the API server sees a
-change) sit beside them, and :mod:`rlrun.api.crd` adds them.
+Composed into :class:`rlrun.api.spec.RLRunSpec`; the CEL rules for the API server sit beside the models
+(:data:`PREEMPTION_CEL_RULES`, repeating a validator; :data:`STORAGE_CEL_RULES`, which has no pydantic twin:
+only the API server sees a change), and :mod:`rlrun.api.crd` adds them.
 """
 
 from __future__ import annotations

@@ -306,9 +306,10 @@ class RLRunSpec(Strict):
         return rollout
 
 
-#: CEL rules by the path of the ``spec`` object they sit on (``()`` = ``spec``), repeating :class:`RLRunSpec`'s
-#: validators and :class:`RewardSpec`'s (:mod:`rlrun.api.crd` adds them, with those of the modules composed here).
-#: Defaults are applied before validation, so defaulted fields exist; ``has()`` guards the optional ones anyway.
+#: CEL rules by the path of the ``spec`` object they sit on (``()`` = ``spec``), repeating
+#: :class:`RLRunSpec`'s validators and :class:`RewardSpec`'s (:mod:`rlrun.api.crd` adds them, with those
+#: of the modules composed here). Defaults are applied before validation, so defaulted fields exist;
+#: ``has()`` guards the optional ones anyway.
 RUN_CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     (): [
         {

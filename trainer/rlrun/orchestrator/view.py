@@ -58,7 +58,8 @@ class OrchestratorView:
 
     Attributes:
         phase: the orchestrator's phase.
-        attempt_number: its attempt number as given (``--attempt``: the operator's count), not the run directory's.
+        attempt_number: its attempt number as given (``--attempt``: the operator's count), not the run
+            directory's.
         run_dir_attempt: the run-directory attempt its files are stamped with.
         step: batches shipped.
         cut: the last batch cut from the queue, shipped or being written (flow control counts it shipped).

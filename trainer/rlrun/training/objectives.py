@@ -41,8 +41,8 @@ from rlrun.api.algorithm import LossSpec
 SUM_KEYS = ("clipped", "ratio_sum", "dual_clipped", "truncated", "masked", "kl_sum", "policy_loss")
 
 
-#: Where each of :class:`LossSettings`' plain names is set in :class:`~rlrun.api.algorithm.LossSpec` (the two sides
-#: of the clip as ``clip_low``/``clip_high``, the correction's settings in ``importance_correction``).
+#: Where each of :class:`LossSettings`' plain names is set in :class:`~rlrun.api.algorithm.LossSpec`
+#: (the two sides of the clip as ``clip_low``/``clip_high``, the correction's in ``importance_correction``).
 _SPEC_PATH = {
     "objective": ("objective",),
     "epsilon_low": ("clip_low",),
@@ -60,12 +60,13 @@ _SPEC_PATH = {
 
 
 class LossSettings:
-    """The loss's settings: ``spec.loss`` (a :class:`~rlrun.api.algorithm.LossSpec`, which holds every default and
-    allowed value) and the constant normaliser from the spec, read by plain names.
+    """The loss's settings: ``spec.loss`` (a :class:`~rlrun.api.algorithm.LossSpec`, which holds every
+    default and allowed value) and the constant normaliser from the spec, read by plain names.
 
-    ``LossSettings(loss, constant)`` holds a spec's loss; ``LossSettings(constant=…, **values)`` builds one from
-    plain names (tests, benchmarks), validated as a manifest's would be. Two settings are equal when every plain
-    value and the constant are (``ratio_clip: 0.3`` equals ``epsilon_low = epsilon_high = 0.3``).
+    ``LossSettings(loss, constant)`` holds a spec's loss; ``LossSettings(constant=…, **values)`` builds
+    one from plain names (tests, benchmarks), validated as a manifest's would be. Two settings are equal
+    when every plain value and the constant are (``ratio_clip: 0.3`` equals ``epsilon_low = epsilon_high
+    = 0.3``).
 
     Attributes:
         loss: the spec's loss settings.
