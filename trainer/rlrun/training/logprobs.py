@@ -1,7 +1,7 @@
 """The sampled tokens' logprobs and the policy's entropy from the final hidden states, a chunk of positions at a time.
 
-Guarantee: the values and gradients are those of :func:`rlrun.training.loss.token_logprobs` and
-:func:`~rlrun.training.loss.token_entropy` on the full ``[B, T, V]`` logits (float summation order aside), but
+Guarantee: the values and gradients are those of :func:`rlrun.training.reference_loss.token_logprobs` and
+:func:`~rlrun.training.reference_loss.token_entropy` on the full ``[B, T, V]`` logits (float summation order aside), but
 the logits are never all in memory: the LM head runs on ``chunk_tokens`` positions at a time, forward and again in
 the backward (:class:`ChunkedHead` keeps only the hidden states, the log-sum-exp and, under top-p, the nucleus
 threshold of each position). Peak memory of the head: a few ``[chunk_tokens, V]`` float32 tensors, whatever the
