@@ -16,6 +16,7 @@ from rlrun.adapter_format import (
     config_problems,
     expected_tensors,
     holds_adapter,
+    is_b,
     missing_files,
     targeted,
 )
@@ -50,6 +51,13 @@ def test_a_directory_holds_an_adapter_by_its_weights_file_and_a_whole_one_has_it
     assert holds_adapter(tmp_path) and missing_files(tmp_path) == [ADAPTER_CONFIG_FILE]
     (tmp_path / ADAPTER_CONFIG_FILE).write_text("{}")
     assert missing_files(tmp_path) == []
+
+
+def test_the_b_factors_are_what_a_server_scales_by_alpha_over_r_and_nothing_else():
+    a, b = adapter_format.tensor_names("model.layers.0.mlp.down_proj")
+    emb_a, emb_b = adapter_format.tensor_names("model.embed_tokens", embedding=True)
+    assert [is_b(n) for n in (a, b, emb_a, emb_b)] == [False, True, False, True]
+    assert not is_b("base_model.model.model.layers.0.mlp.lora_Bx.weight")  # a module merely named so
 
 
 def test_an_adapter_of_a_model_has_peft_s_names_and_shapes_for_its_targeted_2d_weights():

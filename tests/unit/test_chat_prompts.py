@@ -55,7 +55,7 @@ class Recorder(httpx.AsyncBaseTransport):
 def test_a_chat_prompt_is_rendered_by_the_template_once_and_encoded_without_special_tokens(chat_model):
     tokenizer = AutoTokenizer.from_pretrained(chat_model)
     spec = parse("chat").spec
-    builder = EpisodeBuilder.for_run(tokenizer, {}, spec)
+    builder = EpisodeBuilder.from_spec(tokenizer, {}, spec)
     task = Task("dataset", 0, [{"role": "system", "content": "be brief"}, {"role": "user", "content": "flat"}], "talf")
     assert builder.prompt_text(task) == "[s]be brief[u]flat="
     assert list(builder.prompt_ids(task)) == tokenizer.encode("[s]be brief[u]flat=", add_special_tokens=False)
@@ -66,7 +66,7 @@ def test_a_chat_prompt_is_rendered_by_the_template_once_and_encoded_without_spec
 
 def test_a_prompt_without_room_for_max_tokens_is_refused_naming_the_task(chat_model):
     tokenizer = AutoTokenizer.from_pretrained(chat_model)
-    builder = EpisodeBuilder.for_run(tokenizer, {}, parse("chat", sampling={"max_tokens": 24}).spec)
+    builder = EpisodeBuilder.from_spec(tokenizer, {}, parse("chat", sampling={"max_tokens": 24}).spec)
     assert builder.max_prompt_tokens == 64 - 24  # the tiny model's context less max_tokens
     with pytest.raises(PromptTooLongError, match=r"env dataset task 7: the prompt is 45 tokens, and at most 40 fit"):
         builder.prompt_ids(Task("dataset", 7, [{"role": "user", "content": "x" * 41}], None))

@@ -72,7 +72,7 @@ async def test_refuse_stops_a_dataset_run_at_its_start_before_any_request(tmp_pa
 def test_held_out_tasks_that_do_not_fit_are_left_out_or_refused(tmp_path, tiny_model):
     run = spec(tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    builder = EpisodeBuilder.for_run(tokenizer, {}, run)
+    builder = EpisodeBuilder.from_spec(tokenizer, {}, run)
     from rlrun.envs.base import Task
 
     tasks = [Task("dataset", 0, "flat=", "talf"), Task("dataset", 1, "x" * 50, None)]

@@ -77,7 +77,7 @@ async def test_the_trained_ids_are_the_sampled_stream_with_env_tokens_masked(thi
     server = Scripted(tokenizer, turns)
     env = ThreeTurns()
     results: asyncio.Queue[GroupResult] = asyncio.Queue()
-    episodes = EpisodeBuilder.for_run(tokenizer, {env.name: env}, parse("t", sampling={"max_tokens": 4}).spec)
+    episodes = EpisodeBuilder.from_spec(tokenizer, {env.name: env}, parse("t", sampling={"max_tokens": 4}).spec)
     dispatcher = Dispatcher(
         ["http://s"], episodes, SamplingSpec(max_tokens=4), results,
         client_factory=lambda url: RolloutClient(url, transport=server),

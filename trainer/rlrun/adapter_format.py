@@ -59,6 +59,12 @@ def tensor_names(module: str, embedding: bool = False) -> tuple[str, str]:
     return f"{stem}.lora_A.weight", f"{stem}.lora_B.weight"
 
 
+def is_b(name: str) -> bool:
+    """Whether the saved tensor ``name`` is a ``B`` factor (``lora_B`` or ``lora_embedding_B``): the one a server
+    multiplies by the scaling ``alpha / r`` when it folds the adapter in (Hu et al. 2021, eq. 4)."""
+    return ".lora_B." in name or name.endswith((".lora_B", ".lora_embedding_B"))
+
+
 def adapter_signature(base: Signature, lora: LoraSpec) -> AdapterModules:
     """What peft's ``save_pretrained`` writes for a rank-``lora.rank`` adapter of the model whose weights are
     ``base``: ``{module: (lora_A shape, lora_B shape)}`` for every 2-D ``<module>.weight`` of ``base`` that a target

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from rlrun.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from rlrun.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, is_b
 
 #: Values digested at a time (a float32 copy of them is made: 64 MB, beside a GPU's weights and KV cache);
 #: each bit pattern is below 2³¹ in magnitude, so an int64 sum of 2³² of them could not overflow.
@@ -178,7 +178,7 @@ def adapter_digest(path: str | Path, dtype: torch.dtype | None) -> Digest:
     with safe_open(str(Path(path) / ADAPTER_WEIGHTS_FILE), framework="pt", device="cpu") as fh:
         for name in fh.keys():  # noqa: SIM118 - safe_open has no __iter__
             t = served_dtype_values(fh.get_tensor(name), dtype)
-            if ("lora_B" in name or "lora_embedding_B" in name) and scaling != 1:
+            if is_b(name) and scaling != 1:
                 t = t * scaling
             total += tensor_digest(t)
     return total

@@ -149,11 +149,11 @@ class Dispatcher:
         client_factory: Callable[[str], RolloutClient] = RolloutClient,
     ) -> Dispatcher:
         """The dispatcher of a run: its episodes made with a Hugging Face ``tokenizer`` and the envs' rewards
-        (:meth:`EpisodeBuilder.for_run`); sampling, ``members_per_request``, the request timeout, the retry
+        (:meth:`EpisodeBuilder.from_spec`); sampling, ``members_per_request``, the request timeout, the retry
         window and the failure streak's limits from ``spec``."""
         return cls(
             endpoints,
-            episodes=EpisodeBuilder.for_run(tokenizer, envs, spec),
+            episodes=EpisodeBuilder.from_spec(tokenizer, envs, spec),
             sampling=spec.sampling,
             results=results,
             retry_window_s=spec.rollout.retry_window_seconds,

@@ -131,7 +131,7 @@ class EpisodeBuilder:
         self._rendered: dict[str, str] = {}  # chat prompt (as JSON) → its text: each rendered once
 
     @classmethod
-    def for_run(cls, tokenizer: Any, envs: dict[str, Env], spec: RLRunSpec) -> EpisodeBuilder:
+    def from_spec(cls, tokenizer: Any, envs: dict[str, Env], spec: RLRunSpec) -> EpisodeBuilder:
         """The builder of a run: encode/decode and EOS from a Hugging Face ``tokenizer`` (:func:`tokenizer_codec`),
         chat prompts through its chat template, each env's rewards and timeout from ``spec.envs``, prompts
         limited to the context (``rollout.max_model_len``, else the tokenizer's ``model_max_length``) less

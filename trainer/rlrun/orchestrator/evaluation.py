@@ -115,7 +115,7 @@ class Evaluator:
         self.evaluated = {row["policy_version"] for row in read_jsonl(path) if "policy_version" in row}
 
     @classmethod
-    def for_run(
+    def from_spec(
         cls,
         spec: RLRunSpec,
         envs: dict[str, Env],
@@ -128,7 +128,7 @@ class Evaluator:
         the run's own builder (the dispatcher's: its rendered prompts and reward threads), else one of its own."""
         if not spec.evaluation.enabled:
             return None
-        episodes = episodes or EpisodeBuilder.for_run(tokenizer, envs, spec)
+        episodes = episodes or EpisodeBuilder.from_spec(tokenizer, envs, spec)
         return cls(spec.evaluation, spec.sampling, episodes, spec.seed, path, attempt, spec.rollout.overlong_prompts)
 
     def resumed_at(self, version: int) -> None:
@@ -425,7 +425,7 @@ async def evaluate_weights(
                 raise RolloutError(f"{url} went away while loading {weights}: {push.unreachable[url]}")
         tokenizer = await asyncio.to_thread(load_tokenizer, model_path, spec.model)
         envs = {e.name: make_env(e) for e in spec.envs}
-        evaluator = Evaluator.for_run(spec.model_copy(update={"evaluation": evaluation}), envs, tokenizer, out, 0)
+        evaluator = Evaluator.from_spec(spec.model_copy(update={"evaluation": evaluation}), envs, tokenizer, out, 0)
         return await evaluator.evaluate([client], version)
     finally:
         await client.aclose()

@@ -50,7 +50,7 @@ class FlowControl:
     max_steps: int
 
     @classmethod
-    def of(cls, spec: RLRunSpec, max_steps: int) -> FlowControl:
+    def from_spec(cls, spec: RLRunSpec, max_steps: int) -> FlowControl:
         """The flow control of ``spec`` for a run ending at ``max_steps``."""
         return cls(spec.batch_size, spec.group_size, spec.max_off_policy_steps, spec.rollout.max_inflight, max_steps)
 

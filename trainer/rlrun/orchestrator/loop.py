@@ -123,7 +123,7 @@ class Orchestrator:
         self.source = TrainSource([(self.envs[e.name], e.weight) for e in spec.envs], spec.seed, 0, self.curriculum)
         self.sink = TrainSink.from_spec(spec, record=self.ledger.record)
         self.sink.difficulty = self.curriculum.difficulty  # told what each task's groups scored
-        self.flow = FlowControl.of(spec, self.max_steps)
+        self.flow = FlowControl.from_spec(spec, self.max_steps)
         self.checkpoints = CheckpointManager(
             self.run_dir, attempt, spec.checkpoint.keep_last, self.ledger, lambda step: capture_of(self, step)
         )
@@ -358,7 +358,7 @@ class Orchestrator:
         self.endpoints.bind(
             self.dispatcher.pool, self.dispatcher.lose_on, self.weights, self._settle, self._dispatch_within_budget
         )
-        evaluator = Evaluator.for_run(
+        evaluator = Evaluator.from_spec(
             self.spec, self.envs, tokenizer, self.run_dir.evaluations, self.attempt, self.dispatcher.episodes
         )
         self.evaluation.bind(evaluator, self._clients, self.max_steps, self.metrics)

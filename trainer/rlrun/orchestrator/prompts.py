@@ -225,7 +225,7 @@ def check_prompts(spec: RLRunSpec, model_path: str) -> None:
     from rlrun.model.resolve import load_tokenizer
 
     envs = {e.name: make_env(e) for e in spec.envs}
-    episodes = EpisodeBuilder.for_run(load_tokenizer(model_path, spec.model), envs, spec)
+    episodes = EpisodeBuilder.from_spec(load_tokenizer(model_path, spec.model), envs, spec)
     try:
         problem = refusal(scan(episodes, spec.seed), episodes.max_prompt_tokens)
     finally:

@@ -27,7 +27,6 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from rlrun.adapter_format import ADAPTER_WEIGHTS_FILE, PEFT_PREFIX
-from rlrun.adapter_format import holds_adapter as holds_adapter  # re-exported: rlrun.training.parts imports it here
 from rlrun.api.spec import LoraSpec, ModelSpec
 from rlrun.errors import WeightsMismatch
 from rlrun.training.distributed import DataParallel

@@ -31,10 +31,9 @@ from safetensors.torch import load_file, save_file
 from torch.optim.lr_scheduler import LRScheduler
 from transformers import AutoModelForCausalLM
 
+from rlrun.adapter_format import ADAPTER_FILES, holds_adapter
 from rlrun.api.spec import RLRunSpec
 from rlrun.checkpoint import (
-    ADAPTER_CONFIG_FILE,
-    ADAPTER_WEIGHTS_FILE,
     TRAINER_PROGRESS_FILE,
     WEIGHTS_FILE,
     CompleteCheckpoint,
@@ -45,7 +44,7 @@ from rlrun.dcp_format import SHARDED_FORMAT
 from rlrun.errors import CheckpointError, CheckpointMismatch, WeightsMismatch
 from rlrun.rundir import RunDir, fault_point, publish_dir, read_attempt, step_dirs, write_meta, written_by
 from rlrun.training.distributed import DataParallel, full_state_dict, tied_weights, untied
-from rlrun.training.lora import Adapter, adapter_state, holds_adapter, load_adapter, save_adapter
+from rlrun.training.lora import Adapter, adapter_state, load_adapter, save_adapter
 from rlrun.training.policy import Policy
 from rlrun.training.schedule import adamw
 
@@ -125,7 +124,7 @@ def republish(run_dir: RunDir, step: int, attempt: int) -> bool:
     if final.is_dir() and written_by(final, attempt):
         return False
     part = run_dir.trainer_checkpoint(step)
-    names = (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE) if holds_adapter(part) else (WEIGHTS_FILE,)
+    names = ADAPTER_FILES if holds_adapter(part) else (WEIGHTS_FILE,)
 
     def fill(tmp: Path) -> None:
         for name in names:
