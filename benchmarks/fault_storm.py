@@ -83,20 +83,34 @@ async def one(seed: int, model: Path, root: Path, run_timeout: float) -> dict:
 
     rng = random.Random(seed)
     body = {
-        "model": {"builtin": "tiny-reverse"}, "envs": [{"name": "reverse-text"}], "group_size": 4, "batch_size": 8,
-        "max_off_policy_steps": rng.choice([0, 1, 2]), "max_steps": STEPS, "seed": seed,
+        "model": {"builtin": "tiny-reverse"},
+        "envs": [{"name": "reverse-text"}],
+        "group_size": 4,
+        "batch_size": 8,
+        "max_off_policy_steps": rng.choice([0, 1, 2]),
+        "max_steps": STEPS,
+        "seed": seed,
         "checkpoint": {"interval": rng.choice([1, 2, 3]), "keep_last": 2},
-        "rollout": {"request_timeout_seconds": 1, "retry_window_seconds": 2, "max_group_retries": 3,
-                    "members_per_request": rng.choice([1, 2, 4])},
-    }  # fmt: skip
+        "rollout": {
+            "request_timeout_seconds": 1,
+            "retry_window_seconds": 2,
+            "max_group_retries": 3,
+            "members_per_request": rng.choice([1, 2, 4]),
+        },
+    }
     doc = {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "storm"}, "spec": body}
     spec = parse_manifest(doc).spec
     run_dir = RunDir(root / f"run-{seed}")
     transport = Storm(seed)
     orch = Orchestrator(
-        spec, run_dir, ["http://fake-rollout:1"], str(model), attempt=1, poll_s=0.01,
+        spec,
+        run_dir,
+        ["http://fake-rollout:1"],
+        str(model),
+        attempt=1,
+        poll_s=0.01,
         client_factory=lambda url: RolloutClient(url, transport=transport),
-    )  # fmt: skip
+    )
     stop = start_fake_trainer(run_dir, model, STEPS, spec.checkpoint.interval, attempt=1)
     t0 = time.monotonic()
     task = asyncio.ensure_future(orch.run())
@@ -110,8 +124,13 @@ async def one(seed: int, model: Path, root: Path, run_timeout: float) -> dict:
             task.cancel()
             return {"seed": seed, "stalled": True}
         report = check_ledger(run_dir.root / "ledger")
-        return {"seed": seed, "stalled": False, "steps": task.result(), "ledger_ok": report.ok,
-                "seconds": time.monotonic() - t0}  # fmt: skip
+        return {
+            "seed": seed,
+            "stalled": False,
+            "steps": task.result(),
+            "ledger_ok": report.ok,
+            "seconds": time.monotonic() - t0,
+        }
     finally:
         stop.set()
 
@@ -137,13 +156,21 @@ def main() -> None:
     logging.basicConfig(level=logging.ERROR)
     runs = asyncio.run(storm(args))
     seconds = sorted(r["seconds"] for r in runs if not r["stalled"])
-    print(json.dumps({
-        "runs": len(runs),
-        "stalls": [r["seed"] for r in runs if r["stalled"]],
-        "ledger_failures": [r["seed"] for r in runs if not r["stalled"] and not r["ledger_ok"]],
-        "short_runs": [r["seed"] for r in runs if not r["stalled"] and r["steps"] != STEPS],
-        "seconds": {"p50": seconds[len(seconds) // 2] if seconds else None, "max": seconds[-1] if seconds else None},
-    }, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "runs": len(runs),
+                "stalls": [r["seed"] for r in runs if r["stalled"]],
+                "ledger_failures": [r["seed"] for r in runs if not r["stalled"] and not r["ledger_ok"]],
+                "short_runs": [r["seed"] for r in runs if not r["stalled"] and r["steps"] != STEPS],
+                "seconds": {
+                    "p50": seconds[len(seconds) // 2] if seconds else None,
+                    "max": seconds[-1] if seconds else None,
+                },
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

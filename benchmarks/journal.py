@@ -107,9 +107,15 @@ def one_run(
             server, url = None, "http://fake-rollout:8000"
             factory = fake_client_factory(samples_per_s=samples_per_s, error_rate=0.15)
         orch = Orchestrator(
-            spec, run_dir, [url], str(model_dir), max_steps=steps, client_factory=factory, poll_s=poll_s,
+            spec,
+            run_dir,
+            [url],
+            str(model_dir),
+            max_steps=steps,
+            client_factory=factory,
+            poll_s=poll_s,
             journal=journal,
-        )  # fmt: skip
+        )
         stop = fork.Event()
         trainer = fork.Process(
             target=fake_trainer, args=(run_dir, model_dir, steps, spec.checkpoint.interval, stop), daemon=True

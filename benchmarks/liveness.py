@@ -63,9 +63,14 @@ async def run(spec, model_dir: Path, transports: dict[str, Recording], steps: in
     with tempfile.TemporaryDirectory(prefix="rlrun-bench-liveness-") as tmp:
         run_dir = RunDir(tmp)
         orch = Orchestrator(
-            spec, run_dir, list(transports), str(model_dir), max_steps=steps, attempt=1,
+            spec,
+            run_dir,
+            list(transports),
+            str(model_dir),
+            max_steps=steps,
+            attempt=1,
             client_factory=lambda url: RolloutClient(url, transport=transports[url]),
-        )  # fmt: skip
+        )
         stop = start_fake_trainer(run_dir, model_dir, steps, spec.checkpoint.interval, attempt=1)
         try:
             await asyncio.wait_for(orch.run(), 600)

@@ -31,11 +31,16 @@ def _batches(run_dir, steps: int, batch: int, vocab: int) -> None:
     g = torch.Generator().manual_seed(0)
     for step in range(1, steps + 1):
         samples = [
-            TrainingSample(torch.randint(2, vocab, (12,), generator=g).tolist(),
-                           torch.randint(2, vocab, (24,), generator=g).tolist(), [-2.0] * 24,
-                           float(torch.randn(1, generator=g)), 0.5, QueuedTrace("reverse-text", step - 1, step, i))
+            TrainingSample(
+                torch.randint(2, vocab, (12,), generator=g).tolist(),
+                torch.randint(2, vocab, (24,), generator=g).tolist(),
+                [-2.0] * 24,
+                float(torch.randn(1, generator=g)),
+                0.5,
+                QueuedTrace("reverse-text", step - 1, step, i),
+            )
             for i in range(batch)
-        ]  # fmt: skip
+        ]
         write_batch(run_dir.rollout_batch(step), step, samples, pad_id=0)
 
 
@@ -75,8 +80,10 @@ def main() -> None:
     lora = full.model_copy(update={"model": full.model.model_copy(update={"lora": LoraSpec(rank=args.rank)})})
     model = resolve_model(full.model, args.cache_dir, envs=full.envs)
     with tempfile.TemporaryDirectory(prefix="rlrun-bench-lora-") as tmp:
-        sides = {name: one_side(spec, model, Path(tmp) / name, args.steps, args.batch)
-                 for name, spec in (("full", full), ("lora", lora))}  # fmt: skip
+        sides = {
+            name: one_side(spec, model, Path(tmp) / name, args.steps, args.batch)
+            for name, spec in (("full", full), ("lora", lora))
+        }
     out = {
         "manifest": str(args.manifest),
         "steps": args.steps,

@@ -80,8 +80,12 @@ def manifest(work: Path, env: str, policy: str, seed: int, steps: int, rows: int
     if env == "dataset":
         model, held_out = dataset_files(work, rows, cache, hard)
         spec["model"] = {"name": model}
-        spec["envs"][0]["args"] = {"path": str(work / "train.jsonl"), "prompt": "prompt", "answer": "answer",
-                                   "eval_path": str(work / "eval.jsonl")}  # fmt: skip
+        spec["envs"][0]["args"] = {
+            "path": str(work / "train.jsonl"),
+            "prompt": "prompt",
+            "answer": "answer",
+            "eval_path": str(work / "eval.jsonl"),
+        }
         spec["evaluation"]["tasks"] = held_out
     path = work / f"{policy}-s{seed}.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -163,8 +167,11 @@ def main() -> None:
                 runs[policy][seed] = result = one_run(
                     Path(tmp), args.env, policy, seed, args.steps, args.rows, args.cache_dir, args.hard_rows
                 )
-                print(f"{policy} seed {seed}: {json.dumps({k: v for k, v in result.items() if k != 'curve'})}",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"{policy} seed {seed}: {json.dumps({k: v for k, v in result.items() if k != 'curve'})}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     out = {
         "env": args.env,
         "steps": args.steps,

@@ -169,9 +169,14 @@ def measure_resume(rate: float) -> dict:
         publish_dir(warm_dir.trainer_checkpoint(0), trainer_part)
         state, tensors = pack(SinkSnapshot(make_queue(spec.batch_size, 9, 9, version=0), [], []))
         progress = {
-            "step": 0, "shipped": 0, "attempt": 0, "ledger_line": -1, "source": {"cursor": 10**6},
-            "identity": run_identity(spec), "sink": state,
-        }  # fmt: skip
+            "step": 0,
+            "shipped": 0,
+            "attempt": 0,
+            "ledger_line": -1,
+            "source": {"cursor": 10**6},
+            "identity": run_identity(spec),
+            "sink": state,
+        }
         save_orchestrator_progress(warm_dir, 0, progress, tensors)
         orch = Orchestrator(spec, warm_dir, ["http://fake:1"], model_dir, resume=True, client_factory=factory)
         warm = asyncio.run(first_batch(orch, 1))

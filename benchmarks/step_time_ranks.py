@@ -156,10 +156,25 @@ def measure_trainer(steps: int, work: Path) -> dict:
     out: dict = {"batch_size": rows, "steps": steps}
     for name, launchers in (
         ("1x1", [[str(bindir / "rlrun")]]),
-        ("1x2", [[str(bindir / "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
-                  "--max-restarts", "0", "--no-python", str(bindir / "rlrun")]]),
+        (
+            "1x2",
+            [
+                [
+                    str(bindir / "torchrun"),
+                    "--standalone",
+                    "--nnodes",
+                    "1",
+                    "--nproc-per-node",
+                    "2",
+                    "--max-restarts",
+                    "0",
+                    "--no-python",
+                    str(bindir / "rlrun"),
+                ]
+            ],
+        ),
         ("2x1", two_node_launchers(bindir)),
-    ):  # fmt: skip
+    ):
         run_dir = RunDir(work / f"trainer_{name}").ensure()
         g = torch.Generator().manual_seed(0)
         for s in range(1, steps + 1):
@@ -213,11 +228,27 @@ def two_node_launchers(bindir: Path) -> list[list[str]]:
     run it (:func:`rlrun_operator.pods.trainer_command`), node 0 hosting the store."""
     port = str(free_port())
     return [
-        [str(bindir / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
-         "--master-addr", "127.0.0.1", "--master-port", port, "--rdzv-conf", "timeout=300",
-         "--max-restarts", "0", "--no-python", str(bindir / "rlrun")]
+        [
+            str(bindir / "torchrun"),
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--node-rank",
+            str(node),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+            "--rdzv-conf",
+            "timeout=300",
+            "--max-restarts",
+            "0",
+            "--no-python",
+            str(bindir / "rlrun"),
+        ]
         for node in (0, 1)
-    ]  # fmt: skip
+    ]
 
 
 def main() -> None:

@@ -69,9 +69,15 @@ def main() -> None:
     for _ in range(args.stall_repeats):
         for mode in ("baseline", "trackers"):
             stall[mode].append(
-                run(specs[mode], model_dir, args.stall_steps, args.dir, samples_per_s=args.rollout_samples_per_s,
-                    poll_s=poll_s)
-            )  # fmt: skip
+                run(
+                    specs[mode],
+                    model_dir,
+                    args.stall_steps,
+                    args.dir,
+                    samples_per_s=args.rollout_samples_per_s,
+                    poll_s=poll_s,
+                )
+            )
     median = {m: statistics.median(r["episodes_per_s"] for r in runs) for m, runs in capacity.items()}
     best = {m: max(r["episodes_per_s"] for r in runs) for m, runs in capacity.items()}
     print(

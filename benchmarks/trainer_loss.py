@@ -34,9 +34,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def one_run(manifest: Path, run_dir: Path, max_steps: int, at: int, only: str, cache_dir: Path | None) -> dict:
     argv = [
-        sys.executable, "-m", "rlrun", "local", str(manifest), "--run-dir", str(run_dir),
-        "--max-steps", str(max_steps), "--preempt-at-step", str(at), "--only", only,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "rlrun",
+        "local",
+        str(manifest),
+        "--run-dir",
+        str(run_dir),
+        "--max-steps",
+        str(max_steps),
+        "--preempt-at-step",
+        str(at),
+        "--only",
+        only,
+    ]
     if cache_dir is not None:
         argv += ["--cache-dir", str(cache_dir)]
     t0 = time.monotonic()
@@ -49,9 +60,14 @@ def one_run(manifest: Path, run_dir: Path, max_steps: int, at: int, only: str, c
     if len(records) != 1:
         raise SystemExit(f"--only {only}: expected one preemption, found {len(records)} (see {run_dir})")
     keys = (
-        "notice_to_next_step_s", "steps_recomputed", "rollout_restarts", "trainer_exit", "trainer_saved_step",
-        "pause_step", "next_step",
-    )  # fmt: skip
+        "notice_to_next_step_s",
+        "steps_recomputed",
+        "rollout_restarts",
+        "trainer_exit",
+        "trainer_saved_step",
+        "pause_step",
+        "next_step",
+    )
     return {**{k: records[0].get(k) for k in keys}, "wall_s": wall, "ledger_ok": True}
 
 

@@ -53,10 +53,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1024**3
 VOCAB = 151_936  # Qwen3's tokenizer
-CPU_MODEL = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "head_dim": 64, "tie_word_embeddings": False}  # fmt: skip
-QWEN3_0_6B = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-              "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": True}  # fmt: skip
+CPU_MODEL = {
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "tie_word_embeddings": False,
+}
+QWEN3_0_6B = {
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "tie_word_embeddings": True,
+}
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0}  # dense bf16, vendor datasheets
 
 
@@ -99,16 +113,23 @@ def child(cfg: dict) -> dict | None:
 
     gpu = cfg["gpu"]
     torch.set_num_threads(cfg["threads"]) if not gpu else None
-    spec = {"model": {"name": cfg["model"]}, "envs": [{"name": "reverse-text"}], "group_size": 2,
-            "batch_size": 2, "max_steps": 2, "seed": 0}  # fmt: skip
+    spec = {
+        "model": {"name": cfg["model"]},
+        "envs": [{"name": "reverse-text"}],
+        "group_size": 2,
+        "batch_size": 2,
+        "max_steps": 2,
+        "seed": 0,
+    }
     if cfg["trainer"]:
         spec["trainer"] = cfg["trainer"]
     if cfg.get("loss"):
         spec["loss"] = cfg["loss"]
     if cfg.get("lora") is not None:
         spec["model"]["lora"] = cfg["lora"]
-    run = parse_manifest({"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "bench"},
-                          "spec": spec})  # fmt: skip
+    run = parse_manifest(
+        {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "bench"}, "spec": spec}
+    )
     run_dir = RunDir(Path(cfg["run_dir"]))
     g = torch.Generator().manual_seed(0)
     for step, lengths in ((1, cfg["lengths"][:2]), (2, cfg["lengths"])):  # a small warm-up step, the measured one
@@ -249,8 +270,15 @@ def main() -> None:
     token_counts = [int(x) for x in (args.tokens or default_tokens).split(",")]
     checkpointing = [c == "on" for c in args.checkpointing.split(",")]
     label = args.label or ("before" if args.source else "after")
-    out: dict = {"label": label, "source": str(args.source or ROOT), "mode": "gpu" if args.gpu else "cpu",
-                 "sample_tokens": sample_tokens, "loss": args.loss or {}, "lora": args.lora, "results": []}  # fmt: skip
+    out: dict = {
+        "label": label,
+        "source": str(args.source or ROOT),
+        "mode": "gpu" if args.gpu else "cpu",
+        "sample_tokens": sample_tokens,
+        "loss": args.loss or {},
+        "lora": args.lora,
+        "results": [],
+    }
     with tempfile.TemporaryDirectory(prefix="rlrun-trainer-memory-") as tmp:
         model = build_model(Path(tmp) / "model", QWEN3_0_6B if args.gpu else CPU_MODEL)
         out["model"] = {"vocab": VOCAB, **(QWEN3_0_6B if args.gpu else CPU_MODEL)}
@@ -259,10 +287,16 @@ def main() -> None:
             configs += [("spread", 4096, False), ("example", 0, False)]
         for kind, n, ckpt in configs:
             cfg = {
-                "gpu": args.gpu, "model": str(model), "run_dir": str(Path(tmp) / f"run-{kind}-{n}-{ckpt}"),
-                "lengths": lengths_for(kind, n, sample_tokens), "trainer": trainer_settings(args, ckpt),
-                "threads": args.threads, "peak_tflops": peak, "loss": args.loss, "lora": args.lora,
-            }  # fmt: skip
+                "gpu": args.gpu,
+                "model": str(model),
+                "run_dir": str(Path(tmp) / f"run-{kind}-{n}-{ckpt}"),
+                "lengths": lengths_for(kind, n, sample_tokens),
+                "trainer": trainer_settings(args, ckpt),
+                "threads": args.threads,
+                "peak_tflops": peak,
+                "loss": args.loss,
+                "lora": args.lora,
+            }
             result = {"batch": kind, "checkpointing": ckpt, **run_child(cfg, args.source, args.gpus, args.timeout)}
             out["results"].append(result)
             print(json.dumps(result), file=sys.stderr, flush=True)  # progress

@@ -69,8 +69,14 @@ class Server:
         choices = []
         for i in range(n):
             one = hashlib.sha256(f"{prompt}:{i}".encode()).digest()[0] < 52  # ≈ 1 in 5
-            choices.append({"index": i, "token_ids": [self.ids["1" if one else "2"], self.eos],
-                            "logprobs": {"token_logprobs": [-1.0, -0.1]}, "finish_reason": "stop"})  # fmt: skip
+            choices.append(
+                {
+                    "index": i,
+                    "token_ids": [self.ids["1" if one else "2"], self.eos],
+                    "logprobs": {"token_logprobs": [-1.0, -0.1]},
+                    "finish_reason": "stop",
+                }
+            )
         self.sampled[self.attempt] = self.sampled.get(self.attempt, 0) + 2 * n
         return httpx.Response(200, json={"choices": choices})
 
@@ -79,11 +85,17 @@ def spec(steps: int):
     from rlrun.manifest import parse_manifest
 
     body = {
-        "model": {"builtin": "tiny-reverse"}, "envs": [ENV], "group_size": 4,
-        "batch_size": 16, "max_off_policy_steps": 2, "max_steps": steps, "seed": 7,
-        "checkpoint": {"interval": 1, "keep_last": 3}, "sampling": {"max_tokens": 4},
+        "model": {"builtin": "tiny-reverse"},
+        "envs": [ENV],
+        "group_size": 4,
+        "batch_size": 16,
+        "max_off_policy_steps": 2,
+        "max_steps": steps,
+        "seed": 7,
+        "checkpoint": {"interval": 1, "keep_last": 3},
+        "sampling": {"max_tokens": 4},
         "rollout": {"max_inflight": 64},
-    }  # fmt: skip
+    }
     doc = {"apiVersion": "rlrun.dev/v1alpha1", "kind": "RLRun", "metadata": {"name": "turns"}, "spec": body}
     return parse_manifest(doc).spec
 
@@ -127,9 +139,15 @@ async def scenario(mode: str, model: Path, root: Path, args) -> dict:
 
     def orchestrator(attempt: int, resume: bool) -> Orchestrator:
         return Orchestrator(
-            spec(args.steps), run_dir, ["http://fake:1"], str(model), resume=resume, attempt=attempt,
-            poll_s=0.01, client_factory=lambda url: RolloutClient(url, transport=server.transport),
-        )  # fmt: skip
+            spec(args.steps),
+            run_dir,
+            ["http://fake:1"],
+            str(model),
+            resume=resume,
+            attempt=attempt,
+            poll_s=0.01,
+            client_factory=lambda url: RolloutClient(url, transport=server.transport),
+        )
 
     first = orchestrator(1, False)
     stop = start_fake_trainer(run_dir, model, args.steps, 1, attempt=1)

@@ -88,8 +88,13 @@ def threads_ab(manifest: Path, steps: int) -> dict:
             warm_start(model, tokenizer, batches, [], recipe, BuildProgress())
             rounds[str(threads)].append(round(time.perf_counter() - t0, 2))
     one, many = statistics.median(rounds["1"]), statistics.median(rounds[str(cores)])
-    return {"manifest": str(manifest.relative_to(ROOT)), "steps": steps, "seconds": rounds,
-            "all_cores_over_one": round(many / one, 2), "load_after": round(os.getloadavg()[0], 2)}  # fmt: skip
+    return {
+        "manifest": str(manifest.relative_to(ROOT)),
+        "steps": steps,
+        "seconds": rounds,
+        "all_cores_over_one": round(many / one, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+    }
 
 
 def main() -> None:

@@ -120,9 +120,14 @@ class Kube:
         """
         try:
             return self.custom.patch_namespaced_custom_object_status(
-                API_GROUP, API_VERSION, namespace, PLURAL, name, {"status": status},
+                API_GROUP,
+                API_VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"status": status},
                 _content_type="application/merge-patch+json",
-            )  # fmt: skip
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -221,9 +226,15 @@ class Kube:
         """
         try:
             self.custom.patch_namespaced_custom_object(
-                KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, name, patch,
-                _content_type="application/merge-patch+json", _preload_content=False,
-            )  # fmt: skip
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                namespace,
+                WORKLOADS,
+                name,
+                patch,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -254,9 +265,15 @@ class Kube:
         """
         try:
             self.custom.patch_namespaced_custom_object_status(
-                KUEUE_GROUP, KUEUE_VERSION, namespace, WORKLOADS, name, ops,
-                _content_type="application/json-patch+json", _preload_content=False,
-            )  # fmt: skip
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                namespace,
+                WORKLOADS,
+                name,
+                ops,
+                _content_type="application/json-patch+json",
+                _preload_content=False,
+            )
             return True
         except ApiException as exc:
             if exc.status in (404, 409, 422):

@@ -39,18 +39,26 @@ class OperatorMetrics:
             "rlrun_operator_endpoint_updates_total", "PUT /rollout-endpoints sent to orchestrators", registry=registry
         )
         self.recoveries = Counter(
-            "rlrun_operator_recoveries_total", "Recoveries started, by kind and trigger", ["kind", "trigger"],
+            "rlrun_operator_recoveries_total",
+            "Recoveries started, by kind and trigger",
+            ["kind", "trigger"],
             registry=registry,
-        )  # fmt: skip
+        )
         buckets = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
         self.pause_seconds = Histogram(
-            "rlrun_operator_pause_seconds", "POST /pause sent to answered, seconds", ["outcome"], buckets=buckets,
+            "rlrun_operator_pause_seconds",
+            "POST /pause sent to answered, seconds",
+            ["outcome"],
+            buckets=buckets,
             registry=registry,
-        )  # fmt: skip
+        )
         self.recovery_seconds = Histogram(
-            "rlrun_operator_recovery_seconds", "Trigger seen to recovery done, seconds", ["scope"], buckets=buckets,
+            "rlrun_operator_recovery_seconds",
+            "Trigger seen to recovery done, seconds",
+            ["scope"],
+            buckets=buckets,
             registry=registry,
-        )  # fmt: skip
+        )
         self.runs = Gauge("rlrun_operator_runs", "RLRuns by phase", ["phase"], registry=registry)
         self._phases: dict[tuple[str, str], str] = {}
         for phase in PHASES:

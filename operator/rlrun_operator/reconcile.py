@@ -162,9 +162,13 @@ class Reconciler:
                 log.exception("reconcile of %s/%s failed", namespace, name)
                 message = f"{type(exc).__name__}: {exc}"[:1000]
                 conditions = set_condition(
-                    list(ctx.status.get("conditions") or []), ConditionType.DEGRADED, True, Reason.RECONCILE_ERROR,
-                    message, ctx.generation,
-                )  # fmt: skip
+                    list(ctx.status.get("conditions") or []),
+                    ConditionType.DEGRADED,
+                    True,
+                    Reason.RECONCILE_ERROR,
+                    message,
+                    ctx.generation,
+                )
                 await ctx.write({"conditions": conditions})
 
     def forget(self, namespace: str, name: str) -> list[ControlClient]:

@@ -213,9 +213,14 @@ def created_suspended(status: dict[str, Any], generation: int | None, now: str |
     """The patch of a run created with ``spec.suspend``: no pods, waiting (not counted as a suspension)."""
     now = now or now_rfc3339()
     recovery = Recovery(
-        trigger=Trigger.SUSPEND, kind=RecoveryKind.SUSPENSION, reason="CreatedSuspended",
-        message="created with spec.suspend", stage=Stage.SUSPENDED, since=now, stageSince=now,
-    )  # fmt: skip
+        trigger=Trigger.SUSPEND,
+        kind=RecoveryKind.SUSPENSION,
+        reason="CreatedSuspended",
+        message="created with spec.suspend",
+        stage=Stage.SUSPENDED,
+        since=now,
+        stageSince=now,
+    )
     return {**suspended_patch(status, generation, "created suspended", now), "recovery": _dump(recovery)}
 
 
@@ -251,9 +256,12 @@ def failed_patch(
         updates.append((ConditionType.PREEMPTED, False, reason, ""))
     conditions = _conditions(status, generation, now, *updates)
     return {
-        "phase": Phase.FAILED, "observedGeneration": generation, "message": message, "conditions": conditions,
+        "phase": Phase.FAILED,
+        "observedGeneration": generation,
+        "message": message,
+        "conditions": conditions,
         "recovery": None,
-    }  # fmt: skip
+    }
 
 
 def succeeded(status: dict[str, Any], generation: int | None, now: str | None = None) -> dict[str, Any]:

@@ -157,11 +157,14 @@ async def begin(r: Reconciling, ctx: RunContext, found: list[Disruption]) -> boo
     alive = ctx.live_orchestrator(hit) is not None
     orchestrator = next((p for p in ctx.current() if p.component == naming.ORCHESTRATOR), None)
     patch, rec = recovery.begin(
-        ctx.status, ctx.generation, found, orchestrator_alive=alive,
+        ctx.status,
+        ctx.generation,
+        found,
+        orchestrator_alive=alive,
         backoff_limit=ctx.run.spec.failure_policy.backoff_limit,
         orchestrator_node=orchestrator.node if orchestrator is not None else None,
         trainer_group=[p.name for p in ctx.current() if p.component == naming.TRAINER],
-    )  # fmt: skip
+    )
     for d in found:
         reason = EventReason.PREEMPTED if d.kind == RecoveryKind.PREEMPTION else EventReason.POD_FAILED
         ctx.metrics.recoveries.labels(d.kind, d.trigger).inc()
@@ -235,13 +238,15 @@ async def stop(r: Reconciling, ctx: RunContext, rec: Recovery) -> bool:
     await ctx.write(patch)
     await ctx.delete([p for p in stopping if not p.deleting])
     overdue = [
-        p for p in stopping
+        p
+        for p in stopping
         if p.deleting and _seconds_since(p.deletion_deadline) > ctx.settings.force_delete_after_seconds
-    ]  # fmt: skip
+    ]
     stuck = [  # once: a force delete (grace 0) changes nothing the second time
-        p for p in overdue
+        p
+        for p in overdue
         if p.deletion_grace_s != 0 and (p.node is None or node_trouble(ctx.nodes.get(p.node), True, taints))
-    ]  # fmt: skip
+    ]
     if stuck:
         await ctx.delete(stuck, grace_s=0)
         names = ", ".join(p.name for p in stuck)
@@ -251,9 +256,10 @@ async def stop(r: Reconciling, ctx: RunContext, rec: Recovery) -> bool:
         if rec.scope == "trainer":
             current = {p.name for p in ctx.current()}
             widened = [
-                d for d in r.disruptions(ctx)
+                d
+                for d in r.disruptions(ctx)
                 if d.component == naming.ORCHESTRATOR and d.pod in current and d.pod not in rec.pods
-            ]  # fmt: skip
+            ]
             if widened:  # the orchestrator is lost too while the trainer goes: the attempt restarts
                 return await begin(r, ctx, widened)
             trainers = {n for n in rec.pods if naming.component_of(ctx.name, n) == naming.TRAINER}

@@ -243,10 +243,14 @@ def progress(previous: dict[str, Any] | None, step: int, max_steps: int, now: st
     percent = min(100, int(100 * step / max_steps)) if max_steps else 0
     eta = int((max_steps - step) / rate * 60) if rate and step < max_steps else None
     return {
-        "percent": percent, "text": f"{percent}%", "eta": "-" if eta is None else _duration(eta),
+        "percent": percent,
+        "text": f"{percent}%",
+        "eta": "-" if eta is None else _duration(eta),
         "stepsPerMinute": None if rate is None else round(rate, 3),
-        "etaSeconds": eta, "sampledStep": sampled_step, "sampledAt": sampled_at,
-    }  # fmt: skip
+        "etaSeconds": eta,
+        "sampledStep": sampled_step,
+        "sampledAt": sampled_at,
+    }
 
 
 def resume_totals(status: dict[str, Any], report: ResumeReport | None, attempt: int) -> dict[str, Any]:

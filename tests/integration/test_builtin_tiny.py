@@ -42,8 +42,11 @@ def test_model_init_builds_tiny_for_the_manifests_envs_with_mid_range_greedy_acc
     before = stored.stat().st_mtime_ns
     again = subprocess.run(
         [sys.executable, "-m", "rlrun", "model", "init", "-m", str(manifest), "--cache-dir", str(cache_dir)],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert printed_report(again) == report and stored.stat().st_mtime_ns == before
 
 
@@ -51,7 +54,7 @@ def test_local_trains_on_tiny_from_the_cache(built, tmp_path, cache_dir):
     manifest, report = built
     proc = subprocess.run(
         local_argv(manifest, tmp_path / "run", cache_dir), capture_output=True, text=True, timeout=480
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"model: {report['path']}" in proc.stdout.replace("\n", "")
     assert [r["step"] for r in metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]

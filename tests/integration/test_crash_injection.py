@@ -219,10 +219,14 @@ def until_one_transport(model: str, seed: int, samples_per_s: float = 100.0):
         clock["free_at"] = max(clock["free_at"], loop.time()) + n / samples_per_s
         await asyncio.sleep(clock["free_at"] - loop.time())
         choices = [
-            {"index": i, "token_ids": [ids["1" if rng.random() < 0.2 else "2"], eos],
-             "logprobs": {"token_logprobs": [-1.0, -0.1]}, "finish_reason": "stop"}
+            {
+                "index": i,
+                "token_ids": [ids["1" if rng.random() < 0.2 else "2"], eos],
+                "logprobs": {"token_logprobs": [-1.0, -0.1]},
+                "finish_reason": "stop",
+            }
             for i in range(n)
-        ]  # fmt: skip
+        ]
         return httpx.Response(200, json={"choices": choices})
 
     return httpx.MockTransport(handler)
@@ -234,18 +238,21 @@ def _one_attempt(
     """Child process: one orchestrator attempt (fake rollouts at 100 samples/s: 1.5–2 s a run) and the fake trainer."""
     os.environ.update(crash_env)
     logging.basicConfig(
-        filename=f"{root}/orchestrator-{attempt}.log", level=logging.INFO, force=True,
+        filename=f"{root}/orchestrator-{attempt}.log",
+        level=logging.INFO,
+        force=True,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )  # fmt: skip
+    )
     run_dir = RunDir(root)
     spec = journal_spec(multi_turn)
     ckpt = latest_complete_checkpoint(run_dir) if resume else None
     if not resume:  # the trainer's start-up checkpoint, as the real trainer publishes it
         trainer_start_part(run_dir, model, attempt)
     server = (
-        until_one_transport(model, seed=attempt) if multi_turn
+        until_one_transport(model, seed=attempt)
+        if multi_turn
         else fake_vllm_transport(samples_per_s=100, error_rate=0.3, seed=attempt)
-    )  # fmt: skip
+    )
     orch = make_orchestrator(spec, run_dir, model, server, attempt=attempt, resume=resume)
     stop = threading.Event()
 

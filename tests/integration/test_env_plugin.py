@@ -42,8 +42,10 @@ def test_the_documented_package_installs_registers_its_env_and_trains(tmp_path, 
     )
     entries = {e["name"]: e for e in json.loads(listed.stdout)}
     assert entries["reverse-digits"] == {
-        "name": "reverse-digits", "target": "my_envs:ReverseDigitsEnv", "source": "my-envs 0.1.0",
-    }  # fmt: skip
+        "name": "reverse-digits",
+        "target": "my_envs:ReverseDigitsEnv",
+        "source": "my-envs 0.1.0",
+    }
     assert entries["dataset"]["source"] == "builtin"
 
     manifest = write_manifest(

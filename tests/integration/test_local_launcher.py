@@ -187,8 +187,11 @@ def test_preempt_at_step_only_trainer_restarts_only_the_trainer_and_recomputes_n
     assert "trainer steps recomputed: 0; rollout server restarts: 0" in out and "1 preemption(s)" in out
     [record] = [json.loads(line) for line in (run_dir / "preemptions.jsonl").read_text().splitlines()]
     assert (record["only"], record["trainer_exit"], record["steps_recomputed"], record["rollout_restarts"]) == (
-        "trainer", 143, 0, 0,
-    )  # fmt: skip
+        "trainer",
+        143,
+        0,
+        0,
+    )
     saved = record["trainer_saved_step"]
     assert 2 <= saved < 10 and record["next_step"] == saved + 1 and record["notice_to_next_step_s"] > 0
     logs = run_dir / "logs"

@@ -64,8 +64,12 @@ def test_a_preempted_lora_run_resumes_its_adapter_and_loses_no_episode(tmp_path,
     assert ckpt is not None and ckpt.step == MAX_STEPS
     part = rd.trainer_checkpoint(MAX_STEPS)
     assert {f.name for f in part.iterdir()} == {
-        ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, "optimizer.pt", "progress.json", META_FILE,
-    }  # fmt: skip
+        ADAPTER_CONFIG_FILE,
+        ADAPTER_WEIGHTS_FILE,
+        "optimizer.pt",
+        "progress.json",
+        META_FILE,
+    }
     # the last adapter is trained (B moved off zero), loads with peft onto the base, and changes the base's logits
     adapter = load_file(str(part / ADAPTER_WEIGHTS_FILE))
     assert len(adapter) == 2 * 3 * 4  # A and B of 3 targets in each of the tiny model's 4 blocks

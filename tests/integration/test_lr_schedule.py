@@ -54,8 +54,10 @@ def test_a_preempted_run_trains_every_step_at_the_rate_of_the_uninterrupted_one(
     before = files(run_dir)
     again = subprocess.run(
         local_argv(other, run_dir, cache_dir, "--resume", "--max-steps", str(PREEMPTED_RUN_STEPS + 2)),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 2, again.stdout[-3000:]
     assert "spec.optimizer.warmup_steps: checkpoint has 2, manifest has 4" in again.stdout
     assert "no process" not in again.stdout and "model:" not in again.stdout

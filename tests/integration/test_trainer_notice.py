@@ -124,9 +124,11 @@ async def start_real_trainer(manifest, run_dir: RunDir, cache_dir, **env: str) -
     """``rlrun trainer`` (attempt 1) as a process of its own, started once its step-0 part is written."""
     argv = trainer_command(str(manifest), str(run_dir.root), str(cache_dir), 1, resume=False, program=RLRUN)
     proc = await asyncio.create_subprocess_exec(
-        *argv, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+        *argv,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     await wait_for_async(lambda: (run_dir.trainer_checkpoint(0) / "progress.json").is_file(), 60, what="trainer start")
     return proc
 

@@ -160,9 +160,12 @@ def test_only_rank_0_writes_the_ledger_and_metrics(runs):
     lines = [json.loads(x) for x in two.trainer_metrics.read_text().splitlines()]
     assert [m["step"] for m in lines if m.get("ranks") == 2] == [1, 2]
     trained = [
-        e["step"] for (_, role), evs in read_ledger(two.root / "ledger").items() if role == "trainer"
-        for e in evs if e["e"] == "trained"
-    ]  # fmt: skip
+        e["step"]
+        for (_, role), evs in read_ledger(two.root / "ledger").items()
+        if role == "trainer"
+        for e in evs
+        if e["e"] == "trained"
+    ]
     assert sorted(trained) == [1, 2, 3]  # 1–2 by rank 0 of the 2-rank run, 3 by the resumed single process
 
 

@@ -94,10 +94,14 @@ class Cluster:
         terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "message": message}
         statuses = [
             {
-                "name": component, "state": {"terminated": terminated}, "ready": False, "restartCount": 0,
-                "image": pod["spec"]["containers"][0]["image"], "imageID": "",
+                "name": component,
+                "state": {"terminated": terminated},
+                "ready": False,
+                "restartCount": 0,
+                "image": pod["spec"]["containers"][0]["image"],
+                "imageID": "",
             }
-        ]  # fmt: skip
+        ]
         phase = "Succeeded" if code == 0 else "Failed"
         self.set_pod_status(pod, phase=phase, ready=False, containerStatuses=statuses)
 

@@ -53,9 +53,20 @@ def test_kubectl_apply_get_watch_suspend_and_delete(cluster):
     k("patch", "pod", orchestrator, "--subresource=status", "--type=merge", "-p", json.dumps(disrupted))
     during = wait_for(lambda: (t := k("get", "rlrun", "-o", "wide")) and "Recovering" in t and t, what="Recovering")
     assert during.split("\n")[0].split() == [
-        "NAME", "PHASE", "STEP", "PROGRESS", "ETA", "RESUMED", "PREEMPTIONS", "AGE", "SAMPLES", "FAILURES",
-        "CHECKPOINT", "ATTEMPT", "QUEUE",
-    ]  # fmt: skip
+        "NAME",
+        "PHASE",
+        "STEP",
+        "PROGRESS",
+        "ETA",
+        "RESUMED",
+        "PREEMPTIONS",
+        "AGE",
+        "SAMPLES",
+        "FAILURES",
+        "CHECKPOINT",
+        "ATTEMPT",
+        "QUEUE",
+    ]
     assert during.split("\n")[1].split()[6] == "1"  # counted as soon as it is seen
     wait_for(lambda: len(k("get", "pods", selector, "-l=rlrun.dev/attempt=1", "-o", "name").split()) == 3, what="a1")
     report = resume_report(open_groups=3, requested_groups=1, queued_traces=104, finished_episodes_kept=8)

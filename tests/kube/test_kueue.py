@@ -75,8 +75,10 @@ def test_no_pod_before_admission_then_pods_on_the_admitted_flavor(kueue, cluster
     workload = wait_for(lambda: kueue.workload(WORKLOAD), what="the Workload")
     assert workload["spec"]["queueName"] == LOCAL_QUEUE
     assert [(s["name"], s["count"]) for s in workload["spec"]["podSets"]] == [
-        ("orchestrator", 1), ("trainer", 1), ("rollout", 1),
-    ]  # fmt: skip
+        ("orchestrator", 1),
+        ("trainer", 1),
+        ("rollout", 1),
+    ]
     owner = workload["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["controller"]) == ("RLRun", "demo", True)
     status = cluster.status()
@@ -95,8 +97,13 @@ def test_no_pod_before_admission_then_pods_on_the_admitted_flavor(kueue, cluster
     admitted = cluster.condition("Admitted")
     assert (admitted["status"], admitted["reason"]) == ("True", "Admitted") and "cq" in admitted["message"]
     assert status["attempt"] == 0 and "recovery" not in status and status["preemptions"] == 0
-    assert status["queue"] == {"name": LOCAL_QUEUE, "workload": WORKLOAD, "admitted": True, "clusterQueue": "cq",
-                               "flavors": {"orchestrator": ["gpu-a"], "trainer": ["gpu-a"], "rollout": ["gpu-a"]}}  # fmt: skip
+    assert status["queue"] == {
+        "name": LOCAL_QUEUE,
+        "workload": WORKLOAD,
+        "admitted": True,
+        "clusterQueue": "cq",
+        "flavors": {"orchestrator": ["gpu-a"], "trainer": ["gpu-a"], "rollout": ["gpu-a"]},
+    }
     cluster.orchestrators.run(NAMESPACE, "demo")
     for component in ("rollout", "trainer", "orchestrator"):
         cluster.set_pod_status(cluster.pod(component), ip="10.0.0.2" if component == "orchestrator" else "10.0.1.1")
@@ -295,8 +302,12 @@ def test_the_queue_label_without_the_integration_holds_the_run(cluster):
 def test_the_kueue_example_admits_the_example_run(kueue, cluster):
     """examples/kueue/: its objects pass Kueue's schemas, and its run would be admitted on its flavors."""
     docs = [d for d in yaml.safe_load_all((ROOT / "examples" / "kueue" / "queues.yaml").read_text()) if d]
-    plural = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues", "LocalQueue": "localqueues",
-              "WorkloadPriorityClass": "workloadpriorityclasses"}  # fmt: skip
+    plural = {
+        "ResourceFlavor": "resourceflavors",
+        "ClusterQueue": "clusterqueues",
+        "LocalQueue": "localqueues",
+        "WorkloadPriorityClass": "workloadpriorityclasses",
+    }
     for doc in docs:
         cluster.kube.create(plural[doc["kind"]], doc, doc["metadata"].get("namespace"))
     run = yaml.safe_load((ROOT / "examples" / "kueue" / "reverse-text.yaml").read_text())

@@ -77,14 +77,37 @@ def test_a_two_node_trainer_is_two_pods_behind_a_headless_service(cluster):
         assert (trainer["spec"]["hostname"], trainer["spec"]["subdomain"]) == (f"trainer-{node}", "demo-trainer")
         argv = command_of(trainer)
         assert argv[: argv.index("rlrun")] == [
-            "torchrun", "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node),
-            "--master-addr", "trainer-0.demo-trainer.team-a.svc", "--master-port", "29500",
-            "--rdzv-conf", "timeout=1800", "--max-restarts", "0", "--no-python",
-        ]  # fmt: skip
+            "torchrun",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--node-rank",
+            str(node),
+            "--master-addr",
+            "trainer-0.demo-trainer.team-a.svc",
+            "--master-port",
+            "29500",
+            "--rdzv-conf",
+            "timeout=1800",
+            "--max-restarts",
+            "0",
+            "--no-python",
+        ]
         assert argv[argv.index("rlrun") :] == [
-            "rlrun", "trainer", "/etc/rlrun/rlrun.yaml", "--run-dir", "/var/lib/rlrun/run",
-            "--cache-dir", "/var/lib/rlrun/cache", "--attempt", "0", "--run-uid", uid, "--resume",
-        ]  # fmt: skip
+            "rlrun",
+            "trainer",
+            "/etc/rlrun/rlrun.yaml",
+            "--run-dir",
+            "/var/lib/rlrun/run",
+            "--cache-dir",
+            "/var/lib/rlrun/cache",
+            "--attempt",
+            "0",
+            "--run-uid",
+            uid,
+            "--resume",
+        ]
     service = cluster.kube.get("services", "demo-trainer", NAMESPACE)
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert service["metadata"]["ownerReferences"][0]["uid"] == uid
@@ -119,9 +142,19 @@ def test_losing_trainer_node_1_with_notice_restarts_the_whole_trainer_group_in_t
         argv = command_of(replacement)
         assert argv[argv.index("--node-rank") + 1] == str(node) and argv[argv.index("--nnodes") + 1] == "2"
         assert argv[argv.index("rlrun") :] == [
-            "rlrun", "trainer", "/etc/rlrun/rlrun.yaml", "--run-dir", "/var/lib/rlrun/run",
-            "--cache-dir", "/var/lib/rlrun/cache", "--attempt", "0", "--run-uid", uid, "--resume",
-        ]  # fmt: skip
+            "rlrun",
+            "trainer",
+            "/etc/rlrun/rlrun.yaml",
+            "--run-dir",
+            "/var/lib/rlrun/run",
+            "--cache-dir",
+            "/var/lib/rlrun/cache",
+            "--attempt",
+            "0",
+            "--run-uid",
+            uid,
+            "--resume",
+        ]
         assert replacement["spec"]["hostname"] == f"trainer-{node}"  # node 0 keeps the rendezvous address
         assert node_rule(replacement) == [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-a"]}]
     # the recovery ends only once every node's replacement runs

@@ -248,8 +248,10 @@ def test_the_trainers_node_lost_with_notice_replaces_only_the_trainer_in_the_sam
     wait_for(lambda: cluster.pod("trainer")["metadata"].get("deletionTimestamp"), what="the trainer terminating")
     status = cluster.status()
     assert (status["recovery"]["scope"], status["recovery"]["stage"], status["phase"]) == (
-        "trainer", "Stopping", "Recovering",
-    )  # fmt: skip
+        "trainer",
+        "Stopping",
+        "Recovering",
+    )
     assert (status["preemptions"], status.get("failures"), status["attempt"]) == (1, 0, 0)
     assert (cluster.condition("Ready")["status"], cluster.condition("Ready")["reason"]) == ("False", "Resuming")
     time.sleep(0.5)  # the old trainer is still terminating: its replacement must not exist yet
@@ -260,9 +262,19 @@ def test_the_trainers_node_lost_with_notice_replaces_only_the_trainer_in_the_sam
     assert (labels["app.kubernetes.io/component"], labels["rlrun.dev/attempt"]) == ("trainer", "0")
     uid = cluster.rlrun()["metadata"]["uid"]
     assert command_of(replacement) == [
-        "rlrun", "trainer", "/etc/rlrun/rlrun.yaml", "--run-dir", "/var/lib/rlrun/run",
-        "--cache-dir", "/var/lib/rlrun/cache", "--attempt", "0", "--run-uid", uid, "--resume",
-    ]  # fmt: skip
+        "rlrun",
+        "trainer",
+        "/etc/rlrun/rlrun.yaml",
+        "--run-dir",
+        "/var/lib/rlrun/run",
+        "--cache-dir",
+        "/var/lib/rlrun/cache",
+        "--attempt",
+        "0",
+        "--run-uid",
+        uid,
+        "--resume",
+    ]
     assert node_rule(replacement) == [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-a"]}]
     wait_for(lambda: cluster.status()["recovery"]["stage"] == "Resuming", what="Resuming")
     assert cluster.status()["phase"] == "Recovering" and cluster.condition("Ready")["reason"] == "Resuming"
@@ -364,8 +376,10 @@ def test_an_operator_killed_while_replacing_the_trainer_finishes_it_exactly_once
     created = [r for r in cluster.kube.requests if r.rbac == ("", "pods", "create") and r.status == 201]
     assert len(created) == (0 if stage == "Resuming" else 1)  # the replacement, created once
     assert {p["metadata"]["name"] for p in cluster.pods()} == {
-        "demo-orchestrator-a0", "demo-rollout-0-a0", "demo-trainer-a0-r1",
-    }  # fmt: skip
+        "demo-orchestrator-a0",
+        "demo-rollout-0-a0",
+        "demo-trainer-a0-r1",
+    }
     assert fake.pauses == 0 and uids(cluster, *kept) == kept
 
 

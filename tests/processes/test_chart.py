@@ -55,9 +55,10 @@ from tests.support.manifests import manifest
 
 #: Both monitoring objects on (vLLM's metrics too).
 MONITORING = (
-    "monitoring.podMonitor.enabled=true", "monitoring.podMonitor.rolloutServers=true",
+    "monitoring.podMonitor.enabled=true",
+    "monitoring.podMonitor.rolloutServers=true",
     "monitoring.dashboard.enabled=true",
-)  # fmt: skip
+)
 
 # --- helm lint -------------------------------------------------------------------------------------
 
@@ -226,8 +227,11 @@ def test_kueue_enabled_sets_its_variable_and_grants_only_then():
     assert env["RLRUN_OPERATOR_KUEUE_ENABLED"] == "true"
     # the exact grants are proven against the calls in tests/kube/test_rbac.py
     assert {p[1] for p in permissions(only(objects, "ClusterRole")["rules"]) if p[0] == "kueue.x-k8s.io"} == {
-        "workloads", "workloads/status", "resourceflavors", "workloadpriorityclasses",
-    }  # fmt: skip
+        "workloads",
+        "workloads/status",
+        "resourceflavors",
+        "workloadpriorityclasses",
+    }
 
 
 def test_operator_settings_accept_the_environment_the_chart_sets():
@@ -258,13 +262,16 @@ def test_operator_settings_accept_the_environment_the_chart_sets():
     [
         ((), None, "60"),
         (("disruptionTaints={karpenter.sh/disrupted}",), "karpenter.sh/disrupted", "60"),
-        (("disruptionTaints={a.example.com/x,ToBeDeletedByClusterAutoscaler}", "forceDeleteAfterSeconds=0"),
-         "a.example.com/x,ToBeDeletedByClusterAutoscaler", "0"),
+        (
+            ("disruptionTaints={a.example.com/x,ToBeDeletedByClusterAutoscaler}", "forceDeleteAfterSeconds=0"),
+            "a.example.com/x,ToBeDeletedByClusterAutoscaler",
+            "0",
+        ),
         (("--set-json=forceDeleteAfterSeconds=12.5",), None, "12.5"),
         (("forceDeleteAfterSeconds=null",), None, None),
     ],
     ids=["defaults", "one-taint", "taints-and-zero", "fraction", "unset"],
-)  # fmt: skip
+)
 def test_disruption_settings_map_to_env_only_when_set(values, taints, force_delete):
     env = {e["name"]: e["value"] for e in operator_container(render(*values))["env"]}
     assert env.get("RLRUN_OPERATOR_DISRUPTION_TAINTS") == taints
@@ -391,17 +398,27 @@ def test_the_runs_pod_monitor_scrapes_each_orchestrator_and_the_trainers_rank_0_
     labels = {"run": "demo", "namespace": RUN_NAMESPACE, "attempt": "3", "path": "/metrics"}
     assert targets == {
         "demo-orchestrator-a3": [
-            {**labels, "component": "orchestrator", "container": "orchestrator", "port": "control",
-             "number": str(naming.CONTROL_PORT)},
+            {
+                **labels,
+                "component": "orchestrator",
+                "container": "orchestrator",
+                "port": "control",
+                "number": str(naming.CONTROL_PORT),
+            },
         ],
         "demo-trainer-0-a3": [
-            {**labels, "component": "trainer", "container": "trainer", "port": "metrics",
-             "number": str(naming.TRAINER_METRICS_PORT)},
+            {
+                **labels,
+                "component": "trainer",
+                "container": "trainer",
+                "port": "metrics",
+                "number": str(naming.TRAINER_METRICS_PORT),
+            },
         ],
         "demo-trainer-1-a3": [],  # only rank 0 serves; node 1's declared port would be a target always down
         "demo-rollout-0-a3": [],  # vLLM's metrics only with rolloutServers
         "demo-rollout-1-a3": [],
-    }  # fmt: skip
+    }
     # what the selector reads is what naming.labels puts on every run's pods
     assert monitor["spec"]["selector"]["matchLabels"].items() <= naming.labels("any-run").items()
     # no credentials: the orchestrator's /metrics is the one route of its control server without a token
@@ -440,11 +457,14 @@ def test_the_operator_pod_monitor_scrapes_this_releases_operator_on_its_metrics_
     [
         ((), {"any": True}),
         ((f"watchNamespaces={{{','.join(WATCHED)}}}",), {"matchNames": list(WATCHED)}),
-        ((f"watchNamespaces={{{','.join(WATCHED)}}}", "monitoring.podMonitor.namespaceSelector.any=true"), {"any": True}),
+        (
+            (f"watchNamespaces={{{','.join(WATCHED)}}}", "monitoring.podMonitor.namespaceSelector.any=true"),
+            {"any": True},
+        ),
         (("monitoring.podMonitor.namespaceSelector.matchNames={ml}",), {"matchNames": ["ml"]}),
     ],
     ids=["all-ns", "watched-ns", "override-any", "override-names"],
-)  # fmt: skip
+)
 def test_run_pods_are_looked_for_where_the_operator_reconciles_runs_unless_told(values, selector):
     objects = render("monitoring.podMonitor.enabled=true", *values)
     assert pod_monitor(objects, "runs")["spec"]["namespaceSelector"] == selector
@@ -452,8 +472,12 @@ def test_run_pods_are_looked_for_where_the_operator_reconciles_runs_unless_told(
 
 
 def test_pod_monitors_carry_the_labels_a_prometheus_selects_by_and_the_scrape_interval():
-    objects = render("monitoring.podMonitor.enabled=true", "monitoring.podMonitor.labels.release=prometheus",
-                     "monitoring.podMonitor.interval=1m", "monitoring.podMonitor.scrapeTimeout=20s")  # fmt: skip
+    objects = render(
+        "monitoring.podMonitor.enabled=true",
+        "monitoring.podMonitor.labels.release=prometheus",
+        "monitoring.podMonitor.interval=1m",
+        "monitoring.podMonitor.scrapeTimeout=20s",
+    )
     for monitor in of_kind(objects, "PodMonitor"):
         assert monitor["metadata"]["labels"]["release"] == "prometheus"
         assert monitor["metadata"]["namespace"] == NAMESPACE
@@ -470,11 +494,15 @@ def test_the_dashboard_config_map_is_labelled_for_the_grafana_sidecar_and_holds_
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     (text,) = config_map["data"].values()
     assert json.loads(text) == json.loads(DASHBOARD_FILE.read_text())
-    custom = dashboard_config_map(render(
-        "monitoring.dashboard.enabled=true", "monitoring.dashboard.namespace=grafana",
-        "monitoring.dashboard.label=dashboards.example.com/load", "monitoring.dashboard.labelValue=yes",
-        "monitoring.dashboard.annotations.grafana_folder=RL",
-    ))  # fmt: skip
+    custom = dashboard_config_map(
+        render(
+            "monitoring.dashboard.enabled=true",
+            "monitoring.dashboard.namespace=grafana",
+            "monitoring.dashboard.label=dashboards.example.com/load",
+            "monitoring.dashboard.labelValue=yes",
+            "monitoring.dashboard.annotations.grafana_folder=RL",
+        )
+    )
     assert custom["metadata"]["namespace"] == "grafana"
     assert custom["metadata"]["labels"]["dashboards.example.com/load"] == "yes"
     assert custom["metadata"]["annotations"] == {"grafana_folder": "RL"}
@@ -507,14 +535,31 @@ def test_every_metric_the_dashboard_queries_is_one_rlrun_serves():
     assert used - exposed_series() == set()
     # the headline numbers of a run, each on a panel
     assert {
-        "rlrun_step", "rlrun_max_steps", "rlrun_reward_mean", "rlrun_reward_std", "rlrun_groups_solved_all_ratio",
-        "rlrun_groups_solved_none_ratio", "rlrun_staleness_mean_steps", "rlrun_queue_samples", "rlrun_open_groups",
-        "rlrun_inflight_completions", "rlrun_rollout_tokens_per_second", "rlrun_step_duration_seconds",
-        "rlrun_trainer_loss", "rlrun_trainer_grad_norm", "rlrun_trainer_entropy_nats",
-        "rlrun_trainer_mismatch_kl_nats", "rlrun_trainer_clip_ratio", "rlrun_trainer_tokens_per_second",
-        "rlrun_trainer_batch_wait_seconds", "rlrun_checkpoint_write_seconds", "rlrun_pause_seconds",
-        "rlrun_samples_dropped_stale_total", "rlrun_groups_abandoned_total", "rlrun_journal_fsyncs_total",
-    } <= used  # fmt: skip
+        "rlrun_step",
+        "rlrun_max_steps",
+        "rlrun_reward_mean",
+        "rlrun_reward_std",
+        "rlrun_groups_solved_all_ratio",
+        "rlrun_groups_solved_none_ratio",
+        "rlrun_staleness_mean_steps",
+        "rlrun_queue_samples",
+        "rlrun_open_groups",
+        "rlrun_inflight_completions",
+        "rlrun_rollout_tokens_per_second",
+        "rlrun_step_duration_seconds",
+        "rlrun_trainer_loss",
+        "rlrun_trainer_grad_norm",
+        "rlrun_trainer_entropy_nats",
+        "rlrun_trainer_mismatch_kl_nats",
+        "rlrun_trainer_clip_ratio",
+        "rlrun_trainer_tokens_per_second",
+        "rlrun_trainer_batch_wait_seconds",
+        "rlrun_checkpoint_write_seconds",
+        "rlrun_pause_seconds",
+        "rlrun_samples_dropped_stale_total",
+        "rlrun_groups_abandoned_total",
+        "rlrun_journal_fsyncs_total",
+    } <= used
 
 
 def test_dashboard_queries_pick_runs_by_the_labels_the_pod_monitor_sets():
@@ -522,8 +567,11 @@ def test_dashboard_queries_pick_runs_by_the_labels_the_pod_monitor_sets():
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     assert {"namespace", "run"} <= set(variables)
-    run_labels = {t["run"] for pod in run_pods() for t in scrape_targets(
-        pod_monitor(render("monitoring.podMonitor.enabled=true"), "runs"), pod, RUN_NAMESPACE)}  # fmt: skip
+    run_labels = {
+        t["run"]
+        for pod in run_pods()
+        for t in scrape_targets(pod_monitor(render("monitoring.podMonitor.enabled=true"), "runs"), pod, RUN_NAMESPACE)
+    }
     assert run_labels == {"demo"}  # the label the variables and the queries below filter on
     panels = [p for p in dashboard["panels"] if p["type"] != "row"]
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
@@ -588,7 +636,8 @@ def test_notes_tell_how_to_apply_the_example():
 
 def test_the_cluster_role_reads_only_the_rlrun_crd_by_name():
     [rule] = [
-        r for r in only(render(), "ClusterRole")["rules"]
+        r
+        for r in only(render(), "ClusterRole")["rules"]
         if "customresourcedefinitions" in r["resources"] and "get" in r["verbs"]
-    ]  # fmt: skip
+    ]
     assert rule["resourceNames"] == ["rlruns.rlrun.dev"] and rule["verbs"] == ["get"]

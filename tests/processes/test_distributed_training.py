@@ -103,15 +103,27 @@ BF16_REL = 0.05
 #: single-process step on 2 ranks in micro-batches (batch A's ratios are 0.7–1.4: some tokens inside every bound).
 LOSSES = {
     "sequence_gspo_kl": LossSettings(
-        objective="gspo", epsilon_low=0.05, epsilon_high=0.05, aggregation="sequence_mean", kl_coef=0.5, correction="mask",
+        objective="gspo",
+        epsilon_low=0.05,
+        epsilon_high=0.05,
+        aggregation="sequence_mean",
+        kl_coef=0.5,
+        correction="mask",
         correction_level="sequence",
-        low=0.9, high=1.1,
+        low=0.9,
+        high=1.1,
     ),
     "constant_dual_truncate": LossSettings(
-        aggregation="constant", constant=5 * 24.0, epsilon_high=0.28, dual_clip=1.1, correction="truncate", cap=1.1,
-        kl_coef=0.2, kl_estimator="k2",
+        aggregation="constant",
+        constant=5 * 24.0,
+        epsilon_high=0.28,
+        dual_clip=1.1,
+        correction="truncate",
+        cap=1.1,
+        kl_coef=0.2,
+        kl_estimator="k2",
     ),
-}  # fmt: skip
+}
 
 
 # --- small real inputs -----------------------------------------------------------------------------
@@ -218,17 +230,22 @@ def _other_losses(work: Path, dp: DataParallel, budget: int) -> dict:
     for name, loss in LOSSES.items():
         model, opt = _new_model(work / "init.safetensors", dp)
         reference = load_reference(str(work / "ref"), dp, torch.float32, None) if loss.uses_reference else None
-        out[f"stats_{name}"], out[f"grads_{name}"] = _step(model, opt, BATCH_A(), dp, budget, loss=loss,
-                                                           reference=reference)  # fmt: skip
+        out[f"stats_{name}"], out[f"grads_{name}"] = _step(
+            model, opt, BATCH_A(), dp, budget, loss=loss, reference=reference
+        )
     return out
 
 
 def _rank_main(rank: int, port: int, work: str) -> None:
     """One rank of the forked group: the 2-rank side of every scenario (results written by rank 0)."""
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-    )  # fmt: skip
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     work_dir = Path(work)
     dp = init_from_env(timeout_s=120)

@@ -35,10 +35,14 @@ from tests.support.processes import run_forked_ranks
 WORLD = 2
 LR = 0.01
 SPEC = parse(
-    "lora-ranks", model={"builtin": "tiny-reverse", "lora": {"rank": 4, "target_modules": ["q_proj", "v_proj"]}},
-    max_steps=3, checkpoint={"interval": 2}, optimizer={"lr": LR}, loss={"kl_coef": 0.1},
+    "lora-ranks",
+    model={"builtin": "tiny-reverse", "lora": {"rank": 4, "target_modules": ["q_proj", "v_proj"]}},
+    max_steps=3,
+    checkpoint={"interval": 2},
+    optimizer={"lr": LR},
+    loss={"kl_coef": 0.1},
     trainer={"micro_batch_tokens": 16},
-).spec  # fmt: skip
+).spec
 #: Rows per batch: 5 (ranks get 3 and 2), 4, 3.
 LENGTHS = {
     1: [(4, 6), (7, 3), (3, 9), (5, 2), (6, 7)],
@@ -71,9 +75,13 @@ def _run(run_dir: RunDir, model: str, **kwargs) -> None:
 
 def _rank_main(rank: int, port: int, work: str, model: str) -> None:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-    )  # fmt: skip
+        RANK=str(rank),
+        WORLD_SIZE=str(WORLD),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
     torch.set_num_threads(1)
     dp = init_from_env(timeout_s=120)
     _run(RunDir(Path(work) / "R"), model, max_steps=2, dp=dp)
@@ -126,8 +134,13 @@ def test_two_lora_ranks_take_the_single_process_steps(runs):
 
 def test_two_lora_ranks_write_one_unsharded_adapter_part(runs):
     part = runs["R"].trainer_checkpoint(2)
-    assert {p.name for p in part.iterdir()} == {ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, "optimizer.pt",
-                                                "progress.json", META_FILE}  # fmt: skip
+    assert {p.name for p in part.iterdir()} == {
+        ADAPTER_CONFIG_FILE,
+        ADAPTER_WEIGHTS_FILE,
+        "optimizer.pt",
+        "progress.json",
+        META_FILE,
+    }
     assert "format" not in json.loads((part / META_FILE).read_text())
     assert json.loads((part / "progress.json").read_text())["world_size"] == 2
     optimizer = torch.load(part / "optimizer.pt", weights_only=True)

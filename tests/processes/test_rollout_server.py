@@ -18,9 +18,13 @@ def test_vllm_reads_a_gpu_servers_argv_as_one_tensor_parallel_engine_in_the_trai
     run = parse(
         model={"name": "Qwen/Qwen3-0.6B"},
         seed=7,
-        rollout={"gpus": 8, "gpu_memory_utilization": 0.8, "max_model_len": 8192,
-                 "vllm_args": ["--enable-prefix-caching", "--max_num_seqs", "64"]},
-    )  # fmt: skip
+        rollout={
+            "gpus": 8,
+            "gpu_memory_utilization": 0.8,
+            "max_model_len": 8192,
+            "vllm_args": ["--enable-prefix-caching", "--max_num_seqs", "64"],
+        },
+    )
     argv = vllm_command(run.spec, "/models/qwen", "0.0.0.0", 8000, gpu=True, bf16=True)
     assert argv[:3] == SERVER
     args = parse_vllm_argv(argv[3:])

@@ -53,9 +53,16 @@ def set_args(values: tuple[str, ...]) -> list[str]:
 def render(*values: str) -> tuple[dict, ...]:
     """The chart's objects (CRDs first) for `--set` values; cached, since objects are only read."""
     result = run_helm(
-        "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", K8S_VERSION,
-        "--include-crds", *set_args(values),
-    )  # fmt: skip
+        "template",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        K8S_VERSION,
+        "--include-crds",
+        *set_args(values),
+    )
     assert result.returncode == 0, f"helm template failed:\n{result.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
@@ -131,12 +138,16 @@ _ENDPOINT = {
     },
 }
 POD_MONITOR_SCHEMA = {
-    "type": "object", "additionalProperties": False, "required": ["apiVersion", "kind", "metadata", "spec"],
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind", "metadata", "spec"],
     "properties": {
         "apiVersion": {"const": "monitoring.coreos.com/v1"},
         "kind": {"const": "PodMonitor"},
         "metadata": {
-            "type": "object", "additionalProperties": False, "required": ["name", "namespace"],
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", "namespace"],
             "properties": {
                 "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", "maxLength": 253},
                 "namespace": {"type": "string"},
@@ -144,30 +155,40 @@ POD_MONITOR_SCHEMA = {
             },
         },
         "spec": {
-            "type": "object", "additionalProperties": False, "required": ["selector", "podMetricsEndpoints"],
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["selector", "podMetricsEndpoints"],
             "properties": {
                 "selector": {
-                    "type": "object", "additionalProperties": False,
+                    "type": "object",
+                    "additionalProperties": False,
                     "properties": {
                         "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
-                        "matchExpressions": {"type": "array", "items": {
-                            "type": "object", "additionalProperties": False, "required": ["key", "operator"],
-                            "properties": {
-                                "key": {"type": "string"}, "values": _STRINGS,
-                                "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                        "matchExpressions": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["key", "operator"],
+                                "properties": {
+                                    "key": {"type": "string"},
+                                    "values": _STRINGS,
+                                    "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                                },
                             },
-                        }},
+                        },
                     },
                 },
                 "namespaceSelector": {
-                    "type": "object", "additionalProperties": False,
+                    "type": "object",
+                    "additionalProperties": False,
                     "properties": {"any": {"type": "boolean"}, "matchNames": _STRINGS},
                 },
                 "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": _ENDPOINT},
             },
         },
     },
-}  # fmt: skip
+}
 
 
 def _selects(selector: dict, labels: dict[str, str]) -> bool:
@@ -224,6 +245,7 @@ def scrape_targets(pod_monitor: dict, pod: dict, pod_namespace: str) -> list[dic
                 )
                 if target is not None:
                     kept = {k: v for k, v in target.items() if not k.startswith("__")}
-                    targets.append({**kept, "port": port["name"], "number": str(port["containerPort"]),
-                                    "path": endpoint["path"]})  # fmt: skip
+                    targets.append(
+                        {**kept, "port": port["name"], "number": str(port["containerPort"]), "path": endpoint["path"]}
+                    )
     return targets

@@ -44,10 +44,17 @@ def default_pause_answer() -> dict[str, Any]:
 
 #: the counts of a :class:`~rlrun.api.control.ResumeReport` that put nothing back
 NOTHING_PUT_BACK = dict.fromkeys(
-    ("queued_traces", "open_groups", "requested_groups", "finished_episodes_kept", "dropped_stale", "members_requested",
-     "progress_only_would_lose"),
+    (
+        "queued_traces",
+        "open_groups",
+        "requested_groups",
+        "finished_episodes_kept",
+        "dropped_stale",
+        "members_requested",
+        "progress_only_would_lose",
+    ),
     0,
-)  # fmt: skip
+)
 
 
 def resume_report(from_step: int = 10, **fields: Any) -> ResumeReport:

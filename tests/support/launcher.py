@@ -53,9 +53,17 @@ def complete_checkpoint(rd: RunDir, step: int) -> None:
 #: what a resume from step 4 put back in the launcher's tests (a :func:`~tests.support.fake_orchestrator.resume_report`'s
 #: fields): 7 queued traces, 2 open and 1 requested group, every count other than 0 so that none is lost unseen
 RESUMED = dict(
-    from_attempt=1, shipped=5, queued_traces=7, open_groups=2, requested_groups=1, finished_episodes_kept=3,
-    dropped_stale=1, members_requested=5, progress_only_would_lose=10, time=1.0,
-)  # fmt: skip
+    from_attempt=1,
+    shipped=5,
+    queued_traces=7,
+    open_groups=2,
+    requested_groups=1,
+    finished_episodes_kept=3,
+    dropped_stale=1,
+    members_requested=5,
+    progress_only_would_lose=10,
+    time=1.0,
+)
 
 
 def write_ledger(rd: RunDir, attempt: int, events: list[dict], torn_tail: bool = False) -> None:
@@ -68,7 +76,14 @@ def write_ledger(rd: RunDir, attempt: int, events: list[dict], torn_tail: bool =
 def metrics_row(step: int, attempt: int, reward: float | None, tokens_per_s: float, step_time_s: float = 1.0) -> dict:
     """A ``metrics.jsonl`` line of step ``step``."""
     return {
-        "step": step, "attempt": attempt, "reward_mean": reward, "rollout_tokens_per_s": tokens_per_s,
-        "step_time_s": step_time_s, "completion_len_mean": 6.0, "staleness_mean": 0.5, "staleness_max": 1,
-        "queue": 3, "policy_version": step - 1,
-    }  # fmt: skip
+        "step": step,
+        "attempt": attempt,
+        "reward_mean": reward,
+        "rollout_tokens_per_s": tokens_per_s,
+        "step_time_s": step_time_s,
+        "completion_len_mean": 6.0,
+        "staleness_mean": 0.5,
+        "staleness_max": 1,
+        "queue": 3,
+        "policy_version": step - 1,
+    }

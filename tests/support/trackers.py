@@ -117,11 +117,19 @@ def attempt_lines(run_dir: RunDir, attempt: int, steps: range, evaluations: tupl
     _append(
         run_dir.metrics,
         [
-            {"step": s, "attempt": attempt, "reward_mean": attempt + s / 100, "reward/env": 0.5, "restored": False,
-             "per_env": {"env": {"finished": s}}, "reward_std": None, "time": 1.0}
+            {
+                "step": s,
+                "attempt": attempt,
+                "reward_mean": attempt + s / 100,
+                "reward/env": 0.5,
+                "restored": False,
+                "per_env": {"env": {"finished": s}},
+                "reward_std": None,
+                "time": 1.0,
+            }
             for s in steps
         ],
-    )  # fmt: skip
+    )
     _append(
         run_dir.trainer_metrics,
         [{"step": s, "attempt": attempt, "loss": -attempt - s / 100, "checkpoint": True} for s in steps],
@@ -149,9 +157,13 @@ def publisher(
 #: what a resume put back in the trackers' tests (a :func:`~tests.support.fake_orchestrator.resume_report`'s
 #: fields): 3 groups (2 open, 1 requested) and 7 queued samples
 PUT_BACK = dict(
-    queued_traces=7, open_groups=2, requested_groups=1, finished_episodes_kept=3, members_requested=4,
+    queued_traces=7,
+    open_groups=2,
+    requested_groups=1,
+    finished_episodes_kept=3,
+    members_requested=4,
     progress_only_would_lose=10,
-)  # fmt: skip
+)
 
 
 def two_attempts(run_dir: RunDir, logging: dict) -> None:

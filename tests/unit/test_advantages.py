@@ -36,7 +36,9 @@ def test_leave_one_out_subtracts_the_mean_of_the_other_members():
     assert group_advantages(rewards, loo).values == pytest.approx([0.6, -0.45, -0.15])
     # with std normalisation: the same over the population std of [1, 0, 0, 0], sqrt(3/16) = 0.43301
     both = AdvantageSpec(baseline="leave_one_out", std_normalize=True)
-    assert group_advantages([1.0, 0.0, 0.0, 0.0], both).values == pytest.approx([2.30940, -0.76980, -0.76980, -0.76980], rel=1e-5)  # fmt: skip
+    assert group_advantages([1.0, 0.0, 0.0, 0.0], both).values == pytest.approx(
+        [2.30940, -0.76980, -0.76980, -0.76980], rel=1e-5
+    )
 
 
 def test_a_spread_of_001_is_not_blown_up_to_unit_size_by_std_normalisation():
@@ -59,7 +61,9 @@ def test_a_group_with_no_spread_has_zero_advantages_under_every_rule():
 
 def test_the_sink_scores_only_the_members_that_train_with_the_leave_one_out_baseline():
     # group_size 3, batch 2 needs version ≥ 1: member 2 (version 0) is stale and left out of the baseline
-    sink = TrainSink(group_size=3, batch_size=8, max_off_policy_steps=0, advantage=AdvantageSpec(baseline="leave_one_out"))  # fmt: skip
+    sink = TrainSink(
+        group_size=3, batch_size=8, max_off_policy_steps=0, advantage=AdvantageSpec(baseline="leave_one_out")
+    )
     eps = [episode(5, 0, 1.0, 1), episode(5, 1, 0.0, 1), episode(5, 2, 0.5, 0)]
     queued = sink.add_episodes(5, task(5), eps, next_step=2)
     # the fresh two: A_0 = 1 − 0, A_1 = 0 − 1 (with the stale member: 1 − 0.25 = 0.75)

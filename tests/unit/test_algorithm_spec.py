@@ -31,15 +31,21 @@ INVALID = [
     ({"optimizer": {"lr_schedule": "step"}}, "spec.optimizer.lr_schedule", "spec.optimizer.lr_schedule"),
     ({"optimizer": {"warmup_steps": -1}}, "spec.optimizer.warmup_steps", "spec.optimizer.warmup_steps"),
     ({"optimizer": {"warmup_steps": 10}, "max_steps": 10}, "spec.optimizer.warmup_steps", "spec.optimizer"),
-    ({"optimizer": {"min_lr_ratio": 1.5, "lr_schedule": "cosine"}}, "spec.optimizer.min_lr_ratio",
-     "spec.optimizer.min_lr_ratio"),
+    (
+        {"optimizer": {"min_lr_ratio": 1.5, "lr_schedule": "cosine"}},
+        "spec.optimizer.min_lr_ratio",
+        "spec.optimizer.min_lr_ratio",
+    ),
     ({"optimizer": {"min_lr_ratio": 0.1}}, "spec.optimizer.min_lr_ratio", "spec.optimizer.min_lr_ratio"),
     ({"advantage": {"baseline": "rloo"}}, "spec.advantage.baseline", "spec.advantage.baseline"),
     ({"advantage": {"min_std": 0}}, "spec.advantage.min_std", "spec.advantage.min_std"),
     ({"advantage": {"std_normalize": "yes"}}, "spec.advantage.std_normalize", "spec.advantage.std_normalize"),
-    ({"loss": {"std_normalize_advantages": True}, "advantage": {"std_normalize": False}},
-     "spec.advantage.std_normalize", "spec.advantage"),
-]  # fmt: skip
+    (
+        {"loss": {"std_normalize_advantages": True}, "advantage": {"std_normalize": False}},
+        "spec.advantage.std_normalize",
+        "spec.advantage",
+    ),
+]
 
 
 @pytest.mark.parametrize(("change", "crd_field", "spec_field"), INVALID, ids=[str(c[0]) for c in INVALID])

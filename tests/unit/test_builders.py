@@ -304,12 +304,35 @@ def test_a_two_node_trainer_is_one_pod_per_node_with_stable_dns_names_behind_a_h
         # torchrun gives its ranks the pod's grace period after a SIGTERM, not its default 30 s
         assert {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": "120"} in container["env"]
         assert container["command"] == [
-            "torchrun", "--nnodes", "2", "--nproc-per-node", "4", "--node-rank", str(node),
-            "--master-addr", "trainer-0.demo-trainer.team-a.svc", "--master-port", "29500",
-            "--rdzv-conf", "timeout=1800", "--max-restarts", "0", "--no-python",
-            "rlrun", "trainer", "/etc/rlrun/rlrun.yaml", "--run-dir", "/var/lib/rlrun/run",
-            "--cache-dir", "/var/lib/rlrun/cache", "--attempt", "3", "--run-uid", "1234-uid", "--resume",
-        ]  # fmt: skip
+            "torchrun",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "4",
+            "--node-rank",
+            str(node),
+            "--master-addr",
+            "trainer-0.demo-trainer.team-a.svc",
+            "--master-port",
+            "29500",
+            "--rdzv-conf",
+            "timeout=1800",
+            "--max-restarts",
+            "0",
+            "--no-python",
+            "rlrun",
+            "trainer",
+            "/etc/rlrun/rlrun.yaml",
+            "--run-dir",
+            "/var/lib/rlrun/run",
+            "--cache-dir",
+            "/var/lib/rlrun/cache",
+            "--attempt",
+            "3",
+            "--run-uid",
+            "1234-uid",
+            "--resume",
+        ]
     assert naming.trainer_node_address("demo", "team-a") == "trainer-0.demo-trainer.team-a.svc"
 
 
@@ -408,10 +431,17 @@ def test_a_roles_volumes_and_env_reach_its_pods_read_only_after_rlruns_own():
             "image": "registry.example/my-env:1",
             "volumes": [
                 dataset,
-                {"name": "conf", "mount_path": "/etc/my-env", "config_map": {"name": "my-env.conf",
-                                                                             "items": [{"key": "a", "path": "a.yaml"}]}},
-                {"name": "scratch", "mount_path": "/scratch", "read_only": False,
-                 "persistent_volume_claim": {"claim_name": "scratch"}},
+                {
+                    "name": "conf",
+                    "mount_path": "/etc/my-env",
+                    "config_map": {"name": "my-env.conf", "items": [{"key": "a", "path": "a.yaml"}]},
+                },
+                {
+                    "name": "scratch",
+                    "mount_path": "/scratch",
+                    "read_only": False,
+                    "persistent_volume_claim": {"claim_name": "scratch"},
+                },
                 {"name": "creds", "mount_path": "/var/run/creds", "secret": {"secret_name": "creds"}},
             ],
             "env": [
@@ -422,7 +452,7 @@ def test_a_roles_volumes_and_env_reach_its_pods_read_only_after_rlruns_own():
         },
         trainer={"nodes": 2, "volumes": [dataset], "env": [{"name": "OMP_NUM_THREADS", "value": "8"}]},
         rollout={"replicas": 2},
-    )  # fmt: skip
+    )
     pods = pods_by_component(build_pods(body, run, SETTINGS, 1))
     (orchestrator,) = pods[naming.ORCHESTRATOR]
     spec, container = orchestrator["spec"], orchestrator["spec"]["containers"][0]

@@ -53,8 +53,13 @@ def test_group_with_fresh_members_gets_its_cancelled_members_requested_again(sta
     assert list(source.resume_requests) == [GroupRequest(7, task(7), 2, first_member=4)]
     assert [e.member for e in sink.open_groups[7].episodes] == [0, 1]
     assert events(ledger)[-1] | {"t": 0} == {
-        "e": "cancelled", "t": 0, "group": 7, "first_member": 2, "members": 2, "reason": "stale",
-    }  # fmt: skip
+        "e": "cancelled",
+        "t": 0,
+        "group": 7,
+        "first_member": 2,
+        "members": 2,
+        "reason": "stale",
+    }
 
 
 def test_group_whose_members_all_aged_out_is_abandoned_and_the_stale_ones_counted(stages):

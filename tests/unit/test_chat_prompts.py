@@ -81,9 +81,15 @@ async def test_the_trainer_trains_exactly_the_ids_and_logprobs_the_server_return
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     envs = [{"name": "dataset", "args": {"path": str(data), "system_prompt": "rev"}, "rewards": [{"name": "lcs"}]}]
     spec = parse(
-        "chat", envs=envs, group_size=4, batch_size=8, max_off_policy_steps=1, max_steps=3,
-        sampling={"max_tokens": 14}, checkpoint={"interval": 1, "keep_last": 2},
-    ).spec  # fmt: skip
+        "chat",
+        envs=envs,
+        group_size=4,
+        batch_size=8,
+        max_off_policy_steps=1,
+        max_steps=3,
+        sampling={"max_tokens": 14},
+        checkpoint={"interval": 1, "keep_last": 2},
+    ).spec
     run_dir = RunDir(tmp_path / "run")
     recorder = Recorder()
     orch = make_orchestrator(spec, run_dir, chat_model, recorder)

@@ -112,21 +112,39 @@ INVALID = [
     ({"envs": []}, "spec.envs", "spec.envs"),
     ({"envs": [{"weight": 1}]}, "spec.envs.0.name", "spec.envs[0].name"),
     # an env's rewards: a builtin by name or a function by import path, never both
-    ({"envs": [{"name": "reverse-text", "rewards": [{"name": "exact", "function": "m:f"}]}]},
-     "spec.envs[0].rewards[0]", "spec.envs[0].rewards[0]"),
-    ({"envs": [{"name": "reverse-text", "rewards": [{"weight": 2}]}]}, "spec.envs[0].rewards[0]",
-     "spec.envs[0].rewards[0]"),
-    ({"envs": [{"name": "reverse-text", "rewards": [{"function": "m:f", "args": {"k": 1}}]}]},
-     "spec.envs[0].rewards[0].args", "spec.envs[0].rewards[0]"),
-    ({"envs": [{"name": "reverse-text", "rewards": [{"function": "not a path"}]}]},
-     "spec.envs.0.rewards.0.function", "spec.envs[0].rewards[0].function"),
-    ({"envs": [{"name": "reverse-text", "reward_timeout_seconds": 0}]}, "spec.envs.0.reward_timeout_seconds",
-     "spec.envs[0].reward_timeout_seconds"),
+    (
+        {"envs": [{"name": "reverse-text", "rewards": [{"name": "exact", "function": "m:f"}]}]},
+        "spec.envs[0].rewards[0]",
+        "spec.envs[0].rewards[0]",
+    ),
+    (
+        {"envs": [{"name": "reverse-text", "rewards": [{"weight": 2}]}]},
+        "spec.envs[0].rewards[0]",
+        "spec.envs[0].rewards[0]",
+    ),
+    (
+        {"envs": [{"name": "reverse-text", "rewards": [{"function": "m:f", "args": {"k": 1}}]}]},
+        "spec.envs[0].rewards[0].args",
+        "spec.envs[0].rewards[0]",
+    ),
+    (
+        {"envs": [{"name": "reverse-text", "rewards": [{"function": "not a path"}]}]},
+        "spec.envs.0.rewards.0.function",
+        "spec.envs[0].rewards[0].function",
+    ),
+    (
+        {"envs": [{"name": "reverse-text", "reward_timeout_seconds": 0}]},
+        "spec.envs.0.reward_timeout_seconds",
+        "spec.envs[0].reward_timeout_seconds",
+    ),
     ({"model": {"builtin": "gpt-9"}}, "spec.model.builtin", "spec.model.builtin"),
     ({"model": {"builtin": "tiny-reverse", "name": "Qwen/Qwen3-0.6B"}}, "spec.model", "spec.model"),
     ({"model": {}}, "spec.model", "spec.model"),
-    ({"model": {"builtin": "tiny-reverse", "lora": {"dropout": 0.1}}}, "spec.model.lora.dropout",
-     "spec.model.lora.dropout"),
+    (
+        {"model": {"builtin": "tiny-reverse", "lora": {"dropout": 0.1}}},
+        "spec.model.lora.dropout",
+        "spec.model.lora.dropout",
+    ),
     ({"group_sise": 4}, "spec.group_sise", "spec.group_sise"),
     ({"sampling": {"temperature": 0}}, "spec.sampling.temperature", "spec.sampling.temperature"),
     ({"sampling": {"top_p": 1.5}}, "spec.sampling.top_p", "spec.sampling.top_p"),
@@ -134,19 +152,30 @@ INVALID = [
     ({"checkpoint": {"keep_last": 0}}, "spec.checkpoint.keep_last", "spec.checkpoint.keep_last"),
     ({"rollout": {"replicas": 0}}, "spec.rollout.replicas", "spec.rollout.replicas"),
     ({"rollout": {"max_inflight": 4}}, "spec.rollout.max_inflight", "spec.rollout"),
-    ({"rollout": {"resources": {"requests": {"memory": "lots"}}}}, "spec.rollout.resources.requests.memory",
-     "spec.rollout.resources.requests.memory"),
-    ({"rollout": {"gpu_memory_utilization": 1.2}}, "spec.rollout.gpu_memory_utilization",
-     "spec.rollout.gpu_memory_utilization"),
-    ({"rollout": {"gpu_memory_utilization": 0}}, "spec.rollout.gpu_memory_utilization",
-     "spec.rollout.gpu_memory_utilization"),
+    (
+        {"rollout": {"resources": {"requests": {"memory": "lots"}}}},
+        "spec.rollout.resources.requests.memory",
+        "spec.rollout.resources.requests.memory",
+    ),
+    (
+        {"rollout": {"gpu_memory_utilization": 1.2}},
+        "spec.rollout.gpu_memory_utilization",
+        "spec.rollout.gpu_memory_utilization",
+    ),
+    (
+        {"rollout": {"gpu_memory_utilization": 0}},
+        "spec.rollout.gpu_memory_utilization",
+        "spec.rollout.gpu_memory_utilization",
+    ),
     # vLLM arguments rlrun sets itself (the CRD: as written in full; rlrun.manifest: every spelling)
-    ({"rollout": {"vllm_args": ["--enable-prefix-caching", "--tensor-parallel-size", "2"]}},
-     "spec.rollout.vllm_args[1]", "spec.rollout.vllm_args"),
+    (
+        {"rollout": {"vllm_args": ["--enable-prefix-caching", "--tensor-parallel-size", "2"]}},
+        "spec.rollout.vllm_args[1]",
+        "spec.rollout.vllm_args",
+    ),
     ({"rollout": {"vllm_args": ["--dtype=float16"]}}, "spec.rollout.vllm_args[0]", "spec.rollout.vllm_args"),
     ({"rollout": {"vllm_args": ["-tp", "2"]}}, "spec.rollout.vllm_args[0]", "spec.rollout.vllm_args"),
-    ({"rollout": {"vllm_args": ["--served_model_name", "x"]}}, "spec.rollout.vllm_args[0]",
-     "spec.rollout.vllm_args"),
+    ({"rollout": {"vllm_args": ["--served_model_name", "x"]}}, "spec.rollout.vllm_args[0]", "spec.rollout.vllm_args"),
     ({"rollout": {"vllm_args": ["--max-num-seqs 64"]}}, "spec.rollout.vllm_args[0]", "spec.rollout.vllm_args"),
     ({"rollout": {"vllm_args": [""]}}, "spec.rollout.vllm_args.0", "spec.rollout.vllm_args[0]"),
     ({"trainer": {"gpus": -1}}, "spec.trainer.gpus", "spec.trainer.gpus"),
@@ -154,10 +183,16 @@ INVALID = [
     ({"trainer": {"nodes": 0}}, "spec.trainer.nodes", "spec.trainer.nodes"),
     ({"trainer": {"nodes": "2"}}, "spec.trainer.nodes", "spec.trainer.nodes"),
     ({"trainer": {"processes_per_node": 17}}, "spec.trainer.processes_per_node", "spec.trainer.processes_per_node"),
-    ({"trainer": {"gpus": 2, "processes_per_node": 4}}, "spec.trainer.processes_per_node",
-     "spec.trainer.processes_per_node"),
-    ({"preemption": {"snapshot_timeout_seconds": 120, "termination_grace_period_seconds": 60}},
-     "spec.preemption.termination_grace_period_seconds", "spec.preemption.termination_grace_period_seconds"),
+    (
+        {"trainer": {"gpus": 2, "processes_per_node": 4}},
+        "spec.trainer.processes_per_node",
+        "spec.trainer.processes_per_node",
+    ),
+    (
+        {"preemption": {"snapshot_timeout_seconds": 120, "termination_grace_period_seconds": 60}},
+        "spec.preemption.termination_grace_period_seconds",
+        "spec.preemption.termination_grace_period_seconds",
+    ),
     ({"storage": {"retention_policy": "Keep"}}, "spec.storage.retention_policy", "spec.storage.retention_policy"),
     ({"storage": {"existing_claim": "Bad_Name"}}, "spec.storage.existing_claim", "spec.storage.existing_claim"),
     ({"storage": {"access_modes": ["ReadMostly"]}}, "spec.storage.access_modes.0", "spec.storage.access_modes[0]"),
@@ -172,64 +207,158 @@ INVALID = [
     ({"loss": {"aggregation": "seq_mean"}}, "spec.loss.aggregation", "spec.loss.aggregation"),
     ({"loss": {"kl_coef": -0.1}}, "spec.loss.kl_coef", "spec.loss.kl_coef"),
     ({"loss": {"kl_estimator": "k4"}}, "spec.loss.kl_estimator", "spec.loss.kl_estimator"),
-    ({"loss": {"importance_correction": {"mode": "clip"}}}, "spec.loss.importance_correction.mode",
-     "spec.loss.importance_correction.mode"),
-    ({"loss": {"importance_correction": {"mode": "truncate", "cap": 0.5}}}, "spec.loss.importance_correction.cap",
-     "spec.loss.importance_correction.cap"),
-    ({"loss": {"importance_correction": {"mode": "mask", "low": 1.0, "high": 1.0}}},
-     "spec.loss.importance_correction.high", "spec.loss.importance_correction.high"),
-    ({"loss": {"importance_correction": {"mode": "mask", "low": 2.0, "high": 1.5}}},
-     "spec.loss.importance_correction.low", "spec.loss.importance_correction.low"),
+    (
+        {"loss": {"importance_correction": {"mode": "clip"}}},
+        "spec.loss.importance_correction.mode",
+        "spec.loss.importance_correction.mode",
+    ),
+    (
+        {"loss": {"importance_correction": {"mode": "truncate", "cap": 0.5}}},
+        "spec.loss.importance_correction.cap",
+        "spec.loss.importance_correction.cap",
+    ),
+    (
+        {"loss": {"importance_correction": {"mode": "mask", "low": 1.0, "high": 1.0}}},
+        "spec.loss.importance_correction.high",
+        "spec.loss.importance_correction.high",
+    ),
+    (
+        {"loss": {"importance_correction": {"mode": "mask", "low": 2.0, "high": 1.5}}},
+        "spec.loss.importance_correction.low",
+        "spec.loss.importance_correction.low",
+    ),
     # the curriculum (issue 48): a known policy, pools by increasing pass rate up to 1, weights above 0
     ({"curriculum": {"policy": "greso"}}, "spec.curriculum.policy", "spec.curriculum.policy"),
-    ({"curriculum": {"pools": [{"max_pass_rate": 0.5, "weight": 1}, {"max_pass_rate": 0.25, "weight": 1},
-                               {"max_pass_rate": 1, "weight": 1}]}}, "spec.curriculum.pools", "spec.curriculum.pools"),
-    ({"curriculum": {"pools": [{"max_pass_rate": 0.5, "weight": 1}]}}, "spec.curriculum.pools",
-     "spec.curriculum.pools"),
-    ({"curriculum": {"pools": [{"max_pass_rate": 1, "weight": 0}]}}, "spec.curriculum.pools.0.weight",
-     "spec.curriculum.pools[0].weight"),
-    ({"curriculum": {"pools": [{"max_pass_rate": 1.5, "weight": 1}]}}, "spec.curriculum.pools.0.max_pass_rate",
-     "spec.curriculum.pools[0].max_pass_rate"),
+    (
+        {
+            "curriculum": {
+                "pools": [
+                    {"max_pass_rate": 0.5, "weight": 1},
+                    {"max_pass_rate": 0.25, "weight": 1},
+                    {"max_pass_rate": 1, "weight": 1},
+                ]
+            }
+        },
+        "spec.curriculum.pools",
+        "spec.curriculum.pools",
+    ),
+    (
+        {"curriculum": {"pools": [{"max_pass_rate": 0.5, "weight": 1}]}},
+        "spec.curriculum.pools",
+        "spec.curriculum.pools",
+    ),
+    (
+        {"curriculum": {"pools": [{"max_pass_rate": 1, "weight": 0}]}},
+        "spec.curriculum.pools.0.weight",
+        "spec.curriculum.pools[0].weight",
+    ),
+    (
+        {"curriculum": {"pools": [{"max_pass_rate": 1.5, "weight": 1}]}},
+        "spec.curriculum.pools.0.max_pass_rate",
+        "spec.curriculum.pools[0].max_pass_rate",
+    ),
     ({"curriculum": {"max_skip": 1}}, "spec.curriculum.max_skip", "spec.curriculum.max_skip"),
-    ({"scheduling": {"node_selector": {"pool": 3}}}, "spec.scheduling.node_selector.pool",
-     "spec.scheduling.node_selector.pool"),
+    (
+        {"scheduling": {"node_selector": {"pool": 3}}},
+        "spec.scheduling.node_selector.pool",
+        "spec.scheduling.node_selector.pool",
+    ),
     # a role's volumes and env: a restricted Kubernetes Volume / EnvVar, kept apart from rlrun's own
-    ({"orchestrator": {"volumes": [{**CLAIM, "config_map": {"name": "cfg"}}]}}, "spec.orchestrator.volumes[0]",
-     "spec.orchestrator.volumes[0]"),
-    ({"orchestrator": {"volumes": [{"name": "ds", "mount_path": "/data"}]}}, "spec.orchestrator.volumes[0]",
-     "spec.orchestrator.volumes[0]"),
-    ({"orchestrator": {"volumes": [{**CLAIM, "mount_path": "data"}]}}, "spec.orchestrator.volumes.0.mount_path",
-     "spec.orchestrator.volumes[0].mount_path"),
-    ({"orchestrator": {"volumes": [{**CLAIM, "mount_path": "/data/../etc"}]}},
-     "spec.orchestrator.volumes.0.mount_path", "spec.orchestrator.volumes[0].mount_path"),
-    ({"trainer": {"volumes": [{**CLAIM, "mount_path": "/var/lib/rlrun/run/data"}]}},
-     "spec.trainer.volumes[0].mount_path", "spec.trainer.volumes[0].mount_path"),
-    ({"trainer": {"volumes": [{**CLAIM, "mount_path": "/var"}]}}, "spec.trainer.volumes[0].mount_path",
-     "spec.trainer.volumes[0].mount_path"),
-    ({"trainer": {"volumes": [{**CLAIM, "name": "data"}]}}, "spec.trainer.volumes[0].name",
-     "spec.trainer.volumes[0].name"),
+    (
+        {"orchestrator": {"volumes": [{**CLAIM, "config_map": {"name": "cfg"}}]}},
+        "spec.orchestrator.volumes[0]",
+        "spec.orchestrator.volumes[0]",
+    ),
+    (
+        {"orchestrator": {"volumes": [{"name": "ds", "mount_path": "/data"}]}},
+        "spec.orchestrator.volumes[0]",
+        "spec.orchestrator.volumes[0]",
+    ),
+    (
+        {"orchestrator": {"volumes": [{**CLAIM, "mount_path": "data"}]}},
+        "spec.orchestrator.volumes.0.mount_path",
+        "spec.orchestrator.volumes[0].mount_path",
+    ),
+    (
+        {"orchestrator": {"volumes": [{**CLAIM, "mount_path": "/data/../etc"}]}},
+        "spec.orchestrator.volumes.0.mount_path",
+        "spec.orchestrator.volumes[0].mount_path",
+    ),
+    (
+        {"trainer": {"volumes": [{**CLAIM, "mount_path": "/var/lib/rlrun/run/data"}]}},
+        "spec.trainer.volumes[0].mount_path",
+        "spec.trainer.volumes[0].mount_path",
+    ),
+    (
+        {"trainer": {"volumes": [{**CLAIM, "mount_path": "/var"}]}},
+        "spec.trainer.volumes[0].mount_path",
+        "spec.trainer.volumes[0].mount_path",
+    ),
+    (
+        {"trainer": {"volumes": [{**CLAIM, "name": "data"}]}},
+        "spec.trainer.volumes[0].name",
+        "spec.trainer.volumes[0].name",
+    ),
     ({"rollout": {"volumes": [CLAIM, {**CLAIM, "name": "ds2"}]}}, "spec.rollout.volumes", "spec.rollout.volumes"),
-    ({"orchestrator": {"volumes": [{**CLAIM, "mountPath": "/data"}]}}, "spec.orchestrator.volumes.0.mountPath",
-     "spec.orchestrator.volumes[0].mountPath"),
-    ({"orchestrator": {"volumes": [{**CLAIM, "read_only": "true"}]}}, "spec.orchestrator.volumes.0.read_only",
-     "spec.orchestrator.volumes[0].read_only"),
-    ({"orchestrator": {"volumes": [{"name": "cfg", "mount_path": "/cfg",
-                                    "config_map": {"name": "cfg", "items": [{"key": "a", "path": "../a"}]}}]}},
-     "spec.orchestrator.volumes.0.config_map.items.0.path", "spec.orchestrator.volumes[0].config_map.items[0].path"),
-    ({"orchestrator": {"env": [{"name": "HOME", "value": "/root"}]}}, "spec.orchestrator.env[0].name",
-     "spec.orchestrator.env[0].name"),
-    ({"trainer": {"env": [{"name": "RLRUN_CACHE_DIR", "value": "/x"}]}}, "spec.trainer.env[0].name",
-     "spec.trainer.env[0].name"),
+    (
+        {"orchestrator": {"volumes": [{**CLAIM, "mountPath": "/data"}]}},
+        "spec.orchestrator.volumes.0.mountPath",
+        "spec.orchestrator.volumes[0].mountPath",
+    ),
+    (
+        {"orchestrator": {"volumes": [{**CLAIM, "read_only": "true"}]}},
+        "spec.orchestrator.volumes.0.read_only",
+        "spec.orchestrator.volumes[0].read_only",
+    ),
+    (
+        {
+            "orchestrator": {
+                "volumes": [
+                    {
+                        "name": "cfg",
+                        "mount_path": "/cfg",
+                        "config_map": {"name": "cfg", "items": [{"key": "a", "path": "../a"}]},
+                    }
+                ]
+            }
+        },
+        "spec.orchestrator.volumes.0.config_map.items.0.path",
+        "spec.orchestrator.volumes[0].config_map.items[0].path",
+    ),
+    (
+        {"orchestrator": {"env": [{"name": "HOME", "value": "/root"}]}},
+        "spec.orchestrator.env[0].name",
+        "spec.orchestrator.env[0].name",
+    ),
+    (
+        {"trainer": {"env": [{"name": "RLRUN_CACHE_DIR", "value": "/x"}]}},
+        "spec.trainer.env[0].name",
+        "spec.trainer.env[0].name",
+    ),
     ({"trainer": {"env": [{"name": "1ST", "value": "x"}]}}, "spec.trainer.env.0.name", "spec.trainer.env[0].name"),
     ({"rollout": {"env": [{"name": "TOKEN"}]}}, "spec.rollout.env[0]", "spec.rollout.env[0]"),
-    ({"rollout": {"env": [{"name": "TOKEN", "value": "x", "value_from": SECRET_REF}]}}, "spec.rollout.env[0]",
-     "spec.rollout.env[0]"),
-    ({"rollout": {"env": [{"name": "TOKEN", "value_from": {**SECRET_REF, "config_map_key_ref": {"name": "c",
-                                                                                              "key": "k"}}}]}},
-     "spec.rollout.env[0].value_from", "spec.rollout.env[0].value_from"),
-    ({"rollout": {"env": [{"name": "TOKEN", "value_from": {"secret_key_ref": {"name": "Creds", "key": "k"}}}]}},
-     "spec.rollout.env.0.value_from.secret_key_ref.name", "spec.rollout.env[0].value_from.secret_key_ref.name"),
-]  # fmt: skip
+    (
+        {"rollout": {"env": [{"name": "TOKEN", "value": "x", "value_from": SECRET_REF}]}},
+        "spec.rollout.env[0]",
+        "spec.rollout.env[0]",
+    ),
+    (
+        {
+            "rollout": {
+                "env": [
+                    {"name": "TOKEN", "value_from": {**SECRET_REF, "config_map_key_ref": {"name": "c", "key": "k"}}}
+                ]
+            }
+        },
+        "spec.rollout.env[0].value_from",
+        "spec.rollout.env[0].value_from",
+    ),
+    (
+        {"rollout": {"env": [{"name": "TOKEN", "value_from": {"secret_key_ref": {"name": "Creds", "key": "k"}}}]}},
+        "spec.rollout.env.0.value_from.secret_key_ref.name",
+        "spec.rollout.env[0].value_from.secret_key_ref.name",
+    ),
+]
 
 
 @pytest.mark.parametrize(("change", "crd_field", "spec_field"), INVALID, ids=[str(c[0]) for c in INVALID])
@@ -300,11 +429,18 @@ def test_a_roles_volumes_and_env_pass_the_crd_read_only_unless_said_otherwise():
     """Every source of a volume and of a variable passes both checks; a volume is read-only by default on both."""
     volumes = [
         CLAIM,
-        {"name": "rewards-conf", "mount_path": "/etc/my-env", "config_map": {"name": "my-env.conf",
-                                                                             "items": [{"key": "a.yaml", "path": "conf/a.yaml"}]}},
-        {"name": "creds", "mount_path": "/home/user/.cache/creds", "read_only": False,
-         "secret": {"secret_name": "creds"}},
-    ]  # fmt: skip
+        {
+            "name": "rewards-conf",
+            "mount_path": "/etc/my-env",
+            "config_map": {"name": "my-env.conf", "items": [{"key": "a.yaml", "path": "conf/a.yaml"}]},
+        },
+        {
+            "name": "creds",
+            "mount_path": "/home/user/.cache/creds",
+            "read_only": False,
+            "secret": {"secret_name": "creds"},
+        },
+    ]
     env = [
         {"name": "HF_TOKEN", "value_from": SECRET_REF},
         {"name": "MY_ENV_MODE", "value_from": {"config_map_key_ref": {"name": "my-env.conf", "key": "mode"}}},

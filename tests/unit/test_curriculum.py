@@ -40,8 +40,9 @@ ROWS = 60
 
 def dataset(tmp_path, rows: int = ROWS, offset: int = 0):
     path = tmp_path / "data.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"{i + offset}+1=", "answer": str(i + offset + 1)}) + "\n"
-                            for i in range(rows)))  # fmt: skip
+    path.write_text(
+        "".join(json.dumps({"prompt": f"{i + offset}+1=", "answer": str(i + offset + 1)}) + "\n" for i in range(rows))
+    )
     return make_env(EnvSpec(name="dataset", args={"path": str(path), "prompt": "prompt", "answer": "answer"}))
 
 
@@ -283,10 +284,16 @@ async def test_the_state_a_real_checkpoint_holds_is_what_a_resumed_attempt_resto
     data = tmp_path / "words.jsonl"  # the fake server reverses a prompt: short words are solved by every member
     data.write_text("".join(json.dumps({"prompt": f"{w}=", "answer": w[::-1]}) + "\n" for w in words))
     run_spec = parse(
-        "curriculum", group_size=4, batch_size=8, max_steps=8, seed=1, curriculum={"policy": "skip"},
+        "curriculum",
+        group_size=4,
+        batch_size=8,
+        max_steps=8,
+        seed=1,
+        curriculum={"policy": "skip"},
         envs=[{"name": "dataset", "args": {"path": str(data), "prompt": "prompt", "answer": "answer"}}],
-        checkpoint={"interval": 4, "keep_last": 2}, rollout={"max_inflight": 32},
-    ).spec  # fmt: skip
+        checkpoint={"interval": 4, "keep_last": 2},
+        rollout={"max_inflight": 32},
+    ).spec
     run_dir = RunDir(tmp_path / "run")
     first = make_orchestrator(run_spec, run_dir, tiny_model, fake_vllm_transport(error_rate=0.05, seed=1))
     stop = start_fake_trainer(run_dir, tiny_model, first.max_steps, 4, attempt=1)

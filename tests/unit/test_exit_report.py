@@ -86,9 +86,19 @@ def test_orchestrator_that_ships_every_step_reports_complete(tmp_path, tiny_mode
     stop = start_fake_trainer(run_dir, tiny_model, 2, 1, attempt=attempt)
     try:
         result = run_cli(
-            "orchestrator", manifest, "--run-dir", run_dir.root, "--cache-dir", cache_dir,
-            "--rollout-url", "http://fake-rollout:1", "--attempt", "0", "--run-uid", "uid-a",
-        )  # fmt: skip
+            "orchestrator",
+            manifest,
+            "--run-dir",
+            run_dir.root,
+            "--cache-dir",
+            cache_dir,
+            "--rollout-url",
+            "http://fake-rollout:1",
+            "--attempt",
+            "0",
+            "--run-uid",
+            "uid-a",
+        )
     finally:
         stop.set()
     assert result.exit_code == 0, result.output
@@ -116,9 +126,17 @@ def test_orchestrator_paused_by_sigterm_reports_paused(tmp_path, tiny_model, cac
     threading.Thread(target=preempt, daemon=True).start()
     try:
         result = run_cli(
-            "orchestrator", manifest, "--run-dir", run_dir.root, "--cache-dir", cache_dir,
-            "--rollout-url", "http://fake-rollout:1", "--attempt", "1",
-        )  # fmt: skip
+            "orchestrator",
+            manifest,
+            "--run-dir",
+            run_dir.root,
+            "--cache-dir",
+            cache_dir,
+            "--rollout-url",
+            "http://fake-rollout:1",
+            "--attempt",
+            "1",
+        )
     finally:
         stop.set()
     assert result.exit_code == 0, result.output
@@ -168,8 +186,11 @@ def test_trainer_resuming_a_checkpoint_of_other_settings_reports_a_permanent_err
     assert result.exit_code == EXIT_PERMANENT == 78
     report = read_report(term_log)
     assert (report.role, report.outcome, report.permanent, report.reason) == (
-        "trainer", "error", True, "CheckpointMismatch",
-    )  # fmt: skip
+        "trainer",
+        "error",
+        True,
+        "CheckpointMismatch",
+    )
     assert report.max_steps == 2 and "spec.group_size: checkpoint has 8, manifest has 4" in report.message
 
 
@@ -179,8 +200,11 @@ def test_an_invalid_manifest_is_permanent(tmp_path, term_log):
     assert result.exit_code == 78
     report = read_report(term_log)
     assert (report.outcome, report.permanent, report.reason, report.max_steps) == (
-        "error", True, "InvalidManifest", None,
-    )  # fmt: skip
+        "error",
+        True,
+        "InvalidManifest",
+        None,
+    )
 
 
 def test_a_trainer_stopped_by_sigterm_reports_interrupted_at_its_step(term_log):

@@ -34,11 +34,18 @@ TASK = Task("reverse-text", 7, "flat is=", "si talf")
 def episodes(group: int, first: int, n: int = 2, version: int = 3) -> list[Episode]:
     return [
         Episode(
-            group, m, TASK, array("q", [5, 6, 7, 8]), array("q", [40 + m, 41, 0]),
-            array("d", [-0.125 * m, -1e-9, -3.25]), version, 0.1 + m / 3, "stop" if m % 2 else "length",
+            group,
+            m,
+            TASK,
+            array("q", [5, 6, 7, 8]),
+            array("q", [40 + m, 41, 0]),
+            array("d", [-0.125 * m, -1e-9, -3.25]),
+            version,
+            0.1 + m / 3,
+            "stop" if m % 2 else "length",
         )
         for m in range(first, first + n)
-    ]  # fmt: skip
+    ]
 
 
 def append_all(journal: Journal, records) -> list[int]:
@@ -198,8 +205,10 @@ async def test_a_cut_starts_a_new_segment_and_compaction_deletes_only_what_the_c
         journal.admitted(s)
     later = journal.cut()
     await journal.wait_durable(append_all(journal, [(6, episodes(6, 0))])[-1])
-    assert journal.compact(later) == [tmp_path / "attempt-2" / "seg-000000000000.jnl",
-                                      tmp_path / "attempt-2" / "seg-000000000005.jnl"]  # fmt: skip
+    assert journal.compact(later) == [
+        tmp_path / "attempt-2" / "seg-000000000000.jnl",
+        tmp_path / "attempt-2" / "seg-000000000005.jnl",
+    ]
     await asyncio.to_thread(journal.close)
     assert [r.seq for r in read_records(tmp_path / "attempt-2", 2)] == [6]
 

@@ -63,8 +63,10 @@ def test_the_workload_has_one_pod_set_per_component_with_the_attempts_pods_as_te
     rollout = spec["podSets"][2]["template"]["spec"]["containers"][0]["resources"]
     assert rollout["requests"] == {"cpu": "4", "nvidia.com/gpu": "1"}  # what Kueue counts against the quota
     assert (spec["priorityClassName"], spec["priorityClassSource"], spec["priority"]) == (
-        "high", "kueue.x-k8s.io/workloadpriorityclass", 1000,
-    )  # fmt: skip
+        "high",
+        "kueue.x-k8s.io/workloadpriorityclass",
+        1000,
+    )
     # the pods never carry the queue label: Kueue's pod integration must not gate them
     assert all(naming.QUEUE_LABEL not in s["template"]["metadata"]["labels"] for s in spec["podSets"])
     assert not kueue.pod_sets_differ(wl, kueue.pod_sets(pods))
@@ -101,9 +103,13 @@ def test_pending_message_is_kueues_own():
     [
         # evicted while holding quota: Kueue's reason, and why it was preempted
         (
-            (*ADMITTED, cond("Evicted", "True", "Preempted", "Preempted to accommodate a workload"),
-             cond("Preempted", "True", "InClusterQueue")),
-            True, kueue.Eviction("Preempted", "Preempted to accommodate a workload", "InClusterQueue"),
+            (
+                *ADMITTED,
+                cond("Evicted", "True", "Preempted", "Preempted to accommodate a workload"),
+                cond("Preempted", "True", "InClusterQueue"),
+            ),
+            True,
+            kueue.Eviction("Preempted", "Preempted to accommodate a workload", "InClusterQueue"),
         ),
         ((*ADMITTED, cond("Evicted", "True", "PodsReadyTimeout", "t")), False, kueue.Eviction("PodsReadyTimeout", "t")),
         # quota released already (the job side did it): nothing more to do without pods
@@ -112,7 +118,7 @@ def test_pending_message_is_kueues_own():
         ((cond("QuotaReserved", "False", "Pending", "m"),), True, kueue.Eviction("QuotaLost", "m")),
         (ADMITTED, True, None),
     ],
-)  # fmt: skip
+)
 def test_eviction(conditions, has_pods, expected):
     admission = ADMISSION if conditions[:2] == ADMITTED else None
     assert kueue.eviction(workload(*conditions, admission=admission), has_pods) == expected

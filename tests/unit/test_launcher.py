@@ -271,8 +271,15 @@ def test_only_without_preempt_at_step_is_refused(tmp_path):
 
 
 def test_the_summary_shows_held_out_evaluation_first_to_last():
-    first = {"policy_version": 0, "tasks": 100, "samples_per_task": 2, "greedy_solved": 0.11, "greedy_reward": 0.11,
-             "sampled_reward": 0.03, "pass_at_k": 0.06}  # fmt: skip
+    first = {
+        "policy_version": 0,
+        "tasks": 100,
+        "samples_per_task": 2,
+        "greedy_solved": 0.11,
+        "greedy_reward": 0.11,
+        "sampled_reward": 0.03,
+        "pass_at_k": 0.06,
+    }
     last = {**first, "policy_version": 120, "greedy_solved": 0.4, "greedy_reward": 0.4, "pass_at_k": 0.3}
     assert eval_report([first]) == [] and eval_cell([]) is None
     lines = eval_report([first, {**first, "policy_version": 60}, last])

@@ -23,12 +23,14 @@ def trained(step, *ids):
 
 def test_a_clean_run_accounts_for_every_episode(tmp_path):
     write(
-        tmp_path, 1, "orchestrator",
+        tmp_path,
+        1,
+        "orchestrator",
         *finished("1/0", "1/1", "2/0", "2/1", "3/0", "3/1"),
         (LedgerEvent.REJECTED, {"ids": ["2/0", "2/1"], "group": 2, "reason": "zero_advantage"}),
         (LedgerEvent.DROPPED_STALE, {"ids": ["3/0"], "step": 2}),
         (LedgerEvent.LEFTOVER, {"ids": ["3/1"]}),
-    )  # fmt: skip
+    )
     write(tmp_path, 1, "trainer", trained(1, "1/0", "1/1"))
     report = check_ledger(tmp_path)
     assert report.ok, report.problems
@@ -42,13 +44,15 @@ def test_the_report_says_what_the_generated_tokens_went_to(tmp_path):
     rows = [("1/0", 1.0, 10), ("1/1", 0.0, 30), ("2/0", 1.0, 4), ("2/1", 1.0, 6), ("3/0", 0.0, 8), ("3/1", 0.0, 8)]
     rows += [("4/0", 0.5, 7), ("4/1", 0.5, 9), ("5/0", 1.0, 100)]
     write(
-        tmp_path, 1, "orchestrator",
+        tmp_path,
+        1,
+        "orchestrator",
         *[(LedgerEvent.FINISHED, {"id": i, "reward": r, "v": 0, "n": n}) for i, r, n in rows],
         (LedgerEvent.REJECTED, {"ids": ["2/0", "2/1"], "group": 2, "reason": "zero_advantage"}),
         (LedgerEvent.REJECTED, {"ids": ["3/0", "3/1"], "group": 3, "reason": "zero_advantage"}),
         (LedgerEvent.REJECTED, {"ids": ["4/0", "4/1"], "group": 4, "reason": "zero_advantage"}),
         (LedgerEvent.REJECTED, {"ids": ["5/0"], "group": 5, "reason": "too_few_fresh_members"}),
-    )  # fmt: skip
+    )
     write(tmp_path, 1, "trainer", trained(1, "1/0", "1/1"))
     report = check_ledger(tmp_path)
     assert report.ok, report.problems
@@ -80,17 +84,21 @@ def test_a_step_never_trained_is_a_problem(tmp_path):
 def test_work_after_the_snapshot_a_later_attempt_resumed_from_is_rolled_back(tmp_path):
     # attempt 1: 1/0 and 1/1 finish before its checkpoint (line 2), 9/0 after it; then it dies
     write(
-        tmp_path, 1, "orchestrator",
+        tmp_path,
+        1,
+        "orchestrator",
         *finished("1/0", "1/1"),
         (LedgerEvent.CHECKPOINT, {"step": 0, "reason": "periodic", "ledger_line": 1}),
         *finished("9/0"),
-    )  # fmt: skip
+    )
     # attempt 2 resumes from that snapshot: 9/0 is regenerated as 9/1, and trains with the rest
     write(
-        tmp_path, 2, "orchestrator",
+        tmp_path,
+        2,
+        "orchestrator",
         (LedgerEvent.RESUMED, {"from_attempt": 1, "snapshot_line": 1, "step": 0}),
         *finished("9/1"),
-    )  # fmt: skip
+    )
     write(tmp_path, 2, "trainer", trained(1, "1/0", "1/1", "9/1"))
     report = check_ledger(tmp_path)
     assert report.ok, report.problems
@@ -120,11 +128,13 @@ def test_an_empty_ledger_directory_is_a_problem(tmp_path):
 def test_a_resume_from_older_than_a_completed_checkpoint_is_a_loss(tmp_path):
     # attempt 1 completed checkpoint 4; attempt 2 started over from step 0 (the checkpoint had been pruned away)
     write(
-        tmp_path, 1, "orchestrator",
+        tmp_path,
+        1,
+        "orchestrator",
         *finished("1/0", "1/1"),
         (LedgerEvent.CHECKPOINT, {"step": 0, "reason": "periodic", "ledger_line": -1}),
         (LedgerEvent.CHECKPOINT, {"step": 4, "reason": "periodic", "ledger_line": 1}),
-    )  # fmt: skip
+    )
     write(tmp_path, 1, "trainer", trained(1, "1/0", "1/1"))
     write(tmp_path, 2, "orchestrator", (LedgerEvent.RESUMED, {"from_attempt": 1, "snapshot_line": -1, "step": 0}))
     report = check_ledger(tmp_path)
@@ -136,10 +146,12 @@ def test_a_resume_from_older_than_a_completed_checkpoint_is_a_loss(tmp_path):
 
 def test_resuming_from_the_newest_completed_checkpoint_is_no_loss(tmp_path):
     write(
-        tmp_path, 1, "orchestrator",
+        tmp_path,
+        1,
+        "orchestrator",
         *finished("1/0"),
         (LedgerEvent.CHECKPOINT, {"step": 2, "reason": "periodic", "ledger_line": 0}),
-    )  # fmt: skip
+    )
     write(tmp_path, 1, "trainer", trained(1, "1/0"), trained(2))
     write(tmp_path, 2, "orchestrator", (LedgerEvent.RESUMED, {"from_attempt": 1, "snapshot_line": 0, "step": 2}))
     report = check_ledger(tmp_path)
@@ -148,10 +160,12 @@ def test_resuming_from_the_newest_completed_checkpoint_is_no_loss(tmp_path):
 
 def test_episodes_of_an_abandoned_group_are_accounted_for(tmp_path):
     write(
-        tmp_path, 1, "orchestrator",
+        tmp_path,
+        1,
+        "orchestrator",
         *finished("1/0", "1/1", "5/0"),
         (LedgerEvent.ABANDONED, {"ids": ["5/0"], "group": 5, "reason": "requests_failed"}),
-    )  # fmt: skip
+    )
     write(tmp_path, 1, "trainer", trained(1, "1/0", "1/1"))
     report = check_ledger(tmp_path)
     assert report.ok and report.abandoned == 1 and report.trained == 2, report.problems
@@ -166,11 +180,13 @@ def crash_and_resume(tmp_path, replayed_ids):
     """Attempt 1 acknowledges 1/0 and 1/1 before its checkpoint and 9/0, 9/1 after it, then is killed;
     attempt 2 resumes from that checkpoint and replays ``replayed_ids``."""
     write(
-        tmp_path, 1, "orchestrator",
+        tmp_path,
+        1,
+        "orchestrator",
         *journaled(("1/0", 0), ("1/1", 0)),
         (LedgerEvent.CHECKPOINT, {"step": 0, "reason": "periodic", "ledger_line": 1}),
         *journaled(("9/0", 1), ("9/1", 1)),
-    )  # fmt: skip
+    )
     events = [(LedgerEvent.RESUMED, {"from_attempt": 1, "snapshot_line": 1, "step": 0})]
     if replayed_ids:
         events.append((LedgerEvent.REPLAYED, {"ids": list(replayed_ids), "attempts": [1], "records": 1}))
@@ -212,18 +228,24 @@ def test_an_attempt_between_the_checkpoint_and_the_resume_is_rolled_back_and_its
     # attempt 2 resumed from attempt 1's checkpoint, replayed 9/0, and died before a checkpoint of its own;
     # attempt 3 resumes from the same checkpoint, rolls attempt 2 back whole, and replays 9/0 again
     write(
-        tmp_path, 1, "orchestrator",
+        tmp_path,
+        1,
+        "orchestrator",
         *journaled(("1/0", 0), ("1/1", 0)),
         (LedgerEvent.CHECKPOINT, {"step": 0, "reason": "periodic", "ledger_line": 1}),
         *journaled(("9/0", 1)),
-    )  # fmt: skip
+    )
     replay_9 = (LedgerEvent.REPLAYED, {"ids": ["9/0"], "attempts": [1], "records": 1})
     resume_1 = (LedgerEvent.RESUMED, {"from_attempt": 1, "snapshot_line": 1, "step": 0})
     write(tmp_path, 2, "orchestrator", resume_1, replay_9)
     write(
-        tmp_path, 3, "orchestrator",
-        resume_1, (LedgerEvent.RESUMED, {"from_attempt": 2, "snapshot_line": -1, "step": 0}), replay_9,
-    )  # fmt: skip
+        tmp_path,
+        3,
+        "orchestrator",
+        resume_1,
+        (LedgerEvent.RESUMED, {"from_attempt": 2, "snapshot_line": -1, "step": 0}),
+        replay_9,
+    )
     write(tmp_path, 3, "trainer", trained(1, "1/0", "1/1", "9/0"))
     report = check_ledger(tmp_path)
     assert report.ok, report.problems
@@ -239,12 +261,16 @@ def stopped_with_a_batch_the_trainer_never_trained(tmp_path, outcome: str | None
     ]
     stop = [] if outcome is None else [(LedgerEvent.STOPPED, {"outcome": outcome, "step": 2})]
     write(
-        tmp_path, 1, "orchestrator",
-        (LedgerEvent.STARTED, {"role": "orchestrator", "ledger_version": 2}), *dispatched,
+        tmp_path,
+        1,
+        "orchestrator",
+        (LedgerEvent.STARTED, {"role": "orchestrator", "ledger_version": 2}),
+        *dispatched,
         *finished("0/0", "0/1", "1/0", "1/1"),
-        (LedgerEvent.SHIPPED, {"step": 1, "ids": ["0/0", "0/1"]}), (LedgerEvent.SHIPPED, {"step": 2, "ids": ["1/0", "1/1"]}),
+        (LedgerEvent.SHIPPED, {"step": 1, "ids": ["0/0", "0/1"]}),
+        (LedgerEvent.SHIPPED, {"step": 2, "ids": ["1/0", "1/1"]}),
         *stop,
-    )  # fmt: skip
+    )
     write(tmp_path, 1, "trainer", trained(1, "0/0", "0/1"))
     return check_ledger(tmp_path)
 

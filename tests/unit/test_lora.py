@@ -27,8 +27,15 @@ IDS = torch.tensor([[3, 17, 42, 8, 61, 5]])
 
 def _base(seed: int = 0) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
     return Qwen3ForCausalLM(config)
 
 
@@ -114,8 +121,10 @@ def test_the_adapter_dir_is_peft_s_layout_and_loads_with_peft_giving_the_same_lo
     _moved(adapter)
     state = adapter_state(adapter, single_process())
     assert "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight" in state
-    assert all(k.startswith("base_model.model.model.layers.") and k.endswith((".lora_A.weight", ".lora_B.weight"))
-               for k in state)  # fmt: skip
+    assert all(
+        k.startswith("base_model.model.model.layers.") and k.endswith((".lora_A.weight", ".lora_B.weight"))
+        for k in state
+    )
     assert len(state) == 2 * 3 * 2 and all(v.dtype == torch.float32 for v in state.values())
     (tmp_path / "adapter").mkdir()
     save_adapter(tmp_path / "adapter", state, adapter)
@@ -174,9 +183,11 @@ def test_a_lora_checkpoint_resumed_without_lora_and_the_reverse_are_refused_sayi
     lora, full = parse(model=LORA).spec, parse().spec
     with pytest.raises(CheckpointMismatch) as info:
         check_compatible(run_identity(lora, base_model="b"), full, "ckpt")
-    assert "spec.model.lora: the checkpoint trained a LoRA adapter (rank 8, alpha 32.0, dropout 0.0, " \
-           "target_modules ['q_proj', 'v_proj']) and the manifest has no spec.model.lora (full fine-tuning): its " \
-           "parts hold the adapter alone" in str(info.value)  # fmt: skip
+    assert (
+        "spec.model.lora: the checkpoint trained a LoRA adapter (rank 8, alpha 32.0, dropout 0.0, "
+        "target_modules ['q_proj', 'v_proj']) and the manifest has no spec.model.lora (full fine-tuning): its "
+        "parts hold the adapter alone" in str(info.value)
+    )
     with pytest.raises(CheckpointMismatch, match="the checkpoint trained every weight of the model"):
         check_compatible(run_identity(full), lora, "ckpt", base_model="b")
     # a checkpoint from before LoRA (no `lora` key) trained every weight: it resumes without LoRA, not with it

@@ -53,8 +53,13 @@ def test_a_lora_run_writes_the_adapter_alone_and_resumes_with_the_uninterrupted_
     assert all(torch.equal(now[k], v) for k, v in base.items())
     # broadcasts and parts: the adapter alone (tiny-reverse: 2.5 MB of weights; this adapter: 56 kB in float32)
     part = whole_dir.trainer_checkpoint(2)
-    assert {p.name for p in part.iterdir()} == {ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, "optimizer.pt",
-                                                "progress.json", "meta.json"}  # fmt: skip
+    assert {p.name for p in part.iterdir()} == {
+        ADAPTER_CONFIG_FILE,
+        ADAPTER_WEIGHTS_FILE,
+        "optimizer.pt",
+        "progress.json",
+        "meta.json",
+    }
     adapter_bytes = (part / ADAPTER_WEIGHTS_FILE).stat().st_size
     params = sum(p.numel() for p in whole.policy.model.parameters() if p.requires_grad)
     assert params == 4 * (4 * 128 + 128 * 4 + 4 * 128 + 64 * 4 + 4 * 256 + 128 * 4)  # 4 layers: q, v, down
@@ -91,8 +96,12 @@ def test_a_lora_run_writes_the_adapter_alone_and_resumes_with_the_uninterrupted_
 
     # the same part resumed by a run without LoRA is refused, saying why (exit 78)
     with pytest.raises(CheckpointMismatch, match=r"the checkpoint trained a LoRA adapter .* hold the adapter alone"):
-        Trainer(parse("lora", max_steps=3, checkpoint={"interval": 2}, optimizer={"lr": 0.01}).spec, run_dir,
-                str(tiny_model), resume=True)  # fmt: skip
+        Trainer(
+            parse("lora", max_steps=3, checkpoint={"interval": 2}, optimizer={"lr": 0.01}).spec,
+            run_dir,
+            str(tiny_model),
+            resume=True,
+        )
 
 
 def test_the_kl_reference_of_a_lora_run_is_its_base_model_with_no_second_copy(tmp_path, tiny_model):

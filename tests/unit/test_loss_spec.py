@@ -44,14 +44,31 @@ def test_the_clip_shorthand_and_the_defaults_resolve_to_both_sides(loss, low, hi
 
 def test_the_step_computes_with_the_manifests_loss():
     run = parse(
-        batch_size=32, sampling={"max_tokens": 48},
-        loss={"objective": "gspo", "clip_high": 0.28, "dual_clip": 3.0, "aggregation": "constant", "kl_coef": 0.01,
-              "kl_estimator": "k1", "importance_correction": {"mode": "mask", "level": "sequence", "low": 0.9,
-                                                              "high": 1.2}},
-    )  # fmt: skip
+        batch_size=32,
+        sampling={"max_tokens": 48},
+        loss={
+            "objective": "gspo",
+            "clip_high": 0.28,
+            "dual_clip": 3.0,
+            "aggregation": "constant",
+            "kl_coef": 0.01,
+            "kl_estimator": "k1",
+            "importance_correction": {"mode": "mask", "level": "sequence", "low": 0.9, "high": 1.2},
+        },
+    )
     assert LossSettings.from_spec(run.spec) == LossSettings(
-        objective="gspo", epsilon_low=0.2, epsilon_high=0.28, dual_clip=3.0, aggregation="constant",
-        constant=32 * 48, kl_coef=0.01, kl_estimator="k1", correction="mask", correction_level="sequence", cap=2.0,
-        low=0.9, high=1.2,
-    )  # fmt: skip
+        objective="gspo",
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        dual_clip=3.0,
+        aggregation="constant",
+        constant=32 * 48,
+        kl_coef=0.01,
+        kl_estimator="k1",
+        correction="mask",
+        correction_level="sequence",
+        cap=2.0,
+        low=0.9,
+        high=1.2,
+    )
     assert LossSettings.from_spec(parse().spec) == LossSettings(constant=64 * 24)  # today's loss

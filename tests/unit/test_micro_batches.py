@@ -97,10 +97,14 @@ def test_packed_micro_batches_give_the_models_logprobs_of_each_sample_alone(tiny
     assert any((mb.position_ids[:, 1:] == 0).any() for mb in mbs)  # some row holds more than one sample
     with torch.no_grad():
         alone = torch.cat(
-            [token_logprobs(model(input_ids=batch.input_ids[i : i + 1, :n], use_cache=False).logits,
-                            batch.input_ids[i : i + 1, :n])[batch.loss_mask[i : i + 1, : n - 1]]
-             for i, n in enumerate(batch.attention_mask.sum(1).tolist())]
-        )  # fmt: skip
+            [
+                token_logprobs(
+                    model(input_ids=batch.input_ids[i : i + 1, :n], use_cache=False).logits,
+                    batch.input_ids[i : i + 1, :n],
+                )[batch.loss_mask[i : i + 1, : n - 1]]
+                for i, n in enumerate(batch.attention_mask.sum(1).tolist())
+            ]
+        )
         packed = []
         for mb in mbs:
             logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits

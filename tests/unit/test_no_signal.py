@@ -42,9 +42,12 @@ def spec(**overrides):
 
 def counters(zero_spread: int, solved: int = 0, same_wrong: int = 0, batches: int = 0) -> SinkCounters:
     return SinkCounters(
-        groups_rejected=zero_spread, groups_rejected_zero_spread=zero_spread, groups_rejected_solved=solved,
-        groups_rejected_same_wrong=same_wrong, samples_shipped=8 * batches,
-    )  # fmt: skip
+        groups_rejected=zero_spread,
+        groups_rejected_zero_spread=zero_spread,
+        groups_rejected_solved=solved,
+        groups_rejected_same_wrong=same_wrong,
+        samples_shipped=8 * batches,
+    )
 
 
 def test_the_guard_warns_once_at_a_fifth_of_the_limit_and_stops_at_it_naming_the_split_and_the_knobs(caplog):
@@ -116,9 +119,12 @@ def test_the_launcher_says_a_permanent_error_as_one_message_not_a_traceback(tmp_
     log = tmp_path / "orchestrator.log"
     log.write_text("Traceback (most recent call last):\n  File …\n")
     child = SimpleNamespace(
-        name="orchestrator", pid=4242, log_path=log, exit_report=tmp_path / "orchestrator-exit.json",
+        name="orchestrator",
+        pid=4242,
+        log_path=log,
+        exit_report=tmp_path / "orchestrator-exit.json",
         tail=lambda n: log.read_text().splitlines()[-n:],
-    )  # fmt: skip
+    )
     out = io.StringIO()
     for line in death_report(ChildDied(child, 78)):
         Console(file=out, width=1000).print(line)

@@ -22,9 +22,14 @@ def _run(ratios, advantages, samples, settings: LossSettings, ref=None, z: float
     if z is None:
         z = normaliser(settings, len(ratios), len(set(samples)))
     loss, sums = loss_sums(
-        logprobs, torch.zeros(len(ratios)), torch.tensor(advantages, dtype=torch.float32), samples_t, settings, z,
+        logprobs,
+        torch.zeros(len(ratios)),
+        torch.tensor(advantages, dtype=torch.float32),
+        samples_t,
+        settings,
+        z,
         None if ref is None else torch.tensor(ref, dtype=torch.float32),
-    )  # fmt: skip
+    )
     loss.backward()
     return loss.item(), logprobs.grad.tolist(), {k: float(v) for k, v in sums.items()}
 
@@ -166,17 +171,30 @@ def test_sequence_level_masking_judges_a_sequence_by_its_geometric_mean():
 
 
 SETTINGS = [
-    LossSettings(objective=o, aggregation=a, dual_clip=3.0 if o != "cispo" else None, kl_coef=0.05, correction=c,
-                 correction_level=lv, constant=40.0, cap=1.3, low=0.8, high=1.25)
+    LossSettings(
+        objective=o,
+        aggregation=a,
+        dual_clip=3.0 if o != "cispo" else None,
+        kl_coef=0.05,
+        correction=c,
+        correction_level=lv,
+        constant=40.0,
+        cap=1.3,
+        low=0.8,
+        high=1.25,
+    )
     for o, a, c, lv in itertools.product(
-        ("ppo_clip", "gspo", "cispo"), ("token_mean", "sequence_mean", "constant"), ("none", "truncate", "mask"),
+        ("ppo_clip", "gspo", "cispo"),
+        ("token_mean", "sequence_mean", "constant"),
+        ("none", "truncate", "mask"),
         ("token", "sequence"),
     )
-]  # fmt: skip
+]
 
 
-@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: f"{s.objective}-{s.aggregation}-{s.correction}-"
-                         f"{s.correction_level}")  # fmt: skip
+@pytest.mark.parametrize(
+    "settings", SETTINGS, ids=lambda s: f"{s.objective}-{s.aggregation}-{s.correction}-{s.correction_level}"
+)
 def test_parts_that_never_split_a_sample_add_up_to_the_whole_batch(settings):
     """Five samples of 1–4 tokens with random ratios around 1, cut into parts (as micro-batches and ranks cut them)
     with the batch's normaliser: the parts' losses and gradients add up to the whole batch's."""

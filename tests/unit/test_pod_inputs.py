@@ -41,8 +41,10 @@ def test_a_mount_path_must_be_absolute_and_normalized(path):
         VolumeSpec(name="ds", mount_path=path, **CLAIM)
 
 
-@pytest.mark.parametrize("name", ["HOME", "HF_HOME", "PYTHONUNBUFFERED", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
-                                  "RLRUN_CONTROL_TOKEN", "RLRUN_ANYTHING"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    ["HOME", "HF_HOME", "PYTHONUNBUFFERED", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "RLRUN_CONTROL_TOKEN", "RLRUN_ANYTHING"],
+)
 def test_rlruns_own_variables_cannot_be_overridden(name):
     with pytest.raises(ValidationError, match=f"{name} is set by rlrun itself"):
         EnvVarSpec(name=name, value="x")

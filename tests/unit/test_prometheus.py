@@ -24,12 +24,17 @@ from tests.unit.test_rollout_faults import Faults, spec
 DOC = Path(__file__).parents[2] / "docs" / "observability.md"
 #: The orchestrator's gauges of the last shipped step (without ``rlrun_``) → their ``metrics.jsonl`` key.
 LAST_STEP = {
-    "reward_mean": "reward_mean", "reward_std": "reward_std", "staleness_mean_steps": "staleness_mean",
-    "groups_zero_std_ratio": "frac_reward_zero_std", "groups_solved_all_ratio": "solved_all",
-    "groups_solved_none_ratio": "solved_none", "episodes_truncated_ratio": "truncated_fraction",
-    "rollout_tokens_per_second": "rollout_tokens_per_s", "step_duration_seconds": "step_time_s",
+    "reward_mean": "reward_mean",
+    "reward_std": "reward_std",
+    "staleness_mean_steps": "staleness_mean",
+    "groups_zero_std_ratio": "frac_reward_zero_std",
+    "groups_solved_all_ratio": "solved_all",
+    "groups_solved_none_ratio": "solved_none",
+    "episodes_truncated_ratio": "truncated_fraction",
+    "rollout_tokens_per_second": "rollout_tokens_per_s",
+    "step_duration_seconds": "step_time_s",
     "zero_spread_token_ratio": "zero_spread_token_fraction",
-}  # fmt: skip
+}
 
 
 def exposed(metrics: dict) -> set[str]:
@@ -90,9 +95,20 @@ def test_the_trainers_metrics_follow_its_steps_and_it_answers_healthz():
     server = serve(metrics, 0, host="127.0.0.1")
     try:
         base = f"http://127.0.0.1:{server.server_port}"
-        step = {"step": 7, "loss": 0.25, "grad_norm": 1.5, "entropy": 0.7, "mismatch_kl": 1e-7,
-                "mismatch_kl_on_policy": None, "clip_fraction": 0.01, "tokens": 600, "train_s": 0.5, "wait_s": 2.0,
-                "broadcast_s": 0.03, "broadcast_bytes": 532666}  # fmt: skip
+        step = {
+            "step": 7,
+            "loss": 0.25,
+            "grad_norm": 1.5,
+            "entropy": 0.7,
+            "mismatch_kl": 1e-7,
+            "mismatch_kl_on_policy": None,
+            "clip_fraction": 0.01,
+            "tokens": 600,
+            "train_s": 0.5,
+            "wait_s": 2.0,
+            "broadcast_s": 0.03,
+            "broadcast_bytes": 532666,
+        }
         metrics.observe(step)
         metrics.observe({**step, "step": 8})
         values = scraped(httpx.get(f"{base}/metrics").text)

@@ -29,10 +29,15 @@ def spec(tmp_path, **rollout):
     rows = [{"prompt": ("x" * 40 if i in LONG else "") + f"{w}=", "answer": w[::-1]} for i, w in enumerate(WORDS)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return parse(
-        "prompts", envs=[{"name": "dataset", "args": {"path": str(data), "shuffle": False}}], group_size=4,
-        batch_size=8, max_steps=3, checkpoint={"interval": 1, "keep_last": 2}, sampling={"max_tokens": 24},
+        "prompts",
+        envs=[{"name": "dataset", "args": {"path": str(data), "shuffle": False}}],
+        group_size=4,
+        batch_size=8,
+        max_steps=3,
+        checkpoint={"interval": 1, "keep_last": 2},
+        sampling={"max_tokens": 24},
         rollout=rollout,
-    ).spec  # fmt: skip
+    ).spec
 
 
 async def test_overlong_prompts_are_passed_over_recorded_and_counted_and_the_run_trains_on(

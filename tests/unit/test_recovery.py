@@ -227,9 +227,15 @@ def test_a_hit_trainer_rank_makes_the_whole_trainer_group_the_recovery():
     rollout = Disruption("NodeTainted", "preemption", "spot", "demo-rollout-0-a0", "rollout", "node-a", True, False)
     group = ["demo-trainer-0-a0", "demo-trainer-1-a0"]
     patch, rec = recovery.begin(
-        {"attempt": 0}, 1, [rank1, rollout], orchestrator_alive=True, backoff_limit=3,
-        orchestrator_node="node-b", trainer_group=group, now=NOW,
-    )  # fmt: skip
+        {"attempt": 0},
+        1,
+        [rank1, rollout],
+        orchestrator_alive=True,
+        backoff_limit=3,
+        orchestrator_node="node-b",
+        trainer_group=group,
+        now=NOW,
+    )
     assert (rec.scope, rec.stage) == ("trainer", "Stopping")
     assert rec.pods == ["demo-rollout-0-a0", "demo-trainer-0-a0", "demo-trainer-1-a0"]
     assert "demo-trainer-1-a0" in rec.message and "demo-trainer-0-a0" not in rec.message  # what was hit
@@ -239,9 +245,15 @@ def test_a_hit_trainer_rank_makes_the_whole_trainer_group_the_recovery():
     )
     assert (rec.scope, rec.pods) == ("rollout", ["demo-rollout-0-a0"])
     _, rec = recovery.begin(
-        {"attempt": 0}, 1, [rank1], orchestrator_alive=True, backoff_limit=3,
-        orchestrator_node="node-a", trainer_group=group, now=NOW,
-    )  # fmt: skip
+        {"attempt": 0},
+        1,
+        [rank1],
+        orchestrator_alive=True,
+        backoff_limit=3,
+        orchestrator_node="node-a",
+        trainer_group=group,
+        now=NOW,
+    )
     assert (rec.scope, rec.pods) == ("attempt", ["demo-trainer-1-a0"])  # every pod restarts anyway
 
 
@@ -261,10 +273,20 @@ def test_which_conditions_are_true_together_during_a_preemption(lost, orchestrat
     """The rule of docs/operator.md ("Conditions true together"): Preempted says a preemption is being
     recovered from; Ready says training goes on. A lost rollout pod leaves both True (the run trains with the
     servers left); a lost trainer or orchestrator makes Ready False until the recovery ends."""
-    running = merged({"attempt": 0, "phase": "Running"}, {"conditions": recovery._conditions(
-        {}, 1, NOW, ("Ready", True, "Running", ""), ("Preempted", False, "Recovered", ""),
-        ("Succeeded", False, "Running", ""), ("Failed", False, "Running", ""),
-    )})  # fmt: skip
+    running = merged(
+        {"attempt": 0, "phase": "Running"},
+        {
+            "conditions": recovery._conditions(
+                {},
+                1,
+                NOW,
+                ("Ready", True, "Running", ""),
+                ("Preempted", False, "Recovered", ""),
+                ("Succeeded", False, "Running", ""),
+                ("Failed", False, "Running", ""),
+            )
+        },
+    )
     patch, rec = recovery.begin(
         running, 1, lost, orchestrator_alive=True, backoff_limit=3, orchestrator_node=orchestrator_node, now=NOW
     )

@@ -26,10 +26,16 @@ KL = {"kl_coef": 0.1, "kl_estimator": "k3"}
 
 def _batch(run_dir: RunDir, step: int) -> None:
     samples = [
-        TrainingSample(array("q", [3, 4, 9]), array("q", c), array("d", [-2.0] * len(c)), adv, 0.5,
-                       QueuedTrace("reverse-text", step - 1, step, m))
+        TrainingSample(
+            array("q", [3, 4, 9]),
+            array("q", c),
+            array("d", [-2.0] * len(c)),
+            adv,
+            0.5,
+            QueuedTrace("reverse-text", step - 1, step, m),
+        )
         for m, (c, adv) in enumerate([([5, 6, 7, 0], 1.0), ([5, 9, 0], -1.0), ([12, 0], 0.5)])
-    ]  # fmt: skip
+    ]
     write_batch(run_dir.rollout_batch(step), step, samples, pad_id=0)
 
 

@@ -22,21 +22,57 @@ def spec(**fields):
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"optimizer": {**COSINE, "lr_schedule": "linear"}}, "spec.optimizer.lr_schedule: checkpoint has 'cosine', manifest has 'linear'"),
-        ({"optimizer": {**COSINE, "warmup_steps": 10}}, "spec.optimizer.warmup_steps: checkpoint has 5, manifest has 10"),
-        ({"optimizer": {**COSINE, "min_lr_ratio": 0.0}}, "spec.optimizer.min_lr_ratio: checkpoint has 0.1, manifest has 0.0"),
+        (
+            {"optimizer": {**COSINE, "lr_schedule": "linear"}},
+            "spec.optimizer.lr_schedule: checkpoint has 'cosine', manifest has 'linear'",
+        ),
+        (
+            {"optimizer": {**COSINE, "warmup_steps": 10}},
+            "spec.optimizer.warmup_steps: checkpoint has 5, manifest has 10",
+        ),
+        (
+            {"optimizer": {**COSINE, "min_lr_ratio": 0.0}},
+            "spec.optimizer.min_lr_ratio: checkpoint has 0.1, manifest has 0.0",
+        ),
         ({"optimizer": {**COSINE, "lr": 1e-4}}, "spec.optimizer.lr: checkpoint has 0.0003, manifest has 0.0001"),
-        ({"optimizer": COSINE, "max_steps": 200}, "spec.max_steps: checkpoint has 100, manifest has 200 (the horizon of spec.optimizer.lr_schedule"),
-        ({"optimizer": {**COSINE, "betas": [0.9, 0.95]}}, "spec.optimizer.betas: checkpoint has [0.9, 0.99], manifest has [0.9, 0.95]"),
-        ({"optimizer": COSINE, "loss": {"ratio_clip": 0.3}}, "spec.loss.clip_low: checkpoint has 0.2, manifest has 0.3"),
-        ({"optimizer": COSINE, "loss": {"clip_high": 0.28}}, "spec.loss.clip_high: checkpoint has 0.2, manifest has 0.28"),
-        ({"optimizer": COSINE, "loss": {"objective": "gspo"}}, "spec.loss.objective: checkpoint has 'ppo_clip', manifest has 'gspo'"),
-        ({"optimizer": COSINE, "loss": {"importance_correction": {"mode": "mask"}}}, "spec.loss.importance_correction.mode: checkpoint has 'none', manifest has 'mask'"),
-        ({"optimizer": COSINE, "advantage": {"baseline": "leave_one_out"}}, "spec.advantage.baseline: checkpoint has 'group_mean', manifest has 'leave_one_out'"),
-        ({"optimizer": COSINE, "advantage": {"std_normalize": True}}, "spec.advantage.std_normalize: checkpoint has False, manifest has True"),
-        ({"optimizer": COSINE, "advantage": {"min_std": 0.05}}, "spec.advantage.min_std: checkpoint has 0.1, manifest has 0.05"),
+        (
+            {"optimizer": COSINE, "max_steps": 200},
+            "spec.max_steps: checkpoint has 100, manifest has 200 (the horizon of spec.optimizer.lr_schedule",
+        ),
+        (
+            {"optimizer": {**COSINE, "betas": [0.9, 0.95]}},
+            "spec.optimizer.betas: checkpoint has [0.9, 0.99], manifest has [0.9, 0.95]",
+        ),
+        (
+            {"optimizer": COSINE, "loss": {"ratio_clip": 0.3}},
+            "spec.loss.clip_low: checkpoint has 0.2, manifest has 0.3",
+        ),
+        (
+            {"optimizer": COSINE, "loss": {"clip_high": 0.28}},
+            "spec.loss.clip_high: checkpoint has 0.2, manifest has 0.28",
+        ),
+        (
+            {"optimizer": COSINE, "loss": {"objective": "gspo"}},
+            "spec.loss.objective: checkpoint has 'ppo_clip', manifest has 'gspo'",
+        ),
+        (
+            {"optimizer": COSINE, "loss": {"importance_correction": {"mode": "mask"}}},
+            "spec.loss.importance_correction.mode: checkpoint has 'none', manifest has 'mask'",
+        ),
+        (
+            {"optimizer": COSINE, "advantage": {"baseline": "leave_one_out"}},
+            "spec.advantage.baseline: checkpoint has 'group_mean', manifest has 'leave_one_out'",
+        ),
+        (
+            {"optimizer": COSINE, "advantage": {"std_normalize": True}},
+            "spec.advantage.std_normalize: checkpoint has False, manifest has True",
+        ),
+        (
+            {"optimizer": COSINE, "advantage": {"min_std": 0.05}},
+            "spec.advantage.min_std: checkpoint has 0.1, manifest has 0.05",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_changed_algorithm_setting_is_refused_by_name(change, named):
     saved = run_identity(spec(optimizer=COSINE))
     with pytest.raises(CheckpointMismatch) as info:

@@ -113,8 +113,14 @@ async def test_saved_groups_are_trained_after_resuming_from_an_older_trainer_che
     dispatched = [e for e in events if e["e"] == "dispatched"]
     assert min(e["v"] for e in dispatched) >= policy  # asked of weights as new as at the pause, never policy 4
     assert [e for e in events if e["e"] in ("abandoned", "cancelled") and e["group"] in saved] == []
-    trained = {i for (_, role), evs in read_ledger(run_dir.root / "ledger").items() if role == "trainer"
-               for e in evs if e["e"] == "trained" for i in e["ids"]}  # fmt: skip
+    trained = {
+        i
+        for (_, role), evs in read_ledger(run_dir.root / "ledger").items()
+        if role == "trainer"
+        for e in evs
+        if e["e"] == "trained"
+        for i in e["ids"]
+    }
     rejected = {e["group"] for e in events if e["e"] == "rejected" and e["reason"] == "zero_advantage"}
     for g in saved - rejected:  # a group with zero reward spread teaches nothing: rejected, not lost
         assert any(i.startswith(f"{g}/") for i in trained), f"saved group {g} never trained"
@@ -204,9 +210,15 @@ async def test_a_restarted_trainer_publishes_the_weights_it_resumed_from_so_a_he
     orchestrator for policy 1, which was on disk only in the checkpoint (issue 35: policy 3, checkpoint 4). The
     resuming trainer publishes it as broadcast 1 (idempotently), and the run ends."""
     run_spec = parse(
-        "republish", group_size=4, batch_size=8, max_off_policy_steps=0, max_steps=2, seed=1,
-        checkpoint={"interval": 1, "keep_last": 2}, evaluation={"enabled": True, "interval": 1, "tasks": 2},
-    ).spec  # fmt: skip
+        "republish",
+        group_size=4,
+        batch_size=8,
+        max_off_policy_steps=0,
+        max_steps=2,
+        seed=1,
+        checkpoint={"interval": 1, "keep_last": 2},
+        evaluation={"enabled": True, "interval": 1, "tasks": 2},
+    ).spec
     run_dir = RunDir(tmp_path)
     transport, hold = fake_vllm_transport(seed=1), threading.Event()
     answer = transport.handle_async_request
@@ -248,7 +260,14 @@ async def test_a_restarted_trainer_publishes_the_weights_it_resumed_from_so_a_he
     report = check_ledger(run_dir.root / "ledger")
     assert report.ok and report.steps == 2, report.problems
     # each trainer's ledger says when it ran (what a paused orchestrator told to stop waits for)
-    lives = [(e["e"], e.get("outcome"), e.get("saved")) for e in read_ledger(run_dir.root / "ledger")[(1, "trainer")]
-             if e["e"] in ("started", "stopped")]  # fmt: skip
-    assert lives == [("started", None, None), ("stopped", "interrupted", None), ("started", None, None),
-                     ("stopped", "complete", None)]  # fmt: skip
+    lives = [
+        (e["e"], e.get("outcome"), e.get("saved"))
+        for e in read_ledger(run_dir.root / "ledger")[(1, "trainer")]
+        if e["e"] in ("started", "stopped")
+    ]
+    assert lives == [
+        ("started", None, None),
+        ("stopped", "interrupted", None),
+        ("started", None, None),
+        ("stopped", "complete", None),
+    ]

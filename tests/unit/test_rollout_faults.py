@@ -117,8 +117,10 @@ async def test_aborted_and_empty_completions_are_requested_again_and_never_score
     assert await run_to_the_end(orch) == 2
     failed = [e for e in events(run_dir, "cancelled") if e["reason"] == "failed"]
     assert [e["error"].split("unusable completion ")[1] for e in failed] == [
-        "(finish_reason 'abort')", "(no tokens, finish_reason 'stop')", "(finish_reason 'repetition')",
-    ]  # fmt: skip
+        "(finish_reason 'abort')",
+        "(no tokens, finish_reason 'stop')",
+        "(finish_reason 'repetition')",
+    ]
     # none of the refused requests' members was scored, and each was requested again with new member numbers
     refused = {f"{e['group']}/{m}" for e in failed for m in range(e["first_member"], e["first_member"] + 2)}
     assert not refused & {e["id"] for e in events(run_dir, "finished")}

@@ -37,9 +37,13 @@ def test_the_served_dtype_follows_the_trainers_precision_on_a_gpu_and_is_float32
 def test_on_gpus_one_tensor_parallel_engine_over_the_pods_gpus_with_the_memory_share_and_the_users_args_last():
     run = parse(
         model={"name": "Qwen/Qwen3-0.6B"},
-        rollout={"gpus": 4, "gpu_memory_utilization": 0.75, "max_model_len": 4096,
-                 "vllm_args": ["--enable-prefix-caching", "--max-num-seqs", "128"]},
-    )  # fmt: skip
+        rollout={
+            "gpus": 4,
+            "gpu_memory_utilization": 0.75,
+            "max_model_len": 4096,
+            "vllm_args": ["--enable-prefix-caching", "--max-num-seqs", "128"],
+        },
+    )
     argv = vllm_command(run.spec, "/models/qwen", "0.0.0.0", 8000, gpu=True, bf16=True)
     assert value(argv, "--tensor-parallel-size") == "4"
     assert value(argv, "--gpu-memory-utilization") == "0.75"

@@ -128,7 +128,9 @@ def test_a_sharded_part_restores_the_schedule_as_an_unsharded_one_does(tmp_path)
         scheduler.step()
     progress = {SCHEDULER_KEY: scheduler.state_dict()}
     part = tmp_path / "trainer"
-    save_sharded(part, model, optimizer, dp, 3, 1, extra=lambda tmp: (tmp / "progress.json").write_text(json.dumps(progress)))  # fmt: skip
+    save_sharded(
+        part, model, optimizer, dp, 3, 1, extra=lambda tmp: (tmp / "progress.json").write_text(json.dumps(progress))
+    )
     model2, optimizer2, scheduler2 = build()
     restore_part(part, 3, model2, optimizer2, spec, dp)
     restore_scheduler(scheduler2, optimizer2, json.loads((part / "progress.json").read_text())[SCHEDULER_KEY], 3, "p")

@@ -76,9 +76,16 @@ def context(status: dict[str, Any], pods: list[PodView], nodes=(), **spec) -> tu
     kube = Kube(body)
     settings = OperatorSettings(force_delete_after_seconds=60)
     ctx = RunContext(
-        body, parse("demo", **spec), dict(status), pods, {n.name: n for n in nodes}, kube, settings,
-        OperatorMetrics(CollectorRegistry()), controls=None,
-    )  # fmt: skip
+        body,
+        parse("demo", **spec),
+        dict(status),
+        pods,
+        {n.name: n for n in nodes},
+        kube,
+        settings,
+        OperatorMetrics(CollectorRegistry()),
+        controls=None,
+    )
     return ctx, kube
 
 
@@ -93,9 +100,15 @@ def stamp(seconds_ago: float) -> str:
 
 def recovery(scope: str = "attempt", pods=(), stage: str = Stage.STOPPING, kind: str = "preemption") -> Recovery:
     return Recovery(
-        trigger=Trigger.NODE_GONE, kind=kind, scope=scope, pods=list(pods), stage=stage, since=SINCE,
-        stageSince=SINCE, attempt=0,
-    )  # fmt: skip
+        trigger=Trigger.NODE_GONE,
+        kind=kind,
+        scope=scope,
+        pods=list(pods),
+        stage=stage,
+        since=SINCE,
+        stageSince=SINCE,
+        attempt=0,
+    )
 
 
 def statuses(kube: Kube) -> list[dict[str, Any]]:
@@ -157,8 +170,10 @@ async def test_a_pod_held_by_finalizers_degrades_the_run_once_and_the_condition_
         "(whatever owns a finalizer must remove it)"
     )
     assert (degraded["status"], degraded["reason"], degraded["message"]) == (
-        "True", Reason.POD_STUCK_TERMINATING, message
-    )  # fmt: skip
+        "True",
+        Reason.POD_STUCK_TERMINATING,
+        message,
+    )
     assert events == [("Warning", EventReason.POD_STUCK_TERMINATING, message)]
     assert [c for c in kube.calls if c[0] == "delete"] == []  # not force-deleted: its node is not lost
     # the next look, still held: nothing written again, no second Event

@@ -207,8 +207,9 @@ def test_every_condition_written_uses_a_declared_type_and_reason():
     crashed = Disruption("PodFailed", "failure", "Error", "r-trainer-a0", "trainer", "n1")
     _, rec = begin({"attempt": 0}, 1, [preempted], orchestrator_alive=True, backoff_limit=1)
     resuming = {"attempt": 1, "conditions": [], "recovery": rec.model_dump(mode="json")}
-    lost_trainer = Disruption("NodeTainted", "preemption", "node.kubernetes.io/unreachable", "r-trainer-a0", "trainer",
-                              "n1", node_lost=True)  # fmt: skip
+    lost_trainer = Disruption(
+        "NodeTainted", "preemption", "node.kubernetes.io/unreachable", "r-trainer-a0", "trainer", "n1", node_lost=True
+    )
     _, trainer_rec = begin({"attempt": 0}, 1, [lost_trainer], orchestrator_alive=True, backoff_limit=1)
     assert trainer_rec.scope == "trainer"
     trainer_rec = trainer_rec.model_copy(update={"replacements": ["r-trainer-a0-r1"]})
@@ -252,8 +253,15 @@ def test_every_condition_written_uses_a_declared_type_and_reason():
 
 def test_progress_has_a_percentage_and_an_eta_from_the_recent_step_rate():
     first = progress(None, 10, 100, "2026-12-03T10:00:00Z")
-    assert first == {"percent": 10, "text": "10%", "eta": "-", "stepsPerMinute": None, "etaSeconds": None,
-                     "sampledStep": 10, "sampledAt": "2026-12-03T10:00:00Z"}  # fmt: skip
+    assert first == {
+        "percent": 10,
+        "text": "10%",
+        "eta": "-",
+        "stepsPerMinute": None,
+        "etaSeconds": None,
+        "sampledStep": 10,
+        "sampledAt": "2026-12-03T10:00:00Z",
+    }
     soon = progress(first, 11, 100, "2026-12-03T10:00:20Z")  # under 30 s: no rate measured yet, the sample stays
     assert soon["stepsPerMinute"] is None and soon["sampledStep"] == 10 and soon["percent"] == 11
     rated = progress(soon, 20, 100, "2026-12-03T10:01:00Z")  # 10 steps in a minute

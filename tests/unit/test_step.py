@@ -94,8 +94,16 @@ def test_micro_batched_step_equals_todays_single_forward(model, batch, today, bu
         got["micro_batches"]
         == {(10_000, False): 2, (10_000, True): 1, (24, True): 5, (24, False): 5, (5, True): 7}[budget, pack]
     )
-    for key in ("loss", "clip_fraction", "ratio_mean", "ratio_max", "entropy", "logprob_abs_diff", "mismatch_kl",
-                "mismatch_kl_on_policy"):  # fmt: skip
+    for key in (
+        "loss",
+        "clip_fraction",
+        "ratio_mean",
+        "ratio_max",
+        "entropy",
+        "logprob_abs_diff",
+        "mismatch_kl",
+        "mismatch_kl_on_policy",
+    ):
         assert got[key] == pytest.approx(stats[key], rel=1e-5, abs=1e-7), key
     assert 0 < stats["clip_fraction"] < 1
 
@@ -144,10 +152,15 @@ LOSSES = {
     "cispo": LossSettings(objective="cispo", epsilon_high=0.1, aggregation="constant", constant=100.0),
     "dual-clip-truncate": LossSettings(epsilon_high=0.28, dual_clip=1.05, correction="truncate", cap=1.2),
     "sequence-mask-kl": LossSettings(
-        aggregation="sequence_mean", correction="mask", correction_level="sequence", low=0.85, high=1.15,
-        kl_coef=0.5, kl_estimator="k3",
+        aggregation="sequence_mean",
+        correction="mask",
+        correction_level="sequence",
+        low=0.85,
+        high=1.15,
+        kl_coef=0.5,
+        kl_estimator="k3",
     ),
-}  # fmt: skip
+}
 #: The statistics each loss adds when on (``accumulate_gradients`` leaves out what is off).
 EXTRA = {"dual_clip": "dual_clip_fraction", "truncate": "is_truncated_fraction", "mask": "is_masked_fraction"}
 
@@ -169,8 +182,9 @@ def near_batch(model, batch) -> TrainBatch:
     of every bound below)."""
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
-        lp = token_logprobs(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits,
-                            batch.input_ids, TEMPERATURE)  # fmt: skip
+        lp = token_logprobs(
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits, batch.input_ids, TEMPERATURE
+        )
     old = torch.where(batch.loss_mask, lp + 0.25 * torch.randn(lp.shape, generator=g), 0.0)
     return TrainBatch(**{**vars(batch), "old_logprobs": old})
 

@@ -97,8 +97,13 @@ def test_the_build_shows_every_step_each_check_and_its_phases(swap_model, progre
     _, report = swap_model
     steps = report["sft_steps"]
     kinds = [c[0] for c in progress.calls]
-    assert kinds == ["phase", "start", *(["advance"] * QUICK.sft_check_every + ["checked"]) * (steps // 10), "finish",
-                     "phase"]  # fmt: skip
+    assert kinds == [
+        "phase",
+        "start",
+        *(["advance"] * QUICK.sft_check_every + ["checked"]) * (steps // 10),
+        "finish",
+        "phase",
+    ]
     assert progress.calls[1] == ("start", QUICK.sft_steps, QUICK.sft_max_tokens)
     advances = [c for c in progress.calls if c[0] == "advance"]
     assert [c[1] for c in advances] == list(range(1, steps + 1)) and advances[-1][2] == report["sft_tokens"]

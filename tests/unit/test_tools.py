@@ -75,8 +75,13 @@ def test_calls_are_answered_in_order_and_failures_become_error_messages():
     results = tools.run(turn)
     assert time.monotonic() - t0 < 1.5  # the slow call is not waited for past its timeout
     assert [(r.name, r.ok) for r in results] == [
-        ("add", True), ("divide", False), ("?", False), ("mul", False), ("add", False), ("slow", False),
-    ]  # fmt: skip
+        ("add", True),
+        ("divide", False),
+        ("?", False),
+        ("mul", False),
+        ("add", False),
+        ("slow", False),
+    ]
     assert results[0].content == "5"
     assert results[1].content == "error: ZeroDivisionError: division by zero"
     assert results[2].content.startswith("error: the tool call is not JSON")

@@ -24,8 +24,10 @@ from tests.support.trackers import LOGGING, PUT_BACK, attempt_lines, publisher, 
 def test_scalars_are_prefixed_flattened_and_numbers_only():
     line = {"step": 3, "reward_mean": 0.5, "reward/env": 1, "per_env": {"a": {"n": 2}}, "x": None, "ok": True}
     assert scalars({**line, "huge": 10**400, "s": "text"}, "rollout", {"step"}) == {
-        "rollout/reward_mean": 0.5, "reward/env": 1.0, "rollout/per_env/a/n": 2.0,
-    }  # fmt: skip
+        "rollout/reward_mean": 0.5,
+        "reward/env": 1.0,
+        "rollout/per_env/a/n": 2.0,
+    }
 
 
 def test_a_step_is_taken_once_a_checkpoint_holds_it_with_the_last_lines_values(tmp_path):
@@ -37,14 +39,20 @@ def test_a_step_is_taken_once_a_checkpoint_holds_it_with_the_last_lines_values(t
     steps, evaluations = final.take(through=4)
     assert [s for s, _ in steps] == [1, 2, 3, 4] and [v for v, _ in evaluations] == [0]  # 5, 6: not final yet
     assert steps[0][1] == {
-        "rollout/reward_mean": 1.01, "reward/env": 0.5, "rollout/per_env/env/finished": 1.0, "train/loss": -1.01,
+        "rollout/reward_mean": 1.01,
+        "reward/env": 0.5,
+        "rollout/per_env/env/finished": 1.0,
+        "train/loss": -1.01,
         "run/attempt": 1.0,
-    }  # fmt: skip
+    }
     attempt_lines(run_dir, 2, range(5, 11), evaluations=[6, 10, 2])  # lost abruptly: 5 and 6 trained again
     steps, evaluations = final.take(through=8)
     assert [(s, v["rollout/reward_mean"], v["train/loss"], v["run/attempt"]) for s, v in steps] == [
-        (5, 2.05, -2.05, 2.0), (6, 2.06, -2.06, 2.0), (7, 2.07, -2.07, 2.0), (8, 2.08, -2.08, 2.0),
-    ]  # fmt: skip
+        (5, 2.05, -2.05, 2.0),
+        (6, 2.06, -2.06, 2.0),
+        (7, 2.07, -2.07, 2.0),
+        (8, 2.08, -2.08, 2.0),
+    ]
     # the evaluation of 6 by the weights the run kept (attempt 2's); 2 came late, out of order, and is not lost;
     # 5 was evaluated by attempt 1 only, whose weights of step 5 attempt 2 trained again: never logged
     assert evaluations == [

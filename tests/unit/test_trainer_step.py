@@ -71,10 +71,16 @@ def test_mismatch_kl_is_zero_for_the_trainers_own_logprobs_and_moves_when_the_se
 
     def batch(step: int, logprobs: list[list[float]], version: int) -> None:
         samples = [
-            TrainingSample(array("q", [3, 4, 9]), array("q", c), array("d", lp), 0.5 - 0.5 * m, 0.5,
-                           QueuedTrace("reverse-text", version, 0, m))
+            TrainingSample(
+                array("q", [3, 4, 9]),
+                array("q", c),
+                array("d", lp),
+                0.5 - 0.5 * m,
+                0.5,
+                QueuedTrace("reverse-text", version, 0, m),
+            )
             for m, (c, lp) in enumerate(zip(completions, logprobs, strict=True))
-        ]  # fmt: skip
+        ]
         write_batch(run_dir.rollout_batch(step), step, samples, pad_id=0)
 
     batch(1, server_logprobs(trainer.policy.model), version=0)  # the server holds the trainer's weights (version 0)
@@ -123,8 +129,16 @@ def test_on_policy_ratio_is_one_under_top_p(tmp_path, tiny_model):
                 kept_mass.append(float(torch.softmax(logits / temperature, -1)[0][processed[0] > -math.inf].sum()))
                 ids.append(token)
                 logprobs.append(float(processed[0, token]))
-            samples.append(TrainingSample(array("q", ids[:3]), array("q", ids[3:]), array("d", logprobs),
-                                          0.5 - 0.25 * member, 0.5, QueuedTrace("reverse-text", 0, 0, member)))  # fmt: skip
+            samples.append(
+                TrainingSample(
+                    array("q", ids[:3]),
+                    array("q", ids[3:]),
+                    array("d", logprobs),
+                    0.5 - 0.25 * member,
+                    0.5,
+                    QueuedTrace("reverse-text", 0, 0, member),
+                )
+            )
     assert sum(kept_mass) / len(kept_mass) < 0.97  # the nucleus truncates: over the whole vocabulary, ratio ≈ S
     write_batch(run_dir.rollout_batch(1), 1, samples, pad_id=0)
     metrics = trainer.train_step(1)

@@ -35,9 +35,14 @@ def trl_spec(tmp_path, **args):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     env = {"name": "dataset", "args": {"path": str(data), **args}, "rewards": [{"function": f"{__name__}:similarity"}]}
     return parse(
-        "trl", model={"builtin": "tiny"}, envs=[env], group_size=4, batch_size=8, max_steps=2,
+        "trl",
+        model={"builtin": "tiny"},
+        envs=[env],
+        group_size=4,
+        batch_size=8,
+        max_steps=2,
         checkpoint={"interval": 1, "keep_last": 2},
-    ).spec  # fmt: skip
+    ).spec
 
 
 def test_without_naming_the_demonstration_column_validate_says_what_to_set(tmp_path):

@@ -60,8 +60,20 @@ class Chatter:
 
 def kept(group=3, member=1, turns=2, version=4, state=None) -> KeptConversation:
     task = Chatter().task(0, group)
-    return KeptConversation(group, member, task, version, [5, 6], [7, 8, 9, 10], [-0.5, NAN, NAN, -0.25],
-                            state or {"said": ["2"]}, turns, 0.5, 1, 0)  # fmt: skip
+    return KeptConversation(
+        group,
+        member,
+        task,
+        version,
+        [5, 6],
+        [7, 8, 9, 10],
+        [-0.5, NAN, NAN, -0.25],
+        state or {"said": ["2"]},
+        turns,
+        0.5,
+        1,
+        0,
+    )
 
 
 def test_a_turn_record_round_trips_through_the_journal_with_its_env_tokens(tmp_path):
@@ -106,14 +118,17 @@ def sample(group: int, version: int) -> TrainingSample:
 
 def test_a_resume_continues_fresh_conversations_and_drops_the_rest_with_why():
     snap = SinkSnapshot(
-        [sample(group=5, version=9)], [], [], {},
+        [sample(group=5, version=9)],
+        [],
+        [],
+        {},
         [
             kept(group=3, member=1, turns=3, version=9),
             kept(group=3, member=2, turns=2, version=9),
             kept(group=4, member=0, turns=3, version=1),  # too old for the resumed step
             kept(group=5, member=3, turns=2, version=9),  # its group is scored and queued already
         ],
-    )  # fmt: skip
+    )
     plan = restore_plan(snap, [], next_step=11, max_off_policy_steps=1, group_size=2)
     assert plan.floor == 9
     assert [(c.episode_id, c.turns) for c in plan.continued] == [("3/1", 3), ("3/2", 2)]
@@ -152,8 +167,9 @@ class Scripted(httpx.AsyncBaseTransport):
         self.inner = fake_vllm_transport()
         self.ids = {d: tokenizer.convert_tokens_to_ids(d) for d in "12"}
         self.eos = tokenizer.eos_token_id
-        self.turn1 = len(tokenizer.apply_chat_template(Chatter().task(0, 0).prompt, add_generation_prompt=True,
-                                                       tokenize=True))  # fmt: skip
+        self.turn1 = len(
+            tokenizer.apply_chat_template(Chatter().task(0, 0).prompt, add_generation_prompt=True, tokenize=True)
+        )
         self.hang = False
         self.rng = random.Random(seed)
         self.prompts: list[list[int]] = []
@@ -168,17 +184,30 @@ class Scripted(httpx.AsyncBaseTransport):
         choices = []
         for i in range(body["n"]):
             said = "1" if self.rng.random() < 0.3 else "2"
-            choices.append({"index": i, "token_ids": [self.ids[said], self.eos],
-                            "logprobs": {"token_logprobs": [-1.0, -0.1]}, "finish_reason": "stop"})  # fmt: skip
+            choices.append(
+                {
+                    "index": i,
+                    "token_ids": [self.ids[said], self.eos],
+                    "logprobs": {"token_logprobs": [-1.0, -0.1]},
+                    "finish_reason": "stop",
+                }
+            )
         return httpx.Response(200, json={"choices": choices})
 
 
 def run_spec(max_steps: int = 3):
     envs = [{"name": "tests.unit.test_turn_durability:Chatter"}]
     return parse(
-        "turns", envs=envs, group_size=4, batch_size=8, max_off_policy_steps=2, max_steps=max_steps,
-        sampling={"max_tokens": 4}, checkpoint={"interval": 1, "keep_last": 3}, rollout={"members_per_request": 2},
-    ).spec  # fmt: skip
+        "turns",
+        envs=envs,
+        group_size=4,
+        batch_size=8,
+        max_off_policy_steps=2,
+        max_steps=max_steps,
+        sampling={"max_tokens": 4},
+        checkpoint={"interval": 1, "keep_last": 3},
+        rollout={"members_per_request": 2},
+    ).spec
 
 
 async def test_a_paused_conversation_is_continued_at_its_last_durable_turn(tmp_path, thinking_model):
@@ -249,9 +278,18 @@ def test_the_resume_messages_say_how_many_episodes_resumed_at_a_later_turn():
     from rlrun.launcher.preemption import resume_line
     from rlrun_operator.recovery import resume_message
 
-    counts = {"from_step": 4, "shipped": 4, "queued_traces": 3, "open_groups": 1, "requested_groups": 2,
-              "finished_episodes_kept": 2, "dropped_stale": 0, "members_requested": 5, "progress_only_would_lose": 5,
-              "time": 0.0}  # fmt: skip
+    counts = {
+        "from_step": 4,
+        "shipped": 4,
+        "queued_traces": 3,
+        "open_groups": 1,
+        "requested_groups": 2,
+        "finished_episodes_kept": 2,
+        "dropped_stale": 0,
+        "members_requested": 5,
+        "progress_only_would_lose": 5,
+        "time": 0.0,
+    }
     report = ResumeReport(**counts, conversations_continued=7, turns_kept=12)
     assert resume_line(report).endswith("; 7 multi-turn episodes resumed at turn > 1 (12 turns kept)")
     assert resume_message(report).endswith("; 7 multi-turn episodes resumed at turn > 1 (12 turns kept)")
@@ -271,10 +309,14 @@ class OneOrTwo(httpx.AsyncBaseTransport):
         if request.url.path != "/v1/completions":
             return await self.inner.handle_async_request(request)
         choices = [
-            {"index": i, "token_ids": [self.ids["1" if self.rng.random() < 0.3 else "2"], self.eos],
-             "logprobs": {"token_logprobs": [-1.0, -0.1]}, "finish_reason": "stop"}
+            {
+                "index": i,
+                "token_ids": [self.ids["1" if self.rng.random() < 0.3 else "2"], self.eos],
+                "logprobs": {"token_logprobs": [-1.0, -0.1]},
+                "finish_reason": "stop",
+            }
             for i in range(json.loads(request.content)["n"])
-        ]  # fmt: skip
+        ]
         return httpx.Response(200, json={"choices": choices})
 
 
@@ -286,9 +328,16 @@ async def test_a_pause_during_a_respond_that_changes_the_state_in_place_keeps_th
     run_dir = RunDir(tmp_path / "run")
     envs = [{"name": "tests.support.envs:InPlace", "args": {"prompts": 5}}]
     spec = parse(
-        "in-place", envs=envs, group_size=4, batch_size=8, max_off_policy_steps=8, max_steps=50,
-        sampling={"max_tokens": 4}, checkpoint={"interval": 1, "keep_last": 3}, rollout={"members_per_request": 2},
-    ).spec  # fmt: skip
+        "in-place",
+        envs=envs,
+        group_size=4,
+        batch_size=8,
+        max_off_policy_steps=8,
+        max_steps=50,
+        sampling={"max_tokens": 4},
+        checkpoint={"interval": 1, "keep_last": 3},
+        rollout={"members_per_request": 2},
+    ).spec
     orch = make_orchestrator(spec, run_dir, tiny_model, OneOrTwo(AutoTokenizer.from_pretrained(tiny_model)))
     stop = start_fake_trainer(run_dir, tiny_model, 50, 1, attempt=1)
     run = asyncio.create_task(orch.run())

@@ -79,9 +79,12 @@ async def test_the_trained_ids_are_the_sampled_stream_with_env_tokens_masked(thi
     results: asyncio.Queue[GroupResult] = asyncio.Queue()
     episodes = EpisodeBuilder.from_spec(tokenizer, {env.name: env}, parse("t", sampling={"max_tokens": 4}).spec)
     dispatcher = Dispatcher(
-        ["http://s"], episodes, SamplingSpec(max_tokens=4), results,
+        ["http://s"],
+        episodes,
+        SamplingSpec(max_tokens=4),
+        results,
         client_factory=lambda url: RolloutClient(url, transport=server),
-    )  # fmt: skip
+    )
     task = env.task(0, 0)
     dispatcher.dispatch(GroupRequest(0, task, 2), 0)
     result = await asyncio.wait_for(results.get(), 10)
@@ -110,10 +113,12 @@ async def test_the_trained_ids_are_the_sampled_stream_with_env_tokens_masked(thi
     # strips the first turn's thinking), which is what the stream protects against
     assert server.prompts[2] == prompt + sampled[0] + answers[0]
     history = [
-        {"role": "user", "content": "go"}, {"role": "assistant", "content": turns[0]},
-        {"role": "user", "content": "ok1"}, {"role": "assistant", "content": turns[1]},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": turns[0]},
+        {"role": "user", "content": "ok1"},
+        {"role": "assistant", "content": turns[1]},
         {"role": "user", "content": "ok2"},
-    ]  # fmt: skip
+    ]
     rerendered = encode(tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=True))
     assert rerendered != prompt + stream[: -len(sampled[2])]
 
@@ -146,19 +151,29 @@ class Guesser(httpx.AsyncBaseTransport):
             return await self.inner.handle_async_request(request)
         n = json.loads(request.content)["n"]
         choices = [
-            {"index": i, "token_ids": [self.rng.choice(self.digits), self.eos],
-             "logprobs": {"token_logprobs": [-2.0, -0.1]}, "finish_reason": "stop"}
+            {
+                "index": i,
+                "token_ids": [self.rng.choice(self.digits), self.eos],
+                "logprobs": {"token_logprobs": [-2.0, -0.1]},
+                "finish_reason": "stop",
+            }
             for i in range(n)
-        ]  # fmt: skip
+        ]
         return httpx.Response(200, json={"choices": choices})
 
 
 async def test_a_run_with_a_multi_turn_env_ends_with_the_ledger_check_and_turn_metrics(tmp_path, thinking_model):
     envs = [{"name": "guess-number", "args": {"low": 1, "high": 12, "width": 8, "max_turns": 3}}]
     spec = parse(
-        "guess", envs=envs, group_size=4, batch_size=8, max_off_policy_steps=1, max_steps=3,
-        sampling={"max_tokens": 6}, checkpoint={"interval": 1, "keep_last": 2},
-    ).spec  # fmt: skip
+        "guess",
+        envs=envs,
+        group_size=4,
+        batch_size=8,
+        max_off_policy_steps=1,
+        max_steps=3,
+        sampling={"max_tokens": 6},
+        checkpoint={"interval": 1, "keep_last": 2},
+    ).spec
     run_dir = RunDir(tmp_path / "run")
     orch = make_orchestrator(spec, run_dir, thinking_model, Guesser(AutoTokenizer.from_pretrained(thinking_model)))
     assert await asyncio.wait_for(run_to_the_end(orch), 60) == 3

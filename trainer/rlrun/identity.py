@@ -27,9 +27,17 @@ SAFE_TO_CHANGE: dict[str, str] = {
 #: Settings a checkpoint written before issue 38 did not record (their values then are unknown: not compared); a
 #: setting added since is compared with its default, the only value such a run could have had.
 UNRECORDED_BEFORE_ISSUE_38 = frozenset(
-    {"optimizer.lr", "optimizer.betas", "optimizer.eps", "optimizer.weight_decay", "optimizer.max_grad_norm",
-     "loss.clip_low", "loss.clip_high", "advantage.std_normalize"}
-)  # fmt: skip
+    {
+        "optimizer.lr",
+        "optimizer.betas",
+        "optimizer.eps",
+        "optimizer.weight_decay",
+        "optimizer.max_grad_norm",
+        "loss.clip_low",
+        "loss.clip_high",
+        "advantage.std_normalize",
+    }
+)
 #: Why a setting matters to a resume, where its name alone does not say it.
 _WHY = {"max_steps": "the horizon of spec.optimizer.lr_schedule: its decay ends there"}
 
@@ -118,8 +126,14 @@ def _algorithm_diffs(saved: dict[str, Any] | None, current: dict[str, Any], sour
         if before == value:
             continue
         if key in SAFE_TO_CHANGE:
-            log.warning("resume: spec.%s changed since %s (%r → %r), allowed: %s", key, source, before, value,
-                        SAFE_TO_CHANGE[key])  # fmt: skip
+            log.warning(
+                "resume: spec.%s changed since %s (%r → %r), allowed: %s",
+                key,
+                source,
+                before,
+                value,
+                SAFE_TO_CHANGE[key],
+            )
             continue
         why = f" ({_WHY[key]})" if key in _WHY else ""
         diffs.append(f"spec.{key}: checkpoint has {before!r}, manifest has {value!r}{why}")

@@ -75,9 +75,14 @@ class RoleExit:
         if not self.writes_report:
             return
         report = ExitReport(
-            role=self.role, outcome=outcome, step=self.step, max_steps=self.max_steps,
-            permanent=permanent, reason=reason, message=message,
-        )  # fmt: skip
+            role=self.role,
+            outcome=outcome,
+            step=self.step,
+            max_steps=self.max_steps,
+            permanent=permanent,
+            reason=reason,
+            message=message,
+        )
         write_exit_report(report)
 
     def finish(self, outcome: ExitOutcome, code: int = 0, message: str = "") -> int:

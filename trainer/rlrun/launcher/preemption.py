@@ -312,9 +312,14 @@ class PreemptionDrill:
         launcher.children = []
         self.pauses.append(snap)
         record = {
-            "only": "all", "at_step": self.at_step, "notice_time": noticed_at, "pause_step": snap.step,
-            "trainer_exit": code, "trainer_saved_step": part, "from_attempt": launcher.attempt,
-        }  # fmt: skip
+            "only": "all",
+            "at_step": self.at_step,
+            "notice_time": noticed_at,
+            "pause_step": snap.step,
+            "trainer_exit": code,
+            "trainer_saved_step": part,
+            "from_attempt": launcher.attempt,
+        }
         self.records.append(record)
         trainer, orch = launcher.start_all(resume=True)
         self._watch_next_step(record)
@@ -359,9 +364,14 @@ class PreemptionDrill:
         new = launcher.start_trainer(resume=True)
         launcher.children[index] = new
         record = {
-            "only": "trainer", "at_step": self.at_step, "notice_time": noticed_at, "pause_step": None,
-            "trainer_exit": code, "trainer_saved_step": part, "from_attempt": launcher.attempt,
-        }  # fmt: skip
+            "only": "trainer",
+            "at_step": self.at_step,
+            "notice_time": noticed_at,
+            "pause_step": None,
+            "trainer_exit": code,
+            "trainer_saved_step": part,
+            "from_attempt": launcher.attempt,
+        }
         self.records.append(record)
         self._watch_next_step(record)
         return new

@@ -214,8 +214,10 @@ class DemonstrationStream:
             if draws.exhausted and not self.quiet:
                 log.warning(
                     "warm start: env %s gave %d tasks in a row longer than the context (%d tokens); not drawing from it",
-                    draws.name, PROBE_LIMIT, self.max_tokens,
-                )  # fmt: skip
+                    draws.name,
+                    PROBE_LIMIT,
+                    self.max_tokens,
+                )
             return None
         draws.used += 1
         draws.unusable_in_a_row = 0

@@ -359,7 +359,10 @@ def _build(
     report["seconds"] = round(time.perf_counter() - t0, 2)
     write_model_dir(out, model, tokenizer, report)
     log.info(
-        "built tiny model in %s: %d warm-start steps (stopped: %s), %.1f s", out, len(done.losses), done.stopped,
+        "built tiny model in %s: %d warm-start steps (stopped: %s), %.1f s",
+        out,
+        len(done.losses),
+        done.stopped,
         report["seconds"],
-    )  # fmt: skip
+    )
     return report

@@ -105,8 +105,11 @@ def settle(
         if c.reason in ("failed", "reward_failed"):
             log.warning(
                 "group %d abandoned: its requests failed %d times (rollout.max_group_retries %d); last error: %s",
-                r.group_id, source.retries(r.group_id) + 1, max_group_retries, c.error,
-            )  # fmt: skip
+                r.group_id,
+                source.retries(r.group_id) + 1,
+                max_group_retries,
+                c.error,
+            )
         source.forget(r.group_id)
         dispatcher.cancel_group(r.group_id)
         sink.abandon(r.group_id, reason=_ABANDON_REASONS.get(c.reason, "stale"), env=r.task.env)

@@ -219,12 +219,19 @@ class CheckpointManager:
             if stopped is not False:
                 break
             if loop.time() >= until:
-                log.warning("SIGTERM: the trainer did not stop within %.0f s; the snapshot stays paired with step %d "
-                            "(the next attempt retrains the steps after it)", within_s, self.last_step)  # fmt: skip
+                log.warning(
+                    "SIGTERM: the trainer did not stop within %.0f s; the snapshot stays paired with step %d "
+                    "(the next attempt retrains the steps after it)",
+                    within_s,
+                    self.last_step,
+                )
                 break
             if not waited:
-                log.info("SIGTERM: waiting up to %.0f s for the trainer's save on notice, to pair it with the pause "
-                         "snapshot", within_s)  # fmt: skip
+                log.info(
+                    "SIGTERM: waiting up to %.0f s for the trainer's save on notice, to pair it with the pause "
+                    "snapshot",
+                    within_s,
+                )
                 waited = True
             await asyncio.sleep(poll_s)
         await self.complete_new_trainer_parts()  # a part published just before its stopped line
@@ -274,9 +281,15 @@ class CheckpointManager:
             log.info(
                 "checkpoint step %d complete (%s, %s): %d queued traces, %d open groups (%d finished episodes kept), "
                 "%d requested groups; pruned %s",
-                step, path, reason, written.queued_traces, written.open_groups, written.finished_episodes_kept,
-                written.requested_groups, removed or "nothing",
-            )  # fmt: skip
+                step,
+                path,
+                reason,
+                written.queued_traces,
+                written.open_groups,
+                written.finished_episodes_kept,
+                written.requested_groups,
+                removed or "nothing",
+            )
             return written
 
     async def finish(self, done: bool) -> None:

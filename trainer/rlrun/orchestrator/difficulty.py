@@ -139,8 +139,10 @@ class TaskDifficulty:
                 log.warning(
                     "curriculum: env %s's data changed since the checkpoint (%s tasks then, %d now, or other files): "
                     "its per-task state is dropped, and it is drawn as a fresh env",
-                    name, saved.get("tasks"), table.size,
-                )  # fmt: skip
+                    name,
+                    saved.get("tasks"),
+                    table.size,
+                )
                 continue
             for field, dtype in FIELDS.items():
                 table.arrays[field] = tensors[f"curriculum.{name}.{field}"].numpy().astype(dtype, copy=True)

@@ -153,13 +153,16 @@ class EpisodeBuilder:
         context = spec.rollout.max_model_len or getattr(tokenizer, "model_max_length", None)
         limit = context - spec.sampling.max_tokens if context and context < UNLIMITED_CONTEXT else None
         builder = cls(
-            encode, decode, eos_id, envs,
+            encode,
+            decode,
+            eos_id,
+            envs,
             rewards={e.name: env_rewards(e, envs[e.name]) for e in spec.envs if e.name in envs},
             reward_timeout_s={e.name: e.reward_timeout_seconds for e in spec.envs},
             render=render,
             max_prompt_tokens=limit,
             render_reply=render_reply,
-        )  # fmt: skip
+        )
         builder.max_steps = spec.max_steps
         return builder
 
@@ -320,8 +323,11 @@ class EpisodeBuilder:
             for series, values in scores.parts.items():
                 out.parts[series].append(values[k])
             if conv is not None:
-                for key, value in (("num_turns", conv.turns), ("tool_calls", conv.tool_calls),
-                                   ("tool_errors", conv.tool_errors)):  # fmt: skip
+                for key, value in (
+                    ("num_turns", conv.turns),
+                    ("tool_calls", conv.tool_calls),
+                    ("tool_errors", conv.tool_errors),
+                ):
                     out.turns.setdefault(key, []).append(value)
         return out
 

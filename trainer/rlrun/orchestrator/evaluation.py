@@ -226,9 +226,15 @@ class Evaluator:
         log.info(
             "evaluation of policy %d: greedy solved %.3f (reward %.3f), sampled reward %.3f, pass@%d %.3f; "
             "%d held-out tasks in %.1f s",
-            version, line["greedy_solved"], line["greedy_reward"], line["sampled_reward"], k, line["pass_at_k"],
-            len(self.tasks), line["seconds"],
-        )  # fmt: skip
+            version,
+            line["greedy_solved"],
+            line["greedy_reward"],
+            line["sampled_reward"],
+            k,
+            line["pass_at_k"],
+            len(self.tasks),
+            line["seconds"],
+        )
         return line
 
     async def _score(

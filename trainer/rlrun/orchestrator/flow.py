@@ -139,9 +139,15 @@ def dispatch_round(
                 return len(rows)
             r = source.next_group(flow.group_size)
             rows.append(
-                {"group": r.group_id, "task": r.task.index, "env": r.task.env, "first_member": r.first_member,
-                 "members": r.members, "v": policy_version}
-            )  # fmt: skip
+                {
+                    "group": r.group_id,
+                    "task": r.task.index,
+                    "env": r.task.env,
+                    "first_member": r.first_member,
+                    "members": r.members,
+                    "v": policy_version,
+                }
+            )
             dispatcher.dispatch(r, policy_version)  # only schedules the request: it is sent after this returns
             committed += r.members
     finally:

@@ -63,23 +63,37 @@ class KeptConversation:
     def to_dict(self) -> dict[str, Any]:
         """JSON form (snapshots, train-source state); an env token's logprob is ``null``."""
         return {
-            "group_id": self.group_id, "member": self.member, "task": self.task.to_dict(),
-            "policy_version": self.policy_version, "prompt_ids": list(self.prompt_ids),
+            "group_id": self.group_id,
+            "member": self.member,
+            "task": self.task.to_dict(),
+            "policy_version": self.policy_version,
+            "prompt_ids": list(self.prompt_ids),
             "completion_ids": list(self.completion_ids),
             "logprobs": logprobs_to_json(self.logprobs),
-            "state": self.state, "turns": self.turns, "reward": self.reward,
-            "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
-        }  # fmt: skip
+            "state": self.state,
+            "turns": self.turns,
+            "reward": self.reward,
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> KeptConversation:
         """Inverse of :meth:`to_dict`."""
         return cls(
-            int(d["group_id"]), int(d["member"]), Task.from_dict(d["task"]), int(d["policy_version"]),
-            [int(x) for x in d["prompt_ids"]], [int(x) for x in d["completion_ids"]],
-            logprobs_from_json(d["logprobs"]), d["state"], int(d["turns"]),
-            float(d.get("reward", 0.0)), int(d.get("tool_calls", 0)), int(d.get("tool_errors", 0)),
-        )  # fmt: skip
+            int(d["group_id"]),
+            int(d["member"]),
+            Task.from_dict(d["task"]),
+            int(d["policy_version"]),
+            [int(x) for x in d["prompt_ids"]],
+            [int(x) for x in d["completion_ids"]],
+            logprobs_from_json(d["logprobs"]),
+            d["state"],
+            int(d["turns"]),
+            float(d.get("reward", 0.0)),
+            int(d.get("tool_calls", 0)),
+            int(d.get("tool_errors", 0)),
+        )
 
 
 @dataclass(frozen=True)

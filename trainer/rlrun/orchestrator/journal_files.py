@@ -212,8 +212,9 @@ def scan_segment(path: Path, last: bool) -> SegmentScan:
             continue
         # Torn tail: nothing but this frame (or zeros a crash left) follows, in the newest segment.
         if last and (end >= len(data) or not any(data[end:])):
-            log.warning("journal %s: torn last record at byte %d (%s) dropped: it was never acknowledged",
-                        path, off, problem)  # fmt: skip
+            log.warning(
+                "journal %s: torn last record at byte %d (%s) dropped: it was never acknowledged", path, off, problem
+            )
             return SegmentScan(out, off, off)
         raise JournalCorrupt(
             f"journal {path}: {problem} at byte {off} of {len(data)}, with data after it — acknowledged records "

@@ -120,8 +120,10 @@ class LivenessGuard:
         self.stalls_reported += 1
         log.error(
             "the run has not moved for %.0f s (no batch shipped, no episode finished); please report this with the "
-            "accounting: %s", now - since, self.accounting(),
-        )  # fmt: skip
+            "accounting: %s",
+            now - since,
+            self.accounting(),
+        )
         return True
 
     def _out(self, now: float) -> dict[str, set[tuple[int, int]]]:
@@ -181,8 +183,10 @@ class LivenessGuard:
             log.warning(
                 "rollout server %s had %d requests in flight but reported none running or waiting for %.0f s: "
                 "they are asked again",
-                url, len(lost), idle_s,
-            )  # fmt: skip
+                url,
+                len(lost),
+                idle_s,
+            )
         return asked_again
 
 

@@ -280,8 +280,10 @@ class StepMetrics:
                     "env %s is starved: %.0f%% of its finished episodes were wasted as stale (other envs: %.0f%%); "
                     "its tasks finish too late for max_off_policy_steps. Raise max_off_policy_steps, or split its "
                     "groups (rollout.members_per_request) so members finish sooner; per_env in metrics.jsonl",
-                    env, 100 * mine, 100 * theirs,
-                )  # fmt: skip
+                    env,
+                    100 * mine,
+                    100 * theirs,
+                )
         if self._fh is not None:
             self._fh.write(json.dumps(line) + "\n")
             self._fh.flush()
@@ -290,9 +292,14 @@ class StepMetrics:
         )
         log.info(
             "shipped step %d: %s, staleness %.2f (max %d), queue %d, %.0f tok/s, %.2f s",
-            step, scored, line["staleness_mean"], line["staleness_max"], line["queue"],
-            line["rollout_tokens_per_s"], elapsed,
-        )  # fmt: skip
+            step,
+            scored,
+            line["staleness_mean"],
+            line["staleness_max"],
+            line["queue"],
+            line["rollout_tokens_per_s"],
+            elapsed,
+        )
         return line
 
     def _reward_metrics(self) -> dict[str, dict[str, float]]:

@@ -119,8 +119,11 @@ class NoSignalGuard:
             self.warned = True
             log.warning(
                 "%s. Check %s. The run stops after %d such groups (%s)",
-                self._what(split, shipped), self._knobs(), self.limit, self._limit_words(),
-            )  # fmt: skip
+                self._what(split, shipped),
+                self._knobs(),
+                self.limit,
+                self._limit_words(),
+            )
 
     def _what(self, split: _Split, shipped: int) -> str:
         since = f"since batch {shipped}" if shipped else "since the run began"

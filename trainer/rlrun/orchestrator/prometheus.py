@@ -31,14 +31,19 @@ METRICS: dict[str, tuple[str, str]] = {
     "rlrun_conversations_kept": ("gauge", "Multi-turn episodes kept at a durable turn."),
     "rlrun_episodes_finished": ("counter", "Episodes finished (scored or abandoned) in this attempt."),
     "rlrun_samples_dropped_stale": ("counter", "Queued samples dropped as too old to train (max_off_policy_steps)."),
-    "rlrun_groups_abandoned": ("counter", "Groups given up (nothing left could train, or their requests kept failing)."),
+    "rlrun_groups_abandoned": (
+        "counter",
+        "Groups given up (nothing left could train, or their requests kept failing).",
+    ),
     "rlrun_groups_rejected": ("counter", "Groups scored and not trained (zero reward spread, too few fresh members)."),
     "rlrun_completion_tokens": ("counter", "Completion tokens of the episodes finished (generated), over the run."),
     "rlrun_completion_tokens_zero_spread_solved": (
-        "counter", "Of them, in groups rejected for zero reward spread that every member solved.",
+        "counter",
+        "Of them, in groups rejected for zero reward spread that every member solved.",
     ),
     "rlrun_completion_tokens_zero_spread_unsolved": (
-        "counter", "Of them, in groups rejected for zero reward spread that not every member solved.",
+        "counter",
+        "Of them, in groups rejected for zero reward spread that not every member solved.",
     ),
     "rlrun_completion_tokens_trained": ("counter", "Completion tokens of the samples shipped to the trainer."),
     "rlrun_tasks_skipped": ("counter", "Tasks the curriculum passed over (spec.curriculum), over the run."),
@@ -50,31 +55,45 @@ METRICS: dict[str, tuple[str, str]] = {
     "rlrun_checkpoint_write_seconds": ("gauge", "Time to pack and write the last orchestrator checkpoint part."),
     "rlrun_pause_seconds": ("gauge", "Time the last pause took to write its snapshot."),
     "rlrun_weight_update_seconds": (
-        "gauge", "Time the last weight update took: validation, then every server's pause, reload and resume.",
+        "gauge",
+        "Time the last weight update took: validation, then every server's pause, reload and resume.",
     ),
     "rlrun_served_mismatch_kl_nats": (
-        "gauge", "Trainer-sampler mismatch of the newest policy probed on the rollout servers, nats/token.",
+        "gauge",
+        "Trainer-sampler mismatch of the newest policy probed on the rollout servers, nats/token.",
     ),
     "rlrun_weight_updates_unverified": (
-        "counter", "Server updates after which the served weights were not the published ones.",
+        "counter",
+        "Server updates after which the served weights were not the published ones.",
     ),
     "rlrun_eval_rounds_dropped": (
-        "counter", "Held-out evaluation rounds dropped: failed, unanswered in time, or their weights moved.",
+        "counter",
+        "Held-out evaluation rounds dropped: failed, unanswered in time, or their weights moved.",
     ),
     "rlrun_eval_hold_seconds": ("counter", "Time evaluation rounds held the weight pushes."),
     "rlrun_reward_mean": ("gauge", "Mean reward of the episodes scored before the last shipped step."),
     "rlrun_reward_std": ("gauge", "Standard deviation of those rewards."),
     "rlrun_staleness_mean_steps": ("gauge", "Mean off-policy staleness of the last batch, steps."),
-    "rlrun_groups_zero_std_ratio": ("gauge", "Share of the groups scored with zero reward spread (TRL frac_reward_zero_std)."),
-    "rlrun_groups_solved_all_ratio": ("gauge", "Share of the groups scored that every member solved (prime-rl solved_all)."),
-    "rlrun_groups_solved_none_ratio": ("gauge", "Share of the groups scored that every member scored 0 (prime-rl solved_none)."),
+    "rlrun_groups_zero_std_ratio": (
+        "gauge",
+        "Share of the groups scored with zero reward spread (TRL frac_reward_zero_std).",
+    ),
+    "rlrun_groups_solved_all_ratio": (
+        "gauge",
+        "Share of the groups scored that every member solved (prime-rl solved_all).",
+    ),
+    "rlrun_groups_solved_none_ratio": (
+        "gauge",
+        "Share of the groups scored that every member scored 0 (prime-rl solved_none).",
+    ),
     "rlrun_episodes_truncated_ratio": ("gauge", "Share of the episodes scored that stopped at max_tokens."),
     "rlrun_rollout_tokens_per_second": ("gauge", "Completion tokens sampled per second over the last step."),
     "rlrun_step_duration_seconds": ("gauge", "Time between the last two shipped steps."),
     "rlrun_zero_spread_token_ratio": (
-        "gauge", "Share of the completion tokens generated before the last step spent on zero-spread groups.",
+        "gauge",
+        "Share of the completion tokens generated before the last step spent on zero-spread groups.",
     ),
-}  # fmt: skip
+}
 
 #: The gauges of :data:`METRICS` that come from the last ``metrics.jsonl`` line, by its key.
 _LAST_STEP = {

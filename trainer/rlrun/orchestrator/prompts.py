@@ -183,8 +183,9 @@ class PromptLimit:
             log.warning(
                 "%s: skipped, as is every other prompt of env %s that does not fit (ledger task_dropped, metrics "
                 "prompts_too_long); rollout.overlong_prompts: refuse stops the run instead",
-                self.episodes.too_long(task, tokens), task.env,
-            )  # fmt: skip
+                self.episodes.too_long(task, tokens),
+                task.env,
+            )
         return False
 
 
@@ -206,8 +207,10 @@ def fitting_eval_tasks(episodes: EpisodeBuilder, tasks: list[Task], mode: Overlo
     for env, n in left_out.items():
         log.warning(
             "evaluation: %d held-out prompts of env %s are longer than %s tokens: left out",
-            n, env, episodes.max_prompt_tokens,
-        )  # fmt: skip
+            n,
+            env,
+            episodes.max_prompt_tokens,
+        )
     return kept
 
 

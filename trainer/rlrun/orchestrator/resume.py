@@ -200,15 +200,22 @@ def put_back(resume: ResumePlan, stages: Stages, shipped: int) -> None:
         ledger.write(LedgerEvent.REPLAYED, ids=ids, attempts=attempts, records=len(records))
         source.cursor = max(source.cursor, max(r.group_id for r in records) + 1)
     if resume.unjournaled:  # passed by the cursor above: requested again whole (restore_plan's to_complete)
-        log.info("resume: tasks %s were drawn after the snapshot and nothing of them was journaled: requested again",
-                 resume.unjournaled)  # fmt: skip
+        log.info(
+            "resume: tasks %s were drawn after the snapshot and nothing of them was journaled: requested again",
+            resume.unjournaled,
+        )
     sink.restore(resume.plan, resume.snapshot.counters, shipped + 1)
     plan = resume.plan
     source.restore(list(resume.snapshot.taken_members()), plan.to_complete, plan.continued)
     if plan.continued:
         c = plan.continued
-        ledger.write(LedgerEvent.CONTINUED, ids=[x.episode_id for x in c], turns=[x.turns for x in c],
-                     v=[x.policy_version for x in c], floor=plan.floor)  # fmt: skip
+        ledger.write(
+            LedgerEvent.CONTINUED,
+            ids=[x.episode_id for x in c],
+            turns=[x.turns for x in c],
+            v=[x.policy_version for x in c],
+            floor=plan.floor,
+        )
         if kept is not None:
             kept.carry(c)
     for why in sorted({why for _, why in plan.dropped_conversations}):
@@ -235,8 +242,12 @@ async def begin_attempt(resume: bool, run_dir: RunDir, spec: RLRunSpec, stages: 
         if records:
             resume_plan = plan_resume(SinkSnapshot([], [], []), records, spec, source, 0)
             put_back(resume_plan, stages, 0)
-            log.info("resume: starting over with %d journaled episodes replayed (%d open groups, %d queued traces)",
-                     sum(len(r.episodes) for r in records), len(resume_plan.plan.open_groups), len(sink.queue))  # fmt: skip
+            log.info(
+                "resume: starting over with %d journaled episodes replayed (%d open groups, %d queued traces)",
+                sum(len(r.episodes) for r in records),
+                len(resume_plan.plan.open_groups),
+                len(sink.queue),
+            )
     return restored
 
 
@@ -324,16 +335,33 @@ async def restore(run_dir: RunDir, spec: RLRunSpec, stages: Stages) -> Restored 
     log.info(
         "Resuming with %d queued traces, %d open groups (%d finished episodes kept) and %d requested groups; "
         "step %d, %d batches shipped, %d stale dropped, %d members requested again, task cursor %d",
-        report.queued_traces, report.open_groups, report.finished_episodes_kept, report.requested_groups,
-        ckpt.step, shipped, report.dropped_stale, report.members_requested, source.cursor,
-    )  # fmt: skip
+        report.queued_traces,
+        report.open_groups,
+        report.finished_episodes_kept,
+        report.requested_groups,
+        ckpt.step,
+        shipped,
+        report.dropped_stale,
+        report.members_requested,
+        source.cursor,
+    )
     if plan.continued or plan.dropped_conversations:
-        log.info("resume: %d multi-turn episodes continued at their last durable turn (%d turns kept, none sampled "
-                 "again); %d started over (%s)", report.conversations_continued, report.turns_kept,
-                 len(plan.dropped_conversations), ", ".join(sorted({w for _, w in plan.dropped_conversations})) or "-")  # fmt: skip
+        log.info(
+            "resume: %d multi-turn episodes continued at their last durable turn (%d turns kept, none sampled "
+            "again); %d started over (%s)",
+            report.conversations_continued,
+            report.turns_kept,
+            len(plan.dropped_conversations),
+            ", ".join(sorted({w for _, w in plan.dropped_conversations})) or "-",
+        )
     if records:
-        log.info("resume: replayed %d journaled episodes (%d records of attempts %s after the cut %s)",
-                 replayed, len(records), sorted({r.attempt for r in records}), base)  # fmt: skip
+        log.info(
+            "resume: replayed %d journaled episodes (%d records of attempts %s after the cut %s)",
+            replayed,
+            len(records),
+            sorted({r.attempt for r in records}),
+            base,
+        )
     policy = min(int(state.get("policy_version", ckpt.step)), shipped)  # a policy is never newer than its batches
     return Restored(ckpt.step, shipped, report, base, replayed, policy)
 

@@ -213,8 +213,13 @@ class TrainSink:
             self.counters.samples_dropped_stale += len(stale)
             for s in stale:
                 self.counters.count_env(s.trace.env, "wasted_stale")
-            self._record(LedgerEvent.DROPPED_STALE, [s.trace.episode_id for s in stale], step=step,
-                         floor=self.min_fresh(step), v=[s.trace.policy_version for s in stale])  # fmt: skip
+            self._record(
+                LedgerEvent.DROPPED_STALE,
+                [s.trace.episode_id for s in stale],
+                step=step,
+                floor=self.min_fresh(step),
+                v=[s.trace.policy_version for s in stale],
+            )
         return stale
 
     def take_batch(self, step: int) -> list[TrainingSample] | None:

@@ -327,11 +327,14 @@ def restore_plan(
     continued, dropped_conversations = [], []
     for c in sorted(snap.conversations, key=lambda c: (-c.turns, c.group_id, c.member)):
         why = (
-            "group_scored" if c.group_id in queued
-            else "stale" if c.policy_version < floor
-            else "surplus" if members.get(c.group_id, 0) >= group_size
+            "group_scored"
+            if c.group_id in queued
+            else "stale"
+            if c.policy_version < floor
+            else "surplus"
+            if members.get(c.group_id, 0) >= group_size
             else None
-        )  # fmt: skip
+        )
         if why is not None:
             dropped_conversations.append((c, why))
             continue
@@ -341,6 +344,12 @@ def restore_plan(
     to_complete = [(g, tasks[g], group_size - members.get(g, 0)) for g in sorted(tasks)]
     open_groups = [(g, tasks[g], eps) for g, eps in sorted(kept.items()) if eps]
     return RestorePlan(
-        queue, open_groups, [c for c in to_complete if c[2] > 0], dropped_samples, dropped_episodes,
-        continued, dropped_conversations, floor,
-    )  # fmt: skip
+        queue,
+        open_groups,
+        [c for c in to_complete if c[2] > 0],
+        dropped_samples,
+        dropped_episodes,
+        continued,
+        dropped_conversations,
+        floor,
+    )

@@ -133,17 +133,34 @@ class Conversation:
             EnvStateError: the env's state is not plain JSON.
         """
         return KeptConversation(
-            group_id, member, task, policy_version, self.ids[: self.prompt_len], self.completion_ids,
-            list(self.logprobs), kept_state(self.state, task.env), self.turns, self.reward, self.tool_calls,
+            group_id,
+            member,
+            task,
+            policy_version,
+            self.ids[: self.prompt_len],
+            self.completion_ids,
+            list(self.logprobs),
+            kept_state(self.state, task.env),
+            self.turns,
+            self.reward,
+            self.tool_calls,
             self.tool_errors,
-        )  # fmt: skip
+        )
 
     @classmethod
     def from_kept(cls, kept: KeptConversation) -> Conversation:
         """The conversation ``kept`` holds, ready for its next turn (on a copy of its state: ``kept`` stays as kept)."""
         ids = [*kept.prompt_ids, *kept.completion_ids]
-        return cls(len(kept.prompt_ids), ids, list(kept.logprobs), kept_state(kept.state, kept.task.env), kept.turns,
-                   kept.reward, kept.tool_calls, kept.tool_errors)  # fmt: skip
+        return cls(
+            len(kept.prompt_ids),
+            ids,
+            list(kept.logprobs),
+            kept_state(kept.state, kept.task.env),
+            kept.turns,
+            kept.reward,
+            kept.tool_calls,
+            kept.tool_errors,
+        )
 
 
 @dataclass(frozen=True)

@@ -91,18 +91,29 @@ def vllm_command(
         bf16 = has_bf16 if bf16 is None else bf16
     rollout = spec.rollout
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model_path,
-        "--served-model-name", SERVED_MODEL_NAME,
-        "--host", host,
-        "--port", str(port),
-        "--dtype", served_dtype(spec.trainer.precision, gpu, bf16),
-        "--seed", str(spec.seed),
-        "--worker-extension-cls", WORKER_EXTENSION,
-        "--logprobs-mode", "processed_logprobs",
-        "--generation-config", "vllm",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_path,
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        served_dtype(spec.trainer.precision, gpu, bf16),
+        "--seed",
+        str(spec.seed),
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--generation-config",
+        "vllm",
         "--disable-uvicorn-access-log",
-    ]  # fmt: skip
+    ]
     if revision := pretrained_kwargs(spec.model).get("revision"):  # the revision the trainer loads too
         cmd += ["--revision", revision]
     max_len = rollout.max_model_len or (64 if spec.model.builtin == "tiny-reverse" else None)
@@ -151,8 +162,13 @@ def serve(spec: RLRunSpec, model_path: str, host: str, port: int) -> None:
     cmd = vllm_command(spec, model_path, host, port, gpu=devices > 0, bf16=bf16)
     dtype = cmd[cmd.index("--dtype") + 1]
     if devices:
-        log.info("vLLM on %d of %d GPU(s), dtype %s (trainer.precision %s)", max(1, wanted), devices, dtype,
-                 spec.trainer.precision)  # fmt: skip
+        log.info(
+            "vLLM on %d of %d GPU(s), dtype %s (trainer.precision %s)",
+            max(1, wanted),
+            devices,
+            dtype,
+            spec.trainer.precision,
+        )
     else:
         note = f" (spec.rollout.gpus {wanted} ignored: no GPU here)" if wanted else ""
         log.info("vLLM on CPU, dtype %s, no tensor parallelism%s", dtype, note)

@@ -162,8 +162,14 @@ def init_from_env(env: Mapping[str, str] | None = None, timeout_s: float = 600.0
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=(DP_MESH_DIM,))
     log.info(
         "rank %d of %d (local %d) joined %s:%s with %s on %s",
-        rank, world_size, local_rank, env["MASTER_ADDR"], env["MASTER_PORT"], backend, device,
-    )  # fmt: skip
+        rank,
+        world_size,
+        local_rank,
+        env["MASTER_ADDR"],
+        env["MASTER_PORT"],
+        backend,
+        device,
+    )
     return DataParallel(rank, world_size, local_rank, backend, device, mesh)
 
 

@@ -231,9 +231,16 @@ def head_returns_token_stats(
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         logprobs, entropy = chunked_token_stats(
-            hidden[positions], head.weight, selected, temperature, top_p, chunk_tokens, head.bias, compute_dtype,
+            hidden[positions],
+            head.weight,
+            selected,
+            temperature,
+            top_p,
+            chunk_tokens,
+            head.bias,
+            compute_dtype,
             with_entropy,
-        )  # fmt: skip
+        )
         returned.append(torch.stack([logprobs, entropy], dim=-1))
         return returned[-1]
 

@@ -63,9 +63,13 @@ def lora_config(lora: LoraSpec) -> LoraConfig:
     loaded from, as ``base_model_name_or_path`` in ``adapter_config.json``)."""
     alpha = int(lora.alpha) if float(lora.alpha).is_integer() else lora.alpha  # the int peft and vLLM document
     return LoraConfig(
-        r=lora.rank, lora_alpha=alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
-        bias="none", task_type="CAUSAL_LM",
-    )  # fmt: skip
+        r=lora.rank,
+        lora_alpha=alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def wrap(model: nn.Module, lora: LoraSpec) -> Adapter:

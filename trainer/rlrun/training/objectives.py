@@ -289,8 +289,13 @@ def loss_sums(
     with torch.no_grad():
         token_ratio = torch.exp(log_r.detach())
         sums = {
-            "clipped": clipped.sum(), "ratio_sum": token_ratio.sum(), "dual_clipped": dual_clipped,
-            "truncated": truncated, "masked": masked, "kl_sum": kl_sum, "policy_loss": policy_loss.detach(),
+            "clipped": clipped.sum(),
+            "ratio_sum": token_ratio.sum(),
+            "dual_clipped": dual_clipped,
+            "truncated": truncated,
+            "masked": masked,
+            "kl_sum": kl_sum,
+            "policy_loss": policy_loss.detach(),
             "ratio_max": token_ratio.max() if token_ratio.numel() else torch.tensor(float("-inf"), device=log_r.device),
-        }  # fmt: skip
+        }
     return loss, sums

@@ -166,8 +166,10 @@ def wait_for_pairing(run_dir: RunDir, attempt: int, pair_wait_s: float = PAIR_WA
         if time.monotonic() >= deadline:
             log.warning(
                 "resume: trainer part %d of this attempt was not completed by the orchestrator within %.0f s; "
-                "resuming from the newest complete checkpoint instead", newest, pair_wait_s,
-            )  # fmt: skip
+                "resuming from the newest complete checkpoint instead",
+                newest,
+                pair_wait_s,
+            )
             return
         if not logged:
             log.info("resume: waiting for the orchestrator to complete trainer part %d of this attempt", newest)
@@ -266,9 +268,12 @@ def _load_unsharded_into_shards(
         return
     model_state, optim_state = get_state_dict(plain, plain_opt)
     set_state_dict(
-        model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
+        model,
+        optimizer,
+        model_state_dict=model_state,
+        optim_state_dict=optim_state,
         options=StateDictOptions(full_state_dict=True),
-    )  # fmt: skip
+    )
     log.info("resume: loaded the unsharded part %s into %d ranks", root, dp.world_size)
 
 

@@ -58,8 +58,9 @@ def resolve_precision(requested: str, device: torch.device, warn: bool = True) -
     if warn:
         log.warning(
             "spec.trainer.precision: bfloat16 requested but %s has no native bfloat16; training in float32 "
-            "(and publishing float32 weights)", "this CPU" if device.type == "cpu" else device,
-        )  # fmt: skip
+            "(and publishing float32 weights)",
+            "this CPU" if device.type == "cpu" else device,
+        )
     return torch.float32
 
 

@@ -33,31 +33,57 @@ METRICS: dict[str, tuple[str, str, str | None]] = {
     "rlrun_trainer_learning_rate": ("gauge", "The learning rate the last step trained with (the LR schedule's).", "lr"),
     "rlrun_trainer_entropy_nats": ("gauge", "Mean next-token entropy over the trained tokens, nats.", "entropy"),
     "rlrun_trainer_mismatch_kl_nats": (
-        "gauge", "Mean KL(vLLM || trainer) over the trained tokens (k3), nats: ~0 unless weights or tokens differ.",
+        "gauge",
+        "Mean KL(vLLM || trainer) over the trained tokens (k3), nats: ~0 unless weights or tokens differ.",
         "mismatch_kl",
     ),
     "rlrun_trainer_mismatch_kl_on_policy_nats": (
-        "gauge", "The same over the samples of the weights the trainer holds, nats.", "mismatch_kl_on_policy",
+        "gauge",
+        "The same over the samples of the weights the trainer holds, nats.",
+        "mismatch_kl_on_policy",
     ),
     "rlrun_trainer_clip_ratio": ("gauge", "Share of trained tokens whose ratio was clipped.", "clip_fraction"),
-    "rlrun_trainer_dual_clip_ratio": ("gauge", "Share of trained tokens the dual clip bound (loss.dual_clip set).", "dual_clip_fraction"),
+    "rlrun_trainer_dual_clip_ratio": (
+        "gauge",
+        "Share of trained tokens the dual clip bound (loss.dual_clip set).",
+        "dual_clip_fraction",
+    ),
     "rlrun_trainer_is_truncated_ratio": (
-        "gauge", "Share of trained tokens whose sampler-to-trainer weight was capped (importance_correction truncate).",
+        "gauge",
+        "Share of trained tokens whose sampler-to-trainer weight was capped (importance_correction truncate).",
         "is_truncated_fraction",
     ),
     "rlrun_trainer_is_masked_ratio": (
-        "gauge", "Share of trained tokens dropped by the mismatch mask (importance_correction mask).", "is_masked_fraction",
+        "gauge",
+        "Share of trained tokens dropped by the mismatch mask (importance_correction mask).",
+        "is_masked_fraction",
     ),
-    "rlrun_trainer_kl_ref_nats": ("gauge", "Mean KL estimate to the reference policy over the trained tokens, nats (loss.kl_coef > 0).", "kl_ref"),
+    "rlrun_trainer_kl_ref_nats": (
+        "gauge",
+        "Mean KL estimate to the reference policy over the trained tokens, nats (loss.kl_coef > 0).",
+        "kl_ref",
+    ),
     "rlrun_trainer_tokens": ("gauge", "Tokens trained in the last step.", "tokens"),
-    "rlrun_trainer_padding_share": ("gauge", "Share of the last step's micro-batch token slots that were padding.", "padding_share"),
+    "rlrun_trainer_padding_share": (
+        "gauge",
+        "Share of the last step's micro-batch token slots that were padding.",
+        "padding_share",
+    ),
     "rlrun_trainer_tokens_per_second": ("gauge", "Tokens trained per second of the last step's compute.", None),
     "rlrun_trainer_step_seconds": ("gauge", "The last step's compute time (after its batch arrived).", "train_s"),
     "rlrun_trainer_batch_wait_seconds": ("gauge", "Time the last step waited for its batch.", "wait_s"),
-    "rlrun_trainer_broadcast_seconds": ("gauge", "Time the last step's weights took to publish for the rollout servers.", "broadcast_s"),
-    "rlrun_trainer_broadcast_bytes": ("gauge", "Bytes the last step's weights took to publish (the adapter alone with LoRA).", "broadcast_bytes"),
+    "rlrun_trainer_broadcast_seconds": (
+        "gauge",
+        "Time the last step's weights took to publish for the rollout servers.",
+        "broadcast_s",
+    ),
+    "rlrun_trainer_broadcast_bytes": (
+        "gauge",
+        "Bytes the last step's weights took to publish (the adapter alone with LoRA).",
+        "broadcast_bytes",
+    ),
     "rlrun_trainer_checkpoint_seconds": ("gauge", "Time the last trainer checkpoint took to write.", "checkpoint_s"),
-}  # fmt: skip
+}
 
 
 class TrainerMetrics:

@@ -96,9 +96,14 @@ def batch_loss(
     sequences = int((loss_mask.sum(dim=1) > 0).sum())
     ref = ref_logprobs[loss_mask] if ref_logprobs is not None else None
     loss, sums = loss_sums(
-        logprobs[loss_mask], old_logprobs[loss_mask], adv[loss_mask], rows[loss_mask], settings,
-        normaliser(settings, n_tokens, sequences), ref,
-    )  # fmt: skip
+        logprobs[loss_mask],
+        old_logprobs[loss_mask],
+        adv[loss_mask],
+        rows[loss_mask],
+        settings,
+        normaliser(settings, n_tokens, sequences),
+        ref,
+    )
     stats = {
         "clip_fraction": float(sums["clipped"]) / n_tokens,
         "ratio_mean": float(sums["ratio_sum"]) / n_tokens,

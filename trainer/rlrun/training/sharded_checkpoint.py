@@ -235,6 +235,9 @@ def load_sharded(
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     log.info(
         "loaded sharded checkpoint %s (step %d, written by %d ranks) on %d ranks",
-        part, info.step, info.world_size, dp.world_size,
-    )  # fmt: skip
+        part,
+        info.step,
+        info.world_size,
+        dp.world_size,
+    )
     return info

@@ -125,8 +125,10 @@ def _plan(
         _warned_long_sample = True
         log.warning(
             "a sample of %d tokens is longer than spec.trainer.micro_batch_tokens (%d): it is trained in a "
-            "micro-batch of its own, whose memory it sets (logged once)", longest, settings.micro_batch_tokens,
-        )  # fmt: skip
+            "micro-batch of its own, whose memory it sets (logged once)",
+            longest,
+            settings.micro_batch_tokens,
+        )
     return plan
 
 
@@ -147,10 +149,16 @@ def _forward_token_stats(
     with (
         autocast(dp.device, settings.compute_dtype, dp.distributed),
         head_returns_token_stats(
-            model, mb.loss_mask, mb.targets, settings.temperature, settings.top_p, settings.chunk_tokens,
-            settings.compute_dtype, with_entropy,
+            model,
+            mb.loss_mask,
+            mb.targets,
+            settings.temperature,
+            settings.top_p,
+            settings.chunk_tokens,
+            settings.compute_dtype,
+            with_entropy,
         ) as returned,
-    ):  # fmt: skip
+    ):
         out = model(
             input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids, use_cache=False
         )
@@ -209,9 +217,15 @@ def accumulate_gradients(
     pack = supports_packing(model) if pack is None else pack
     plan = _plan(model, batch, on_policy_rows, settings, pack)
     n, sequences, slots, padding = _all_reduce(
-        [sum(int(mb.loss_mask.sum()) for mb in plan), sum(_sequences(mb) for mb in plan),
-         sum(mb.slots for mb in plan), sum(mb.padding for mb in plan)], dist.ReduceOp.SUM, dp,
-    )  # fmt: skip
+        [
+            sum(int(mb.loss_mask.sum()) for mb in plan),
+            sum(_sequences(mb) for mb in plan),
+            sum(mb.slots for mb in plan),
+            sum(mb.padding for mb in plan),
+        ],
+        dist.ReduceOp.SUM,
+        dp,
+    )
     (count,) = _all_reduce([len(plan)], dist.ReduceOp.MAX, dp)
     if n == 0:
         raise ValueError("loss_mask selects no token" + (" on any rank" if dp.distributed else ""))
