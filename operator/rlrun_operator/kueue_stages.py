@@ -68,9 +68,8 @@ def involved(ctx: RunContext, rec: Recovery | None) -> bool:
 
 
 def _next_attempt(ctx: RunContext, rec: Recovery) -> int:
-    if rec.nextAttempt is not None:
-        return int(rec.nextAttempt)
-    return 0 if ctx.attempt is None else int(ctx.attempt) + 1
+    """The attempt a queued run starts: the one its recovery already chose, else the one after the current."""
+    return int(rec.nextAttempt) if rec.nextAttempt is not None else recovery.following_attempt(ctx.attempt)
 
 
 def _queue(ctx: RunContext, adm: kueue.Admission | None = None) -> dict[str, Any]:

@@ -224,6 +224,11 @@ def created_suspended(status: dict[str, Any], generation: int | None, now: str |
     return {**suspended_patch(status, generation, "created suspended", now), "recovery": _dump(recovery)}
 
 
+def following_attempt(attempt: int | None) -> int:
+    """The number of the attempt after ``attempt`` (``status.attempt``; None: no attempt yet, so 0)."""
+    return 0 if attempt is None else int(attempt) + 1
+
+
 def to_stage(recovery: Recovery, stage: str, now: str | None = None, **fields: Any) -> dict[str, Any]:
     """The patch moving ``recovery`` to ``stage`` (with other Recovery ``fields`` changed)."""
     now = now or now_rfc3339()

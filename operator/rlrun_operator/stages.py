@@ -282,8 +282,7 @@ async def stop(r: Reconciling, ctx: RunContext, rec: Recovery) -> bool:
         await ctx.write(patch)
         ctx.event(EventReason.SUSPENDED, f"{len(stopping)} pods deleted")
         return True
-    next_attempt = 0 if ctx.attempt is None else int(ctx.attempt) + 1
-    await ctx.write(recovery.to_stage(rec, Stage.STARTING, nextAttempt=next_attempt))
+    await ctx.write(recovery.to_stage(rec, Stage.STARTING, nextAttempt=recovery.following_attempt(ctx.attempt)))
     return True
 
 
@@ -291,8 +290,7 @@ async def unsuspend(r: Reconciling, ctx: RunContext, rec: Recovery) -> bool:
     """A suspended run whose ``spec.suspend`` is false again: on to ``Starting`` the next attempt."""
     if ctx.run.spec.suspend:
         return False
-    next_attempt = 0 if ctx.attempt is None else int(ctx.attempt) + 1
-    await ctx.write(recovery.to_stage(rec, Stage.STARTING, nextAttempt=next_attempt))
+    await ctx.write(recovery.to_stage(rec, Stage.STARTING, nextAttempt=recovery.following_attempt(ctx.attempt)))
     r.recovery_started(ctx)
     return True
 

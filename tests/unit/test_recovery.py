@@ -346,3 +346,7 @@ def test_a_finalizer_hold_is_said_once_and_taken_back_when_the_pod_is_gone():
         None,
     )
     assert recovery.held_by_finalizers({}, 3, [], now=NOW) == ({}, None)  # nothing to take back
+
+
+def test_the_attempt_after_none_is_0_and_after_n_is_n_plus_1():
+    assert [recovery.following_attempt(a) for a in (None, 0, 3)] == [0, 1, 4]
