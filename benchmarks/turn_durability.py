@@ -3,9 +3,9 @@
 One scenario, run twice in the same invocation with the same seed: the real Orchestrator (in process, the fake
 trainer, :mod:`rlrun.orchestrator`) trains a 6-turn env (``tests.support.envs:UntilOne``) — the model answers
 until it says ``1``, at most six turns — against a scripted server (answers drawn from a hash of the prompt) at
-``--samples-per-s`` completions per second. At step ``--pause-at`` the orchestrator is paused (the snapshot a preemption writes) and stopped, and a
-second attempt resumes to ``--steps``. Attempt 1 is the same in both runs (the env is resumable: its turns are
-journaled); they differ in what the resume does with the conversations kept:
+``--samples-per-s`` completions per second. At step ``--pause-at`` the orchestrator is paused (the snapshot a preemption
+writes) and stopped, and a second attempt resumes to ``--steps``. Attempt 1 is the same in both runs (the env is
+resumable: its turns are journaled); they differ in what the resume does with the conversations kept:
 
 - ``kept``: turn-level durability: each is continued at its last durable turn;
 - ``regenerated``: the baseline, as before turn-level durability (and as for an env that is not ``resumable``):

@@ -1,4 +1,5 @@
-"""What the first run of each example pays for its builtin model: the build and warm start, from scratch. JSON on stdout.
+"""What the first run of each example pays for its builtin model: the build and warm start, from scratch. JSON on
+stdout.
 
 For each manifest (default: every example on a builtin model), ``rlrun model init --manifest M OUT_DIR`` builds its
 model into an empty directory (as a first ``rlrun local`` does into the cache) and its report gives the warm start's

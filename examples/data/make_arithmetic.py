@@ -4,8 +4,8 @@ Each line is ``{"prompt": "12+7=", "answer": "19"}``: two operands in ``0..99``,
 subtraction never goes below zero), so a prompt has at most 6 characters and an answer at most 3, all
 printable ASCII — small enough for the tiny char-level model with its 64-token context. The rows are
 distinct prompts drawn without replacement by ``random.Random(SEED)``, in a shuffled order, so the file
-is the same bytes on every machine (``tests/unit/test_dataset_env.py`` checks the committed file against it). It is the ``dataset`` env's example
-(:mod:`rlrun.envs.dataset`); the file is committed, and this script is how to regenerate it::
+is the same bytes on every machine (``tests/unit/test_dataset_env.py`` checks the committed file against it). It is the
+``dataset`` env's example (:mod:`rlrun.envs.dataset`); the file is committed, and this script is how to regenerate it::
 
     python examples/data/make_arithmetic.py            # rewrites examples/data/arithmetic.jsonl
     python examples/data/make_arithmetic.py --out x.jsonl --rows 500

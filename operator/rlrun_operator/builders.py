@@ -10,7 +10,7 @@ For a run named ``R`` in attempt ``N``:
 | Service (orchestrator control port) | ``R-orchestrator`` | yes |
 | Pod ``rlrun orchestrator`` | ``R-orchestrator-aN`` | yes |
 | Pod ``rlrun trainer`` | ``R-trainer-aN`` | yes |
-| Pods ``torchrun … rlrun trainer``, one per node of a multi-node trainer (``trainer.nodes`` > 1) | ``R-trainer-I-aN`` | yes |
+| Pods ``torchrun … rlrun trainer``, one per node of a trainer with ``trainer.nodes`` > 1 | ``R-trainer-I-aN`` | yes |
 | headless Service giving those pods stable DNS names (only with ``trainer.nodes`` > 1) | ``R-trainer`` | yes |
 | Pods ``rlrun rollout`` (vLLM), ``rollout.replicas`` of them | ``R-rollout-I-aN`` | yes |
 | a lost rollout pod's replacement (the attempt goes on) | ``R-rollout-I-aN-rK`` | yes |
@@ -47,7 +47,8 @@ def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
 def object_meta(
     body: dict[str, Any], name: str, component: str | None = None, attempt: int | None = None, owned: bool = True
 ) -> dict[str, Any]:
-    """The ``metadata`` of a run's object ``name``: namespace, labels (:func:`naming.labels`), owner reference unless not ``owned``."""
+    """The ``metadata`` of a run's object ``name``: namespace, labels (:func:`naming.labels`), owner reference unless
+    not ``owned``."""
     run = body["metadata"]["name"]
     meta: dict[str, Any] = {
         "name": name,

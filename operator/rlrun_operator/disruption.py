@@ -20,7 +20,7 @@ clusters: Kubeflow's training-operator, JobSet, KubeRay):
 | ``DisruptionTarget=True`` (any reason; ``False`` after a blocked eviction: nothing) | DisruptionTarget | preemption |
 | a ``deletionTimestamp`` the operator did not cause | PodDeleted | preemption |
 | its Node object is gone | NodeGone | preemption |
-| its node has a taint of :data:`~rlrun_operator.settings.NODE_TAINTS` or of ``disruption_taints`` | NodeTainted | preemption |
+| its node has a taint of :data:`.settings.NODE_TAINTS` or of ``disruption_taints`` | NodeTainted | preemption |
 
 A pod that exited 0 before the end counts as a preemption: something outside the run
 stopped it, and it paused cleanly (its snapshot is on the volume), so nothing is lost.

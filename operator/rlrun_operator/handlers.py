@@ -2,13 +2,16 @@
 
 | handler | on | does |
 |---|---|---|
-| :func:`create_run` | RLRun created | the reconciler's first start: claim, Secret, ConfigMap, Service, then attempt 0's pods (none if suspended) |
-| :func:`spec_changed` | ``spec`` updated | ConfigMap (next attempt); invalid changes refused; then a reconcile (``suspend``) |
+| :func:`create_run` | RLRun created | the reconciler's first start¹ |
+| :func:`spec_changed` | ``spec`` updated | ConfigMap (next attempt); invalid changes refused; reconcile (``suspend``) |
 | :func:`poll_status` | timer, every ``status_interval_seconds`` | a reconcile |
 | :func:`pod_changed` | one of the operator's pods changes | a reconcile of its run (disruptions are seen at once) |
-| :func:`node_changed` | a Node's taints or readiness change, or it is deleted | a reconcile of every run with a pod on it |
-| :func:`workload_changed` | one of the operator's Kueue Workloads changes (only with ``kueue_enabled``: :func:`watch_workloads`) | a reconcile of its run (admission and eviction are seen at once) |
+| :func:`node_changed` | a Node's taints or readiness change, or it is deleted | reconciles every run with a pod on it |
+| :func:`workload_changed` | one of the operator's Kueue Workloads changes² | a reconcile of its run³ |
 | :func:`run_pods`, :func:`nodes` | indexes | the pods of each run, the nodes (what the reconciler reads) |
+
+¹ Claim, Secret, ConfigMap, Service, then attempt 0's pods (none if suspended). ² Only with ``kueue_enabled``:
+:func:`watch_workloads`. ³ Admission and eviction are seen at once.
 
 Deletion needs no handler: everything but a retained claim carries an owner reference
 and is garbage-collected. kopf keeps its progress in ``rlrun.dev/*`` annotations and,
@@ -16,8 +19,8 @@ because of the timer, a finalizer it removes once the timer has stopped (at once
 races its reconcile against kopf's stop flag, so a hanging connection never delays deletion).
 
 Status has one writer, the reconciler (a run's first status too: :meth:`Reconciler.start`); handlers
-here never patch status except to refuse an invalid spec at creation (nothing else exists then). Errors: a spec the pydantic model
-refuses at creation → ``Failed`` (``InvalidSpec``) and ``kopf.PermanentError``; an invalid
+here never patch status except to refuse an invalid spec at creation (nothing else exists then). Errors: a spec the
+pydantic model refuses at creation → ``Failed`` (``InvalidSpec``) and ``kopf.PermanentError``; an invalid
 change later → ignored with a Warning Event (``specs.py``); API errors → retried in
 :mod:`.kube`, then by kopf; anything else a reconcile raises → a ``Degraded`` condition
 (``ReconcileError``), tried again at the next tick.

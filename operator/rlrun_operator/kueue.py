@@ -10,10 +10,12 @@ attempt's pod of that kind, so its containers' requests are what Kueue counts).
 
 | the Workload | :func:`admission` / :func:`eviction` | the run |
 |---|---|---|
-| ``QuotaReserved`` and ``Admitted`` True, ``status.admission`` set, not ``Evicted`` | an :class:`Admission` | may have pods, placed by :func:`placement` |
-| ``Evicted`` True while ``QuotaReserved`` is True | an :class:`Eviction` (Kueue's reason) | pause → snapshot → stop, then :func:`release_quota` |
-| not admitted (or gone) while the run has pods | an :class:`Eviction` (``QuotaLost`` / ``WorkloadDeleted``) | the same |
+| ``QuotaReserved``, ``Admitted`` True, ``status.admission`` set, not ``Evicted`` | :class:`Admission` | may run pods¹ |
+| ``Evicted`` True while ``QuotaReserved`` is True | an :class:`Eviction` (Kueue's reason) | pause → snapshot → stop² |
+| not admitted (or gone) while the run has pods | :class:`Eviction` (``QuotaLost`` / ``WorkloadDeleted``) | the same |
 | neither | :func:`pending_message`: Kueue's own words | queued, no pods |
+
+¹ Placed by :func:`placement`. ² Then :func:`release_quota`.
 
 The job side of the contract (what Kueue's job reconciler writes, and so the operator too): once an evicted run's
 pods are gone, :func:`release_quota` (``QuotaReserved`` False ``Pending``, ``admission`` removed, ``Admitted``
@@ -48,7 +50,8 @@ PREEMPTED = "Preempted"
 REQUEUED = "Requeued"
 PODS_READY = "PodsReady"
 FINISHED = "Finished"
-#: The eviction reason after which the job side's release also says ``Requeued`` (Kueue's ``WorkloadEvictedByPreemption``).
+#: The eviction reason after which the job side's release also says ``Requeued`` (Kueue's
+#: ``WorkloadEvictedByPreemption``).
 PREEMPTED_REASON = "Preempted"
 
 
@@ -181,7 +184,8 @@ class Eviction:
             ``ClusterQueueStopped``, …), or ``QuotaLost`` / ``WorkloadDeleted`` when the run has pods and the Workload
             holds no quota or is gone.
         message: Kueue's message.
-        preempted: the ``Preempted`` condition's reason when it is True (``InClusterQueue``, ``InCohortReclamation``, …).
+        preempted: the ``Preempted`` condition's reason when it is True (``InClusterQueue``,
+            ``InCohortReclamation``, …).
     """
 
     reason: str
@@ -318,7 +322,8 @@ def _conditions(workload: dict[str, Any], now: str, *updates: tuple[str, bool, s
 def release_quota(workload: dict[str, Any], ev: Eviction, now: str | None = None) -> dict[str, Any]:
     """The status patch giving an evicted Workload's quota back once the run's pods are gone (Kueue's
     ``workload.UnsetQuotaReservationWithCondition(wl, "Pending", message)``, ``PodsReady`` False if it was set, and
-    ``Requeued`` True with the eviction's reason for a preemption): Kueue queues it again and may readmit it, on other flavors too."""
+    ``Requeued`` True with the eviction's reason for a preemption): Kueue queues it again and may readmit it, on other
+    flavors too."""
     now = now or now_rfc3339()
     message = ev.message or f"evicted: {ev.reason}"
     updates = [

@@ -5,14 +5,17 @@ stop path is the preemption's own).
 
 | when | function | does |
 |---|---|---|
-| a labelled run is created | :func:`start_queued` | its Workload, no pods, phase ``Queued`` (stage ``Queued``, not counted) |
-| the label while the integration is off | :func:`start_queued`, :func:`queued` | held: ``Admitted`` False ``KueueDisabled``, one Warning |
+| a labelled run is created | :func:`start_queued` | its Workload, no pods, phase and stage ``Queued`` (not counted) |
+| the label, integration off | :func:`start_queued`, :func:`queued` | held: ``Admitted`` False ``KueueDisabled``³ |
 | stage ``Queued`` | :func:`queued` | wait for admission (Kueue's message in ``Admitted``); admitted: ``Starting`` |
-| stage ``Starting`` | :func:`starting` | pods only while admitted, with the admission's placement; else back to ``Queued`` |
-| the Workload evicted (or its quota or itself gone while pods run) | :func:`evict` | an attempt-scope preemption, trigger ``KueueEviction``, phase ``Evicted`` (takes over any other recovery) |
-| the evicted run's pods are gone (its ``Starting``) | :func:`starting` | the quota released on the Workload, back to ``Queued`` |
-| stage ``Suspended`` (``spec.suspend``) | :func:`step` | ``spec.active: false``; Kueue's ``Deactivated`` eviction released, not counted |
+| stage ``Starting`` | :func:`starting` | pods only while admitted, placed by the admission; else back to ``Queued`` |
+| the Workload evicted¹ | :func:`evict` | an attempt-scope preemption, trigger ``KueueEviction``, phase ``Evicted``² |
+| the evicted run's pods gone (``Starting``) | :func:`starting` | the Workload's quota released, back to ``Queued`` |
+| stage ``Suspended`` (``spec.suspend``) | :func:`step` | ``spec.active: false``; ``Deactivated`` eviction released⁴ |
 | any other look at an admitted run | :func:`step` | the Workload's ``PodsReady`` follows the pods |
+
+¹ Or its quota or itself gone while pods run. ² It takes over any other recovery. ³ And one Warning. ⁴ Kueue's,
+not counted.
 
 An eviction that finds the run recovering from the loss of its pods under the admission Kueue takes back is
 that loss's cause made known late: counted once (:func:`.kueue_recovery.same_interruption`). The status patches

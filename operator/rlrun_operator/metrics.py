@@ -9,7 +9,9 @@
 | ``rlrun_operator_runs`` | gauge | ``phase`` (every phase, 0 included) |
 | ``rlrun_operator_recoveries_total`` | counter | ``kind`` (preemption, suspension, failure), ``trigger`` |
 | ``rlrun_operator_pause_seconds`` | histogram | ``outcome`` (paused, failed): ``POST /pause`` sent → answered |
-| ``rlrun_operator_recovery_seconds`` | histogram | ``scope`` (attempt, rollout, trainer): trigger seen → the restore confirmed (rollout: replacement created; trainer: replacement running) |
+| ``rlrun_operator_recovery_seconds`` | histogram | ``scope`` (attempt, rollout, trainer)¹ |
+
+¹ Trigger seen → the restore confirmed (rollout: replacement created; trainer: replacement running).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ what its command is, :mod:`rlrun.roles` decides for this launcher and ``rlrun lo
 The pods' names are in :mod:`rlrun_operator.builders`' table. Every pod mounts the claim at
 ``/var/lib/rlrun`` (run directory ``run/``, model cache ``cache/``) and the ConfigMap at ``/etc/rlrun``, then
 the role's own ``volumes`` (read-only unless the spec says otherwise) with its ``env`` after rlrun's variables
-(:func:`~rlrun_operator.role_inputs.user_volumes`, :func:`~rlrun_operator.role_inputs.user_env`); runs as a non-root user with no capabilities; gets
-``terminationGracePeriodSeconds`` from ``spec.preemption`` (the orchestrator writes its snapshot on SIGTERM
-within ``snapshot_timeout_seconds``).
+(:func:`~rlrun_operator.role_inputs.user_volumes`, :func:`~rlrun_operator.role_inputs.user_env`); runs as a non-root
+user with no capabilities; gets ``terminationGracePeriodSeconds`` from ``spec.preemption`` (the orchestrator writes its
+snapshot on SIGTERM within ``snapshot_timeout_seconds``).
 Pods have ``restartPolicy: Never``: a restart is a new attempt, which the operator
 numbers (and which resumes from the newest complete checkpoint: every role gets
 ``--resume``, which starts fresh on an empty run directory). The orchestrator and trainer
@@ -21,8 +21,8 @@ run from one that paused on a SIGTERM). After a recovery the pods avoid the node
 lost: ``NotIn`` the failed nodes is merged into every ``nodeSelectorTerm`` (:func:`avoid_nodes`).
 
 A trainer of ``nodes × processes_per_node`` > 1 ranks runs ``rlrun trainer`` under ``torchrun``
-(:func:`trainer_command`, :func:`rlrun.roles.trainer_argv`). Several nodes use torchrun's *static* rendezvous: node ``I``'s pod has
-``--node-rank I``, ``hostname: trainer-I`` and ``subdomain: R-trainer`` (the headless Service, which
+(:func:`trainer_command`, :func:`rlrun.roles.trainer_argv`). Several nodes use torchrun's *static* rendezvous: node
+``I``'s pod has ``--node-rank I``, ``hostname: trainer-I`` and ``subdomain: R-trainer`` (the headless Service, which
 publishes not-ready pods, so a pod's DNS name exists as soon as it has an IP), and every node's
 ``--master-addr`` is node 0's name ``trainer-0.R-trainer.<namespace>.svc``. Node 0 hosts the store
 because of its rank, not because a DNS lookup matched its own address (c10d's heuristic), and the

@@ -89,8 +89,10 @@ def scope_of(found: Sequence[Disruption], orchestrator_node: str | None = None) 
     | pods hit | scope | what restarts |
     |---|---|---|
     | rollout pods only | ``rollout`` | those rollout pods, in the same attempt |
-    | the trainer (and maybe rollout pods), not the orchestrator | ``trainer`` | those pods and every other pod of a multi-node trainer, in the same attempt |
-    | the orchestrator, or the trainer or a rollout pod on a lost node that the orchestrator runs on | ``attempt`` | every pod, as the next attempt |
+    | the trainer (and maybe rollout pods), not the orchestrator | ``trainer`` | those and the trainer's other pods¹ |
+    | the orchestrator, or the trainer or a rollout pod on its lost node | ``attempt`` | all pods, as the next attempt |
+
+    ¹ Every other pod of a multi-node trainer, in the same attempt.
 
     The last rule is "a pod on a node that is going away is lost": a node's notice may reach the
     trainer's pod (``DisruptionTarget``) before the orchestrator's, and that is one loss, not two.
@@ -400,7 +402,10 @@ def resume_message(report: ResumeReport) -> str:
         f"{report.resumed_groups} open groups ({report.finished_episodes_kept} finished episodes kept)"
     )
     if report.conversations_continued:
-        message += f"; {report.conversations_continued} multi-turn episodes resumed at turn > 1 ({report.turns_kept} turns kept)"
+        message += (
+            f"; {report.conversations_continued} multi-turn episodes resumed at turn > 1 "
+            f"({report.turns_kept} turns kept)"
+        )
     return message
 
 

@@ -9,13 +9,13 @@ when it changed something and another stage may follow in the same reconcile.
 
 | stage | function | does |
 |---|---|---|
-| (created) | :func:`start_first` | the run's objects, attempt 0's pods (none when created suspended), its first status |
+| (created) | :func:`start_first` | the run's objects, attempt 0's pods (none if created suspended), its first status |
 | (created, or admitted) | :func:`create_first` | attempt 0's pods and first status: the one first start, Kueue's too |
 | — | :func:`begin` | a disruption seen: record the recovery (or fail the run), count it, post the Event |
 | Pausing | :func:`pause` | ``POST /pause`` to the live orchestrator, record what the snapshot saved |
 | Stopping | :func:`stop` | delete the pods that must restart and wait until they are gone |
 | Suspended | :func:`unsuspend` | wait for ``spec.suspend: false`` |
-| Queued | :func:`.kueue_stages.queued` | a Kueue-managed run waits for its Workload's admission (:mod:`.kueue_stages`) |
+| Queued | :func:`.kueue_stages.queued` | a Kueue-managed run waits for its Workload's admission (that module) |
 | Starting | :func:`start` | the next attempt's pods, or the lost pods' replacements |
 | Resuming | :func:`resume`, :func:`resume_trainer` | wait for the new attempt's restore, or the new trainer |
 | (done) | :func:`succeed` | ``Succeeded``, the rollout pods freed |

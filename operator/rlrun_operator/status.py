@@ -6,11 +6,13 @@ phase and the conditions, so the timer, the suspend handler and the tests agree:
 | phase | when | Ready | Progressing | Degraded | Succeeded | Failed |
 |---|---|---|---|---|---|---|
 | Pending | pods created, orchestrator not running yet | False | True | False | False | False |
-| Running | orchestrator pod running and answering (Ready once ≥ 1 rollout server is) | endpoints? | True | pods failed/missing? | False | False |
+| Running | orchestrator pod running and answering¹ | endpoints? | True | pods failed/missing? | False | False |
 | Recovering | a recovery (``recovery.py``) is under way | False (``Resuming``) | — | — | False | False |
 | Suspended | ``spec.suspend: true`` | False | False | False | False | False |
 | Succeeded | the orchestrator reported every step trained and exited 0 | False | False | False | True | False |
 | Failed | bad spec, an error retrying cannot heal, or the failure budget spent | False | False | — | False | True |
+
+¹ Ready once ≥ 1 rollout server is.
 
 :func:`observe` decides Pending and Running (and the conditions of a live run); the
 reconciler (``reconcile.py``) decides the other phases.

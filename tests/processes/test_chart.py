@@ -368,7 +368,8 @@ RUN_NAMESPACE = WATCHED[0]
 
 
 def run_pods(nodes: int = 2) -> list[dict]:
-    """An attempt's pods as the operator builds them: two rollout servers, a trainer of ``nodes`` nodes, the orchestrator."""
+    """An attempt's pods as the operator builds them: two rollout servers, a trainer of ``nodes`` nodes, the
+    orchestrator."""
     doc = manifest("demo", rollout={"replicas": 2}, trainer={"nodes": nodes, "processes_per_node": 2, "gpus": 2})
     body = {**doc, "metadata": {"name": "demo", "namespace": RUN_NAMESPACE, "uid": "1234-uid", "generation": 1}}
     return build_pods(body, parse_manifest(doc), OperatorSettings(), attempt=3)

@@ -50,8 +50,9 @@ def complete_checkpoint(rd: RunDir, step: int) -> None:
     save_orchestrator_progress(rd, step, {"step": step, "shipped": step, "source": {"cursor": step * 10}})
 
 
-#: what a resume from step 4 put back in the launcher's tests (a :func:`~tests.support.fake_orchestrator.resume_report`'s
-#: fields): 7 queued traces, 2 open and 1 requested group, every count other than 0 so that none is lost unseen
+#: what a resume from step 4 put back in the launcher's tests (a
+#: :func:`~tests.support.fake_orchestrator.resume_report`'s fields): 7 queued traces, 2 open and 1 requested group,
+#: every count other than 0 so that none is lost unseen
 RESUMED = dict(
     from_attempt=1,
     shipped=5,

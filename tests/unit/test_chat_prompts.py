@@ -24,7 +24,10 @@ from tests.support.manifests import parse
 from tests.support.orchestrators import make_orchestrator, run_to_the_end
 
 #: A compact chat template: each message as ``[<role initial>]<content>``, the generation prompt ``=``.
-TEMPLATE = "{% for m in messages %}[{{ m['role'][0] }}]{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'][0] }}]{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}={% endif %}"
+)
 WORDS = ["flat", "is", "better", "than", "nested", "simple", "complex", "sparse", "dense", "ugly", "special", "cases"]
 
 

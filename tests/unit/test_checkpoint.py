@@ -190,7 +190,8 @@ def _directory_for_progress(root):
     ],
 )
 def test_a_damaged_trainer_part_is_named_once_with_its_reason(tmp_path, damage, reason, caplog):
-    """Issue 36: "…/model.safetensors: unreadable (No such file or directory: …/model.safetensors)" said the path twice."""
+    """Issue 36: "…/model.safetensors: unreadable (No such file or directory: …/model.safetensors)" said the path
+    twice."""
     rd = RunDir(tmp_path)
     complete_step(rd, 10)
     damage(rd.trainer_checkpoint(10))

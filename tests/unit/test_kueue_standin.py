@@ -1,5 +1,5 @@
-"""The Kueue stand-in's pure parts (``tests.support.kueue``): its CRDs, and its flavor assignment with Kueue v0.13's messages
-and quantities (the transitions against the API emulator: ``tests/kube/test_kueue_standin.py``)."""
+"""The Kueue stand-in's pure parts (``tests.support.kueue``): its CRDs, and its flavor assignment with Kueue v0.13's
+messages and quantities (the transitions against the API emulator: ``tests/kube/test_kueue_standin.py``)."""
 
 from __future__ import annotations
 
@@ -127,9 +127,11 @@ def test_every_pod_set_that_would_need_preemption_is_named_in_the_message():
     used = {("small", GPU): 2, ("big", GPU): 4}
     result = assign(workload(pod_set("a", gpus=1), pod_set("b", gpus=1)), CQ, FLAVORS, used)
     assert result.message == (
-        "couldn't assign flavors to pod set a: insufficient unused quota for nvidia.com/gpu in flavor big, 1 more needed, "
+        "couldn't assign flavors to pod set a: "
+        "insufficient unused quota for nvidia.com/gpu in flavor big, 1 more needed, "
         "insufficient unused quota for nvidia.com/gpu in flavor small, 1 more needed; "
-        "couldn't assign flavors to pod set b: insufficient unused quota for nvidia.com/gpu in flavor big, 1 more needed, "
+        "couldn't assign flavors to pod set b: "
+        "insufficient unused quota for nvidia.com/gpu in flavor big, 1 more needed, "
         "insufficient unused quota for nvidia.com/gpu in flavor small, 2 more needed"
     )
 

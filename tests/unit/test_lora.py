@@ -103,8 +103,8 @@ def test_a_target_module_the_model_lacks_is_refused_by_field_with_the_nearest_na
         f"{wrappable}",
         "  spec.model.lora.target_modules[2]: 'mlp' names Qwen3MLP modules, which the trainer does not wrap (LoRA goes "
         f"on the linear layers of the transformer blocks); {wrappable}",
-        "  spec.model.lora.target_modules[3]: 'lm_head' names the LM head, which the trainer does not wrap (it computes "
-        f"logprobs from the head's weight in chunks); {wrappable}",
+        "  spec.model.lora.target_modules[3]: 'lm_head' names the LM head, which the trainer does not wrap (it "
+        f"computes logprobs from the head's weight in chunks); {wrappable}",
         "  spec.model.lora.target_modules[4]: 'embed_tokens' names Embedding modules, which the trainer does not wrap "
         f"(LoRA goes on the linear layers of the transformer blocks); {wrappable}",
     ]

@@ -64,7 +64,8 @@ ALGORITHM = {"optimizer", "loss", "advantage", "sampling", "group_size"}
 @pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
 def test_a_recipe_runs_the_default_task_and_names_its_source(path):
     """The default example's model, env, batch, steps, staleness bound and evaluation (the benchmark compares them on
-    one task); the header names the paper's arXiv id and what the recipe changes (the benchmark runs every file here)."""
+    one task); the header names the paper's arXiv id and what the recipe changes (the benchmark runs every file
+    here)."""
     spec = load_manifest(path, checks="full").spec
     ours, default = spec.model_dump(exclude=ALGORITHM), DEFAULT.model_dump(exclude=ALGORITHM)
     assert ours == default

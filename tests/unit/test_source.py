@@ -36,8 +36,8 @@ def test_new_groups_take_the_task_number_as_group_id_and_number_members_from_zer
 
 
 def test_a_task_that_admit_refuses_is_passed_over_and_one_it_raises_on_is_not():
-    """``admit`` False (``overlong_prompts: filter``) passes the task over; raising (``refuse``) leaves the cursor on it,
-    so a draw before the run stops asks for it again. Before, the cursor had moved: after the merge of issues 35
+    """``admit`` False (``overlong_prompts: filter``) passes the task over; raising (``refuse``) leaves the cursor on
+    it, so a draw before the run stops asks for it again. Before, the cursor had moved: after the merge of issues 35
     and 36, a second dispatch round drew task 10 while the run stopped on task 9, which no record then accounted for."""
     s = source(cursor=8)
     s.admit = lambda t: t.index != 9

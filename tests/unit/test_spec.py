@@ -116,8 +116,8 @@ def test_hf_example_names_a_hub_model_set_for_one_gpu_per_role():
 
 def test_env_name_and_args_are_checked_by_building_the_env():
     assert errors_of(manifest(envs=[{"name": "no-such-env"}])) == [
-        "spec.envs[0].name: unknown env 'no-such-env'; installed envs: ['calculator', 'dataset', 'guess-number', 'reasoning-gym', "
-        "'reverse-text'] "
+        "spec.envs[0].name: unknown env 'no-such-env'; installed envs: ['calculator', 'dataset', 'guess-number', "
+        "'reasoning-gym', 'reverse-text'] "
         "(or give an import path package.module:attr)"
     ]
     (error,) = errors_of(manifest(envs=[{"name": "reverse-text", "args": {"bogus": 1}}]))

@@ -106,8 +106,8 @@ async def test_a_killed_run_holds_its_unfinished_work_pending_and_checks(tmp_pat
 
 
 async def test_a_cancelled_run_stops_even_when_a_result_arrives_with_the_cancel(tmp_path, tiny_model):
-    """``asyncio.wait_for`` before Python 3.12 returns a result that arrives in the loop iteration of a cancel instead of
-    raising (gh-86296): the main loop's wait for results lost the cancel and the run went on for ever (seen as
+    """``asyncio.wait_for`` before Python 3.12 returns a result that arrives in the loop iteration of a cancel instead
+    of raising (gh-86296): the main loop's wait for results lost the cancel and the run went on for ever (seen as
     test_resumed_work's stand-in for a kill hanging, in about 1 full-file run in 4). Now the cancel stops the run, and
     the ledger says what it held."""
     run_dir = RunDir(tmp_path)

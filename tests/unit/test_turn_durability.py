@@ -38,7 +38,8 @@ NAN = math.nan
 
 
 class Chatter:
-    """A resumable multi-turn env: the episode ends when the model says ``1`` (reward 1), else the env answers ``no``."""
+    """A resumable multi-turn env: the episode ends when the model says ``1`` (reward 1), else the env answers
+    ``no``."""
 
     name = "chatter"
     max_turns = 4

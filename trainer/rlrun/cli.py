@@ -2,8 +2,9 @@
 
 Every command is a declaration: its options, then a call to the module that does the work. The role commands
 (``rlrun orchestrator``, ``rlrun trainer``) exit with what :func:`rlrun.orchestrator.main.run_orchestrator` and
-:func:`rlrun.training.main.run_trainer` return (exit statuses and the exit report: :mod:`rlrun.role_exit`); ``--run-uid`` (``$RLRUN_RUN_UID``, the operator passes the RLRun's uid) numbers
-attempts per run directory: see :func:`rlrun.rundir.run_dir_attempt`.
+:func:`rlrun.training.main.run_trainer` return (exit statuses and the exit report: :mod:`rlrun.role_exit`);
+``--run-uid`` (``$RLRUN_RUN_UID``, the operator passes the RLRun's uid) numbers attempts per run directory: see
+:func:`rlrun.rundir.run_dir_attempt`.
 """
 
 from __future__ import annotations

@@ -69,8 +69,9 @@ def _settings(optimizer: Any, loss: Any, advantage: Any, max_steps: int) -> dict
 def algorithm_settings(spec: Any) -> dict[str, Any]:
     """``{"optimizer.lr": 3e-4, …, "loss.clip_low": 0.2, …, "advantage.baseline": "group_mean", …, "max_steps":
     N}`` of an ``RLRunSpec``: every field of ``spec.optimizer``, ``spec.loss`` and ``spec.advantage`` (nested ones
-    dotted, JSON values; the clip as its two bounds, whether set by ``ratio_clip`` or ``clip_low``/``clip_high``), and ``max_steps`` when the LR schedule decays (its horizon; None when constant): what
-    trains the policy, so what a resume must keep (:func:`check_compatible`, but :data:`SAFE_TO_CHANGE`)."""
+    dotted, JSON values; the clip as its two bounds, whether set by ``ratio_clip`` or ``clip_low``/``clip_high``), and
+    ``max_steps`` when the LR schedule decays (its horizon; None when constant): what trains the policy, so what a
+    resume must keep (:func:`check_compatible`, but :data:`SAFE_TO_CHANGE`)."""
     return _settings(spec.optimizer, spec.loss, spec.advantage, spec.max_steps)
 
 

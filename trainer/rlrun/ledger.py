@@ -4,8 +4,8 @@ Each process of each attempt appends JSON lines to its own file,
 ``<run_dir>/ledger/attempt-<K>.<role>.jsonl`` (role ``orchestrator`` or ``trainer``), so
 no two writers share a file. ``K`` is the run-directory attempt
 (:func:`rlrun.rundir.run_dir_attempt`): a run re-created over the same directory gets new
-numbers, so it never appends to the files of the run before it. The events are :class:`LedgerEvent` values: the orchestrator
-writes what was dispatched, finished, queued, rejected, dropped stale, cancelled,
+numbers, so it never appends to the files of the run before it. The events are :class:`LedgerEvent` values: the
+orchestrator writes what was dispatched, finished, queued, rejected, dropped stale, cancelled,
 shipped, checkpointed, resumed and left over; the trainer what it trained.
 
 Rollback: an attempt resumes from a snapshot of an earlier attempt; that attempt's

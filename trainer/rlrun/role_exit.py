@@ -9,18 +9,25 @@ exit (:func:`~rlrun.api.control.write_exit_report`):
 | 0 | ``complete`` | every step done (``step == max_steps``) |
 | 0 | ``paused`` | the orchestrator paused (``POST /pause`` or SIGTERM), wrote its snapshot, and stopped |
 | 1 | ``interrupted`` | SIGTERM came and the orchestrator's snapshot could not be written |
-| 143 | ``interrupted`` | the trainer got SIGTERM (or SIGINT: 130): it finished the step it was computing and saved a checkpoint of the step it has (a second signal exits at once); the next start trains on from the newest complete checkpoint |
+| 143 | ``interrupted`` | the trainer got SIGTERM (or SIGINT: 130) and saved a checkpoint¹ |
 | 1 | ``error`` | it raised; retrying may heal it (a lost server, a full disk, …) |
-| 78 | ``error``, ``permanent`` | retrying cannot heal it (``sysexits.h`` ``EX_CONFIG``): reason ``InvalidManifest``, ``CheckpointMismatch`` (the manifest's settings differ from the checkpoint's), ``WeightsMismatch`` (weights that do not fit the model) or ``UnsupportedVersion`` (a torch or vLLM outside rlrun's pins: :mod:`rlrun.versions`); :func:`rlrun.errors.classify_error` |
+| 78 | ``error``, ``permanent`` | retrying cannot heal it (``sysexits.h`` ``EX_CONFIG``): reason² |
+
+¹ It finished the step it was computing and saved a checkpoint of the step it has (a second signal exits at once);
+the next start trains on from the newest complete checkpoint. ² ``InvalidManifest``, ``CheckpointMismatch`` (the
+manifest's settings differ from the checkpoint's), ``WeightsMismatch`` (weights that do not fit the model) or
+``UnsupportedVersion`` (a torch or vLLM outside rlrun's pins: :mod:`rlrun.versions`);
+:func:`rlrun.errors.classify_error`.
 
 The orchestrator's stops that the same spec would meet again are permanent too: ``NoLearningSignal``,
 ``ServerContextTooSmall``, ``PromptTooLong``, and of requests that keep failing ``RequestsRejected``,
 ``RewardsFailing``, ``EnvFailing`` (:mod:`rlrun.orchestrator.failing`; ``RequestsFailing`` is not).
 
 A role (:func:`rlrun.training.main.run_trainer`, :func:`rlrun.orchestrator.main.run_orchestrator`) runs its body
-inside :func:`reporting`, ends with :meth:`RoleExit.finish` and returns the exit status it chose (:attr:`RoleExit.code`);
-the ``rlrun`` command exits with it. A role that refuses to start before its body runs (``rlrun trainer`` and
-``rlrun rollout`` on a torch or vLLM outside the pins) ends through :func:`refuse`: the same report, 78.
+inside :func:`reporting`, ends with :meth:`RoleExit.finish` and returns the exit status it chose
+(:attr:`RoleExit.code`); the ``rlrun`` command exits with it. A role that refuses to start before its body runs
+(``rlrun trainer`` and ``rlrun rollout`` on a torch or vLLM outside the pins) ends through :func:`refuse`: the same
+report, 78.
 """
 
 from __future__ import annotations

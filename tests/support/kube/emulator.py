@@ -153,7 +153,10 @@ class KubeEmulator(KubeStore):
         sent_type = raw.headers.get("Content-Type", "").split(";")[0].strip()
         if method in ("POST", "PUT") and raw.body_exists and sent_type not in ("application/json", ""):
             # kubectl sends protobuf for builtin kinds (create namespace/secret/...): not decoded here.
-            message = f"the body of the request was in an unknown format - accepted media types: application/json ({raw.content_type})"
+            message = (
+                "the body of the request was in an unknown format - "
+                f"accepted media types: application/json ({raw.content_type})"
+            )
             raise ApiError(415, "UnsupportedMediaType", message)
         warnings: list[str] = []
         selectors = query.get("labelSelector", ""), query.get("fieldSelector", "")
@@ -184,7 +187,8 @@ class KubeEmulator(KubeStore):
             obj, warnings = self._patch(spec, self._ns(spec, ns), name, data, raw.content_type, sub, opts=opts)
             return _json(spec.present(obj), 200, self._warning_headers(warnings))
         if method == "DELETE":
-            # DeleteOptions: the body when there is one, else the query (?gracePeriodSeconds=), as the API server reads them
+            # DeleteOptions: the body when there is one, else the query (?gracePeriodSeconds=), as the API server reads
+            # them
             options = data if data else options_from_query(query)
             if name is not None:
                 return _json(spec.present(self._delete(spec, self._ns(spec, ns), name, options, opts=opts)))

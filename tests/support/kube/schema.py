@@ -16,7 +16,8 @@ from .errors import ApiError
 from .resources import ResourceSpec
 
 
-# Not crd_validation.apply_defaults: that fills in defaults on a copy; a write also prunes, in place, reporting what went.
+# Not crd_validation.apply_defaults: that fills in defaults on a copy; a write also prunes, in place, reporting what
+# went.
 def apply_schema(obj: Any, schema: dict[str, Any], path: str = "", unknown: list[str] | None = None) -> Any:
     """Apply a CRD schema's ``default``s and prune unknown fields in place, as the API server does on writes.
 
@@ -77,7 +78,10 @@ def admit(spec: ResourceSpec, obj: dict[str, Any], field_validation: str, valida
     apply_schema(obj, spec.schema, "", unknown)
     if unknown and field_validation == "Strict":
         fields = ", ".join(f'unknown field "{field}"' for field in unknown)
-        message = f"{spec.kind} in version {spec.version!r} cannot be handled as a {spec.kind}: strict decoding error: {fields}"
+        message = (
+            f"{spec.kind} in version {spec.version!r} cannot be handled as a {spec.kind}: "
+            f"strict decoding error: {fields}"
+        )
         raise ApiError(400, "BadRequest", message)
     if field_validation == "Ignore":
         unknown = []

@@ -27,7 +27,8 @@ def _split_terms(selector: str) -> list[str]:
 
 
 def label_matcher(selector: str) -> Callable[[dict[str, str]], bool]:
-    """A predicate on a labels dict for a ``labelSelector`` (``k=v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``, ``k notin (a)``).
+    """A predicate on a labels dict for a ``labelSelector`` (``k=v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``,
+    ``k notin (a)``).
 
     Raises:
         ApiError: 400 for a term it cannot parse.

@@ -72,7 +72,8 @@ class KubeServer:
         self.emulator.request_log.clear()
 
     def rbac_usage(self) -> set[tuple[str, str, str]]:
-        """``{(apiGroup, resource[/subresource], verb)}`` of every resource request logged (what a ClusterRole must grant)."""
+        """``{(apiGroup, resource[/subresource], verb)}`` of every resource request logged (what a ClusterRole must
+        grant)."""
         return {r.rbac for r in self.requests if r.rbac is not None}
 
     def start(self, timeout: float = 5.0) -> KubeServer:
@@ -244,7 +245,8 @@ class KubeServer:
         return path
 
     def api_client(self) -> Any:
-        """A sync ``kubernetes.client.ApiClient`` for this server (its own ``Configuration``: ``$KUBECONFIG`` is not read)."""
+        """A sync ``kubernetes.client.ApiClient`` for this server (its own ``Configuration``: ``$KUBECONFIG`` is not
+        read)."""
         import kubernetes.client
 
         config = kubernetes.client.Configuration(host=self.url)

@@ -103,7 +103,8 @@ class KubeStore(kmock.KubernetesEmulator):
         return served
 
     def spec(self, resource: str | ResourceSpec | kmock.resource) -> ResourceSpec:
-        """The served resource for ``'v1/pods'``, ``'rlrun.dev/v1alpha1/rlruns'``, ``'pods'``, ``'rlr'``, ``'RLRun'``, ``'rlruns.rlrun.dev'``.
+        """The served resource for ``'v1/pods'``, ``'rlrun.dev/v1alpha1/rlruns'``, ``'pods'``, ``'rlr'``, ``'RLRun'``,
+        ``'rlruns.rlrun.dev'``.
 
         Bare names match plural, singular, short name or kind (the core group wins a tie).
 

@@ -13,10 +13,10 @@ process only; :meth:`ContainerProcess.kill` reaches every process of the tree.
 Differences from a container runtime, on purpose: the process runs as root in the host's
 filesystem, network and PID namespaces (``securityContext`` and ``resources`` are not
 applied); the "image" is this test session's virtual environment and repository
-(``IMAGE_PATHS``, first on ``PATH`` and mounted at their own paths over the pod's volumes); and a ``--host``/``--control-host`` argument of ``0.0.0.0`` is rewritten to the pod's IP,
-because every pod shares the host's network namespace and two pods binding ``0.0.0.0`` on
-the same port would collide (a real pod has a network namespace of its own). What binds all
-interfaces by itself still takes the host's port: a multi-node trainer's rendezvous store
+(``IMAGE_PATHS``, first on ``PATH`` and mounted at their own paths over the pod's volumes); and a
+``--host``/``--control-host`` argument of ``0.0.0.0`` is rewritten to the pod's IP, because every pod shares the host's
+network namespace and two pods binding ``0.0.0.0`` on the same port would collide (a real pod has a network namespace of
+its own). What binds all interfaces by itself still takes the host's port: a multi-node trainer's rendezvous store
 (``torchrun``'s TCPStore on 29500) does, which works because only trainer node 0 hosts it and a
 group's replacements start only once every old pod is gone.
 """

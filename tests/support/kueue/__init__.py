@@ -1,4 +1,5 @@
-"""A Kueue stand-in for the kube tier: Kueue's CRDs and the Workload transitions of its scheduler and workload controller.
+"""A Kueue stand-in for the kube tier: Kueue's CRDs and the Workload transitions of its scheduler and workload
+controller.
 
 The real Kueue cannot run without a Kubernetes control plane; this plays Kueue v0.13's documented Workload
 API (``kueue.x-k8s.io/v1beta1``) against the API emulator (``tests/support/kube``), with Kueue's own

@@ -67,7 +67,8 @@ def find(status: dict[str, Any], type_: str) -> dict[str, Any] | None:
 
 
 def is_true(status: dict[str, Any], type_: str) -> bool:
-    """Whether the Workload status ``status`` has condition ``type_`` True (Kueue's ``apimeta.IsStatusConditionTrue``)."""
+    """Whether the Workload status ``status`` has condition ``type_`` True (Kueue's
+    ``apimeta.IsStatusConditionTrue``)."""
     return (find(status, type_) or {}).get("status") == "True"
 
 

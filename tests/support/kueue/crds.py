@@ -27,7 +27,10 @@ _POD_SET_NAME = {"type": "string", "maxLength": 63, "pattern": r"^[a-z0-9]([-a-z
 #: resource.Quantity as controller-gen writes it
 _QUANTITY = {
     "anyOf": [{"type": "integer"}, {"type": "string"}],
-    "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$",
+    "pattern": (
+        r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+        r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+    ),
     "x-kubernetes-int-or-string": True,
 }
 _RESOURCE_LIST = {"type": "object", "additionalProperties": _QUANTITY}
@@ -52,7 +55,10 @@ CONDITION_SCHEMA = {
         "type": {
             "type": "string",
             "maxLength": 316,
-            "pattern": r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+            "pattern": (
+                r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+            ),
         },
     },
 }
@@ -123,7 +129,10 @@ _WORKLOAD_SPEC = {
                     "name": {**_POD_SET_NAME, "default": "main"},
                     "template": {
                         "type": "object",
-                        "description": "the pod template (corev1.PodTemplateSpec): its containers' requests × count are what Kueue counts",
+                        "description": (
+                            "the pod template (corev1.PodTemplateSpec): "
+                            "its containers' requests × count are what Kueue counts"
+                        ),
                         "x-kubernetes-preserve-unknown-fields": True,
                     },
                     "count": {"type": "integer", "format": "int32", "minimum": 0, "default": 1},

@@ -1,4 +1,5 @@
-"""``KueueStandIn``: Kueue's scheduler and workload controller, reduced to the Workload transitions a job integration sees.
+"""``KueueStandIn``: Kueue's scheduler and workload controller, reduced to the Workload transitions a job integration
+sees.
 
 Invariant: a Workload holds quota (QuotaReserved True, ``status.admission``) only while its pod sets fit
 what its ClusterQueue has left, and keeps it, once reserved, until the job side releases it (QuotaReserved

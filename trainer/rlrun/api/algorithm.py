@@ -229,8 +229,8 @@ class AdvantageSpec(Strict):
             hopeless prompts). Default false, or ``spec.loss.std_normalize_advantages`` (its deprecated alias).
         min_std: the floor of that std, in reward units: ``d = max(std, min_std)``, so a group whose rewards differ
             by 0.01 (reasoning-gym's score of a wrong non-empty answer) gets advantages of at most ±0.1 (0.01 ÷
-            0.1), not ±1.7; a group whose reward std is at least this is untouched. Used only with ``std_normalize``. Groups it
-            touched: ``groups_std_floored`` in ``metrics.jsonl``.
+            0.1), not ±1.7; a group whose reward std is at least this is untouched. Used only with ``std_normalize``.
+            Groups it touched: ``groups_std_floored`` in ``metrics.jsonl``.
     """
 
     baseline: Literal["group_mean", "leave_one_out"] = "group_mean"

@@ -272,7 +272,9 @@ def _cel_list(values: tuple[str, ...]) -> str:
 ROLE_CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     (): [
         {
-            "rule": "!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.mount_path == v.mount_path))",
+            "rule": (
+                "!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.mount_path == v.mount_path))"
+            ),
             "message": "two volumes have the same mount_path: each must be unique",
             "fieldPath": ".volumes",
         },

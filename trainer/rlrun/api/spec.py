@@ -301,7 +301,8 @@ class RLRunSpec(Strict):
         group_size = info.data.get("group_size")
         if group_size is not None and rollout.max_inflight < group_size:
             raise ValueError(
-                f"max_inflight ({rollout.max_inflight}) must be ≥ group_size ({group_size}): a group is requested at once"
+                f"max_inflight ({rollout.max_inflight}) must be ≥ group_size ({group_size}): "
+                "a group is requested at once"
             )
         return rollout
 

@@ -132,8 +132,9 @@ EnvFactory = Callable[..., Env]
 
 
 def has_task_keys(env: object) -> bool:
-    """Whether ``env`` (an env, or its class) has a finite task space: ``num_task_keys()`` and ``task_key(seed,
-    index)`` (the dataset env's rows), what a curriculum keeps per-task state of (:mod:`rlrun.orchestrator.difficulty`)."""
+    """Whether ``env`` (an env, or its class) has a finite task space: ``num_task_keys()`` and
+    ``task_key(seed, index)`` (the dataset env's rows), what a curriculum keeps per-task state of
+    (:mod:`rlrun.orchestrator.difficulty`)."""
     return callable(getattr(env, "num_task_keys", None)) and callable(getattr(env, "task_key", None))
 
 

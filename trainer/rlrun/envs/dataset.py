@@ -113,7 +113,8 @@ class DatasetEnv:
                     "start reads it from the task's info)"
                 )
             raise ValueError(
-                f"dataset: demonstration column {demonstration!r} is not in {self.files.arg}; its columns: {rows.columns}"
+                f"dataset: demonstration column {demonstration!r} is not in {self.files.arg}; "
+                f"its columns: {rows.columns}"
             )
         eval_rows = None
         if self.eval_files is not None:

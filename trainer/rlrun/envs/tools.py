@@ -20,10 +20,10 @@ arguments, raises, or takes longer than ``timeout_s`` is answered ``error: …``
 wrong, as it would from a real tool) and counted in ``tool_errors``.
 
 **A slow tool costs only its own calls**: each tool runs in threads of its own (a
-:class:`~rlrun.worker_threads.WorkerThreads`), :data:`TOOL_THREADS` calls of it at once, and ``timeout_s`` is a call's own run time, from
-when a thread starts it. A call past it is answered at once and its thread (Python cannot stop a thread) is
-replaced by a spare while it finishes, up to :data:`TOOL_SPARE` such calls of the tool; past that many, a call
-of that tool that gets no thread within ``timeout_s`` is answered ``error: … no thread was free …`` — a tool
+:class:`~rlrun.worker_threads.WorkerThreads`), :data:`TOOL_THREADS` calls of it at once, and ``timeout_s`` is a call's
+own run time, from when a thread starts it. A call past it is answered at once and its thread (Python cannot stop a
+thread) is replaced by a spare while it finishes, up to :data:`TOOL_SPARE` such calls of the tool; past that many, a
+call of that tool that gets no thread within ``timeout_s`` is answered ``error: … no thread was free …`` — a tool
 that can hang should bound itself. Before (issue 47), every tool of the process shared 8 threads and a timeout
 counted the wait for one: a tool sleeping 50 s (timeout 3 s) made 21 of 28 calls of an instant tool fail
 ``took longer than 3 s``. The threads are daemon threads: a hung call never holds the orchestrator's exit.

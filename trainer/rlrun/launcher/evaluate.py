@@ -3,9 +3,9 @@
 The launcher's part: which spec and checkpoint (:func:`run_spec`, :func:`checkpoint_step`) and a rollout server
 of its own (:func:`eval_server`: vLLM, or the fake with ``$RLRUN_FAKE_ROLLOUT``). The evaluation itself is the one
 a run makes while it trains (:func:`rlrun.orchestrator.evaluation.evaluate_weights`);
-:func:`evaluate_checkpoint` joins the two. The spec is the one the run's last attempt started with (``<run_dir>/spec.json``, written
-by the orchestrator), the weights those of the checkpoint's trainer part (step 0: the model the run started
-from). Nothing is written into the run directory but the server's log (``logs/eval-rollout.log``):
+:func:`evaluate_checkpoint` joins the two. The spec is the one the run's last attempt started with
+(``<run_dir>/spec.json``, written by the orchestrator), the weights those of the checkpoint's trainer part (step 0: the
+model the run started from). Nothing is written into the run directory but the server's log (``logs/eval-rollout.log``):
 ``eval.jsonl`` has one writer, the orchestrator.
 """
 

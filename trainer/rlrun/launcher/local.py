@@ -73,7 +73,8 @@ RLRUN = (sys.executable, "-m", "rlrun")
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
 #: Seconds without a progress line after which a log (not a terminal) gets one anyway.
 HEARTBEAT_S = 10.0
-#: Where a trainer under torchrun writes its exit report (in ``<run_dir>/logs/``; see :meth:`LocalLauncher.notice_trainer`).
+#: Where a trainer under torchrun writes its exit report (in ``<run_dir>/logs/``; see
+#: :meth:`LocalLauncher.notice_trainer`).
 TRAINER_EXIT_REPORT = "trainer-exit.json"
 
 

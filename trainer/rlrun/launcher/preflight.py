@@ -6,9 +6,9 @@ orchestrator starts — not a traceback in a role's log minutes later: a trainer
 ``--resume`` of a run that is already complete (:func:`already_complete`: said, not refused). The other checks are
 the roles' own, run early: a torch or vLLM outside rlrun's pins (:func:`versions_problem`, ``rlrun trainer``'s and
 ``rlrun rollout``'s :func:`~rlrun.versions.check_installed`), a resume whose checkpoint belongs to other settings or
-data (:func:`resume_mismatch`, the orchestrator's :func:`~rlrun.identity.check_compatible`). A check that is another process package's code (a dataset's prompts,
-:func:`rlrun.orchestrator.prompts.check_prompts`) is handed to the launcher by ``rlrun local``
-(``LocalLauncher.check_model``): process packages import none of each other.
+data (:func:`resume_mismatch`, the orchestrator's :func:`~rlrun.identity.check_compatible`). A check that is another
+process package's code (a dataset's prompts, :func:`rlrun.orchestrator.prompts.check_prompts`) is handed to the launcher
+by ``rlrun local`` (``LocalLauncher.check_model``): process packages import none of each other.
 """
 
 from __future__ import annotations

@@ -220,9 +220,9 @@ def tokens_line(report: LedgerReport) -> str | None:
     solved, unsolved = report.tokens_zero_spread_solved, report.tokens_zero_spread_unsolved
     per_trained = f"{total / report.tokens_trained:.2f}" if report.tokens_trained else "—"
     return (
-        f"tokens: {total:,} generated, {report.tokens_trained / total:.0%} trained ({per_trained} generated per trained "
-        f"token); {(solved + unsolved) / total:.0%} on groups with zero reward spread ({solved / total:.0%} solved by "
-        f"every member, {unsolved / total:.0%} not)"
+        f"tokens: {total:,} generated, {report.tokens_trained / total:.0%} trained ({per_trained} generated per "
+        f"trained token); {(solved + unsolved) / total:.0%} on groups with zero reward spread ({solved / total:.0%} "
+        f"solved by every member, {unsolved / total:.0%} not)"
     )
 
 
@@ -259,7 +259,8 @@ def model_line(model_path: str, lora: LoraSpec | None) -> str:
         return f"model: {model_path}"
     return (
         f"model: {model_path}, frozen: trains a LoRA adapter of rank {lora.rank}, alpha {lora.alpha:g} on "
-        f"{', '.join(lora.target_modules)}; each policy version reaches the rollout servers as an adapter, with no pause"
+        f"{', '.join(lora.target_modules)}; each policy version reaches the rollout servers as an adapter, "
+        "with no pause"
     )
 
 

@@ -213,7 +213,8 @@ class DemonstrationStream:
             draws.unusable_in_a_row += 1
             if draws.exhausted and not self.quiet:
                 log.warning(
-                    "warm start: env %s gave %d tasks in a row longer than the context (%d tokens); not drawing from it",
+                    "warm start: env %s gave %d tasks in a row longer than the context (%d tokens); "
+                    "not drawing from it",
                     draws.name,
                     PROBE_LIMIT,
                     self.max_tokens,

@@ -40,8 +40,8 @@ EOS_TOKEN = "<|endoftext|>"
 UNK_TOKEN = "<|unk|>"
 #: Torch threads of a builtin model's build (both models). One: on 2 cores shared with other work, two threads made
 #: each warm-start step 5–10× slower (OpenMP's threads wait for each other at every operation and one of them is
-#: always descheduled: issue 35's 21.8 minutes); on an idle machine one takes ≈ 1.3× as long. The bytes do not depend on it
-#: (the same safetensors on 1 and 2 threads, both models: ``docs/design.md``), so it is no part of a recipe.
+#: always descheduled: issue 35's 21.8 minutes); on an idle machine one takes ≈ 1.3× as long. The bytes do not depend on
+#: it (the same safetensors on 1 and 2 threads, both models: ``docs/design.md``), so it is no part of a recipe.
 BUILD_THREADS = 1
 #: Printable ASCII without tabs/newlines: every character a prompt may hold.
 CHARACTERS = "".join(c for c in string.printable if c not in "\t\n\r\x0b\x0c")

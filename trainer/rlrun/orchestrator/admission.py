@@ -102,8 +102,8 @@ class Admission:
             self._unadmitted.append((self.journal.append_turn(kept), kept))
 
     def _admit(self, results: list[tuple[GroupResult, int | None]]) -> None:
-        """Count requests' episodes finished: ledger ``finished`` (``n``: completion tokens; with ``j = seq`` when journaled; one
-        write for all), the sink, and forget a group that is scored. ``results``: ``(result, seq)``."""
+        """Count requests' episodes finished: ledger ``finished`` (``n``: completion tokens; with ``j = seq`` when
+        journaled; one write for all), the sink, and forget a group that is scored. ``results``: ``(result, seq)``."""
         rows = [
             {"id": e.episode_id, "reward": round(e.reward, 6), "v": e.policy_version, "n": len(e.completion_ids)}
             | ({} if s is None else {"j": s})

@@ -11,8 +11,8 @@ For the ``n`` members of a group that will train (the sink passes only those: in
 
 The floor ``min_std`` is the minimum-spread rule: a group whose rewards barely differ (reasoning-gym scores
 every wrong non-empty answer 0.01, an empty one 0) would otherwise have that difference blown up to unit size
-(1.7 for the two members at 0.01 of a group of eight) and weigh as much as a group where some members solved the task. With
-the floor, ``|A_i| ≤ spread / min_std``. Precedent: TRL and verl divide by ``std + ε`` with ``ε`` 1e-4 and 1e-6,
+(1.7 for the two members at 0.01 of a group of eight) and weigh as much as a group where some members solved the task.
+With the floor, ``|A_i| ≤ spread / min_std``. Precedent: TRL and verl divide by ``std + ε`` with ``ε`` 1e-4 and 1e-6,
 which guards only against a division by zero; Dr. GRPO's argument against the division is exactly this
 over-weighting of groups with a small spread. A group whose rewards are all equal is not affected by the floor:
 its advantages are 0, and the sink rejects it (counted as zero spread, what the no-learning-signal bound

@@ -5,14 +5,14 @@
 | ``GET /healthz`` | none | ``{"ok": true}`` while the loop runs (for probes) |
 | ``GET /metrics`` | none | Prometheus' text format (:mod:`.prometheus`; ``docs/observability.md``) |
 | ``GET /status`` | bearer | :class:`~rlrun.api.control.StatusReport` |
-| ``POST /pause`` | bearer | stop dispatching and shipping, write the sink snapshot: :class:`~rlrun.api.control.PauseResult` |
-| ``PUT /rollout-endpoints`` | bearer | replace the set of rollout servers: :class:`~rlrun.api.control.EndpointsUpdate` in and out |
+| ``POST /pause`` | bearer | stop dispatching and shipping, write the sink snapshot: :class:`.PauseResult` |
+| ``PUT /rollout-endpoints`` | bearer | replace the set of rollout servers: :class:`.EndpointsUpdate` in and out |
 
 The answers are the models of :mod:`rlrun.api.control`, the contract the operator parses.
 Every route but ``/healthz`` and ``/metrics`` needs ``Authorization: Bearer <token>`` and answers 401
-without it (or with any other token, non-ASCII bytes included); a failed pause answers 500 and a malformed body 400, each ``{"error": "…"}``.
-The token comes from ``$RLRUN_CONTROL_TOKEN``. ``/metrics`` needs none, decided so: Prometheus scrapes
-without custom headers by default, and the metrics are read-only counts (what ``/status`` controls stays
+without it (or with any other token, non-ASCII bytes included); a failed pause answers 500 and a malformed body 400,
+each ``{"error": "…"}``. The token comes from ``$RLRUN_CONTROL_TOKEN``. ``/metrics`` needs none, decided so: Prometheus
+scrapes without custom headers by default, and the metrics are read-only counts (what ``/status`` controls stays
 behind the token).
 """
 

@@ -135,7 +135,8 @@ class Dispatcher:
         # results put on the queue and not yet taken by the consumer, by (group id, first member)
         self.undelivered: dict[tuple[int, int], GroupRequest] = {}
         self.failures: list[BaseException] = []
-        #: ``keep_turn(conversation)``: a multi-turn episode's turn to keep (the orchestrator journals it); None: none kept
+        #: ``keep_turn(conversation)``: a multi-turn episode's turn to keep (the orchestrator journals it); None: none
+        #: kept
         self.keep_turn: Callable[[KeptConversation], None] | None = None
 
     @classmethod
@@ -309,7 +310,10 @@ class Dispatcher:
             self._deliver(GroupResult(request, error=str(exc)), kind)
             return
         except _REQUEST_ERRORS as exc:
-            error = f"failed on every try for {self.retry_window_s:.0f} s ({describe_failure(exc, self.request_timeout_s, TIMEOUT_SETTING)})"
+            error = (
+                f"failed on every try for {self.retry_window_s:.0f} s "
+                f"({describe_failure(exc, self.request_timeout_s, TIMEOUT_SETTING)})"
+            )
             log.warning("%s %s", members, error)
             self._deliver(GroupResult(request, error=error), "server")
             return

@@ -1,15 +1,15 @@
 """The rollout servers in use: one owner of them (:class:`RolloutPool`) and the policy that changes them
 (:class:`EndpointMembership`), as servers come, go, miss and regain weights.
 
-Guarantee: a rollout server gets a request only while it holds the current weights and is not reloading, and only
-once the vLLM it reports is found within rlrun's pins (**Versions**, below). The pool alone holds the servers —
-their clients, load, benching, refusal and last failure — and :meth:`RolloutPool.pick` enforces the rule: a request goes to the least-loaded server holding at least the version it is labelled with
+Guarantee: a rollout server gets a request only while it holds the current weights and is not reloading, and only once
+the vLLM it reports is found within rlrun's pins (**Versions**, below). The pool alone holds the servers — their
+clients, load, benching, refusal and last failure — and :meth:`RolloutPool.pick` enforces the rule: a request goes to
+the least-loaded server holding at least the version it is labelled with
 (:attr:`~rlrun.rollout.client.RolloutClient.loaded_version`, set when a reload is confirmed) and not in a weight
-update's reload window (:attr:`~rlrun.rollout.client.RolloutClient.reloading`), so the label is never newer than
-the weights that produce the tokens, and those are the weights the server held when it was sent, whatever the
-order of weight updates and endpoint changes (while every server holding the version reloads, a request waits for
-the first to resume); a server that failed the request, or failed one recently (within the retry window), is
-passed over while others remain.
+update's reload window (:attr:`~rlrun.rollout.client.RolloutClient.reloading`), so the label is never newer than the
+weights that produce the tokens, and those are the weights the server held when it was sent, whatever the order of
+weight updates and endpoint changes (while every server holding the version reloads, a request waits for the first to
+resume); a server that failed the request, or failed one within the retry window, is passed over while others remain.
 
 A server added (``PUT /rollout-endpoints``) gets no request until it is caught up; one that missed an
 update while it was being caught up (the update's server list was made before it joined) is caught up
@@ -222,8 +222,8 @@ class RolloutPool:
 
 
 async def wait_until_healthy(pool: RolloutPool, timeout_s: float, stop: asyncio.Event) -> None:
-    """Wait until every endpoint of ``pool`` answers ``/health``; with none yet, wait for endpoints to be set (no deadline:
-    on Kubernetes the operator sends them once rollout pods are ready, which may take as long as scheduling a
+    """Wait until every endpoint of ``pool`` answers ``/health``; with none yet, wait for endpoints to be set (no
+    deadline: on Kubernetes the operator sends them once rollout pods are ready, which may take as long as scheduling a
     GPU node; the operator reports that wait). Returns early once ``stop`` is set.
 
     Raises:

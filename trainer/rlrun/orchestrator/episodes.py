@@ -86,8 +86,8 @@ class EpisodeBuilder:
         rewards: each env's rewards by env name (:func:`rlrun.rewards.scoring.env_rewards`); an env not in it
             is scored by its own ``reward``.
         reward_timeout_s: most seconds a group's scoring may take, by env name (default 60 s).
-        render: ``render(messages[, tools]) -> str``, a chat prompt (and the task's tool schemas) through the tokenizer's chat template with the
-            generation prompt (None: chat prompts are refused).
+        render: ``render(messages[, tools]) -> str``, a chat prompt (and the task's tool schemas) through the
+            tokenizer's chat template with the generation prompt (None: chat prompts are refused).
         max_prompt_tokens: longest prompt in tokens (the context less ``sampling.max_tokens``; None: no limit); a
             multi-turn episode's stream too, before each of its turns.
         render_reply: ``render_reply(messages, tools) -> str``, a multi-turn env's answer to a chat prompt as the

@@ -23,8 +23,8 @@ How it runs without stalling training: the eval requests go to the rollout serve
 requests (vLLM batches them together), and the weights are held for their duration — the next weight push
 waits until the round is answered, so every eval completion comes from the version it is labelled with
 (a push pauses a server once the requests out are answered, at most :data:`rlrun.rollout.client.DRAIN_S`;
-one answered after the pause is refused, and the round fails). Training goes on meanwhile: the trainer trains on what is queued,
-and the rollout servers keep generating with the held version, within ``max_off_policy_steps``. The cost is
+one answered after the pause is refused, and the round fails). Training goes on meanwhile: the trainer trains on what is
+queued, and the rollout servers keep generating with the held version, within ``max_off_policy_steps``. The cost is
 the servers' time on ``tasks × (1 + k)`` completions per round (``benchmarks/learning.py`` measures the
 step time with evaluation on and off). Eval work never enters the dispatcher, the sink, the journal or the
 ledger: it is never trained and never in a training fate.
@@ -124,8 +124,9 @@ class Evaluator:
         attempt: int,
         episodes: EpisodeBuilder | None = None,
     ) -> Evaluator | None:
-        """The evaluator of a run (None when ``spec.evaluation`` is off), with a Hugging Face ``tokenizer``; ``episodes``:
-        the run's own builder (the dispatcher's: its rendered prompts and reward threads), else one of its own."""
+        """The evaluator of a run (None when ``spec.evaluation`` is off), with a Hugging Face ``tokenizer``;
+        ``episodes``: the run's own builder (the dispatcher's: its rendered prompts and reward threads), else one of its
+        own."""
         if not spec.evaluation.enabled:
             return None
         episodes = episodes or EpisodeBuilder.from_spec(tokenizer, envs, spec)

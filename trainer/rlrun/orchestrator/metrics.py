@@ -9,8 +9,8 @@ rather than the batch selection; null when none was scored), ``episodes_scored``
 solved (reward 1) / every member scored 0: prime-rl's names), ``staleness_mean`` /
 ``staleness_max`` (steps off-policy in this batch: ``(step − 1) − policy version``),
 ``queue`` (queued samples left), ``queue_staleness_mean`` / ``queue_staleness_max`` (how off-policy they would
-train in the next step: ``step − policy version``; null with the queue empty), ``open_groups``, ``inflight`` (completions),
-``groups_rejected`` (cumulative: too few fresh members, or zero reward spread), of them
+train in the next step: ``step − policy version``; null with the queue empty), ``open_groups``, ``inflight``
+(completions), ``groups_rejected`` (cumulative: too few fresh members, or zero reward spread), of them
 ``groups_rejected_solved`` (zero spread, every member at the top reward: solved by all) and
 ``groups_rejected_same_wrong`` (zero spread, not solved, every member the same completion tokens:
 the same wrong answer; both cumulative, signs of collapse), ``frac_reward_zero_std`` (share of the

@@ -1,4 +1,5 @@
-"""Prompts that do not fit: filtered out of the run, or the run refused at its start (``spec.rollout.overlong_prompts``).
+"""Prompts that do not fit: filtered out of the run, or the run refused at its start
+(``spec.rollout.overlong_prompts``).
 
 A prompt fits when it leaves room for ``sampling.max_tokens`` within the context
 (:attr:`~rlrun.orchestrator.episodes.EpisodeBuilder.max_prompt_tokens`). One that does not would fail every request
@@ -62,9 +63,10 @@ class Scan:
         tokens, task = self.overlong[0]
         tasks = ", ".join(str(i) for i in sorted(t.index for _, t in self.overlong)[:SHOWN])
         return (
-            f"{len(self.overlong)} of {self.rows} {self.split} prompts of env {self.env} are longer than {limit} tokens "
-            f"(the model's context less sampling.max_tokens): the longest is {tokens} tokens (task {task.index}, "
-            f"starting {str(_text(task))[:60]!r}); tasks {tasks}{' …' if len(self.overlong) > SHOWN else ''}"
+            f"{len(self.overlong)} of {self.rows} {self.split} prompts of env {self.env} are longer than "
+            f"{limit} tokens (the model's context less sampling.max_tokens): the longest is {tokens} tokens "
+            f"(task {task.index}, starting {str(_text(task))[:60]!r}); tasks {tasks}"
+            f"{' …' if len(self.overlong) > SHOWN else ''}"
         )
 
 
@@ -215,8 +217,8 @@ def fitting_eval_tasks(episodes: EpisodeBuilder, tasks: list[Task], mode: Overlo
 
 
 def check_prompts(spec: RLRunSpec, model_path: str) -> None:
-    """With ``rollout.overlong_prompts: refuse``, the orchestrator's refusal at its start, made before any process starts
-    (``rlrun local``): every dataset prompt measured with the model's tokenizer (:func:`scan`). ``filter`` (the
+    """With ``rollout.overlong_prompts: refuse``, the orchestrator's refusal at its start, made before any process
+    starts (``rlrun local``): every dataset prompt measured with the model's tokenizer (:func:`scan`). ``filter`` (the
     default) checks nothing here: the orchestrator says how many it passes over.
 
     Raises:

@@ -125,9 +125,10 @@ class ResumePlan:
 
 
 def unjournaled_tasks(cursor: int, records: list[JournalRecord]) -> list[int]:
-    """Tasks a dead attempt drew after the snapshot (``cursor``: the snapshot's task cursor) that the journal ``records``
-    hold nothing of, below the newest task they hold: the cursor moves past them with the replay, so they must be
-    requested again (their requests were in flight, or their episodes not yet durable, when the attempt died)."""
+    """Tasks a dead attempt drew after the snapshot (``cursor``: the snapshot's task cursor) that the journal
+    ``records`` hold nothing of, below the newest task they hold: the cursor moves past them with the replay, so they
+    must be requested again (their requests were in flight, or their episodes not yet durable, when the attempt
+    died)."""
     drawn = {r.group_id for r in records if r.group_id >= cursor}
     return sorted(set(range(cursor, max(drawn) + 1)) - drawn) if drawn else []
 
@@ -259,7 +260,8 @@ class Restored:
         step: the complete checkpoint resumed from (the policy version the servers must load).
         shipped: batches shipped when its snapshot was taken (the next batch is ``shipped + 1``).
         report: the resume report (``GET /status``'s ``resume``).
-        journal_base: where this attempt's journal begins (``base.json``, :func:`~rlrun.orchestrator.journal_files.replay`).
+        journal_base: where this attempt's journal begins (``base.json``,
+            :func:`~rlrun.orchestrator.journal_files.replay`).
         replayed: journaled episodes put back.
         policy_version: the policy the rollout servers held when the snapshot was taken (≥ ``step`` when the
             trainer had trained past its checkpoint; the step itself for a checkpoint written before it was kept).

@@ -11,8 +11,8 @@ Advantages are group-relative (:mod:`rlrun.orchestrator.advantages`, ``spec.adva
 by default GRPO's ``A_i = r_i − mean(r)``, **not** divided by the group's reward std
 (``advantage.std_normalize`` turns it on, with a floor ``advantage.min_std``): Liu et al.
 2025 ("Understanding R1-Zero-Like Training", Dr. GRPO) show the std division over-weights
-groups that are nearly all right or all wrong. A group whose advantages are all zero (every member got the same reward) carries no gradient and
-is rejected (counted), so batches hold only samples that teach something. Why it had
+groups that are nearly all right or all wrong. A group whose advantages are all zero (every member got the same reward)
+carries no gradient and is rejected (counted), so batches hold only samples that teach something. Why it had
 zero spread is counted too, since a run collapsing shows there first: solved by every
 member (all at the top reward, prime-rl's ``solved_all``: the task is too easy now), or
 the very same wrong completion from every member (the policy stopped exploring).

@@ -12,8 +12,8 @@ Saved (in ``progress.pt``, beside progress and the train-source state):
 
 Not saved: in-flight rollouts and unconsumed results — they are regenerated with
 their group, unless the episode journal holds them (:func:`rlrun.orchestrator.resume.with_journal` adds the
-journal records after the snapshot's cut before :func:`restore_plan` runs). Token ids and logprobs go into flat tensors, everything else into JSON;
-no object is pickled.
+journal records after the snapshot's cut before :func:`restore_plan` runs). Token ids and logprobs go into flat tensors,
+everything else into JSON; no object is pickled.
 
 Guarantee: the capture (:meth:`rlrun.orchestrator.sink.TrainSink.snapshot`, which the sink hands
 itself: this module knows no stage) runs on the event loop with no ``await`` inside, so the

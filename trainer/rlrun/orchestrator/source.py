@@ -58,7 +58,8 @@ class TrainSource:
         self.resume_requests: deque[GroupRequest] = deque()
         self._next_member: dict[int, int] = {}  # groups with members out → first unused member number
         self._retries: dict[int, int] = {}  # groups requested again after failed requests → how often
-        #: ``admit(task) -> bool``: False passes a fresh task over (the caller records why); None: every task is admitted
+        #: ``admit(task) -> bool``: False passes a fresh task over (the caller records why); None: every task is
+        #: admitted
         self.admit: Callable[[Task], bool] | None = None
         #: passes over tasks by what their earlier groups scored (``spec.curriculum``); None: every task is drawn
         self.curriculum = curriculum

@@ -27,8 +27,8 @@ a multi-turn episode is that of its first (oldest) sampled turn — what the sta
 (``docs/envs.md``).
 
 Env code runs off the loop in threads of the env's own (``TurnIO.env_calls``, a
-:class:`~rlrun.worker_threads.WorkerThreads`): at most :data:`ENV_THREADS` calls of one env at once, each ``start`` or ``respond`` timed by
-its own run time; a hung call gives its turn up at its timeout and holds only a spare thread
+:class:`~rlrun.worker_threads.WorkerThreads`): at most :data:`ENV_THREADS` calls of one env at once, each ``start`` or
+``respond`` timed by its own run time; a hung call gives its turn up at its timeout and holds only a spare thread
 (:data:`ENV_SPARE` per env), and no thread holds the orchestrator's exit. Issue 47: these calls shared the
 event loop's default executor (6 threads on 2 cores, also the checkpoint's and the journal's) and their
 timeout counted the wait for one, so an env whose ``start`` hung on every 5th task failed the innocent ones

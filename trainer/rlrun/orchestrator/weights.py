@@ -11,9 +11,9 @@ A LoRA run (``spec.model.lora``) publishes adapters, and its reference is an :cl
 (:func:`weights_reference` decides which a run has): an adapter directory must hold a peft ``adapter_config.json``
 that says what the spec says (rank, alpha, target modules; plain LoRA) and an ``adapter_model.safetensors`` whose
 tensors are exactly those peft writes for the base model's weights the targets wrap, shaped from the base model's
-(:func:`validate_adapter_dir`; peft's layout and rules: :mod:`rlrun.adapter_format`). vLLM refuses a bad adapter with an error rather than dying, but it would load one of
-another rank or scaling and serve a policy the trainer does not train. Only then is it loaded on every server
-(:meth:`~rlrun.rollout.client.RolloutClient.update_adapter`: no pause).
+(:func:`validate_adapter_dir`; peft's layout and rules: :mod:`rlrun.adapter_format`). vLLM refuses a bad adapter with an
+error rather than dying, but it would load one of another rank or scaling and serve a policy the trainer does not train.
+Only then is it loaded on every server (:meth:`~rlrun.rollout.client.RolloutClient.update_adapter`: no pause).
 
 Every server's update is **verified** before it counts: the digest its workers compute over what they hold
 must equal the published files' (:mod:`rlrun.rollout.verification`; one

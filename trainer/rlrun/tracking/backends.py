@@ -14,8 +14,9 @@ killed one had not made durable.
   dies with ours), so after an attempt that did not close, the next logs its rows again, and W&B keeps one of
   each. An evaluation joins a following step's row (one per row), its x-axis the ``eval/policy_version`` it
   evaluated (``define_metric``), and only a row past every step W&B was ever given, which W&B cannot ignore; the
-  evaluations left when the run ends get rows of their own after the last step. The console is not captured (the orchestrator's log is its own) and system metrics are off (the
-  orchestrator's pod holds no accelerator; vLLM and the trainer report theirs).
+  evaluations left when the run ends get rows of their own after the last step. The console is not captured (the
+  orchestrator's log is its own) and system metrics are off (the orchestrator's pod holds no accelerator; vLLM and the
+  trainer report theirs).
 - **TensorBoard**: event files under ``<run_dir>/tensorboard/<tracker run id>/`` (``torch.utils.tensorboard``'s
   writer), one event per step. Each attempt opens its writer with ``purge_step`` one past the last step
   recorded, so what a killed attempt wrote past that point is hidden (TensorBoard's own rule for restarted
@@ -242,7 +243,8 @@ def preload(spec: LoggingSpec) -> None:
 def open_tracker(
     tracker: str, spec: LoggingSpec, run_dir: RunDir, run_id: str, logged: Cursor, name: str, config: dict[str, Any]
 ) -> Tracker:
-    """Open ``tracker`` (a name of :attr:`LoggingSpec.trackers`); ``logged``: what earlier attempts logged to it durably.
+    """Open ``tracker`` (a name of :attr:`LoggingSpec.trackers`); ``logged``: what earlier attempts logged to it
+    durably.
 
     Raises:
         ImportError: its package is not installed.

@@ -10,8 +10,8 @@ step** as one process training the whole batch, up to float summation order. Thr
    (``B < W``) trains a placeholder row whose loss mask is all False: it contributes zero to
    the loss and the gradient but still runs forward and backward, because FSDP's all-gather and
    reduce-scatter are collectives every rank must enter.
-2. **Loss normalisation** — the single-process loss (:mod:`rlrun.training.reference_loss`; with the other aggregations of
-   ``spec.loss`` its normaliser is another whole-batch count, :mod:`rlrun.training.objectives`) is a mean over
+2. **Loss normalisation** — the single-process loss (:mod:`rlrun.training.reference_loss`; with the other aggregations
+   of ``spec.loss`` its normaliser is another whole-batch count, :mod:`rlrun.training.objectives`) is a mean over
    the ``N = Σ_r N_r`` masked tokens of the whole batch: ``L = Σ_r S_r / N`` with ``S_r`` the
    rank's sum of ``−surrogate`` over its ``N_r`` tokens. FSDP (like DDP) **averages** gradients
    over the data-parallel group: its reduce-scatter divides the summed gradient by ``W``

@@ -49,7 +49,8 @@ class Adapter:
 
     @property
     def model(self) -> nn.Module:
-        """The Hugging Face model the adapter is injected into (the one the trainer trains, FSDP2-sharded with ranks)."""
+        """The Hugging Face model the adapter is injected into (the one the trainer trains, FSDP2-sharded with
+        ranks)."""
         return self.peft.get_base_model()
 
     @property

@@ -128,8 +128,8 @@ def reference_policy(
     pretrained: Mapping[str, str] | None = None,
 ) -> nn.Module:
     """The reference policy for ``policy`` (loaded and sharded): :func:`check_room`, then :func:`load_reference` in
-    ``dtype`` with ``pretrained`` (the policy's ``from_pretrained`` arguments). With ranks a collective: every rank refuses, or none (a rank that went on would wait in the next
-    collective for the others).
+    ``dtype`` with ``pretrained`` (the policy's ``from_pretrained`` arguments). With ranks a collective: every rank
+    refuses, or none (a rank that went on would wait in the next collective for the others).
 
     Raises:
         ManifestError: it does not fit beside the policy on some rank (names ``spec.loss.kl_coef``; permanent).

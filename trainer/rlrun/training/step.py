@@ -133,7 +133,8 @@ def _plan(
 
 
 def _all_reduce(values: list[float], op, dp: DataParallel) -> list[float]:
-    """``values`` reduced over the ranks with ``op`` (float64; in place on the device for nccl); as is in one process."""
+    """``values`` reduced over the ranks with ``op`` (float64; in place on the device for nccl); as is in one
+    process."""
     if not dp.distributed:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=dp.device if dp.device.type != "cpu" else None)
