@@ -11,7 +11,7 @@ import subprocess
 
 import torch
 from peft import PeftModel
-from rlrun.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from rlrun.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, is_b
 from rlrun.checkpoint import latest_complete_checkpoint
 from rlrun.ledger import check_ledger
 from rlrun.probes import PROBE_FILE
@@ -73,7 +73,7 @@ def test_a_preempted_lora_run_resumes_its_adapter_and_loses_no_episode(tmp_path,
     # the last adapter is trained (B moved off zero), loads with peft onto the base, and changes the base's logits
     adapter = load_file(str(part / ADAPTER_WEIGHTS_FILE))
     assert len(adapter) == 2 * 3 * 4  # A and B of 3 targets in each of the tiny model's 4 blocks
-    assert all(t.abs().max() > 0 for k, t in adapter.items() if "lora_B" in k)
+    assert all(t.abs().max() > 0 for k, t in adapter.items() if is_b(k))
     base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     ids = torch.tensor([[1, 5, 9, 13, 17]])
     with torch.no_grad():

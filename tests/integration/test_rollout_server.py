@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from rlrun.adapter_format import is_b
 from rlrun.api.spec import SamplingSpec
 from rlrun.orchestrator.served import served_mismatch
 from rlrun.orchestrator.weights import WeightsError, push_weights, weights_reference, weights_signature
@@ -150,7 +151,7 @@ def peft_adapter(model_dir, out, lora, seed):
     wrapped = get_peft_model(model, config)
     with torch.no_grad():
         for name, p in wrapped.named_parameters():
-            if "lora_B" in name:
+            if is_b(name):
                 p.normal_(0, 0.2)
     wrapped.save_pretrained(out)
     return out

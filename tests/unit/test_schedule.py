@@ -109,6 +109,7 @@ def test_a_sharded_part_restores_the_schedule_as_an_unsharded_one_does(tmp_path)
     ``progress.json`` too, and the trainer's restore path puts the optimizer at the next step's rate."""
     from rlrun.training.distributed import init_from_env
     from rlrun.training.parts import SCHEDULER_KEY, restore_part
+    from rlrun.training.policy import Policy
     from rlrun.training.schedule import new_optimizer, new_scheduler, restore_scheduler
     from rlrun.training.sharded_checkpoint import save_sharded
 
@@ -132,7 +133,7 @@ def test_a_sharded_part_restores_the_schedule_as_an_unsharded_one_does(tmp_path)
         part, model, optimizer, dp, 3, 1, extra=lambda tmp: (tmp / "progress.json").write_text(json.dumps(progress))
     )
     model2, optimizer2, scheduler2 = build()
-    restore_part(part, 3, model2, optimizer2, spec, dp)
+    restore_part(part, 3, Policy(model2, torch.float32, identity={}), optimizer2, spec, dp)
     restore_scheduler(scheduler2, optimizer2, json.loads((part / "progress.json").read_text())[SCHEDULER_KEY], 3, "p")
     assert optimizer2.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * 7 / 8)
     assert scheduler2.state_dict() == scheduler.state_dict()

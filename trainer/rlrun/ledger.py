@@ -45,11 +45,18 @@ __all__ = [
     "check_ledger",
     "has_stopped",
     "ledger_attempts",
+    "ledger_file",
     "read_ledger",
 ]
 
 
 _FILE_RE = re.compile(r"^attempt-(\d+)\.(orchestrator|trainer)\.jsonl$")
+
+
+def ledger_file(root: Path, attempt: int, role: str) -> Path:
+    """The ledger file of ``role`` (``"orchestrator"`` or ``"trainer"``) in ``attempt``, under the ledger folder
+    ``root`` (``attempt-<attempt>.<role>.jsonl``, what :data:`_FILE_RE` reads back)."""
+    return root / f"attempt-{attempt}.{role}.jsonl"
 
 
 class Ledger:
@@ -65,7 +72,7 @@ class Ledger:
         root.mkdir(parents=True, exist_ok=True)
         self.attempt = attempt
         self.role = role
-        self.path = root / f"attempt-{attempt}.{role}.jsonl"
+        self.path = ledger_file(root, attempt, role)
         self.lines = 0
         if self.path.exists():
             with open(self.path, "rb") as fh:
@@ -116,7 +123,7 @@ def has_stopped(root: Path, attempt: int, role: str) -> bool | None:
     None when it has no ledger (it never started); False while its last line is another event (it runs, or was
     killed). Reads the file's last 4 KiB only: a long run's ledger is long, and a ``stopped`` line is short.
     """
-    path = root / f"attempt-{attempt}.{role}.jsonl"
+    path = ledger_file(root, attempt, role)
     try:
         with open(path, "rb") as fh:
             fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))

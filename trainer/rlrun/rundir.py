@@ -235,7 +235,7 @@ def run_dir_attempt(run_dir: RunDir, run_uid: str | None, attempt: int) -> int:
             runs, highest = data["runs"], data["highest"]
             changed = run_uid not in runs
             if changed:
-                ledger = run_dir.root / "ledger"
+                ledger = run_dir.ledger
                 recorded = [*ledger_attempts(ledger, "orchestrator"), *ledger_attempts(ledger, "trainer")]
                 runs[run_uid] = max(highest, *recorded, -1) + 1
                 log.info("run uid %s: attempts numbered from %d in %s", run_uid, runs[run_uid], run_dir.root)
@@ -297,6 +297,11 @@ class RunDir:
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    @property
+    def ledger(self) -> Path:
+        """The ledger's folder (:mod:`rlrun.ledger`: one file per attempt and role)."""
+        return self.root / "ledger"
 
     @property
     def trainer_metrics(self) -> Path:

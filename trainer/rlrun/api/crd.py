@@ -48,9 +48,8 @@ from rlrun.api.spec import (
     API_GROUP,
     API_VERSION,
     KIND,
-    MAX_NAME_LENGTH,
     MODEL_CEL_RULES,
-    NAME_PATTERN,
+    NAME_CEL_RULES,
     RUN_CEL_RULES,
     RLRunSpec,
 )
@@ -332,16 +331,7 @@ def build_crd() -> dict[str, Any]:
                             "pods sharing one run directory, resumed without losing finished rollouts.",
                             "type": "object",
                             "required": ["spec"],
-                            "x-kubernetes-validations": [
-                                {
-                                    "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH} && "
-                                    f"self.metadata.name.matches('{NAME_PATTERN}')",
-                                    "message": f"metadata.name must be a DNS-1035 label (lower-case letters, digits, "
-                                    f"'-', starting with a letter) of at most {MAX_NAME_LENGTH} characters: the "
-                                    "run's Service is named <name>-orchestrator",
-                                    "fieldPath": ".metadata.name",
-                                }
-                            ],
+                            "x-kubernetes-validations": NAME_CEL_RULES,
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

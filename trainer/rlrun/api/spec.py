@@ -347,6 +347,18 @@ RUN_CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
 }
 
 
+#: The CEL rule repeating :class:`ObjectMeta`'s ``name`` (on the manifest's root: the CRD cannot constrain
+#: ``metadata`` itself), so ``kubectl apply`` refuses what ``rlrun validate`` refuses, with the same reason.
+NAME_CEL_RULES: list[dict[str, str]] = [
+    {
+        "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH} && self.metadata.name.matches('{NAME_PATTERN}')",
+        "message": f"metadata.name must be a DNS-1035 label (lower-case letters, digits, '-', starting with a letter) "
+        f"of at most {MAX_NAME_LENGTH} characters: the run's Service is named <name>-orchestrator",
+        "fieldPath": ".metadata.name",
+    }
+]
+
+
 class ObjectMeta(BaseModel):
     """The part of Kubernetes ``metadata`` that rlrun reads; other keys are kept as given."""
 

@@ -34,7 +34,7 @@ from rlrun.api.control import PauseResult, ResumeReport, StatusReport
 from rlrun.api.control_client import ControlError, call_control
 from rlrun.api.spec import RLRunSpec
 from rlrun.launcher.processes import Child, ChildDied, exits_cleanly
-from rlrun.ledger import LedgerEvent, read_ledger
+from rlrun.ledger import LedgerEvent, ledger_file, read_ledger
 from rlrun.rundir import RunDir, read_attempt, read_metrics, step_dirs
 
 #: Seconds between the trainer finishing step K and a simulated preemption (see :meth:`PreemptionDrill.due`).
@@ -91,7 +91,7 @@ def resume_report_from_ledger(ledger_root: Path, attempt: int) -> ResumeReport |
     Raises:
         pydantic.ValidationError: a ``report`` that is not a :class:`ResumeReport`.
     """
-    path = ledger_root / f"attempt-{attempt}.orchestrator.jsonl"
+    path = ledger_file(ledger_root, attempt, "orchestrator")
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
@@ -239,7 +239,7 @@ class PreemptionDrill:
             LaunchError: no report within the launcher's ``health_timeout_s``.
         """
         launcher = self.launcher
-        ledger = launcher.run_dir.root / "ledger"
+        ledger = launcher.run_dir.ledger
         deadline = time.monotonic() + launcher.health_timeout_s
         while True:
             for child in (trainer, orch):
@@ -405,7 +405,7 @@ class PreemptionDrill:
     def record(self, rollout_restarts: int) -> None:
         """Print and append to ``<run_dir>/preemptions.jsonl`` what the preemptions cost (call at the end)."""
         root = self.launcher.run_dir.root
-        recomputed = steps_recomputed(root / "ledger")
+        recomputed = steps_recomputed(self.launcher.run_dir.ledger)
         with open(root / "preemptions.jsonl", "a") as fh:
             for record in self.records:
                 record.update(steps_recomputed=recomputed, rollout_restarts=rollout_restarts)

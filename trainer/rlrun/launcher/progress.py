@@ -243,7 +243,7 @@ def print_summary(console: Console, run_dir: RunDir, rows: list[dict], lora: Lor
         console.print(published, markup=False)
     for line in eval_report(read_jsonl(run_dir.evaluations)) + tracker_lines(run_dir):
         console.print(line, markup=False)
-    report = check_ledger(run_dir.root / "ledger")
+    report = check_ledger(run_dir.ledger)
     console.print(ledger_line(report))
     if tokens := tokens_line(report):
         console.print(tokens, markup=False)

@@ -117,7 +117,7 @@ class Orchestrator:
         self.health_timeout_s = health_timeout_s
         self.poll_s = poll_s
         self.client_factory = client_factory
-        self.ledger = Ledger(self.run_dir.root / "ledger", attempt, "orchestrator")
+        self.ledger = Ledger(self.run_dir.ledger, attempt, "orchestrator")
         self.envs = {e.name: make_env(e) for e in spec.envs}
         self.curriculum = Curriculum(spec.curriculum, TaskDifficulty(self.envs, spec.seed), spec.seed, self.ledger)
         self.source = TrainSource([(self.envs[e.name], e.weight) for e in spec.envs], spec.seed, 0, self.curriculum)

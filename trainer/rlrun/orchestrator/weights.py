@@ -47,6 +47,7 @@ from rlrun.adapter_format import (
     adapter_signature,
     config_problems,
     expected_tensors,
+    holds_adapter,
 )
 from rlrun.api.spec import LoraSpec, RLRunSpec
 from rlrun.errors import WeightsError, WeightsMismatch
@@ -181,7 +182,7 @@ def validate_adapter_dir(path: str | Path, reference: AdapterReference) -> Signa
         raise WeightsError(f"{path / ADAPTER_CONFIG_FILE}: not a JSON object")
     if problems := config_problems(config, reference.lora):
         raise WeightsMismatch(f"{path}: adapter does not match spec.model.lora: " + "; ".join(problems))
-    if not (path / ADAPTER_WEIGHTS_FILE).is_file():
+    if not holds_adapter(path):
         raise WeightsError(f"{path}: no {ADAPTER_WEIGHTS_FILE}")
     sig: Signature = {}
     _file_signature(path / ADAPTER_WEIGHTS_FILE, sig)

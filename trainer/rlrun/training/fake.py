@@ -49,7 +49,7 @@ def fake_trainer(
             and stop, writing ``stopped`` (the trainer's save on notice).
     """
     weights = model_dir / WEIGHTS_FILE
-    ledger = Ledger(run_dir.root / "ledger", attempt, "trainer")
+    ledger = Ledger(run_dir.ledger, attempt, "trainer")
     ledger.write(LedgerEvent.STARTED, role="trainer", step=first_step)
     step = first_step
     try:

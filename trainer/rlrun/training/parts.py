@@ -186,13 +186,13 @@ def choose_checkpoint(run_dir: RunDir, attempt: int, pair_wait_s: float = PAIR_W
 def restore_part(
     root: Path,
     step: int,
-    policy: Policy | torch.nn.Module,
+    policy: Policy,
     optimizer: torch.optim.Optimizer,
     spec: RLRunSpec,
     dp: DataParallel,
 ) -> None:
-    """Load trainer part ``root`` (of ``step``) into ``policy`` (:class:`~rlrun.training.policy.Policy`; a bare
-    model: its full weights) and ``optimizer``, whatever wrote it.
+    """Load trainer part ``root`` (of ``step``) into ``policy`` (its adapter with LoRA, else its model's full weights)
+    and ``optimizer``, whatever wrote it.
 
     A sharded part (``meta.json`` ``format: "dcp"``) with :func:`~rlrun.training.sharded_checkpoint.load_sharded`
     on any number of ranks; an unsharded one into one process directly, or into the shards of several
@@ -205,7 +205,7 @@ def restore_part(
         WeightsMismatch: the weights do not fit the model.
         CheckpointError: a torn or foreign sharded part.
     """
-    model, adapter = (policy.model, policy.adapter) if isinstance(policy, Policy) else (policy, None)
+    model, adapter = policy.model, policy.adapter
     if holds_adapter(root) != (adapter is not None):
         what = "a LoRA adapter alone" if adapter is None else "the model's full weights, no LoRA adapter"
         want = "a run without spec.model.lora" if adapter is None else "a run with spec.model.lora"

@@ -69,7 +69,7 @@ import torch
 from rlrun.api.spec import RLRunSpec
 from rlrun.batch import read_batch
 from rlrun.identity import check_compatible
-from rlrun.ledger import Ledger, LedgerEvent
+from rlrun.ledger import Ledger, LedgerEvent, ledger_file
 from rlrun.probes import write_probe
 from rlrun.rundir import RunDir, end_torn_line, holds_a_run, publish_broadcast, run_dir_attempt, write_meta
 from rlrun.training.batches import Noticed, batch_accepted, wait_for_batch
@@ -175,10 +175,9 @@ class Trainer:
         clear_after(run_dir, self.step, self.attempt)
         if restored:  # the followers load broadcasts only: the resumed step's weights must be one
             republish(run_dir, self.step, self.attempt)
-        ledger_root = run_dir.root / "ledger"
-        for path in (ledger_root / f"attempt-{self.attempt}.trainer.jsonl", run_dir.trainer_metrics):
+        for path in (ledger_file(run_dir.ledger, self.attempt, "trainer"), run_dir.trainer_metrics):
             end_torn_line(path)
-        self.ledger = Ledger(ledger_root, self.attempt, "trainer")
+        self.ledger = Ledger(run_dir.ledger, self.attempt, "trainer")
         self.ledger.write(LedgerEvent.STARTED, role="trainer", step=self.step)  # running until its `stopped` line
         self.dp.barrier()  # the other ranks wait for the clean-up above
         if not restored:
