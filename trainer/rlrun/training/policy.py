@@ -82,7 +82,9 @@ class Policy:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         lora = spec.model.lora  # before sharding: FSDP2 shards each block with its adapter
         adapter = wrap(model, lora) if lora is not None else None
-        identity = run_identity(spec, base_model=base_model_identity(spec.model, model_path) if lora else None)
+        identity = run_identity(
+            spec, base_model=base_model_identity(spec.model, model_path) if adapter is not None else None
+        )
         shard_model(model, dp, mp_policy=mixed_precision_policy(compute_dtype))
         # the starting weights on every start; with LoRA the base: the adapter off, no copy
         if not spec.loss.kl_coef:
