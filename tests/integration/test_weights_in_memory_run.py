@@ -37,7 +37,8 @@ def test_every_version_after_the_first_reaches_vllm_in_memory_verified_with_no_f
     log = (run_dir / "logs" / "orchestrator.log").read_text()
     # every push of a new version went in memory: the follower's line names the path, and nothing fell back
     pushed = re.findall(r"policy version (\d+) -> (\d+) \(weight update [\d.]+ s, ([a-z+]+)\)", log)
-    assert pushed and int(pushed[-1][1]) == MAX_STEPS, log[-3000:]
+    # the run ends once step MAX_STEPS is shipped and checkpointed: the servers held at least the policy it needed
+    assert pushed and int(pushed[-1][1]) >= MAX_STEPS - 1 - spec["max_off_policy_steps"], log[-3000:]
     assert {how for *_, how in pushed} == {"collective"}, pushed
     assert "in memory failed" not in log and "serves other weights" not in log, log[-3000:]
     # the served weights were verified each time: no server update unverified, and the counts say the same
