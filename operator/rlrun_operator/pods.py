@@ -176,7 +176,9 @@ def orchestrator_parts(body: dict[str, Any], run: RLRun, attempt: int) -> RolePa
 
 def trainer_parts(body: dict[str, Any], run: RLRun, attempt: int, node: int, group: int) -> RoleParts:
     """Trainer node ``node`` of a group of ``group``'s: rank 0 serves ``/metrics`` and ``/healthz``
-    (:mod:`rlrun.training.prometheus`), node 0 of several hosts the rendezvous store; under torchrun
+    (:mod:`rlrun.training.prometheus`), node 0 of several hosts the rendezvous store; with ``spec.weights.transport:
+    collective`` its pod IP is ``$RLRUN_POD_IP`` (the downward API: where the rollout servers' workers reach rank 0's
+    weight sender, :mod:`rlrun.training.weight_sender`); under torchrun
     (:func:`rlrun.roles.under_torchrun`) :func:`rlrun.roles.trainer_env` and a memory-backed ``/dev/shm``. It serves
     nothing a probe could ask, so it has none: its progress is the orchestrator's step."""
     spec = run.spec
@@ -186,6 +188,8 @@ def trainer_parts(body: dict[str, Any], run: RLRun, attempt: int, node: int, gro
     if group > 1:  # node 0 hosts the rendezvous store on this port
         ports.append({"name": "rendezvous", "containerPort": naming.RENDEZVOUS_PORT, "protocol": "TCP"})
     parts = RoleParts(argv, [{"name": roles.METRICS_PORT_ENV, "value": str(naming.TRAINER_METRICS_PORT)}])
+    if spec.weights.transport == "collective":  # rank 0's rendezvous address for the rollout servers' workers
+        parts.env.append({"name": roles.POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     parts.container["ports"] = ports
     if roles.under_torchrun(spec.trainer.processes_per_node, group):
         # torchrun forwards SIGTERM to its ranks and SIGKILLs them 30 s later by default: give them the pod's

@@ -386,6 +386,17 @@ def test_a_one_by_one_trainer_is_todays_single_pod():
     assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "config", "tmp"]
 
 
+def test_a_trainer_sending_weights_in_memory_knows_its_pod_ip_from_the_downward_api():
+    """Issue 50: the rollout servers' workers reach rank 0's gloo rendezvous at the trainer pod's IP."""
+    pod_ip = {"name": "RLRUN_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    body, run = make(weights={"transport": "collective"})
+    (pod,) = trainer_pods(all_objects(body, run))
+    assert pod_ip in pod["spec"]["containers"][0]["env"]
+    body, run = make()
+    (pod,) = trainer_pods(all_objects(body, run))
+    assert "RLRUN_POD_IP" not in {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+
+
 def test_a_trainer_groups_replacement_is_each_node_renamed_with_the_groups_size():
     body, run = make(trainer={"nodes": 2})
     originals = trainer_pods(build_pods(body, run, SETTINGS, 2))

@@ -146,6 +146,9 @@ INVALID = [
         "spec.model.lora.dropout",
     ),
     ({"group_sise": 4}, "spec.group_sise", "spec.group_sise"),
+    ({"weights": {"transport": "nccl"}}, "spec.weights.transport", "spec.weights.transport"),
+    ({"weights": {"timeout_seconds": 0}}, "spec.weights.timeout_seconds", "spec.weights.timeout_seconds"),
+    ({"weights": {"timeout_seconds": 7200}}, "spec.weights.timeout_seconds", "spec.weights.timeout_seconds"),
     ({"sampling": {"temperature": 0}}, "spec.sampling.temperature", "spec.sampling.temperature"),
     ({"sampling": {"top_p": 1.5}}, "spec.sampling.top_p", "spec.sampling.top_p"),
     ({"optimizer": {"betas": [0.9]}}, "spec.optimizer.betas", "spec.optimizer.betas[1]"),
@@ -387,6 +390,26 @@ def test_lora_dropout_is_refused_by_the_crd_and_the_manifest_saying_why():
     for zero in (0, 0.0):
         doc = manifest(model={"builtin": "tiny-reverse", "lora": {"rank": 8, "dropout": zero}})
         assert crd_errors(doc) == [] and parse_manifest(doc).spec.model.lora.dropout == 0
+
+
+def test_weights_in_memory_with_lora_is_refused_by_the_crd_and_the_manifest_naming_both_fields():
+    """Issue 50: a LoRA run's adapters reach the servers through the file system (vLLM loads adapters by path)."""
+    lora = {"builtin": "tiny-reverse", "lora": {"rank": 8}}
+    doc = manifest(model=lora, weights={"transport": "collective"})
+    [error] = crd_errors(doc)
+    assert error.startswith("spec.weights.transport: weights.transport collective cannot be used with model.lora")
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(doc)
+    assert info.value.errors == [
+        "spec.weights: transport collective cannot be used with model.lora: a LoRA run's adapters reach the rollout "
+        "servers through the file system (set weights.transport: filesystem, or drop model.lora)"
+    ]
+    for ok in (manifest(model=lora), manifest(weights={"transport": "collective", "timeout_seconds": 30})):
+        assert crd_errors(ok) == [] and parse_manifest(ok)
+    spec = parse_manifest(manifest()).spec
+    assert (spec.weights.transport, spec.weights.timeout_seconds) == ("filesystem", 120.0)
+    defaulted = apply_defaults(SPEC_SCHEMA, manifest()["spec"])
+    assert defaulted["weights"] == spec.weights.model_dump(mode="json")
 
 
 def test_missing_spec_and_wrong_kind_types():

@@ -26,6 +26,12 @@ from collections.abc import Mapping, Sequence
 CONTROL_TOKEN_ENV = "RLRUN_CONTROL_TOKEN"
 #: The trainer's ``/metrics`` and ``/healthz`` port (unset: none; :mod:`rlrun.training.prometheus`).
 METRICS_PORT_ENV = "RLRUN_METRICS_PORT"
+#: The trainer pod's IP, from the downward API (``spec.weights.transport: collective``): where the rollout servers'
+#: workers reach rank 0's weight sender (:mod:`rlrun.training.weight_sender`; unset: 127.0.0.1).
+POD_IP_ENV = "RLRUN_POD_IP"
+#: The vLLM weight-transfer backend of rlrun's gloo engine (``--weight-transfer-config '{"backend": "rlrun_gloo"}'``;
+#: registered in vLLM's factories by rlrun's ``vllm.general_plugins`` entry point, :mod:`rlrun.rollout.vllm_plugin`).
+GLOO_BACKEND = "rlrun_gloo"
 #: torchrun's wait between forwarding SIGTERM to its ranks and killing them (seconds; its default is 30).
 #: torch >= 2.12 reads it (pytorch/pytorch#172596; checked with 2.13); older torch ignores it and always
 #: waits 30 s. An environment variable, not ``--shutdown-timeout``: older torchrun would refuse the

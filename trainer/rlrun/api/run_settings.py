@@ -1,6 +1,6 @@
 """How a run is kept and placed (``spec.evaluation``, ``spec.checkpoint``, ``spec.preemption``,
-``spec.failure_policy``, ``spec.storage``, ``spec.scheduling``): the run's settings around its algorithm
-and roles.
+``spec.failure_policy``, ``spec.storage``, ``spec.scheduling``, ``spec.weights``): the run's settings around its
+algorithm and roles.
 
 Composed into :class:`rlrun.api.spec.RLRunSpec`; the CEL rules for the API server sit beside the models
 (:data:`PREEMPTION_CEL_RULES`, repeating a validator; :data:`STORAGE_CEL_RULES`, which has no pydantic twin:
@@ -124,6 +124,23 @@ STORAGE_CEL_RULES: list[dict[str, str]] = [
         "message": "storage is immutable: the run directory lives on it (create a new RLRun)",
     },
 ]
+
+
+class WeightsSpec(Strict):
+    """How each policy version reaches the rollout servers (issue 50; ``docs/design.md``, "Weights in memory").
+
+    Attributes:
+        transport: ``filesystem``: every server reloads the version's broadcast from the run directory;
+            ``collective``: the trainer's rank 0 sends the version it holds in memory to each server over a
+            collective (gloo on CPUs, through vLLM's weight-transfer API), the broadcast still written
+            (checkpoints, catch-up) and reloaded from on any failure. Each update is verified either way. Not with
+            ``spec.model.lora`` (adapters stay on the file system). May change across a resume.
+        timeout_seconds: most time one in-memory round of one server may take (rendezvous, send, load) before the
+            server falls back to the file system.
+    """
+
+    transport: Literal["filesystem", "collective"] = "filesystem"
+    timeout_seconds: float = Field(default=120.0, gt=0, le=3600, strict=False)
 
 
 class SchedulingSpec(Strict):

@@ -32,6 +32,7 @@ from rlrun.api.run_settings import (
     PreemptionSpec,
     SchedulingSpec,
     StorageSpec,
+    WeightsSpec,
 )
 from rlrun.api.strict import Strict
 from rlrun.api.tracking import LoggingSpec
@@ -229,6 +230,7 @@ class RLRunSpec(Strict):
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     logging: LoggingSpec = Field(default_factory=LoggingSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    weights: WeightsSpec = Field(default_factory=WeightsSpec)
     preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
     failure_policy: FailurePolicySpec = Field(default_factory=FailurePolicySpec)
     orchestrator: OrchestratorSpec = Field(default_factory=OrchestratorSpec)
@@ -306,6 +308,17 @@ class RLRunSpec(Strict):
             )
         return rollout
 
+    @field_validator("weights")
+    @classmethod
+    def _adapters_stay_on_files(cls, weights: WeightsSpec, info: ValidationInfo) -> WeightsSpec:
+        model = info.data.get("model")
+        if weights.transport == "collective" and model is not None and model.lora is not None:
+            raise ValueError(
+                "transport collective cannot be used with model.lora: a LoRA run's adapters reach the rollout "
+                "servers through the file system (set weights.transport: filesystem, or drop model.lora)"
+            )
+        return weights
+
 
 #: CEL rules by the path of the ``spec`` object they sit on (``()`` = ``spec``), repeating
 #: :class:`RLRunSpec`'s validators and :class:`RewardSpec`'s (:mod:`rlrun.api.crd` adds them, with those
@@ -341,6 +354,13 @@ RUN_CEL_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "message": "advantage.std_normalize and loss.std_normalize_advantages, its deprecated alias, disagree: "
             "set only advantage.std_normalize",
             "fieldPath": ".advantage.std_normalize",
+        },
+        {
+            "rule": "!has(self.weights) || !has(self.weights.transport) || self.weights.transport != 'collective' || "
+            "!has(self.model.lora)",
+            "message": "weights.transport collective cannot be used with model.lora: a LoRA run's adapters reach the "
+            "rollout servers through the file system",
+            "fieldPath": ".weights.transport",
         },
     ],
     ("envs", "[]", "rewards", "[]"): REWARD_CEL_RULES,

@@ -68,6 +68,7 @@ OWNED: dict[str, tuple[tuple[str, ...], str]] = {
     "--enable-lora": (("--no-enable-lora",), "LoRA adapters are served when spec.model.lora is set"),
     "--max-lora-rank": ((), "it follows the adapter's rank: set spec.model.lora.rank"),
     "--lora-target-modules": ((), "every module the adapter wraps is served: set spec.model.lora.target_modules"),
+    "--weight-transfer-config": ((), "weights reach the servers as spec.weights.transport says: set it there"),
 }
 #: Every option string of an owned argument (long flags and short aliases).
 OWNED_OPTIONS = tuple(o for flag, (aliases, _) in OWNED.items() for o in (flag, *aliases))

@@ -2,7 +2,9 @@
 
 The trainer publishes ``broadcasts/step_N/`` after step N; the follower loads the newest
 one into every rollout server (:func:`~rlrun.orchestrator.weights.push_weights`: validate,
-then drain → pause → reload → reset prefix cache → resume; a LoRA run's adapter: load, no pause) and
+then drain → pause → reload → reset prefix cache → resume; with ``spec.weights.transport: collective`` sent in memory
+by the trainer instead of the reload, the broadcast its fallback, :mod:`.weight_transfer`; a resume's first load and a
+catch-up always reload the files; a LoRA run's adapter: load, no pause) and
 removes the older broadcasts — in a LoRA run, those no server still holds as an adapter (vLLM reloads an
 adapter its cache evicted from the directory it was loaded from), the rest at a later update.
 
@@ -27,11 +29,14 @@ import logging
 import shutil
 from pathlib import Path
 
+from rlrun.api.spec import RLRunSpec
 from rlrun.orchestrator.served import MismatchGuard, UnverifiedServers, served_mismatch
+from rlrun.orchestrator.weight_transfer import TrainerTransfer, TransferTotals, check_routes
 from rlrun.orchestrator.weights import AdapterReference, Reference, WeightPush, push_weights
 from rlrun.probes import PROBE_FILE, read_probe
 from rlrun.rollout.client import RolloutClient
 from rlrun.rundir import RunDir, step_dirs, written_by
+from rlrun.weight_requests import InMemoryTransfer
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +51,37 @@ class WeightFollower:
             model's tensor names, dtypes and shapes; a LoRA run's :class:`~rlrun.orchestrator.weights.AdapterReference`;
             None: unchecked full weights).
         max_mismatch_kl: ``spec.rollout.max_mismatch_kl`` (:class:`~rlrun.orchestrator.served.MismatchGuard`).
+        transfer: how the trainer sends a new version in memory (``spec.weights.transport: collective``:
+            :class:`~rlrun.orchestrator.weight_transfer.TrainerTransfer`); None: every server reloads the files. A
+            resume's weights and a catch-up's are loaded from the files either way.
 
     Attributes:
         version: the policy version the rollout servers hold (trainer steps).
         unverified: the servers whose updates failed verification, counted (refused after a few in a row).
         mismatch: the trainer–sampler mismatch of each probed version (``mismatch.last``: metrics.jsonl's
             ``served_mismatch_kl``).
+        transfers: every server update's path, seconds and bytes, and the fallbacks from memory to the files.
     """
 
+    @classmethod
+    def from_spec(cls, spec: RLRunSpec, run_dir: RunDir, attempt: int) -> WeightFollower:
+        """The follower of ``spec``'s run (its reference is set once the model is at hand)."""
+        weights = spec.weights
+        collective = weights.transport == "collective" and spec.model.lora is None
+        transfer = TrainerTransfer(run_dir, weights.timeout_seconds) if collective else None
+        return cls(run_dir, attempt, None, spec.rollout.max_mismatch_kl, transfer)
+
     def __init__(
-        self, run_dir: RunDir, attempt: int, reference: Reference, max_mismatch_kl: float | None = None
+        self,
+        run_dir: RunDir,
+        attempt: int,
+        reference: Reference,
+        max_mismatch_kl: float | None = None,
+        transfer: InMemoryTransfer | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.transfer = transfer
+        self.transfers = TransferTotals()
         self.attempt = attempt
         self.reference = reference
         self.version = 0
@@ -81,10 +105,13 @@ class WeightFollower:
             (n for n, p in step_dirs(self.run_dir.broadcasts).items() if written_by(p, self.attempt)), default=None
         )
 
-    async def load(self, clients: list[RolloutClient], path: str | Path, version: int) -> WeightPush:
+    async def load(
+        self, clients: list[RolloutClient], path: str | Path, version: int, in_memory: bool = False
+    ) -> WeightPush:
         """Load the weights in ``path`` into ``clients`` as policy ``version`` (the version moves even when
         some servers were unreachable or not verified: they must catch up before serving again), then measure
-        the version's mismatch on the servers verified, when ``path`` has a probe.
+        the version's mismatch on the servers verified, when ``path`` has a probe; ``in_memory``: sent by the
+        trainer when the run does so (:attr:`transfer`), ``path`` the fallback.
 
         Raises:
             WeightsError: the weights do not match the model (no server was touched).
@@ -92,9 +119,12 @@ class WeightFollower:
             ServedWeightsUnverified: a server failed verification again and nothing can refuse it.
             SamplerMismatch: the mismatch passed ``spec.rollout.max_mismatch_kl`` versions in a row.
         """
-        push = await push_weights(clients, path, version, self.reference)
+        transfer = self.transfer if in_memory else None
+        push = await push_weights(clients, path, version, self.reference, transfer)
         self.version, self.last_push = version, push
         self.update_seconds += push.seconds
+        for load in push.loads.values():
+            self.transfers.add(load)
         for url, error in push.unreachable.items():
             log.warning("rollout server %s unreachable during the update to policy %d: %s", url, version, error)
         self.unverified.record(push.verified, push.unverified, version)
@@ -112,7 +142,10 @@ class WeightFollower:
 
         Raises:
             WeightsError, RolloutError: as :meth:`load`.
+            TransportUnsupported: the run sends weights in memory and a server lacks vLLM's routes for it.
         """
+        if self.transfer is not None and clients:
+            await check_routes([c.base_url for c in clients])
         if step is not None:
             return (await self.load(clients, self.run_dir.trainer_checkpoint(step), step)).unreachable
         if self.reference is not None and not isinstance(self.reference, AdapterReference):
@@ -146,8 +179,10 @@ class WeightFollower:
             return None
         newest = max(broadcasts)
         previous = self.version
-        push = await self.load(clients, broadcasts[newest], newest)
-        log.info("policy version %d -> %d (weight update %.3f s)", previous, newest, push.seconds)
+        push = await self.load(clients, broadcasts[newest], newest, in_memory=True)
+        paths = sorted({load.path for load in push.loads.values() if load.path is not None})
+        how = f", {'+'.join(paths)}" if self.transfer is not None and paths else ""
+        log.info("policy version %d -> %d (weight update %.3f s%s)", previous, newest, push.seconds, how)
         held = {v for c in clients for v in c.adapters.held}  # a LoRA run's adapters still loaded
         old = [p for n, p in step_dirs(self.run_dir.broadcasts).items() if n < newest and n not in held]
         if old:  # deleting weight files is I/O: off the event loop

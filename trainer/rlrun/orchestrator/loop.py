@@ -127,7 +127,7 @@ class Orchestrator:
         self.checkpoints = CheckpointManager(
             self.run_dir, attempt, spec.checkpoint.keep_last, self.ledger, lambda step: capture_of(self, step)
         )
-        self.weights = WeightFollower(self.run_dir, attempt, None, spec.rollout.max_mismatch_kl)
+        self.weights = WeightFollower.from_spec(spec, self.run_dir, attempt)
         self.metrics = StepMetrics(self.run_dir.metrics, attempt, self.weights, self.curriculum)
         committed = lambda: self.checkpoints.last_step  # noqa: E731 - read from the publisher's thread
         self.tracking = TrackerPublisher(spec, self.run_dir, name, run_uid, attempt, committed, self.max_steps)

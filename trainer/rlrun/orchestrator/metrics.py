@@ -39,10 +39,12 @@ members whose reward raised, timed out or was no number; requested again), ``num
 ``tool_errors`` (multi-turn envs only: means per episode finished since the previous step: model turns, tool
 calls, tool calls that failed), ``rollout_tokens_per_s`` (sampled tokens) and ``step_time_s`` (since the
 previous step), ``weight_update_s`` (time the rollout servers spent taking new weights since the previous step:
-validation, then pause, reload, verification and resume), ``served_mismatch_kl`` (the trainer–sampler
-mismatch of the newest policy version the servers hold, nats/token, the largest over them: the k3 KL of
-their logprobs against the trainer's on the version's probe, :mod:`rlrun.probes`; ≈ 0 for the same weights;
-null when not measured), ``time`` (Unix s),
+validation, then pause, reload, verification and resume), ``weight_transfer`` (cumulative over the attempt: the
+servers' weight updates by the path the weights came, ``filesystem`` or ``collective`` — ``{"updates", "seconds",
+"bytes"}`` each — and ``fallbacks``, in-memory sends that fell back to the files: ``spec.weights``),
+``served_mismatch_kl`` (the trainer–sampler mismatch of the newest policy version the servers hold, nats/token,
+the largest over them: the k3 KL of their logprobs against the trainer's on the version's probe,
+:mod:`rlrun.probes`; ≈ 0 for the same weights; null when not measured), ``time`` (Unix s),
 ``eval_rounds_dropped`` (cumulative over the attempt: held-out evaluation rounds dropped — failed,
 unanswered within ``evaluation.timeout_seconds``, or discarded because their weights moved:
 :mod:`rlrun.orchestrator.evaluation`) and ``eval_hold_s`` (seconds evaluation rounds held the weight
@@ -261,6 +263,7 @@ class StepMetrics:
             "rollout_tokens_per_s": self._tokens / elapsed,
             "step_time_s": elapsed,
             "weight_update_s": self._weight_update_s(),
+            "weight_transfer": self.weights.transfers.line() if self.weights is not None else None,
             "served_mismatch_kl": self.weights.mismatch.last if self.weights is not None else None,
             "eval_rounds_dropped": self.eval_rounds_dropped,
             "eval_hold_s": round(self.eval_hold_seconds - self._eval_hold_at_step, 3),

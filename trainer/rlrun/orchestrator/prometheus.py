@@ -66,6 +66,16 @@ METRICS: dict[str, tuple[str, str]] = {
         "counter",
         "Server updates after which the served weights were not the published ones.",
     ),
+    "rlrun_weight_transfer_seconds": (
+        "counter",
+        "Time servers spent taking new weights, by path (filesystem: reload; collective: in memory), verified.",
+    ),
+    "rlrun_weight_transfer_bytes": ("counter", "Bytes of the weights servers took, by path."),
+    "rlrun_weight_transfer_updates": ("counter", "Server weight updates, by the path the weights came by."),
+    "rlrun_weight_transfer_fallbacks": (
+        "counter",
+        "In-memory sends that failed (refused, timed out, digest mismatch) and fell back to the files.",
+    ),
     "rlrun_eval_rounds_dropped": (
         "counter",
         "Held-out evaluation rounds dropped: failed, unanswered in time, or their weights moved.",
@@ -95,6 +105,14 @@ METRICS: dict[str, tuple[str, str]] = {
     ),
 }
 
+#: The series of :data:`METRICS` with a ``path`` label (``filesystem``, ``collective``), by their field in
+#: :class:`~rlrun.orchestrator.weight_transfer.PathTotals`.
+_BY_PATH = {
+    "rlrun_weight_transfer_seconds": "seconds",
+    "rlrun_weight_transfer_bytes": "bytes",
+    "rlrun_weight_transfer_updates": "updates",
+}
+
 #: The gauges of :data:`METRICS` that come from the last ``metrics.jsonl`` line, by its key.
 _LAST_STEP = {
     "rlrun_reward_mean": "reward_mean",
@@ -117,12 +135,13 @@ class OrchestratorCollector:
     def __init__(self, view: Callable[[], OrchestratorView]) -> None:
         self.view = view
 
-    def values(self) -> dict[str, float | None]:
-        """Each metric's value now (None: not known yet)."""
+    def values(self) -> dict[str, float | dict[str, float] | None]:
+        """Each metric's value now (None: not known yet; ``{path: value}`` for a series by path)."""
         v = self.view()
         c, last_write, last_pause = v.counters, v.last_checkpoint, v.last_pause
         line = v.last_step_metrics or {}
-        out: dict[str, float | None] = {
+        transfer = v.weight_transfer
+        out: dict[str, float | dict[str, float] | None] = {
             "rlrun_step": v.step,
             "rlrun_max_steps": v.max_steps,
             "rlrun_policy_version": v.policy_version,
@@ -154,6 +173,8 @@ class OrchestratorCollector:
             "rlrun_weight_update_seconds": v.weight_update_seconds,
             "rlrun_served_mismatch_kl_nats": v.served_mismatch_kl,
             "rlrun_weight_updates_unverified": v.updates_unverified,
+            **{name: {p: t[key] for p, t in transfer.items() if isinstance(t, dict)} for name, key in _BY_PATH.items()},
+            "rlrun_weight_transfer_fallbacks": transfer.get("fallbacks", 0),
             "rlrun_eval_rounds_dropped": v.eval_rounds_dropped,
             "rlrun_eval_hold_seconds": v.eval_hold_seconds,
         }
@@ -167,7 +188,13 @@ class OrchestratorCollector:
                 continue
             kind, text = METRICS[name]
             family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-            yield family(name, text, value=float(value))
+            if isinstance(value, dict):
+                labelled = family(name, text, labels=["path"])
+                for path, v in sorted(value.items()):
+                    labelled.add_metric([path], float(v))
+                yield labelled
+            else:
+                yield family(name, text, value=float(value))
 
 
 def registry_for(view: Callable[[], OrchestratorView]) -> CollectorRegistry:

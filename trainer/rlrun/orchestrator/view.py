@@ -94,6 +94,8 @@ class OrchestratorView:
         eval_rounds_dropped: held-out evaluation rounds dropped in this attempt.
         eval_hold_seconds: seconds evaluation rounds held the weight pushes in this attempt.
         last_step_metrics: the last ``metrics.jsonl`` line (None before the first step).
+        weight_transfer: the servers' weight updates in this attempt by path, and the fallbacks from memory to the
+            files (:meth:`.weight_transfer.TransferTotals.line`).
         work: the stall report's lists (None unless asked for).
     """
 
@@ -132,6 +134,7 @@ class OrchestratorView:
     eval_rounds_dropped: int
     eval_hold_seconds: float
     last_step_metrics: Mapping[str, Any] | None
+    weight_transfer: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     work: WorkDetail | None = None
 
 
@@ -206,6 +209,7 @@ def view_of(orch: Viewed, detail: bool = False) -> OrchestratorView:
         eval_rounds_dropped=orch.metrics.eval_rounds_dropped,
         eval_hold_seconds=orch.metrics.eval_hold_seconds,
         last_step_metrics=orch.metrics.last_line,
+        weight_transfer=orch.weights.transfers.line(),
         work=_work(orch) if detail else None,
     )
 

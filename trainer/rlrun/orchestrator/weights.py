@@ -52,6 +52,7 @@ from rlrun.adapter_format import (
 from rlrun.api.spec import LoraSpec, RLRunSpec
 from rlrun.errors import WeightsError, WeightsMismatch
 from rlrun.rollout.client import Expected, RolloutClient, WeightsUnverified
+from rlrun.weight_requests import InMemoryTransfer, WeightLoad
 
 
 def _file_signature(f: Path, sig: Signature) -> None:
@@ -219,12 +220,15 @@ class WeightPush:
         unverified: the servers reached whose update was not verified (base URL → why: both digests): they
             serve no request until an update to the current version is (:mod:`rlrun.rollout.verification`).
         verified: the servers whose update is verified (base URLs).
+        loads: how each server's weight update that ran went (the path its weights came by, seconds, bytes, a
+            fallback from memory to the files: :class:`~rlrun.weight_requests.WeightLoad`; none for adapters).
     """
 
     seconds: float
     unreachable: dict[str, str] = field(default_factory=dict)
     unverified: dict[str, str] = field(default_factory=dict)
     verified: list[str] = field(default_factory=list)
+    loads: dict[str, WeightLoad] = field(default_factory=dict)
 
 
 def _unreachable(client: RolloutClient, error: BaseException) -> bool:
@@ -233,10 +237,16 @@ def _unreachable(client: RolloutClient, error: BaseException) -> bool:
 
 
 async def push_weights(
-    clients: list[RolloutClient], path: str | Path, version: int, reference: Reference
+    clients: list[RolloutClient],
+    path: str | Path,
+    version: int,
+    reference: Reference,
+    transfer: InMemoryTransfer | None = None,
 ) -> WeightPush:
     """Validate ``path`` then update every server to it as policy ``version``: an adapter update when
-    ``reference`` is an :class:`AdapterReference` (a LoRA run), else a weight update.
+    ``reference`` is an :class:`AdapterReference` (a LoRA run), else a weight update — sent in memory by the trainer
+    with ``transfer`` (``spec.weights.transport: collective``), the files in ``path`` its fallback
+    (:mod:`rlrun.rollout.weight_load`).
 
     Every server's update runs to its end even when another's fails, and is verified (module docstring).
 
@@ -254,12 +264,14 @@ async def push_weights(
     if len(published) == 1 and None not in published:  # servers serve the dtype the trainer publishes in
         expected.prefetch(published.pop())  # so the digest their reload is checked against is ready in time
     updates = (
-        c.update_adapter(where, version, expected) if adapter else c.update_weights(where, version, expected)
+        c.update_adapter(where, version, expected) if adapter else c.update_weights(where, version, expected, transfer)
         for c in clients
     )
     outcomes = await asyncio.gather(*updates, return_exceptions=True)
     push = WeightPush(0.0)
     for client, outcome in zip(clients, outcomes, strict=True):
+        if outcome is not False and not adapter and getattr(client, "last_load", None) is not None:
+            push.loads[client.base_url] = client.last_load
         if not isinstance(outcome, BaseException):
             push.verified.append(client.base_url)
         elif isinstance(outcome, WeightsUnverified):

@@ -27,8 +27,9 @@ group``: nothing of the global ``torch.distributed`` state is touched on either 
 unpacked (vLLM's packed producer/consumer, ``packed_tensor.py``, is CUDA-streams only); a worker posts the next
 receive before loading the current tensor, and the trainer digests a tensor while gloo sends it.
 
-Not wired into runs yet (``spec.weights.transport`` is issue 50, part 1): this module is the engine, its
-integration test (``tests/integration/test_weight_transfer.py``) and its benchmark (``benchmarks/weight_transfer.py``).
+Runs use it with ``spec.weights.transport: collective``: the trainer's :mod:`rlrun.training.weight_sender` drives the
+trainer's half, :mod:`rlrun.rollout.weight_load` verifies each round (``tests/integration/test_weight_transfer.py``
+tests the engine alone, ``benchmarks/weight_transfer.py`` measures it).
 """
 
 from __future__ import annotations

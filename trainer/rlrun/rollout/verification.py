@@ -70,6 +70,21 @@ class Expected:
         return self._digests[dtype]
 
 
+class SentDigest(Expected):
+    """What a server must serve after an in-memory send (``spec.weights.transport: collective``): the digest of the
+    tensors the trainer sent, as sent (the dtype the servers serve), whatever dtype a worker reports."""
+
+    def __init__(self, digest: Digest, version: int) -> None:
+        super().__init__(f"policy {version} sent in memory", adapter=False)
+        self.digest = digest
+
+    async def of(self, dtype: str) -> Digest:
+        return self.digest
+
+    def prefetch(self, dtype: str) -> None:
+        pass
+
+
 def _answers(base_url: str, results: list, what: str) -> list[dict]:
     """The workers' answers, each ``{"ok": True, …}``.
 

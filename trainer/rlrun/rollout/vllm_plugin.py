@@ -9,8 +9,7 @@ server started without ``--weight-transfer-config '{"backend": "rlrun_gloo"}'`` 
 
 from __future__ import annotations
 
-#: The backend name of the gloo engine (:mod:`rlrun.rollout.gloo_transfer`), what ``--weight-transfer-config`` names.
-GLOO_BACKEND = "rlrun_gloo"
+from rlrun.roles import GLOO_BACKEND  # the gloo engine's backend name (rlrun.rollout.gloo_transfer)
 
 _ENGINE_MODULE = "rlrun.rollout.gloo_transfer"
 

@@ -88,6 +88,7 @@ from rlrun.training.probe import probe_logprobs, probe_rows
 from rlrun.training.prometheus import TrainerMetrics, serve_from_env
 from rlrun.training.schedule import new_optimizer, new_scheduler, restore_scheduler
 from rlrun.training.step import StepSettings, accumulate_gradients, on_policy_rows
+from rlrun.training.weight_sender import WeightSender, held_copy
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ class Trainer:
         self.checkpointed_step = -1
         self.saved_on_notice: int | None = None
         self.noticed = threading.Event()
+        self.sender: WeightSender | None = None  # rank 0's, with spec.weights.transport collective (weight_sender.py)
         self.pair_wait_s = pair_wait_s
         self.dp = dp if dp is not None else single_process()
         self.run_dir = run_dir.ensure()
@@ -182,6 +184,8 @@ class Trainer:
         self.dp.barrier()  # the other ranks wait for the clean-up above
         if not restored:
             self.checkpoint(0)
+        if spec.weights.transport == "collective" and self.policy.adapter is None:
+            self.sender = WeightSender(run_dir, spec.weights.timeout_seconds).start()
 
     def _from_main(self, value: object) -> object:
         """Rank 0's ``value`` on every rank (``broadcast_object_list``; plain data only); ``value`` in one process."""
@@ -292,18 +296,25 @@ class Trainer:
         the adapter alone (:meth:`~rlrun.training.policy.Policy.write_weights`); beside them the step's mismatch probe
         (:mod:`rlrun.training.probe`). One this attempt published already is kept (a retrained step:
         :func:`rlrun.rundir.publish_broadcast`). With ``W > 1`` ranks a collective: every rank gathers, rank 0
-        writes. Returns the bytes written (the directory's files; 0 on the other ranks)."""
+        writes. Returns the bytes written (the directory's files; 0 on the other ranks). With a weight sender, rank 0
+        holds what it writes as version N in memory from before the broadcast appears (:mod:`.weight_sender`), unless
+        the broadcast was kept (a retrained step: the files, not these weights, are version N)."""
         probe = probe_logprobs(self.policy.model, self.probe_rows, self.dp, self.step_settings)
         state = self.policy.published_state(self.dp)
         if state is None:  # not rank 0
             return 0
+        if self.sender is not None:
+            state = held_copy(state, self.policy.compute_dtype)
+            self.sender.hold(step, state)
 
         def fill(tmp: Path) -> None:
             self.policy.write_weights(tmp, state)
             write_probe(tmp, probe, step)
             write_meta(tmp, step, self.attempt)
 
-        published, _ = publish_broadcast(self.run_dir.broadcast(step), fill, self.attempt)
+        published, written = publish_broadcast(self.run_dir.broadcast(step), fill, self.attempt)
+        if self.sender is not None and not written:
+            self.sender.hold(None, None)
         return sum(f.stat().st_size for f in published.iterdir())
 
     def checkpoint(self, step: int, reason: str = "periodic") -> Path:
@@ -344,12 +355,18 @@ class Trainer:
     def run(self) -> int:
         """Train until ``max_steps``, or until a :meth:`notice`: then checkpoint the step it has
         (:meth:`save_on_notice`) and stop. Returns the last step trained. Its ledger's last line says how it stopped
-        (:meth:`record_stop`), an error included."""
+        (:meth:`record_stop`), an error included. The weight sender stops with it."""
+        done = False
         try:
-            return self._train()
+            step = self._train()
+            done = step >= self.max_steps
+            return step
         except Exception as exc:
             self.record_stop("error", error=f"{type(exc).__name__}: {exc}"[:500])
             raise
+        finally:
+            if self.sender is not None:  # the last version's push is on its way: serve it first (bounded)
+                self.sender.stop(drain_s=min(30.0, self.spec.weights.timeout_seconds) if done else 0.0)
 
     def _train(self) -> int:
         log.info("trainer starting at step %d, training to step %d", self.step, self.max_steps)
