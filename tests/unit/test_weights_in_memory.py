@@ -91,7 +91,7 @@ def test_the_sender_answers_a_request_for_the_version_it_holds_with_what_it_sent
     try:
         nothing = answered(run_dir, SendRequest(URL, 1))
         assert (nothing.ok, nothing.error) == (False, "version 1 not held; holds None")
-        sender.hold(2, held_copy(STATE, torch.float32))
+        sender.hold(2, held_copy(STATE, torch.float32), 1)
         result = answered(run_dir, SendRequest(URL, 2))
         assert result.ok and result.version == 2 and result.error == ""
         assert Digest.from_json(result.sent_digest) == digest_of(STATE)
@@ -111,7 +111,7 @@ def test_a_failed_round_drops_the_servers_engine_and_the_next_request_opens_a_ne
     failing = {URL}
     open_engine, engines = opener(failing)
     sender = WeightSender(run_dir, timeout_s=5, open_engine=open_engine, poll_s=0.005).start()
-    sender.hold(3, held_copy(STATE, torch.float32))
+    sender.hold(3, held_copy(STATE, torch.float32), 1)
     try:
         failed = answered(run_dir, SendRequest(URL, 3))
         assert not failed.ok and failed.error == "RuntimeError: gloo: Connection closed by peer"
@@ -135,7 +135,7 @@ async def test_the_orchestrator_gets_what_the_trainer_sent_and_a_stopped_sender_
     run_dir = RunDir(tmp_path)
     open_engine, _ = opener()
     sender = WeightSender(run_dir, timeout_s=5, open_engine=open_engine, poll_s=0.005).start()
-    sender.hold(1, held_copy(STATE, torch.float32))
+    sender.hold(1, held_copy(STATE, torch.float32), 1)
     transfer = TrainerTransfer(run_dir, timeout_s=5, poll_s=0.005)
     try:
         sent = await transfer(URL, 1)

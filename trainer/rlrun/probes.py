@@ -48,20 +48,32 @@ class ProbeSequence:
     logprobs: list[float | None]
 
 
+def probe_data(sequences: list[ProbeSequence], version: int) -> dict:
+    """The probe of policy ``version`` as ``probe.json`` holds it (and the weight sender's announcement:
+    :mod:`rlrun.weight_requests`): ``{"version", "sequences": [{"ids", "logprobs"}, …]}``."""
+    return {"version": version, "sequences": [{"ids": s.ids, "logprobs": s.logprobs} for s in sequences]}
+
+
+def probe_from_data(data: object) -> list[ProbeSequence] | None:
+    """The sequences of :func:`probe_data`'s ``data``; None when it is not a probe."""
+    try:
+        return [ProbeSequence(list(s["ids"]), list(s["logprobs"])) for s in data["sequences"]]  # type: ignore[index]
+    except (KeyError, TypeError):
+        return None
+
+
 def write_probe(directory: Path, sequences: list[ProbeSequence], version: int) -> None:
     """Write ``directory/probe.json`` for policy ``version`` (inside a :func:`rlrun.rundir.publish_dir`
     fill)."""
-    data = {"version": version, "sequences": [{"ids": s.ids, "logprobs": s.logprobs} for s in sequences]}
-    (directory / PROBE_FILE).write_text(json.dumps(data))
+    (directory / PROBE_FILE).write_text(json.dumps(probe_data(sequences, version)))
 
 
 def read_probe(directory: str | Path) -> list[ProbeSequence] | None:
     """The probe written beside the weights in ``directory``; None when there is none or it does not parse (a
     checkpoint part, the initial model, a broadcast written before the probe: nothing to compare)."""
     try:
-        data = json.loads((Path(directory) / PROBE_FILE).read_text())
-        return [ProbeSequence(list(s["ids"]), list(s["logprobs"])) for s in data["sequences"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        return probe_from_data(json.loads((Path(directory) / PROBE_FILE).read_text()))
+    except (OSError, ValueError):
         return None
 
 

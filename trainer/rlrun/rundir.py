@@ -178,9 +178,16 @@ def publish_broadcast(
     and the servers it loaded, are gone).
     """
     final = Path(final)
-    if final.is_dir() and attempt != 0 and read_attempt(final) == attempt:
+    if broadcast_kept(final, attempt):
         return final, False
     return publish_dir(final, fill), True
+
+
+def broadcast_kept(final: str | os.PathLike, attempt: int) -> bool:
+    """Whether :func:`publish_broadcast` keeps the broadcast ``final`` rather than writing it: ``attempt`` (numbered)
+    published it already."""
+    final = Path(final)
+    return final.is_dir() and attempt != 0 and read_attempt(final) == attempt
 
 
 def write_meta(directory: Path, step: int, attempt: int, **fields: Any) -> None:

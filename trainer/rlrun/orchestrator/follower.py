@@ -3,7 +3,8 @@
 The trainer publishes ``broadcasts/step_N/`` after step N; the follower loads the newest
 one into every rollout server (:func:`~rlrun.orchestrator.weights.push_weights`: validate,
 then drain → pause → reload → reset prefix cache → resume; with ``spec.weights.transport: collective`` sent in memory
-by the trainer instead of the reload, the broadcast its fallback, :mod:`.weight_transfer`; a resume's first load and a
+by the trainer instead of the reload as soon as the trainer announces the version, before its broadcast is written,
+the broadcast its fallback, :mod:`.weight_transfer`; a resume's first load and a
 catch-up always reload the files; a LoRA run's adapter: load, no pause) and
 removes the older broadcasts — in a LoRA run, those no server still holds as an adapter (vLLM reloads an
 adapter its cache evicted from the directory it was loaded from), the rest at a later update.
@@ -36,7 +37,7 @@ from rlrun.orchestrator.weights import AdapterReference, Reference, WeightPush, 
 from rlrun.probes import PROBE_FILE, read_probe
 from rlrun.rollout.client import RolloutClient
 from rlrun.rundir import RunDir, step_dirs, written_by
-from rlrun.weight_requests import InMemoryTransfer
+from rlrun.weight_requests import Announced, InMemoryTransfer, read_announced
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +107,19 @@ class WeightFollower:
         )
 
     async def load(
-        self, clients: list[RolloutClient], path: str | Path, version: int, in_memory: bool = False
+        self,
+        clients: list[RolloutClient],
+        path: str | Path,
+        version: int,
+        in_memory: bool = False,
+        announced: Announced | None = None,
     ) -> WeightPush:
         """Load the weights in ``path`` into ``clients`` as policy ``version`` (the version moves even when
         some servers were unreachable or not verified: they must catch up before serving again), then measure
-        the version's mismatch on the servers verified, when ``path`` has a probe; ``in_memory``: sent by the
-        trainer when the run does so (:attr:`transfer`), ``path`` the fallback.
+        the version's mismatch on the servers verified, when ``path`` (or ``announced``) has a probe; ``in_memory``:
+        sent by the trainer when the run does so (:attr:`transfer`), ``path`` the fallback; ``announced``: the
+        trainer's announcement of ``version``, its broadcast ``path`` perhaps not written yet
+        (:func:`~rlrun.orchestrator.weights.push_weights`).
 
         Raises:
             WeightsError: the weights do not match the model (no server was touched).
@@ -120,7 +128,7 @@ class WeightFollower:
             SamplerMismatch: the mismatch passed ``spec.rollout.max_mismatch_kl`` versions in a row.
         """
         transfer = self.transfer if in_memory else None
-        push = await push_weights(clients, path, version, self.reference, transfer)
+        push = await push_weights(clients, path, version, self.reference, transfer, announced)
         self.version, self.last_push = version, push
         self.update_seconds += push.seconds
         for load in push.loads.values():
@@ -128,7 +136,9 @@ class WeightFollower:
         for url, error in push.unreachable.items():
             log.warning("rollout server %s unreachable during the update to policy %d: %s", url, version, error)
         self.unverified.record(push.verified, push.unverified, version)
-        probe = await asyncio.to_thread(read_probe, path) if (Path(path) / PROBE_FILE).is_file() else None
+        probe = announced.probe if announced is not None else None
+        if probe is None and (Path(path) / PROBE_FILE).is_file():
+            probe = await asyncio.to_thread(read_probe, path)
         if probe and push.verified:
             verified = [c for c in clients if c.base_url in push.verified]
             self.mismatch.observe(version, await served_mismatch(verified, probe, self.mismatch.unsafe))
@@ -164,8 +174,19 @@ class WeightFollower:
             return (await self.load(clients, weights, self.version)).unreachable
         return {}
 
+    def announced(self) -> Announced | None:
+        """The version this attempt's trainer announced past :attr:`version` (sending in memory only; None: none)."""
+        if self.transfer is None:
+            return None
+        announced = read_announced(self.run_dir)
+        if announced is None or announced.version <= self.version:
+            return None
+        return announced if self.attempt in (0, announced.attempt) else None
+
     async def follow(self, clients: list[RolloutClient]) -> WeightPush | None:
-        """Load the newest broadcast past :attr:`version`, if any (None: there is none).
+        """Load the newest policy past :attr:`version` this attempt's trainer published — its broadcast, or, sending in
+        memory, the version it announced before writing the broadcast (:mod:`rlrun.weight_requests`) — if any (None:
+        there is none).
 
         Raises:
             WeightsError, RolloutError: as :meth:`load`.
@@ -175,11 +196,15 @@ class WeightFollower:
             for n, p in step_dirs(self.run_dir.broadcasts).items()
             if n > self.version and written_by(p, self.attempt)
         }
-        if not broadcasts:
+        announced = await asyncio.to_thread(self.announced)
+        newest = max([*broadcasts, *([announced.version] if announced is not None else [])], default=None)
+        if newest is None:
             return None
-        newest = max(broadcasts)
         previous = self.version
-        push = await self.load(clients, broadcasts[newest], newest, in_memory=True)
+        if announced is None or announced.version != newest:
+            announced = None
+        path = broadcasts.get(newest, self.run_dir.broadcast(newest))
+        push = await self.load(clients, path, newest, in_memory=True, announced=announced)
         paths = sorted({load.path for load in push.loads.values() if load.path is not None})
         how = f", {'+'.join(paths)}" if self.transfer is not None and paths else ""
         log.info("policy version %d -> %d (weight update %.3f s%s)", previous, newest, push.seconds, how)

@@ -52,7 +52,7 @@ from rlrun.adapter_format import (
 from rlrun.api.spec import LoraSpec, RLRunSpec
 from rlrun.errors import WeightsError, WeightsMismatch
 from rlrun.rollout.client import Expected, RolloutClient, WeightsUnverified
-from rlrun.weight_requests import InMemoryTransfer, WeightLoad
+from rlrun.weight_requests import Announced, AnnouncedSignature, InMemoryTransfer, WeightLoad
 
 
 def _file_signature(f: Path, sig: Signature) -> None:
@@ -113,8 +113,19 @@ def validate_weights_dir(path: str | Path, reference: Signature | None) -> Signa
             (up to five named).
     """
     sig = weights_signature(path)
+    check_signature(sig, reference, str(path))
+    return sig
+
+
+def check_signature(sig: Signature, reference: Signature | None, where: str) -> None:
+    """Check the tensors ``sig`` (of the weights ``where`` names) against ``reference`` as
+    :func:`validate_weights_dir` does (skipped when None).
+
+    Raises:
+        WeightsMismatch: missing, extra or reshaped tensors, or a tensor whose dtype is of another kind.
+    """
     if reference is None:
-        return sig
+        return
     problems = [f"missing {n}" for n in reference if n not in sig]
     problems += [f"unexpected {n}" for n in sig if n not in reference]
     problems += [
@@ -123,8 +134,14 @@ def validate_weights_dir(path: str | Path, reference: Signature | None) -> Signa
         if n in reference and (sig[n][1] != reference[n][1] or _kind(sig[n][0]) != _kind(reference[n][0]))
     ]
     if problems:
-        raise WeightsMismatch(f"{path}: weights do not match the model: " + "; ".join(problems[:5]))
-    return sig
+        raise WeightsMismatch(f"{where}: weights do not match the model: " + "; ".join(problems[:5]))
+
+
+def announced_signature(announced: AnnouncedSignature) -> Signature:
+    """An announced version's tensors (:class:`rlrun.weight_requests.Announced`: ``torch.bfloat16``, …) named as
+    the files' are (``BF16``, …), to be checked against the model by :func:`check_signature`."""
+    names = {torch_name: name for name, torch_name in TORCH_DTYPES.items()}
+    return {n: (names.get(dtype, dtype), shape) for n, (dtype, shape) in announced.items()}
 
 
 @dataclass(frozen=True)
@@ -242,11 +259,14 @@ async def push_weights(
     version: int,
     reference: Reference,
     transfer: InMemoryTransfer | None = None,
+    announced: Announced | None = None,
 ) -> WeightPush:
     """Validate ``path`` then update every server to it as policy ``version``: an adapter update when
     ``reference`` is an :class:`AdapterReference` (a LoRA run), else a weight update — sent in memory by the trainer
     with ``transfer`` (``spec.weights.transport: collective``), the files in ``path`` its fallback
-    (:mod:`rlrun.rollout.weight_load`).
+    (:mod:`rlrun.rollout.weight_load`). ``announced``: the trainer's announcement of ``version``; while ``path`` is
+    not written yet, its tensors are validated instead of the files' (the files then come before any fallback
+    reads them).
 
     Every server's update runs to its end even when another's fails, and is verified (module docstring).
 
@@ -256,12 +276,17 @@ async def push_weights(
     """
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    signature = await asyncio.to_thread(validate, path, reference)
+    written = announced is None or transfer is None or await asyncio.to_thread(Path(path).is_dir)
+    if written:
+        signature = await asyncio.to_thread(validate, path, reference)
+    else:
+        signature = announced_signature(announced.signature)  # type: ignore[union-attr]
+        check_signature(signature, reference, f"policy {version} as the trainer announced it")  # type: ignore[arg-type]
     adapter = isinstance(reference, AdapterReference)
     where = str(Path(path).absolute()) if adapter else str(path)  # vLLM reloads an evicted adapter from it
     expected = Expected(where, adapter)
     published = {TORCH_DTYPES.get(dtype) for dtype, _ in signature.values()}
-    if len(published) == 1 and None not in published:  # servers serve the dtype the trainer publishes in
+    if written and len(published) == 1 and None not in published:  # servers serve the dtype the trainer publishes in
         expected.prefetch(published.pop())  # so the digest their reload is checked against is ready in time
     updates = (
         c.update_adapter(where, version, expected) if adapter else c.update_weights(where, version, expected, transfer)

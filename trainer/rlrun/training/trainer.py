@@ -71,7 +71,15 @@ from rlrun.batch import read_batch
 from rlrun.identity import check_compatible
 from rlrun.ledger import Ledger, LedgerEvent, ledger_file
 from rlrun.probes import write_probe
-from rlrun.rundir import RunDir, end_torn_line, holds_a_run, publish_broadcast, run_dir_attempt, write_meta
+from rlrun.rundir import (
+    RunDir,
+    broadcast_kept,
+    end_torn_line,
+    holds_a_run,
+    publish_broadcast,
+    run_dir_attempt,
+    write_meta,
+)
 from rlrun.training.batches import Noticed, batch_accepted, wait_for_batch
 from rlrun.training.distributed import DataParallel, clip_grad_norm_, rank_slice, single_process
 from rlrun.training.parts import (
@@ -297,24 +305,24 @@ class Trainer:
         (:mod:`rlrun.training.probe`). One this attempt published already is kept (a retrained step:
         :func:`rlrun.rundir.publish_broadcast`). With ``W > 1`` ranks a collective: every rank gathers, rank 0
         writes. Returns the bytes written (the directory's files; 0 on the other ranks). With a weight sender, rank 0
-        holds what it writes as version N in memory from before the broadcast appears (:mod:`.weight_sender`), unless
-        the broadcast was kept (a retrained step: the files, not these weights, are version N)."""
+        holds what it writes as version N in memory and announces it before the files are written, so the servers
+        need not wait for them (:mod:`.weight_sender`), unless the broadcast is kept (a retrained step: the files, not
+        these weights, are version N)."""
         probe = probe_logprobs(self.policy.model, self.probe_rows, self.dp, self.step_settings)
         state = self.policy.published_state(self.dp)
         if state is None:  # not rank 0
             return 0
-        if self.sender is not None:
+        broadcast = self.run_dir.broadcast(step)
+        if self.sender is not None and not broadcast_kept(broadcast, self.attempt):
             state = held_copy(state, self.policy.compute_dtype)
-            self.sender.hold(step, state)
+            self.sender.hold(step, state, self.attempt, probe)
 
         def fill(tmp: Path) -> None:
             self.policy.write_weights(tmp, state)
             write_probe(tmp, probe, step)
             write_meta(tmp, step, self.attempt)
 
-        published, written = publish_broadcast(self.run_dir.broadcast(step), fill, self.attempt)
-        if self.sender is not None and not written:
-            self.sender.hold(None, None)
+        published, _ = publish_broadcast(broadcast, fill, self.attempt)
         return sum(f.stat().st_size for f in published.iterdir())
 
     def checkpoint(self, step: int, reason: str = "periodic") -> Path:
@@ -389,6 +397,8 @@ class Trainer:
             metrics.update(
                 attempt=self.attempt, broadcast_s=broadcast_s, broadcast_bytes=written, checkpoint=checkpoint
             )
+            if self.sender is not None:  # this attempt's sends so far (the orchestrator's side: metrics.jsonl)
+                metrics["weight_sends"] = dict(self.sender.totals)
             # The line goes before the checkpoint: once a checkpoint holds the step, its line is on disk, and the last
             # line of each step a complete checkpoint holds is final (what rlrun.tracking logs).
             if self.dp.is_main:

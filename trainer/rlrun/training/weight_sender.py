@@ -1,10 +1,12 @@
 """The trainer's weight sender (``spec.weights.transport: collective``, issue 50): rank 0 sends the policy version it
 holds in memory to a rollout server when the orchestrator asks.
 
-Guarantee: a send is always of one whole published version, the one held: after each publish the trainer hands
-:meth:`WeightSender.hold` the state it wrote to ``broadcasts/step_N/`` (cast to the served dtype, a copy of its own,
-never the live parameters), so a send never waits for a step boundary nor sees a half-applied optimizer step, and a
-request for any other version is answered ``ok: false`` ("version N not held; holds M") at once. Every result names
+Guarantee: a send is always of one whole published version, the one held: at each publish the trainer hands
+:meth:`WeightSender.hold` the state it is about to write to ``broadcasts/step_N/`` (cast to the served dtype, a copy
+of its own, never the live parameters) and the sender announces it (:func:`rlrun.weight_requests.announce`) before the
+files are written, so the servers do not wait for the files; a send never waits for a step boundary nor sees a
+half-applied optimizer step, and a request for any other version is answered ``ok: false`` ("version N not held;
+holds M") at once. Every result names
 what was sent (its digest, computed while it was sent): the orchestrator verifies the server against it and falls
 back to the broadcast files on any failure (:mod:`rlrun.orchestrator.weight_transfer`), so nothing here needs to be
 right for a server to serve the right weights — only for it to be fast.
@@ -30,10 +32,12 @@ from typing import Any
 
 import torch
 
+from rlrun.probes import ProbeSequence
 from rlrun.roles import GLOO_BACKEND, POD_IP_ENV
 from rlrun.rundir import RunDir
 from rlrun.weight_requests import (
     SendResult,
+    announce,
     pending_requests,
     read_request,
     stopped_marker,
@@ -169,6 +173,8 @@ class WeightSender:
         version: the version held (None: none yet).
         engines: the open engine of each server, by URL.
         sent: the version last sent to each server, by URL.
+        totals: the sends of this process, together: ``{"sends", "failures", "seconds", "bytes"}`` (seconds of the
+            rounds sent, their bytes): ``trainer_metrics.jsonl``'s ``weight_sends``.
     """
 
     def __init__(
@@ -183,17 +189,23 @@ class WeightSender:
         self._lock = threading.Lock()  # version and state change together
         self.engines: dict[str, Any] = {}
         self.sent: dict[str, int] = {}  # the version last sent to each server
+        self.totals: dict[str, float] = {"sends": 0, "failures": 0, "seconds": 0.0, "bytes": 0}
         self._servers: dict[str, ThreadPoolExecutor] = {}  # one thread per server: its requests in order
         self._taken: set[str] = set()  # request ids handed to a server's thread and not yet answered
         self._active = time.monotonic()  # when a request was last taken or answered
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def hold(self, version: int | None, state: dict[str, torch.Tensor] | None) -> None:
-        """Hold ``state`` (the published weights, :func:`held_copy`) as ``version``, replacing the one held (None:
-        hold nothing)."""
+    def hold(
+        self, version: int, state: dict[str, torch.Tensor], attempt: int, probe: list[ProbeSequence] | None = None
+    ) -> None:
+        """Hold ``state`` (the published weights, :func:`held_copy`) as ``version`` of ``attempt``, replacing the one
+        held, then announce it with its ``probe`` (:func:`rlrun.weight_requests.announce`): the orchestrator may ask
+        for it from then on, before its broadcast is written."""
         with self._lock:
             self.version, self._state = version, state
+        signature = {name: (str(t.dtype), tuple(t.shape)) for name, t in state.items()}
+        announce(self.run_dir, version, attempt, signature, probe)
 
     def start(self) -> WeightSender:
         """Start looking for requests on a daemon thread; returns self."""
@@ -276,13 +288,20 @@ class WeightSender:
             digest, sent, phases = engine.send(state, version)
         except Exception as exc:
             self._drop(server)
+            self._count(failures=1)
             why = f"{type(exc).__name__}: {exc}"[:500]
             log.warning("weight sender: version %d to %s failed: %s", version, server, why)
             return SendResult(False, version, error=why)
         seconds.update(phases)
         self.sent[server] = version
+        self._count(sends=1, seconds=sum(seconds.values()), bytes=sent)
         log.info("weight sender: version %d to %s: %.1f MB, %s", version, server, sent / 1e6, _phases(seconds))
         return SendResult(True, version, digest.to_json(), sent, seconds)
+
+    def _count(self, **added: float) -> None:
+        with self._lock:  # the servers' threads send at once
+            for key, value in added.items():
+                self.totals[key] = round(self.totals[key] + value, 4)
 
     def _drop(self, server: str) -> None:
         """Shut ``server``'s engine down and forget it (the next request opens a new one)."""
