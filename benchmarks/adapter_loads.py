@@ -103,8 +103,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=2)
     p.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "rlrun-bench-cache")
     args = p.parse_args()
-    from rlrun.launcher.processes import Child, free_port, wait_http_ok
+    from rlrun.launcher.processes import Child, wait_http_ok
     from rlrun.model.resolve import ensure_builtin_model
+    from rlrun.net import free_port
     from rlrun.roles import rollout_command
 
     from tests.support.manifests import SHORT_RUN, parse, write_manifest

@@ -135,7 +135,7 @@ def main() -> None:
     from rlrun.model.resolve import ensure_builtin_model
 
     model_dir = ensure_builtin_model("tiny-reverse", args.cache_dir)
-    from rlrun.launcher.processes import free_port
+    from rlrun.net import free_port
 
     port = free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")

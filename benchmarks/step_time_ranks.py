@@ -52,8 +52,8 @@ import torch
 import torch.multiprocessing as mp
 from rlrun.api.spec import OptimizerSpec, TrainerSpec
 from rlrun.batch import TrainBatch, collate
-from rlrun.launcher.processes import free_port
 from rlrun.model.tiny import TinyModelRecipe, build_config, build_tokenizer
+from rlrun.net import free_port
 from rlrun.samples import QueuedTrace, TrainingSample
 from rlrun.training.distributed import (
     DataParallel,

@@ -11,8 +11,8 @@ Qwen3-shaped model with Qwen3's vocabulary (151,936) and random weights built fr
 (``benchmarks/trainer_memory.py``'s CPU shape: 2 layers, hidden 256, untied head: ≈ 330 MB of float32). This
 process is the trainer: for each update it perturbs every weight (outside the clocks), then, alternating:
 
-- ``filesystem``, rlrun today: the trainer writes ``model.safetensors`` once (``save_file``, as
-  ``Policy.write_weights``), then rlrun's orchestrator updates every server together
+- ``filesystem``, rlrun's default: the trainer writes ``model.safetensors`` once (``save_file``, as
+  ``Policy.write_weights``, inside ``publish_dir``: fsynced, renamed in), then rlrun's orchestrator updates every server together
   (:func:`rlrun.orchestrator.weights.push_weights`: the files' digest started at once, then an ``asyncio.gather``
   of :meth:`rlrun.rollout.client.RolloutClient.update_weights`, each pause(wait) → ``collective_rpc
   rlrun_reload_weights`` → reset the prefix cache → digest verified against the files' → version → resume).
@@ -23,10 +23,13 @@ process is the trainer: for each update it perturbs every weight (outside the cl
   engine sends: ``/start_weight_update``, ``/update_weights`` beside the broadcasts, ``/finish_weight_update`` with
   the version; reset the prefix cache, the workers' digest verified against what was sent, resume), the servers
   ``gloo_sequential``: one after the other, or ``gloo_concurrent``: an ``asyncio.gather`` of the per-server rounds
-  (one thread per engine). With one server both are the same round, reported as ``gloo``. ``trainer_s`` is the
-  sending: the sends' sum one after the other, the longest when concurrent (they overlap); ``end_to_end_s`` from
-  the first pause to the last resume (every send is inside its server's pause). Each engine digests what it sends,
-  so N servers cost the trainer N digests.
+  (one thread per engine; rlrun's way). With one server both are the same round, reported as ``gloo``. The
+  broadcast's files are written too, as rlrun writes them: beside the sends (the version is announced before the
+  write, issue 50 part 5), or, ``gloo_after_files`` (one server), first, the sends after (rlrun before part 5: the
+  follower waited for the files). ``trainer_s`` is the sending: the sends' sum one after the other, the longest
+  when concurrent (they overlap); ``write_s`` the write; ``end_to_end_s`` from the trainer's first byte (the write's
+  start, or the first pause) to the last resume: what the servers wait; ``trainer_busy_s`` until both the write
+  and the sends are done. Each engine digests what it sends, so N servers cost the trainer N digests.
 
 ``pause_s`` is per server, from the pause's request to the resume's answer (a list, one per server; its medians
 per server, and ``pause_s_median`` pooled over servers and updates). Every update is verified on every server (a
@@ -47,7 +50,7 @@ its own ``NCCL_HOSTID``: NCCL then treats them as two hosts and goes through its
 InfiniBand, as between nodes), not NVLink/P2P: an upper bound of a same-node transfer.
 
 Usage: ``python benchmarks/weight_transfer.py [--servers {1,2}] [--updates 5] [--layers 2] [--hidden 256]``
-(both N: 2–3 min on 2 cores: two vLLM starts, the model build, 6 updates of 5 configurations);
+(both N: 2–3 min on 2 cores: two vLLM starts, the model build, 6 updates of 6 configurations);
 ``python benchmarks/weight_transfer.py --gpu [--updates 5]``. The files go to ``--work-dir`` (default: a
 temporary directory under ``$TMPDIR``): a local disk here, not the shared volume (NFS, EFS) a cluster's runs
 publish to.
@@ -60,6 +63,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -122,12 +126,8 @@ class TimedClient(RolloutClient):
 async def filesystem_update(clients: list[TimedClient], state: dict, directory: Path, version: int) -> dict:
     """rlrun's path: write once, then the orchestrator's verified push to every server together."""
     from rlrun.orchestrator.weights import push_weights
-    from safetensors.torch import save_file
 
-    directory.mkdir(parents=True)
-    t0 = time.perf_counter()
-    save_file({k: v.cpu() for k, v in state.items()}, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    trainer_s = time.perf_counter() - t0
+    trainer_s = await asyncio.to_thread(write_files, state, directory)
     push = await push_weights(clients, directory, version, None)
     if push.unreachable or push.unverified or len(push.verified) != len(clients):
         raise RuntimeError(f"filesystem update {version}: {push}")
@@ -169,9 +169,34 @@ async def collective_round(client: TimedClient, send, expected, version: int, se
     return send_s
 
 
-async def gloo_update(clients: list[TimedClient], engines: list, state: dict, version: int, concurrent: bool) -> dict:
-    """The collective path, one engine (one group) per server, the servers one after the other or together."""
-    from rlrun.rollout.gloo_transfer import StateDictSource
+def write_files(state: dict, directory: Path) -> float:
+    """The trainer's write of the version's broadcast as rlrun's trainer writes it: ``save_file`` (as
+    ``Policy.write_weights``) into :func:`rlrun.rundir.publish_dir` (every file fsynced, then renamed in); its seconds.
+    """
+    from rlrun.rundir import publish_dir
+    from safetensors.torch import save_file
+
+    def fill(tmp: Path) -> None:
+        save_file({k: v.cpu() for k, v in state.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+    t0 = time.perf_counter()
+    publish_dir(directory, fill)
+    return time.perf_counter() - t0
+
+
+async def gloo_update(
+    clients: list[TimedClient],
+    engines: list,
+    state: dict,
+    version: int,
+    concurrent: bool,
+    files: Path,
+    files_first: bool = False,
+) -> dict:
+    """The collective path, one engine (one group) per server, the servers one after the other or together; the
+    broadcast's files written to ``files`` beside the sends (rlrun since issue 50 part 5: the version announced
+    before the write) or, ``files_first``, before them (the follower waited for the files)."""
+    from rlrun.weight_source import StateDictSource
 
     def sender(engine):
         def send():
@@ -182,16 +207,22 @@ async def gloo_update(clients: list[TimedClient], engines: list, state: dict, ve
 
     for engine in engines:
         engine.source = StateDictSource(state)
-    rounds = [collective_round(c, sender(e), None, version) for c, e in zip(clients, engines, strict=True)]
     t0 = time.perf_counter()
+    write_s = await asyncio.to_thread(write_files, state, files) if files_first else 0.0
+    writing = None if files_first else asyncio.ensure_future(asyncio.to_thread(write_files, state, files))
+    rounds = [collective_round(c, sender(e), None, version) for c, e in zip(clients, engines, strict=True)]
     if concurrent:
         sends = await asyncio.gather(*rounds)
     else:
         sends = [await r for r in rounds]
     end_to_end_s = time.perf_counter() - t0
+    if writing is not None:
+        write_s = await writing
     row = {
         "trainer_s": max(sends) if concurrent else sum(sends),
+        "write_s": write_s,
         "end_to_end_s": end_to_end_s,
+        "trainer_busy_s": time.perf_counter() - t0,
         "pause_s": [c.windows[-1] for c in clients],
     }
     for phase in engines[0].seconds:
@@ -222,9 +253,10 @@ async def measure_cpu(urls: list[str], counts: list[int], model_dir: Path, work:
     update. Returns ``{"servers": {N: {path: medians}}, …}`` and, in ``"labels"``, per server the configuration
     of each of its gloo rounds in order (to match the workers' log lines)."""
     import torch
-    from rlrun.launcher.processes import free_port
-    from rlrun.rollout.gloo_transfer import GlooTrainerInitInfo, StateDictSource
+    from rlrun.net import free_port
+    from rlrun.rollout.gloo_transfer import GlooTrainerInitInfo
     from rlrun.rollout.vllm_plugin import register
+    from rlrun.weight_source import StateDictSource
     from safetensors.torch import load_file
     from vllm.distributed.weight_transfer import HTTPVLLMWeightSyncClient, WeightTransferTrainerFactory
 
@@ -248,7 +280,9 @@ async def measure_cpu(urls: list[str], counts: list[int], model_dir: Path, work:
             init_s.append(round(time.perf_counter() - t0, 4))
         version = 0
         for n in counts:
-            paths = ["filesystem", "gloo"] if n == 1 else ["filesystem", "gloo_sequential", "gloo_concurrent"]
+            paths = ["filesystem", "gloo_after_files", "gloo"]
+            if n > 1:
+                paths = ["filesystem", "gloo_sequential", "gloo_concurrent"]
             runs[str(n)] = {p: [] for p in paths}
             for i in range(updates + 1):  # update 0 warms every path up and is not counted
                 for path in paths:
@@ -259,11 +293,13 @@ async def measure_cpu(urls: list[str], counts: list[int], model_dir: Path, work:
                     else:
                         for s in range(n):
                             labels[s].append((str(n), path, bool(i)))
-                        concurrent = path == "gloo_concurrent"
-                        row = await gloo_update(clients[:n], engines[:n], state, version, concurrent)
+                        concurrent, first = path == "gloo_concurrent", path == "gloo_after_files"
+                        files = work / f"step_{version}"
+                        row = await gloo_update(clients[:n], engines[:n], state, version, concurrent, files, first)
                     if i:
                         runs[str(n)][path].append(rounded(row))
                     del state
+                    shutil.rmtree(work / f"step_{version}", ignore_errors=True)  # 330 MB a version
                     print(json.dumps({"servers": n, "path": path, "version": version, "counted": bool(i), **row}))
                     sys.stdout.flush()
     finally:
@@ -303,7 +339,8 @@ def worker_rounds(out: dict, logs: list[Path]) -> None:
 
 
 def cpu_main(args: argparse.Namespace) -> None:
-    from rlrun.launcher.processes import Child, free_port, wait_http_ok
+    from rlrun.launcher.processes import Child, wait_http_ok
+    from rlrun.net import free_port
     from rlrun.rollout.gloo_transfer import BACKEND
     from rlrun.rollout.server import vllm_command, vllm_env
     from trainer_memory import CPU_MODEL, VOCAB, build_model
@@ -358,8 +395,8 @@ def cpu_main(args: argparse.Namespace) -> None:
 
 async def measure_gpu(url: str, base: dict, work: Path, updates: int) -> dict:
     """File system vs vLLM's ``nccl`` engine to one GPU server, alternated per update."""
-    from rlrun.launcher.processes import free_port
-    from rlrun.rollout.gloo_transfer import StateDictSource
+    from rlrun.net import free_port
+    from rlrun.weight_source import StateDictSource
     from rlrun.weights_digest import Digest, tensor_digest
     from vllm.distributed.weight_transfer import HTTPVLLMWeightSyncClient, WeightTransferTrainerFactory
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
@@ -413,7 +450,8 @@ def gpu_main(args: argparse.Namespace) -> None:
         cuda = current_platform.is_cuda()
     if not cuda:
         sys.exit("weight_transfer.py --gpu: no CUDA here (torch or vLLM sees none): run it with vLLM's CUDA build")
-    from rlrun.launcher.processes import Child, free_port, wait_http_ok
+    from rlrun.launcher.processes import Child, wait_http_ok
+    from rlrun.net import free_port
     from rlrun.rollout.server import vllm_command, vllm_env
     from safetensors.torch import load_file
     from trainer_memory import QWEN3_0_6B, VOCAB, build_model

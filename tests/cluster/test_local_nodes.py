@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from rlrun.launcher.processes import free_port
+from rlrun.net import free_port
 
 from tests.support.kube import KubeServer
 from tests.support.kubelet import LocalNodes

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 from rlrun.api.spec import RLRun
-from rlrun.launcher.processes import free_port
+from rlrun.net import free_port
 from rlrun_operator.pods import build_pods
 from rlrun_operator.settings import OperatorSettings
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from rlrun.launcher.processes import Child, free_port, wait_http_ok
+from rlrun.launcher.processes import Child, wait_http_ok
+from rlrun.net import free_port
 from rlrun.roles import rollout_command
 
 from tests.support.manifests import PREEMPTION_RUN, SHORT_RUN, write_manifest

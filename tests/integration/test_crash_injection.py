@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 from rlrun.checkpoint import complete_steps, latest_complete_checkpoint
-from rlrun.launcher.processes import free_port
 from rlrun.ledger import check_ledger
+from rlrun.net import free_port
 from rlrun.orchestrator.journal import JOURNAL_PHASES
 from rlrun.roles import CONTROL_TOKEN_ENV, orchestrator_command, trainer_command
 from rlrun.rollout.fake import fake_vllm_transport

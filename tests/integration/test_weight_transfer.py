@@ -11,7 +11,8 @@ import json
 import httpx
 import pytest
 import torch
-from rlrun.launcher.processes import Child, free_port, wait_http_ok
+from rlrun.launcher.processes import Child, wait_http_ok
+from rlrun.net import free_port
 from rlrun.rollout.adapters import SERVED_MODEL_NAME
 from rlrun.rollout.server import vllm_command, vllm_env
 from rlrun.training.distributed import untied
@@ -90,8 +91,9 @@ def gloo_server(tiny_model, tmp_path):
 
 
 def test_gloo_round_serves_exactly_what_was_sent_and_a_partial_round_is_caught(gloo_server, tiny_model):
-    from rlrun.rollout.gloo_transfer import GlooTrainerInitInfo, StateDictSource, weight_checker
+    from rlrun.rollout.gloo_transfer import GlooTrainerInitInfo, weight_checker
     from rlrun.rollout.vllm_plugin import register
+    from rlrun.weight_source import StateDictSource
     from vllm.distributed.weight_transfer import HTTPVLLMWeightSyncClient, WeightTransferTrainerFactory
 
     url = gloo_server

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import httpx
-from rlrun.launcher.processes import free_port
+from rlrun.net import free_port
 
 from tests.kube.conftest import NAMESPACE, ROOT
 from tests.support.kube import KubeServer

@@ -62,8 +62,8 @@ from rlrun.api.spec import OptimizerSpec
 from rlrun.batch import TrainBatch, collate
 from rlrun.checkpoint import CheckpointError
 from rlrun.dcp_format import METADATA_FILE, SHARDED_DIR, read_metadata, verify_sharded
-from rlrun.launcher.processes import free_port
 from rlrun.model.tiny import TinyModelRecipe, build_config, build_tokenizer
+from rlrun.net import free_port
 from rlrun.samples import QueuedTrace, TrainingSample
 from rlrun.training.distributed import (
     DataParallel,

@@ -25,7 +25,7 @@ CHILD = """
 import asyncio, logging, sys, threading
 from pathlib import Path
 from aiohttp import web
-from rlrun.launcher.processes import free_port
+from rlrun.net import free_port
 from rlrun.model.resolve import ensure_builtin_model
 from rlrun.orchestrator.main import run_orchestrator
 from rlrun.rollout.fake import fake_vllm_app

@@ -22,7 +22,7 @@ import torch
 from rlrun.adapter_format import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, is_b
 from rlrun.batch import write_batch
 from rlrun.checkpoint import save_orchestrator_progress
-from rlrun.launcher.processes import free_port
+from rlrun.net import free_port
 from rlrun.rundir import META_FILE, RunDir
 from rlrun.samples import QueuedTrace, TrainingSample
 from rlrun.training.distributed import init_from_env, teardown

@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 from rlrun.checkpoint import save_orchestrator_progress
 from rlrun.launcher.local import LocalLauncher
-from rlrun.launcher.processes import free_port
+from rlrun.net import free_port
 from rlrun.rundir import RunDir
 from safetensors.torch import save_file
 

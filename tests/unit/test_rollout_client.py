@@ -14,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from rlrun import versions
 from rlrun.api.spec import SamplingSpec
-from rlrun.launcher.processes import free_port
+from rlrun.net import free_port
 from rlrun.rollout.client import RolloutClient, RolloutError, UnusableCompletion
 from rlrun.rollout.fake import fake_vllm_app
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from rlrun.launcher.processes import free_port
+from rlrun.net import free_port
 
 from tests.support.binaries import kubectl
 from tests.support.kube import KubeServer

@@ -26,7 +26,8 @@ from rlrun import roles
 from rlrun.adapter_format import ADAPTER_WEIGHTS_FILE
 from rlrun.api.spec import RLRunSpec
 from rlrun.checkpoint import WEIGHTS_FILE, latest_complete_checkpoint
-from rlrun.launcher.processes import Child, free_port, wait_http_ok
+from rlrun.launcher.processes import Child, wait_http_ok
+from rlrun.net import free_port
 from rlrun.rundir import RunDir, step_dirs
 
 

@@ -51,7 +51,7 @@ from rlrun.launcher.preflight import (
     trainer_shape_problem,
     versions_problem,
 )
-from rlrun.launcher.processes import Child, ChildDied, death_report, free_port, role_exit_code, wait_http_ok
+from rlrun.launcher.processes import Child, ChildDied, death_report, role_exit_code, wait_http_ok
 from rlrun.launcher.progress import (
     Waiting,
     done_line,
@@ -65,6 +65,7 @@ from rlrun.launcher.progress import (
 )
 from rlrun.model.build_progress import build_progress
 from rlrun.model.resolve import resolve_model
+from rlrun.net import free_port
 from rlrun.rundir import RunDir, read_metrics
 
 #: ``python -m rlrun``: each role runs with this launcher's interpreter.

@@ -175,15 +175,6 @@ def _alive(p: psutil.Process) -> bool:
         return False
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_http_ok(url: str, child: Child, timeout_s: float, tick: Callable[[float], Any] | None = None) -> float:
     """Poll ``url`` until it answers 200; returns seconds waited. ``tick`` is called with the seconds waited so far
     after each poll that did not answer (every ~0.5 s: what shows the wait).

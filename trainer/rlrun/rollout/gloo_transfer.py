@@ -397,20 +397,6 @@ def _checked(source: WeightSource, meta: list[ParamMeta]) -> Iterator[tuple[str,
     return NCCLTrainerWeightTransferEngine._checked_iter(source, meta)
 
 
-class StateDictSource(WeightSource):
-    """A :class:`WeightSource` over a dict of named tensors (Hugging Face names, what a broadcast's
-    ``model.safetensors`` holds), in the dict's order: e.g. the trainer's ``published_state``, or a part of it."""
-
-    def __init__(self, state: dict[str, torch.Tensor]) -> None:
-        self.state = state
-
-    def metadata(self) -> list[ParamMeta]:
-        return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.state.items()]
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.state.items()
-
-
 def weight_checker(base_url: str, action: str, baseline: dict[str, str] | None = None, timeout: float = 300) -> Any:
     """vLLM's ``POST /weight_checker`` (dev mode): ``checksum`` → ``{name: sha256}`` of every parameter as the
     workers hold it; ``compare`` with ``baseline`` → ``{"match": bool, "mismatches": [names]}``. It compares a

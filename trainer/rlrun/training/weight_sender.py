@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -32,12 +31,14 @@ from typing import Any
 
 import torch
 
+from rlrun.net import free_port
 from rlrun.probes import ProbeSequence
 from rlrun.roles import GLOO_BACKEND, POD_IP_ENV
 from rlrun.rundir import RunDir
 from rlrun.weight_requests import (
     SendResult,
     announce,
+    announced_file,
     pending_requests,
     read_request,
     stopped_marker,
@@ -64,13 +65,6 @@ def master_address() -> str:
     """Where the servers' workers reach this rank: ``$RLRUN_POD_IP`` (:data:`rlrun.roles.POD_IP_ENV`, the trainer
     pod's IP, set by the operator from the downward API), else 127.0.0.1 (``rlrun local``)."""
     return os.environ.get(POD_IP_ENV) or "127.0.0.1"
-
-
-def free_port() -> int:
-    """A TCP port free on every interface right now (the rendezvous store listens on all of them)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def server_workers(server: str, timeout_s: float) -> int:
@@ -102,17 +96,10 @@ def gloo_engine_class() -> Any:
 
 
 def state_source(state: dict[str, torch.Tensor]) -> Any:
-    """A vLLM ``WeightSource`` over ``state``, in its order (the engine's ``metadata()`` and iteration)."""
-    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+    """A vLLM ``WeightSource`` over ``state`` (:class:`rlrun.weight_source.StateDictSource`; imports vLLM)."""
+    from rlrun.weight_source import StateDictSource
 
-    class StateSource(WeightSource):
-        def metadata(self) -> list[ParamMeta]:
-            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in state.items()]
-
-        def __iter__(self):
-            yield from state.items()
-
-    return StateSource()
+    return StateDictSource(state)
 
 
 class GlooSend:
@@ -147,7 +134,7 @@ def open_gloo_engine(server: str, state: dict[str, torch.Tensor], timeout_s: flo
 
     engine = gloo_engine_class()
     world = 1 + server_workers(server, timeout_s)
-    info = engine.init_info_cls(master_address(), free_port(), world_size=world, timeout_s=timeout_s, rank=0)
+    info = engine.init_info_cls(master_address(), free_port(""), world_size=world, timeout_s=timeout_s, rank=0)
     client = HTTPVLLMWeightSyncClient(server, timeout=timeout_s)
     return GlooSend(WeightTransferTrainerFactory.trainer_init(info, client=client, source=state_source(state)))
 
@@ -208,8 +195,10 @@ class WeightSender:
         announce(self.run_dir, version, attempt, signature, probe)
 
     def start(self) -> WeightSender:
-        """Start looking for requests on a daemon thread; returns self."""
+        """Start looking for requests on a daemon thread; returns self. What a sender before it left (its stop, its
+        announcement) is removed first."""
         stopped_marker(self.run_dir).unlink(missing_ok=True)
+        announced_file(self.run_dir).unlink(missing_ok=True)
         self._thread = threading.Thread(target=self._run, name="rlrun-weight-sender", daemon=True)
         self._thread.start()
         return self
