@@ -12,24 +12,25 @@ Qwen3-shaped model with Qwen3's vocabulary (151,936) and random weights built fr
 process is the trainer: for each update it perturbs every weight (outside the clocks), then, alternating:
 
 - ``filesystem``, rlrun's default: the trainer writes ``model.safetensors`` once (``save_file``, as
-  ``Policy.write_weights``, inside ``publish_dir``: fsynced, renamed in), then rlrun's orchestrator updates every server together
-  (:func:`rlrun.orchestrator.weights.push_weights`: the files' digest started at once, then an ``asyncio.gather``
-  of :meth:`rlrun.rollout.client.RolloutClient.update_weights`, each pause(wait) → ``collective_rpc
-  rlrun_reload_weights`` → reset the prefix cache → digest verified against the files' → version → resume).
-  ``trainer_s`` is the write; ``end_to_end_s`` the write plus the push (the reloads start once the file is
-  written).
+  ``Policy.write_weights``, inside ``publish_dir``: fsynced, renamed in), then rlrun's orchestrator updates
+  every server together (:func:`rlrun.orchestrator.weights.push_weights`: the files' digest started at once,
+  then an ``asyncio.gather`` of :meth:`rlrun.rollout.client.RolloutClient.update_weights`, each
+  pause(wait) → ``collective_rpc rlrun_reload_weights`` → reset the prefix cache → digest verified
+  against the files' → version → resume). ``trainer_s`` is the write; ``end_to_end_s`` the write plus the
+  push (the reloads start once the file is written).
 - gloo, one trainer-side :class:`~rlrun.rollout.gloo_transfer.GlooTrainerWeightTransferEngine` per server (one
   group per server, ``docs/design.md`` "Weights in memory"): per server the orchestrator's steps (pause, the
-  engine sends: ``/start_weight_update``, ``/update_weights`` beside the broadcasts, ``/finish_weight_update`` with
-  the version; reset the prefix cache, the workers' digest verified against what was sent, resume), the servers
-  ``gloo_sequential``: one after the other, or ``gloo_concurrent``: an ``asyncio.gather`` of the per-server rounds
-  (one thread per engine; rlrun's way). With one server both are the same round, reported as ``gloo``. The
-  broadcast's files are written too, as rlrun writes them: beside the sends (the version is announced before the
-  write, issue 50 part 5), or, ``gloo_after_files`` (one server), first, the sends after (rlrun before part 5: the
-  follower waited for the files). ``trainer_s`` is the sending: the sends' sum one after the other, the longest
-  when concurrent (they overlap); ``write_s`` the write; ``end_to_end_s`` from the trainer's first byte (the write's
-  start, or the first pause) to the last resume: what the servers wait; ``trainer_busy_s`` until both the write
-  and the sends are done. Each engine digests what it sends, so N servers cost the trainer N digests.
+  engine sends: ``/start_weight_update``, ``/update_weights`` beside the broadcasts, ``/finish_weight_update``
+  with the version; reset the prefix cache, the workers' digest verified against what was sent, resume), the
+  servers ``gloo_sequential``: one after the other, or ``gloo_concurrent``: an ``asyncio.gather`` of the
+  per-server rounds (one thread per engine; rlrun's way). With one server both are the same round, reported as
+  ``gloo``. The broadcast's files are written too, as rlrun writes them: beside the sends (the version is
+  announced before the write, issue 50 part 5), or, ``gloo_after_files`` (one server), first, the sends after
+  (rlrun before part 5: the follower waited for the files). ``trainer_s`` is the sending: the sends' sum one
+  after the other, the longest when concurrent (they overlap); ``write_s`` the write; ``end_to_end_s`` from
+  the trainer's first byte (the write's start, or the first pause) to the last resume: what the servers wait;
+  ``trainer_busy_s`` until both the write and the sends are done. Each engine digests what it sends, so N
+  servers cost the trainer N digests.
 
 ``pause_s`` is per server, from the pause's request to the resume's answer (a list, one per server; its medians
 per server, and ``pause_s_median`` pooled over servers and updates). Every update is verified on every server (a
@@ -171,13 +172,15 @@ async def collective_round(client: TimedClient, send, expected, version: int, se
 
 def write_files(state: dict, directory: Path) -> float:
     """The trainer's write of the version's broadcast as rlrun's trainer writes it: ``save_file`` (as
-    ``Policy.write_weights``) into :func:`rlrun.rundir.publish_dir` (every file fsynced, then renamed in); its seconds.
+    ``Policy.write_weights``) into :func:`rlrun.rundir.publish_dir` (every file fsynced, then renamed in); its
+    seconds.
     """
     from rlrun.rundir import publish_dir
     from safetensors.torch import save_file
 
     def fill(tmp: Path) -> None:
-        save_file({k: v.cpu() for k, v in state.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        on_host = {k: v.cpu() for k, v in state.items()}
+        save_file(on_host, str(tmp / "model.safetensors"), metadata={"format": "pt"})
 
     t0 = time.perf_counter()
     publish_dir(directory, fill)
@@ -193,9 +196,9 @@ async def gloo_update(
     files: Path,
     files_first: bool = False,
 ) -> dict:
-    """The collective path, one engine (one group) per server, the servers one after the other or together; the
-    broadcast's files written to ``files`` beside the sends (rlrun since issue 50 part 5: the version announced
-    before the write) or, ``files_first``, before them (the follower waited for the files)."""
+    """The collective path, one engine (one group) per server, the servers one after the other or together;
+    the broadcast's files written to ``files`` beside the sends (rlrun since issue 50 part 5: the version
+    announced before the write) or, ``files_first``, before them (the follower waited for the files)."""
     from rlrun.weight_source import StateDictSource
 
     def sender(engine):
@@ -295,7 +298,8 @@ async def measure_cpu(urls: list[str], counts: list[int], model_dir: Path, work:
                             labels[s].append((str(n), path, bool(i)))
                         concurrent, first = path == "gloo_concurrent", path == "gloo_after_files"
                         files = work / f"step_{version}"
-                        row = await gloo_update(clients[:n], engines[:n], state, version, concurrent, files, first)
+                        sends = (clients[:n], engines[:n], state, version, concurrent)
+                        row = await gloo_update(*sends, files, first)
                     if i:
                         runs[str(n)][path].append(rounded(row))
                     del state

@@ -54,7 +54,8 @@ def test_every_version_after_the_first_reaches_vllm_in_memory_verified_with_no_f
     # the trainer's side counts the same sends (its last line may come before the last send ends)
     sends = metrics(run_dir / "trainer_metrics.jsonl")[-1]["weight_sends"]
     assert len(sent) - 1 <= sends["sends"] <= len(sent) and sends["failures"] == 0 and sends["bytes"] > 0
-    # each version's probe came with its announcement: the mismatch was measured on the versions sent in memory
+    # each version's probe came with its announcement: the mismatch was measured on the versions sent in
+    # memory
     assert any(r.get("served_mismatch_kl") is not None for r in rows), rows[-1]
     check = subprocess.run(
         [sys.executable, "-m", "rlrun", "ledger", "check", str(run_dir)], capture_output=True, text=True

@@ -1,8 +1,9 @@
-"""The broadcast off the servers' critical path (issue 50, part 5; ``spec.weights.transport: collective``): the
-trainer's sender announces the version it holds before the trainer writes its broadcast, and the orchestrator sends
-it to the servers from then on, checked against the model from the announcement; a server whose send fails waits for
-the files before it reloads them, and files that never come leave it unverified, never serving. Against the fake
-vLLM (:mod:`rlrun.rollout.fake`) and fake sends (:class:`tests.unit.test_weights_in_memory.Transfers`)."""
+"""The broadcast off the servers' critical path (issue 50, part 5; ``spec.weights.transport: collective``):
+the trainer's sender announces the version it holds before the trainer writes its broadcast, and the
+orchestrator sends it to the servers from then on, checked against the model from the announcement; a server
+whose send fails waits for the files before it reloads them, and files that never come leave it unverified,
+never serving. Against the fake vLLM (:mod:`rlrun.rollout.fake`) and fake sends
+(:class:`tests.unit.test_weights_in_memory.Transfers`)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ PROBE = [ProbeSequence([3, 4, 9], [None, None, -0.7])]
 
 
 def signature_of(directory) -> dict:
-    return {n: (str(t.dtype), tuple(t.shape)) for n, t in load_file(str(directory / "model.safetensors")).items()}
+    state = load_file(str(directory / "model.safetensors"))
+    return {n: (str(t.dtype), tuple(t.shape)) for n, t in state.items()}
 
 
 def test_the_sender_announces_the_version_it_holds_and_counts_its_sends(tmp_path):
@@ -66,7 +68,7 @@ async def test_an_announced_version_is_sent_before_its_broadcast_is_written(tmp_
     push = await follower.follow([server])
     assert push.verified == [URL] and server.loaded_version == 1 and follower.version == 1
     assert push.loads[URL].path == "collective" and not run_dir.broadcast(1).exists()
-    assert await follower.follow([server]) is None  # the broadcast, once written, is that version: nothing more
+    assert await follower.follow([server]) is None  # its broadcast, once written, is that version
     publish(run_dir, 1, seed=1)
     assert await follower.follow([server]) is None and transfers.calls == 1
 
@@ -91,7 +93,8 @@ async def test_an_announced_version_that_does_not_fit_the_model_touches_no_serve
     follower = WeightFollower(run_dir, 1, weights_signature(new), transfer=transfers.moves)
     wrong = {**signature_of(new), "q": ("torch.float32", (4, 8))}
     announce(run_dir, 1, 1, wrong, None)
-    with pytest.raises(WeightsMismatch, match=r"policy 1 as the trainer announced it: .*q: \('F32', \(4, 8\)\)"):
+    why = r"policy 1 as the trainer announced it: .*q: \('F32', \(4, 8\)\)"
+    with pytest.raises(WeightsMismatch, match=why):
         await follower.follow([server])
     assert transfers.calls == 0 and server.loaded_version == 0
 
@@ -113,7 +116,7 @@ async def test_a_failed_send_waits_for_the_broadcast_then_reloads_it(tmp_path, s
     assert push.loads[URL].path == "filesystem" and "not held" in push.loads[URL].fallback
 
 
-async def test_a_failed_send_whose_broadcast_never_comes_leaves_the_server_unverified(tmp_path, server, monkeypatch):
+async def test_a_send_whose_files_never_come_leaves_the_server_unverified(tmp_path, server, monkeypatch):
     monkeypatch.setattr(weight_load, "FILES_WAIT_S", 0.2)
     run_dir = RunDir(tmp_path / "run")
     new = write_weights(tmp_path / "v1", seed=1)
@@ -122,4 +125,5 @@ async def test_a_failed_send_whose_broadcast_never_comes_leaves_the_server_unver
     push = await follower.follow([server])
     assert push.verified == [] and server.loaded_version < 0
     assert f"broadcast {run_dir.broadcast(1)} was not written within 0 s" in push.unverified[URL]
-    assert await follower.catch_up([server]) == {} and server.loaded_version < 0  # no files: nothing to catch up to
+    # no files: nothing to catch up to, and the server still serves nothing
+    assert await follower.catch_up([server]) == {} and server.loaded_version < 0

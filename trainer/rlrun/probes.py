@@ -57,7 +57,8 @@ def probe_data(sequences: list[ProbeSequence], version: int) -> dict:
 def probe_from_data(data: object) -> list[ProbeSequence] | None:
     """The sequences of :func:`probe_data`'s ``data``; None when it is not a probe."""
     try:
-        return [ProbeSequence(list(s["ids"]), list(s["logprobs"])) for s in data["sequences"]]  # type: ignore[index]
+        sequences = data["sequences"]  # type: ignore[index]
+        return [ProbeSequence(list(s["ids"]), list(s["logprobs"])) for s in sequences]
     except (KeyError, TypeError):
         return None
 

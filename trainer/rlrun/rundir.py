@@ -184,8 +184,8 @@ def publish_broadcast(
 
 
 def broadcast_kept(final: str | os.PathLike, attempt: int) -> bool:
-    """Whether :func:`publish_broadcast` keeps the broadcast ``final`` rather than writing it: ``attempt`` (numbered)
-    published it already."""
+    """Whether :func:`publish_broadcast` keeps the broadcast ``final`` rather than writing it: ``attempt``
+    (numbered) published it already."""
     final = Path(final)
     return final.is_dir() and attempt != 0 and read_attempt(final) == attempt
 

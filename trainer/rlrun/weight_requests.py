@@ -7,8 +7,8 @@ Layout::
     <run_dir>/weight_transfer/results/<id>.json    {"ok", "version", "sent_digest", "bytes",
                                                     "seconds", "error"}                     (trainer's rank 0)
     <run_dir>/weight_transfer/stopped.json         {"version": N}: the sender stopped        (trainer's rank 0)
-    <run_dir>/weight_transfer/held.json            {"version", "attempt", "signature",
-                                                    "probe"}: the version held, announced    (trainer's rank 0)
+    <run_dir>/weight_transfer/held.json            {"version", "attempt", "signature", "probe"}: the
+                                                    version held, announced                 (trainer's rank 0)
 
 Guarantee: each file is published whole (:func:`rlrun.rundir.write_file_atomic`: a reader sees nothing or all of
 it), a request is answered at most once (the sender removes it once its result is written), and a result names the
@@ -16,11 +16,12 @@ version it sent, so an answer is never taken for another version's. Only the orc
 reads results; only the trainer's sender reads requests and writes results (:mod:`rlrun.training.weight_sender`,
 :mod:`rlrun.orchestrator.weight_transfer`).
 
-The announcement (``held.json``) takes the broadcast files off the servers' critical path (issue 50, part 5): the
-trainer announces a version as soon as its sender holds it, before it writes ``broadcasts/step_N/``, with what the
-orchestrator would otherwise read from the files before it touches a server — the tensors' names, dtypes and shapes
-(checked against the model as the files are) and the mismatch probe. The files follow (checkpoints, catch-up and the
-fallback read them); a server whose send fails waits for them (:mod:`rlrun.rollout.weight_load`).
+The announcement (``held.json``) takes the broadcast files off the servers' critical path (issue 50, part 5):
+the trainer announces a version as soon as its sender holds it, before it writes ``broadcasts/step_N/``, with
+what the orchestrator would otherwise read from the files before it touches a server — the tensors' names,
+dtypes and shapes (checked against the model as the files are) and the mismatch probe. The files follow
+(checkpoints, catch-up and the fallback read them); a server whose send fails waits for them
+(:mod:`rlrun.rollout.weight_load`).
 
 Beside them, the carriers the rollout client, the orchestrator and the trainer share (a foundation module, so the
 process packages import it rather than each other): what was sent (:class:`Sent`), a failed send
@@ -147,7 +148,8 @@ def announced_file(run_dir: RunDir) -> Path:
     return run_dir.root / FOLDER / "held.json"
 
 
-#: ``{tensor name: (dtype, shape)}``: a version's tensors as the announcement names them (``str(torch.dtype)``).
+#: ``{tensor name: (dtype, shape)}``: a version's tensors as the announcement names them
+#: (``str(torch.dtype)``).
 AnnouncedSignature = dict[str, tuple[str, tuple[int, ...]]]
 
 
@@ -169,7 +171,11 @@ class Announced:
 
 
 def announce(
-    run_dir: RunDir, version: int, attempt: int, signature: AnnouncedSignature, probe: list[ProbeSequence] | None
+    run_dir: RunDir,
+    version: int,
+    attempt: int,
+    signature: AnnouncedSignature,
+    probe: list[ProbeSequence] | None,
 ) -> None:
     """Publish the announcement of ``version`` (atomically), replacing the one before."""
     body = {
@@ -185,7 +191,8 @@ def read_announced(run_dir: RunDir) -> Announced | None:
     """The version the sender last announced (None: none, or a file that is no announcement)."""
     try:
         body: Any = json.loads(announced_file(run_dir).read_text())
-        signature = {str(n): (str(d), tuple(int(x) for x in shape)) for n, (d, shape) in body["signature"].items()}
+        tensors = body["signature"].items()
+        signature = {str(n): (str(d), tuple(int(x) for x in shape)) for n, (d, shape) in tensors}
         probe = None if body.get("probe") is None else probe_from_data(body["probe"])
         return Announced(int(body["version"]), int(body["attempt"]), signature, probe)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

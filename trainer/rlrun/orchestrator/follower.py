@@ -1,13 +1,13 @@
 """WeightFollower: brings each policy version the trainer publishes to the rollout servers.
 
-The trainer publishes ``broadcasts/step_N/`` after step N; the follower loads the newest
-one into every rollout server (:func:`~rlrun.orchestrator.weights.push_weights`: validate,
-then drain → pause → reload → reset prefix cache → resume; with ``spec.weights.transport: collective`` sent in memory
-by the trainer instead of the reload as soon as the trainer announces the version, before its broadcast is written,
-the broadcast its fallback, :mod:`.weight_transfer`; a resume's first load and a
-catch-up always reload the files; a LoRA run's adapter: load, no pause) and
-removes the older broadcasts — in a LoRA run, those no server still holds as an adapter (vLLM reloads an
-adapter its cache evicted from the directory it was loaded from), the rest at a later update.
+The trainer publishes ``broadcasts/step_N/`` after step N; the follower loads the newest one into every
+rollout server (:func:`~rlrun.orchestrator.weights.push_weights`: validate, then drain → pause →
+reload → reset prefix cache → resume; with ``spec.weights.transport: collective`` sent in memory by the
+trainer instead of the reload as soon as the trainer announces the version, before its broadcast is
+written, the broadcast its fallback, :mod:`.weight_transfer`; a resume's first load and a catch-up always
+reload the files; a LoRA run's adapter: load, no pause) and removes the older broadcasts — in a LoRA run,
+those no server still holds as an adapter (vLLM reloads an adapter its cache evicted from the directory it
+was loaded from), the rest at a later update.
 
 Guarantees: the policy version only goes up; only broadcasts written by this attempt's trainer are loaded (a
 dead attempt's may hold weights the resumed run never trained); weights that do not match the model are
@@ -116,10 +116,10 @@ class WeightFollower:
     ) -> WeightPush:
         """Load the weights in ``path`` into ``clients`` as policy ``version`` (the version moves even when
         some servers were unreachable or not verified: they must catch up before serving again), then measure
-        the version's mismatch on the servers verified, when ``path`` (or ``announced``) has a probe; ``in_memory``:
-        sent by the trainer when the run does so (:attr:`transfer`), ``path`` the fallback; ``announced``: the
-        trainer's announcement of ``version``, its broadcast ``path`` perhaps not written yet
-        (:func:`~rlrun.orchestrator.weights.push_weights`).
+        the version's mismatch on the servers verified, when ``path`` (or ``announced``) has a probe;
+        ``in_memory``: sent by the trainer when the run does so (:attr:`transfer`), ``path`` the fallback;
+        ``announced``: the trainer's announcement of ``version``, its broadcast ``path`` perhaps not written
+        yet (:func:`~rlrun.orchestrator.weights.push_weights`).
 
         Raises:
             WeightsError: the weights do not match the model (no server was touched).
@@ -175,7 +175,8 @@ class WeightFollower:
         return {}
 
     def announced(self) -> Announced | None:
-        """The version this attempt's trainer announced past :attr:`version` (sending in memory only; None: none)."""
+        """The version this attempt's trainer announced past :attr:`version` (sending in memory only; None:
+        none)."""
         if self.transfer is None:
             return None
         announced = read_announced(self.run_dir)
@@ -184,9 +185,9 @@ class WeightFollower:
         return announced if self.attempt in (0, announced.attempt) else None
 
     async def follow(self, clients: list[RolloutClient]) -> WeightPush | None:
-        """Load the newest policy past :attr:`version` this attempt's trainer published — its broadcast, or, sending in
-        memory, the version it announced before writing the broadcast (:mod:`rlrun.weight_requests`) — if any (None:
-        there is none).
+        """Load the newest policy past :attr:`version` this attempt's trainer published — its broadcast, or,
+        sending in memory, the version it announced before writing the broadcast
+        (:mod:`rlrun.weight_requests`) — if any (None: there is none).
 
         Raises:
             WeightsError, RolloutError: as :meth:`load`.

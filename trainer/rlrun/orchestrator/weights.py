@@ -138,8 +138,8 @@ def check_signature(sig: Signature, reference: Signature | None, where: str) -> 
 
 
 def announced_signature(announced: AnnouncedSignature) -> Signature:
-    """An announced version's tensors (:class:`rlrun.weight_requests.Announced`: ``torch.bfloat16``, …) named as
-    the files' are (``BF16``, …), to be checked against the model by :func:`check_signature`."""
+    """An announced version's tensors (:class:`rlrun.weight_requests.Announced`: ``torch.bfloat16``) named
+    as the files' are (``BF16``, …), to be checked against the model by :func:`check_signature`."""
     names = {torch_name: name for name, torch_name in TORCH_DTYPES.items()}
     return {n: (names.get(dtype, dtype), shape) for n, (dtype, shape) in announced.items()}
 
@@ -262,11 +262,11 @@ async def push_weights(
     announced: Announced | None = None,
 ) -> WeightPush:
     """Validate ``path`` then update every server to it as policy ``version``: an adapter update when
-    ``reference`` is an :class:`AdapterReference` (a LoRA run), else a weight update — sent in memory by the trainer
-    with ``transfer`` (``spec.weights.transport: collective``), the files in ``path`` its fallback
-    (:mod:`rlrun.rollout.weight_load`). ``announced``: the trainer's announcement of ``version``; while ``path`` is
-    not written yet, its tensors are validated instead of the files' (the files then come before any fallback
-    reads them).
+    ``reference`` is an :class:`AdapterReference` (a LoRA run), else a weight update — sent in memory by the
+    trainer with ``transfer`` (``spec.weights.transport: collective``), the files in ``path`` its fallback
+    (:mod:`rlrun.rollout.weight_load`). ``announced``: the trainer's announcement of ``version``; while
+    ``path`` is not written yet, its tensors are validated instead of the files' (the files then come before
+    any fallback reads them).
 
     Every server's update runs to its end even when another's fails, and is verified (module docstring).
 
@@ -281,12 +281,14 @@ async def push_weights(
         signature = await asyncio.to_thread(validate, path, reference)
     else:
         signature = announced_signature(announced.signature)  # type: ignore[union-attr]
-        check_signature(signature, reference, f"policy {version} as the trainer announced it")  # type: ignore[arg-type]
+        where = f"policy {version} as the trainer announced it"
+        check_signature(signature, reference, where)  # type: ignore[arg-type]
     adapter = isinstance(reference, AdapterReference)
     where = str(Path(path).absolute()) if adapter else str(path)  # vLLM reloads an evicted adapter from it
     expected = Expected(where, adapter)
     published = {TORCH_DTYPES.get(dtype) for dtype, _ in signature.values()}
-    if written and len(published) == 1 and None not in published:  # servers serve the dtype the trainer publishes in
+    # servers serve the dtype the trainer publishes in
+    if written and len(published) == 1 and None not in published:
         expected.prefetch(published.pop())  # so the digest their reload is checked against is ready in time
     updates = (
         c.update_adapter(where, version, expected) if adapter else c.update_weights(where, version, expected, transfer)

@@ -2,16 +2,17 @@
 version in memory from the trainer when the run sends weights so (``spec.weights.transport: collective``), else, and
 whenever that fails, from the version's broadcast files.
 
-Guarantee (ARCHITECTURE.md, invariant 8, on both paths): the server resumes only verified. An in-memory send counts
-once the workers' digest equals the digest of what the trainer sent (:class:`~rlrun.rollout.verification.SentDigest`:
-a send that moved nothing or part is caught here, vLLM #57022); any failure of it — the trainer's answer ``ok:
-false``, no answer within ``spec.weights.timeout_seconds``, a digest that differs, a worker's error — is one warning
-naming the server and why, a counted fallback (:attr:`WeightLoad.fallback`), and the reload of the same version from
-its broadcast files, verified against the files as every file-system reload is. The follower pushes a version as
-soon as the trainer announces it, before its broadcast is written (:mod:`rlrun.weight_requests`): a fallback first
-waits for the files, at most :data:`FILES_WAIT_S`; files that do not come (the trainer died meanwhile) leave the
-server unverified (:class:`~rlrun.rollout.errors.WeightsUnverified`: no request until a catch-up's update is
-verified). Only a server that cannot be reached ends the update at once (the caller benches it).
+Guarantee (ARCHITECTURE.md, invariant 8, on both paths): the server resumes only verified. An in-memory send
+counts once the workers' digest equals the digest of what the trainer sent
+(:class:`~rlrun.rollout.verification.SentDigest`: a send that moved nothing or part is caught here, vLLM
+#57022); any failure of it — the trainer's answer ``ok: false``, no answer within
+``spec.weights.timeout_seconds``, a digest that differs, a worker's error — is one warning naming the server
+and why, a counted fallback (:attr:`WeightLoad.fallback`), and the reload of the same version from its
+broadcast files, verified against the files as every file-system reload is. The follower pushes a version as
+soon as the trainer announces it, before its broadcast is written (:mod:`rlrun.weight_requests`): a fallback
+first waits for the files, at most :data:`FILES_WAIT_S`; files that do not come (the trainer died meanwhile)
+leave the server unverified (:class:`~rlrun.rollout.errors.WeightsUnverified`: no request until a catch-up's
+update is verified). Only a server that cannot be reached ends the update at once (the caller benches it).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from rlrun.weight_requests import InMemoryTransfer, TransferFailed, WeightLoad
 
 log = logging.getLogger(__name__)
 
-#: Most time a fallback waits for the version's broadcast to be written, seconds: the trainer writes it right after
-#: announcing the version (16 GB at 100 MB/s, a slow shared volume, takes 160 s).
+#: Most time a fallback waits for the version's broadcast to be written, seconds: the trainer writes it right
+#: after announcing the version (16 GB at 100 MB/s, a slow shared volume, takes 160 s).
 FILES_WAIT_S = 600.0
 
 #: How often a fallback looks for the broadcast, seconds.
@@ -99,8 +100,8 @@ async def load_weights(
 
 
 async def _files_written(base_url: str, path: str, version: int) -> None:
-    """Wait until the broadcast ``path`` is published (a directory: :func:`rlrun.rundir.publish_dir` renames it in
-    whole), at most :data:`FILES_WAIT_S`.
+    """Wait until the broadcast ``path`` is published (a directory: :func:`rlrun.rundir.publish_dir` renames
+    it in whole), at most :data:`FILES_WAIT_S`.
 
     Raises:
         WeightsUnverified: it was not.
@@ -109,8 +110,8 @@ async def _files_written(base_url: str, path: str, version: int) -> None:
     while not await asyncio.to_thread(Path(path).is_dir):
         if asyncio.get_running_loop().time() > deadline:
             raise WeightsUnverified(
-                f"{base_url}: policy {version} in memory failed and its broadcast {path} was not written within "
-                f"{FILES_WAIT_S:.0f} s"
+                f"{base_url}: policy {version} in memory failed and its broadcast {path} was not written "
+                f"within {FILES_WAIT_S:.0f} s"
             )
         await asyncio.sleep(FILES_POLL_S)
 

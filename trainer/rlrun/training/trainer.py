@@ -299,15 +299,16 @@ class Trainer:
         }
 
     def publish(self, step: int) -> int:
-        """Publish ``broadcasts/step_N/`` (weights after step N, and the attempt that made them), in the dtype the
-        trainer computes in, which is the dtype the rollout servers serve (:mod:`rlrun.training.precision`); with LoRA
-        the adapter alone (:meth:`~rlrun.training.policy.Policy.write_weights`); beside them the step's mismatch probe
+        """Publish ``broadcasts/step_N/`` (weights after step N, and the attempt that made them), in the dtype
+        the trainer computes in, which is the dtype the rollout servers serve
+        (:mod:`rlrun.training.precision`); with LoRA the adapter alone
+        (:meth:`~rlrun.training.policy.Policy.write_weights`); beside them the step's mismatch probe
         (:mod:`rlrun.training.probe`). One this attempt published already is kept (a retrained step:
         :func:`rlrun.rundir.publish_broadcast`). With ``W > 1`` ranks a collective: every rank gathers, rank 0
-        writes. Returns the bytes written (the directory's files; 0 on the other ranks). With a weight sender, rank 0
-        holds what it writes as version N in memory and announces it before the files are written, so the servers
-        need not wait for them (:mod:`.weight_sender`), unless the broadcast is kept (a retrained step: the files, not
-        these weights, are version N)."""
+        writes. Returns the bytes written (the directory's files; 0 on the other ranks). With a weight sender,
+        rank 0 holds what it writes as version N in memory and announces it before the files are written, so
+        the servers need not wait for them (:mod:`.weight_sender`), unless the broadcast is kept (a retrained
+        step: the files, not these weights, are version N)."""
         probe = probe_logprobs(self.policy.model, self.probe_rows, self.dp, self.step_settings)
         state = self.policy.published_state(self.dp)
         if state is None:  # not rank 0
@@ -397,7 +398,7 @@ class Trainer:
             metrics.update(
                 attempt=self.attempt, broadcast_s=broadcast_s, broadcast_bytes=written, checkpoint=checkpoint
             )
-            if self.sender is not None:  # this attempt's sends so far (the orchestrator's side: metrics.jsonl)
+            if self.sender is not None:  # this attempt's sends so far (the servers' side: metrics.jsonl)
                 metrics["weight_sends"] = dict(self.sender.totals)
             # The line goes before the checkpoint: once a checkpoint holds the step, its line is on disk, and the last
             # line of each step a complete checkpoint holds is final (what rlrun.tracking logs).

@@ -2,13 +2,13 @@
 holds in memory to a rollout server when the orchestrator asks.
 
 Guarantee: a send is always of one whole published version, the one held: at each publish the trainer hands
-:meth:`WeightSender.hold` the state it is about to write to ``broadcasts/step_N/`` (cast to the served dtype, a copy
-of its own, never the live parameters) and the sender announces it (:func:`rlrun.weight_requests.announce`) before the
-files are written, so the servers do not wait for the files; a send never waits for a step boundary nor sees a
-half-applied optimizer step, and a request for any other version is answered ``ok: false`` ("version N not held;
-holds M") at once. Every result names
-what was sent (its digest, computed while it was sent): the orchestrator verifies the server against it and falls
-back to the broadcast files on any failure (:mod:`rlrun.orchestrator.weight_transfer`), so nothing here needs to be
+:meth:`WeightSender.hold` the state it is about to write to ``broadcasts/step_N/`` (cast to the served dtype,
+a copy of its own, never the live parameters) and the sender announces it
+(:func:`rlrun.weight_requests.announce`) before the files are written, so the servers do not wait for the
+files; a send never waits for a step boundary nor sees a half-applied optimizer step, and a request for any
+other version is answered ``ok: false`` ("version N not held; holds M") at once. Every result names what was
+sent (its digest, computed while it was sent): the orchestrator verifies the server against it and falls back
+to the broadcast files on any failure (:mod:`rlrun.orchestrator.weight_transfer`), so nothing here needs to be
 right for a server to serve the right weights — only for it to be fast.
 
 One engine per server (:class:`rlrun.rollout.gloo_transfer.GlooTrainerWeightTransferEngine`: its own gloo group of
@@ -134,7 +134,8 @@ def open_gloo_engine(server: str, state: dict[str, torch.Tensor], timeout_s: flo
 
     engine = gloo_engine_class()
     world = 1 + server_workers(server, timeout_s)
-    info = engine.init_info_cls(master_address(), free_port(""), world_size=world, timeout_s=timeout_s, rank=0)
+    port = free_port("")  # the rendezvous store listens on every interface
+    info = engine.init_info_cls(master_address(), port, world_size=world, timeout_s=timeout_s, rank=0)
     client = HTTPVLLMWeightSyncClient(server, timeout=timeout_s)
     return GlooSend(WeightTransferTrainerFactory.trainer_init(info, client=client, source=state_source(state)))
 
@@ -160,8 +161,8 @@ class WeightSender:
         version: the version held (None: none yet).
         engines: the open engine of each server, by URL.
         sent: the version last sent to each server, by URL.
-        totals: the sends of this process, together: ``{"sends", "failures", "seconds", "bytes"}`` (seconds of the
-            rounds sent, their bytes): ``trainer_metrics.jsonl``'s ``weight_sends``.
+        totals: the sends of this process, together: ``{"sends", "failures", "seconds", "bytes"}`` (seconds of
+            the rounds sent, their bytes): ``trainer_metrics.jsonl``'s ``weight_sends``.
     """
 
     def __init__(
@@ -184,19 +185,23 @@ class WeightSender:
         self._thread: threading.Thread | None = None
 
     def hold(
-        self, version: int, state: dict[str, torch.Tensor], attempt: int, probe: list[ProbeSequence] | None = None
+        self,
+        version: int,
+        state: dict[str, torch.Tensor],
+        attempt: int,
+        probe: list[ProbeSequence] | None = None,
     ) -> None:
-        """Hold ``state`` (the published weights, :func:`held_copy`) as ``version`` of ``attempt``, replacing the one
-        held, then announce it with its ``probe`` (:func:`rlrun.weight_requests.announce`): the orchestrator may ask
-        for it from then on, before its broadcast is written."""
+        """Hold ``state`` (the published weights, :func:`held_copy`) as ``version`` of ``attempt``, replacing
+        the one held, then announce it with its ``probe`` (:func:`rlrun.weight_requests.announce`): the
+        orchestrator may ask for it from then on, before its broadcast is written."""
         with self._lock:
             self.version, self._state = version, state
         signature = {name: (str(t.dtype), tuple(t.shape)) for name, t in state.items()}
         announce(self.run_dir, version, attempt, signature, probe)
 
     def start(self) -> WeightSender:
-        """Start looking for requests on a daemon thread; returns self. What a sender before it left (its stop, its
-        announcement) is removed first."""
+        """Start looking for requests on a daemon thread; returns self. What a sender before it left (its
+        stop, its announcement) is removed first."""
         stopped_marker(self.run_dir).unlink(missing_ok=True)
         announced_file(self.run_dir).unlink(missing_ok=True)
         self._thread = threading.Thread(target=self._run, name="rlrun-weight-sender", daemon=True)
