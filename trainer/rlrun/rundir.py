@@ -177,17 +177,14 @@ def publish_broadcast(
     differ from it only by floating-point order. One an earlier attempt left is replaced (its orchestrator,
     and the servers it loaded, are gone).
     """
-    final = Path(final)
     if broadcast_kept(final, attempt):
-        return final, False
+        return Path(final), False
     return publish_dir(final, fill), True
 
 
 def broadcast_kept(final: str | os.PathLike, attempt: int) -> bool:
-    """Whether :func:`publish_broadcast` keeps the broadcast ``final`` rather than writing it: ``attempt``
-    (numbered) published it already."""
-    final = Path(final)
-    return final.is_dir() and attempt != 0 and read_attempt(final) == attempt
+    """Whether :func:`publish_broadcast` keeps ``final``: ``attempt`` (numbered) published it already."""
+    return Path(final).is_dir() and attempt != 0 and read_attempt(Path(final)) == attempt
 
 
 def write_meta(directory: Path, step: int, attempt: int, **fields: Any) -> None:
@@ -195,12 +192,19 @@ def write_meta(directory: Path, step: int, attempt: int, **fields: Any) -> None:
     (directory / META_FILE).write_text(json.dumps({"step": step, "attempt": attempt, **fields}))
 
 
+def read_meta(directory: Path) -> dict[str, Any] | None:
+    """A published directory's ``meta.json`` (:func:`write_meta`); None when missing or unreadable."""
+    try:
+        meta = json.loads((directory / META_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
 def read_attempt(directory: Path) -> int | None:
     """The attempt recorded in a published directory's ``meta.json``; None when missing or unreadable."""
-    try:
-        return int(json.loads((directory / META_FILE).read_text())["attempt"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    attempt = (read_meta(directory) or {}).get("attempt")
+    return attempt if isinstance(attempt, int) else None
 
 
 def written_by(directory: Path, attempt: int) -> bool:

@@ -7,8 +7,10 @@ Layout::
     <run_dir>/weight_transfer/results/<id>.json    {"ok", "version", "sent_digest", "bytes",
                                                     "seconds", "error"}                     (trainer's rank 0)
     <run_dir>/weight_transfer/stopped.json         {"version": N}: the sender stopped        (trainer's rank 0)
-    <run_dir>/weight_transfer/held.json            {"version", "attempt", "signature", "probe"}: the
-                                                    version held, announced                 (trainer's rank 0)
+    <run_dir>/weight_transfer/held.json            {"version", "attempt", "sender", "signature", "probe"}:
+                                                    the version held, announced             (trainer's rank 0)
+    <run_dir>/weight_transfer/beat.json            {"beat": n}: the sender's heartbeat, each second
+                                                                                            (trainer's rank 0)
 
 Guarantee: each file is published whole (:func:`rlrun.rundir.write_file_atomic`: a reader sees nothing or all of
 it), a request is answered at most once (the sender removes it once its result is written), and a result names the
@@ -20,8 +22,11 @@ The announcement (``held.json``) takes the broadcast files off the servers' crit
 the trainer announces a version as soon as its sender holds it, before it writes ``broadcasts/step_N/``, with
 what the orchestrator would otherwise read from the files before it touches a server — the tensors' names,
 dtypes and shapes (checked against the model as the files are) and the mismatch probe. The files follow
-(checkpoints, catch-up and the fallback read them); a server whose send fails waits for them
-(:mod:`rlrun.rollout.weight_load`).
+(checkpoints, catch-up and the fallback read them, and their ``meta.json`` names the sender that announced
+them); a server whose send fails before they are written resumes unverified and is caught up from them
+(:mod:`rlrun.rollout.weight_load`). The heartbeat lets the orchestrator tell a sender that is slow from one
+that is gone (a trainer killed holds no ``stopped.json``) without comparing clocks across nodes: it counts,
+and the orchestrator watches the count change on its own clock (:data:`SILENT_S`).
 
 Beside them, the carriers the rollout client, the orchestrator and the trainer share (a foundation module, so the
 process packages import it rather than each other): what was sent (:class:`Sent`), a failed send
@@ -143,6 +148,31 @@ def read_result(run_dir: RunDir, request_id: str) -> SendResult | None:
         raise ValueError(f"{path}: not a weight-send result ({exc})") from None
 
 
+#: How often the sender beats, seconds.
+BEAT_S = 1.0
+
+#: A sender whose beat has not changed for this long, seconds, is taken for gone (its trainer died).
+SILENT_S = 15.0
+
+
+def beat_file(run_dir: RunDir) -> Path:
+    """The sender's heartbeat (module docstring)."""
+    return run_dir.root / FOLDER / "beat.json"
+
+
+def beat(run_dir: RunDir, count: int) -> None:
+    """Publish the sender's ``count``-th beat."""
+    write_file_atomic(beat_file(run_dir), json.dumps({"beat": count}).encode(), fault_points=False)
+
+
+def read_beat(run_dir: RunDir) -> int | None:
+    """The sender's last beat (None: none, or unreadable)."""
+    try:
+        return int(json.loads(beat_file(run_dir).read_text())["beat"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def announced_file(run_dir: RunDir) -> Path:
     """The sender's announcement of the version it holds (module docstring)."""
     return run_dir.root / FOLDER / "held.json"
@@ -160,12 +190,15 @@ class Announced:
     Attributes:
         version: the policy version (trainer steps).
         attempt: the attempt whose trainer holds it.
+        sender: the announcing sender's id (:attr:`rlrun.training.weight_sender.WeightSender.id`), also in the
+            version's broadcast ``meta.json``: a restarted trainer that retrains the version writes another.
         signature: its tensors (:data:`AnnouncedSignature`).
         probe: its mismatch probe (:mod:`rlrun.probes`; None: none).
     """
 
     version: int
     attempt: int
+    sender: str
     signature: AnnouncedSignature
     probe: list[ProbeSequence] | None = None
 
@@ -174,13 +207,15 @@ def announce(
     run_dir: RunDir,
     version: int,
     attempt: int,
+    sender: str,
     signature: AnnouncedSignature,
     probe: list[ProbeSequence] | None,
 ) -> None:
-    """Publish the announcement of ``version`` (atomically), replacing the one before."""
+    """Publish ``sender``'s announcement of ``version`` (atomically), replacing the one before."""
     body = {
         "version": version,
         "attempt": attempt,
+        "sender": sender,
         "signature": {name: [dtype, list(shape)] for name, (dtype, shape) in signature.items()},
         "probe": None if probe is None else probe_data(probe, version),
     }
@@ -194,7 +229,7 @@ def read_announced(run_dir: RunDir) -> Announced | None:
         tensors = body["signature"].items()
         signature = {str(n): (str(d), tuple(int(x) for x in shape)) for n, (d, shape) in tensors}
         probe = None if body.get("probe") is None else probe_from_data(body["probe"])
-        return Announced(int(body["version"]), int(body["attempt"]), signature, probe)
+        return Announced(int(body["version"]), int(body["attempt"]), str(body["sender"]), signature, probe)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -206,6 +241,12 @@ PATHS: tuple[WeightPath, ...] = ("filesystem", "collective")
 
 class TransferFailed(RuntimeError):
     """An in-memory send that did not run to its end (the message says why): the server falls back to the files."""
+
+
+class FilesPending(RuntimeError):
+    """An in-memory send failed before the version's broadcast was written: the server resumed unverified,
+    serving nothing, and is caught up from the files once they are there (the orchestrator benches it
+    meanwhile)."""
 
 
 @dataclass(frozen=True)

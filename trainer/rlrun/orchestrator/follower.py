@@ -32,11 +32,11 @@ from pathlib import Path
 
 from rlrun.api.spec import RLRunSpec
 from rlrun.orchestrator.served import MismatchGuard, UnverifiedServers, served_mismatch
-from rlrun.orchestrator.weight_transfer import TrainerTransfer, TransferTotals, check_routes
+from rlrun.orchestrator.weight_transfer import SenderWatch, TrainerTransfer, TransferTotals, check_routes
 from rlrun.orchestrator.weights import AdapterReference, Reference, WeightPush, push_weights
 from rlrun.probes import PROBE_FILE, read_probe
 from rlrun.rollout.client import RolloutClient
-from rlrun.rundir import RunDir, step_dirs, written_by
+from rlrun.rundir import RunDir, read_meta, step_dirs, written_by
 from rlrun.weight_requests import Announced, InMemoryTransfer, read_announced
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,10 @@ class WeightFollower:
         transfer: how the trainer sends a new version in memory (``spec.weights.transport: collective``:
             :class:`~rlrun.orchestrator.weight_transfer.TrainerTransfer`); None: every server reloads the files. A
             resume's weights and a catch-up's are loaded from the files either way.
+        sender: whether the trainer's sender is alive
+            (:class:`~rlrun.orchestrator.weight_transfer.SenderWatch`): a version announced by a gone sender
+            is not followed (its broadcast, once a restarted trainer writes it, is); None: every announcement
+            is trusted.
 
     Attributes:
         version: the policy version the rollout servers hold (trainer steps).
@@ -70,7 +74,8 @@ class WeightFollower:
         weights = spec.weights
         collective = weights.transport == "collective" and spec.model.lora is None
         transfer = TrainerTransfer(run_dir, weights.timeout_seconds) if collective else None
-        return cls(run_dir, attempt, None, spec.rollout.max_mismatch_kl, transfer)
+        sender = transfer.sender if transfer is not None else None
+        return cls(run_dir, attempt, None, spec.rollout.max_mismatch_kl, transfer, sender)
 
     def __init__(
         self,
@@ -79,9 +84,11 @@ class WeightFollower:
         reference: Reference,
         max_mismatch_kl: float | None = None,
         transfer: InMemoryTransfer | None = None,
+        sender: SenderWatch | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.transfer = transfer
+        self.sender = sender
         self.transfers = TransferTotals()
         self.attempt = attempt
         self.reference = reference
@@ -92,6 +99,8 @@ class WeightFollower:
         #: server's pause, reload and resume): what metrics.jsonl's ``weight_update_s`` and ``/metrics`` report
         self.last_push: WeightPush | None = None
         self.update_seconds = 0.0
+        # the version, its sender and the servers it was sent to ahead of its files (_retrained)
+        self._sent_ahead: tuple[int, str, set[str]] | None = None
 
     def weights_dir(self, version: int) -> Path | None:
         """Where the weights of ``version`` are: its broadcast, else its trainer checkpoint (None: neither)."""
@@ -134,7 +143,7 @@ class WeightFollower:
         for load in push.loads.values():
             self.transfers.add(load)
         for url, error in push.unreachable.items():
-            log.warning("rollout server %s unreachable during the update to policy %d: %s", url, version, error)
+            log.warning("rollout server %s missed the update to policy %d: %s", url, version, error)
         self.unverified.record(push.verified, push.unverified, version)
         probe = announced.probe if announced is not None else None
         if probe is None and (Path(path) / PROBE_FILE).is_file():
@@ -164,7 +173,8 @@ class WeightFollower:
 
     async def catch_up(self, clients: list[RolloutClient]) -> dict[str, str]:
         """Give servers that just joined the current policy (nothing to do at version 0: they start on it);
-        returns those unreachable (base URL → error).
+        returns those unreachable (base URL → error), all of them while the policy's files are not written
+        yet (sent in memory ahead of them: the caller benches them and asks again).
 
         Raises:
             WeightsError, RolloutError: as :meth:`load`.
@@ -172,7 +182,28 @@ class WeightFollower:
         weights = self.weights_dir(self.version) if self.version > 0 else None
         if clients and weights is not None:
             return (await self.load(clients, weights, self.version)).unreachable
+        if clients and self.version > 0:  # sent in memory before its broadcast is written: not yet
+            return {c.base_url: f"policy {self.version}'s files are not written yet" for c in clients}
         return {}
+
+    def _retrained(self, clients: list[RolloutClient]) -> dict[str, str]:
+        """The servers that hold :attr:`version` as sent in memory ahead of its broadcast, once the broadcast
+        is written by another sender than the one that sent it (base URL → why; empty when none): a trainer
+        that died between the announcement and the write and was restarted retrained the version (the same
+        batches, another floating-point order) and wrote its own. The caller benches them; their catch-up
+        reloads the files, so every server holding the version holds the published one."""
+        if self._sent_ahead is None:
+            return {}
+        version, sender, urls = self._sent_ahead
+        meta = read_meta(self.run_dir.broadcast(version)) if version == self.version else {}
+        if meta is None:  # not written yet
+            return {}
+        self._sent_ahead = None
+        if not meta or meta.get("sender") == sender:
+            return {}
+        why = f"holds policy {version} as a trainer restarted since sent it; its files are the new trainer's"
+        log.warning("policy %d was retrained by a restarted trainer: %s reload its files", version, urls)
+        return {c.base_url: why for c in clients if c.base_url in urls and c.loaded_version == version}
 
     def announced(self) -> Announced | None:
         """The version this attempt's trainer announced past :attr:`version` (sending in memory only; None:
@@ -181,6 +212,8 @@ class WeightFollower:
             return None
         announced = read_announced(self.run_dir)
         if announced is None or announced.version <= self.version:
+            return None
+        if self.sender is not None and not self.sender.alive():  # the servers keep what they hold meanwhile
             return None
         return announced if self.attempt in (0, announced.attempt) else None
 
@@ -192,6 +225,8 @@ class WeightFollower:
         Raises:
             WeightsError, RolloutError: as :meth:`load`.
         """
+        if retrained := await asyncio.to_thread(self._retrained, clients):
+            return WeightPush(0.0, unreachable=retrained)
         broadcasts = {
             n: p
             for n, p in step_dirs(self.run_dir.broadcasts).items()
@@ -206,11 +241,14 @@ class WeightFollower:
             announced = None
         path = broadcasts.get(newest, self.run_dir.broadcast(newest))
         push = await self.load(clients, path, newest, in_memory=True, announced=announced)
+        if announced is not None:  # what its broadcast must say it is, once written (_retrained)
+            sent = {url for url, load in push.loads.items() if load.path == "collective"}
+            self._sent_ahead = (newest, announced.sender, sent)
         paths = sorted({load.path for load in push.loads.values() if load.path is not None})
         how = f", {'+'.join(paths)}" if self.transfer is not None and paths else ""
         log.info("policy version %d -> %d (weight update %.3f s%s)", previous, newest, push.seconds, how)
         held = {v for c in clients for v in c.adapters.held}  # a LoRA run's adapters still loaded
         old = [p for n, p in step_dirs(self.run_dir.broadcasts).items() if n < newest and n not in held]
-        if old:  # deleting weight files is I/O: off the event loop
+        if old and self.run_dir.broadcast(newest).is_dir():  # the newest written first; I/O: off the loop
             await asyncio.to_thread(lambda: [shutil.rmtree(p, ignore_errors=True) for p in old])
         return push

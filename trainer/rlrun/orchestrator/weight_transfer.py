@@ -4,8 +4,10 @@ to send a version to a paused rollout server, refusing servers that cannot take 
 Guarantee: the orchestrator stays the one writer of what each server serves (drain, pause, send, verify, resume:
 :mod:`rlrun.rollout.weight_load`); the trainer only sends when asked. A request that the trainer answers ``ok:
 false``, or does not answer within ``spec.weights.timeout_seconds`` + :data:`MARGIN_S`, or that a stopped sender can
-never answer (:func:`rlrun.weight_requests.stopped_marker`), raises :class:`~rlrun.weight_requests.TransferFailed`
-— the server then falls back to the broadcast files, never resumes unverified. A run with ``collective`` whose
+never answer (:func:`rlrun.weight_requests.stopped_marker`), or one whose heartbeat stopped (a killed trainer:
+:data:`rlrun.weight_requests.SILENT_S`), raises :class:`~rlrun.weight_requests.TransferFailed` — the server
+then falls back to the broadcast files, or, before they are written, serves nothing until it is caught up from
+them; it never serves unverified. A run with ``collective`` whose
 servers lack vLLM's weight-transfer routes (no ``VLLM_SERVER_DEV_MODE=1``, an older vLLM) is refused at start with
 one line naming ``spec.weights.transport`` (:func:`check_routes`), not left to fall back at every step.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -21,11 +24,14 @@ import httpx
 from rlrun.errors import OrchestratorError
 from rlrun.rundir import RunDir
 from rlrun.weight_requests import (
+    BEAT_S,
     PATHS,
+    SILENT_S,
     SendRequest,
     Sent,
     TransferFailed,
     WeightLoad,
+    read_beat,
     read_result,
     results_dir,
     stopped_marker,
@@ -49,6 +55,42 @@ class TransportUnsupported(OrchestratorError):
     reason = "TransportUnsupported"
 
 
+class SenderWatch:
+    """Whether the trainer's weight sender is alive: its heartbeat's count
+    (:func:`rlrun.weight_requests.beat`) seen to change, on this process's own clock (no clocks compared
+    across nodes).
+
+    Args:
+        run_dir: the run directory.
+        silent_s: a sender whose count has not changed for this long, seconds, is gone.
+    """
+
+    def __init__(self, run_dir: RunDir, silent_s: float = SILENT_S) -> None:
+        self.run_dir = run_dir
+        self.silent_s = silent_s
+        self._count: int | None = None
+        self._first_look: float | None = None
+        self._changed: float | None = None  # when the count was last seen to change
+
+    def look(self) -> float:
+        """Read the count; returns the seconds since it was last seen to change (or since the first look, when
+        it never was). Reads a file: call it off the event loop."""
+        now = time.monotonic()
+        count = read_beat(self.run_dir)
+        if self._first_look is None:
+            self._first_look = now
+        elif count != self._count:
+            self._changed = now
+        self._count = count
+        return now - (self._changed if self._changed is not None else self._first_look)
+
+    def alive(self) -> bool:
+        """The count was seen to change within :attr:`silent_s` (a sender not yet seen beating is not
+        alive)."""
+        silent = self.look()
+        return self._changed is not None and silent <= self.silent_s
+
+
 class TrainerTransfer:
     """``transfer(url, version)`` (:data:`~rlrun.weight_requests.InMemoryTransfer`) through the run directory.
 
@@ -62,6 +104,7 @@ class TrainerTransfer:
         self.run_dir = run_dir
         self.timeout_s = timeout_s
         self.poll_s = poll_s
+        self.sender = SenderWatch(run_dir)
 
     async def __call__(self, url: str, version: int) -> Sent:
         """Ask the trainer to send ``version`` to the (paused) server at ``url``; what it sent.
@@ -73,12 +116,18 @@ class TrainerTransfer:
         request = SendRequest(url, version)
         path = await asyncio.to_thread(write_request, self.run_dir, request)
         deadline = loop.time() + self.timeout_s + MARGIN_S
+        looked = -BEAT_S
         try:
             while (result := await asyncio.to_thread(read_result, self.run_dir, request.id)) is None:
                 if stopped_marker(self.run_dir).exists():
                     raise TransferFailed(f"the trainer's weight sender has stopped (version {version} not sent)")
                 if loop.time() > deadline:
                     raise TransferFailed(f"no answer from the trainer within {self.timeout_s + MARGIN_S:.0f} s")
+                if loop.time() - looked >= BEAT_S:  # a killed trainer leaves no stopped marker
+                    looked = loop.time()
+                    if (silent := await asyncio.to_thread(self.sender.look)) > self.sender.silent_s:
+                        gone = f"the trainer's weight sender is gone (no heartbeat for {silent:.0f} s)"
+                        raise TransferFailed(gone)
                 await asyncio.sleep(self.poll_s)
         except ValueError as exc:  # a result file that is no result
             raise TransferFailed(str(exc)) from None

@@ -52,7 +52,7 @@ from rlrun.adapter_format import (
 from rlrun.api.spec import LoraSpec, RLRunSpec
 from rlrun.errors import WeightsError, WeightsMismatch
 from rlrun.rollout.client import Expected, RolloutClient, WeightsUnverified
-from rlrun.weight_requests import Announced, AnnouncedSignature, InMemoryTransfer, WeightLoad
+from rlrun.weight_requests import Announced, AnnouncedSignature, FilesPending, InMemoryTransfer, WeightLoad
 
 
 def _file_signature(f: Path, sig: Signature) -> None:
@@ -232,8 +232,10 @@ class WeightPush:
 
     Attributes:
         seconds: wall time of validation and every server's update, seconds.
-        unreachable: the servers that could not be reached (base URL → the transport error):
-            they may hold older weights and must not serve until they are given the current ones.
+        unreachable: the servers that could not be reached (base URL → the transport error), and those whose
+            in-memory send failed before the version's files were written
+            (:class:`~rlrun.weight_requests.FilesPending`): they may hold older or unknown weights and must
+            not serve until they are given the current ones.
         unverified: the servers reached whose update was not verified (base URL → why: both digests): they
             serve no request until an update to the current version is (:mod:`rlrun.rollout.verification`).
         verified: the servers whose update is verified (base URLs).
@@ -249,8 +251,10 @@ class WeightPush:
 
 
 def _unreachable(client: RolloutClient, error: BaseException) -> bool:
-    # A closed client's request raises RuntimeError: its endpoint was removed while it updated.
-    return isinstance(error, httpx.TransportError) or client.closed
+    # A closed client's request raises RuntimeError: its endpoint was removed while it updated. A send that
+    # failed before the version's files were written leaves the server to be caught up from them, as one
+    # unreachable is.
+    return isinstance(error, (httpx.TransportError, FilesPending)) or client.closed
 
 
 async def push_weights(

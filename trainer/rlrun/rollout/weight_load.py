@@ -8,11 +8,12 @@ counts once the workers' digest equals the digest of what the trainer sent
 #57022); any failure of it — the trainer's answer ``ok: false``, no answer within
 ``spec.weights.timeout_seconds``, a digest that differs, a worker's error — is one warning naming the server
 and why, a counted fallback (:attr:`WeightLoad.fallback`), and the reload of the same version from its
-broadcast files, verified against the files as every file-system reload is. The follower pushes a version as
-soon as the trainer announces it, before its broadcast is written (:mod:`rlrun.weight_requests`): a fallback
-first waits for the files, at most :data:`FILES_WAIT_S`; files that do not come (the trainer died meanwhile)
-leave the server unverified (:class:`~rlrun.rollout.errors.WeightsUnverified`: no request until a catch-up's
-update is verified). Only a server that cannot be reached ends the update at once (the caller benches it).
+broadcast files, verified against the files as every file-system reload is. The follower pushes a version
+as soon as the trainer announces it, before its broadcast is written (:mod:`rlrun.weight_requests`): a send
+that fails before the files are there does not wait for them inside the pause — the server resumes
+unverified, serving nothing, and the update raises :class:`~rlrun.weight_requests.FilesPending` (the
+orchestrator benches the server and catches it up from the files once they are written). Only a server that
+cannot be reached ends the update at once (the caller benches it).
 """
 
 from __future__ import annotations
@@ -22,18 +23,11 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
-from rlrun.rollout.errors import RolloutError, WeightsUnverified
+from rlrun.rollout.errors import RolloutError
 from rlrun.rollout.verification import Expected, SentDigest, verify_weights
-from rlrun.weight_requests import InMemoryTransfer, TransferFailed, WeightLoad
+from rlrun.weight_requests import FilesPending, InMemoryTransfer, TransferFailed, WeightLoad
 
 log = logging.getLogger(__name__)
-
-#: Most time a fallback waits for the version's broadcast to be written, seconds: the trainer writes it right
-#: after announcing the version (16 GB at 100 MB/s, a slow shared volume, takes 160 s).
-FILES_WAIT_S = 600.0
-
-#: How often a fallback looks for the broadcast, seconds.
-FILES_POLL_S = 0.1
 
 
 class RolloutServer(Protocol):
@@ -68,6 +62,8 @@ async def load_weights(
     (module docstring). Fills ``record`` as it goes.
 
     Raises:
+        FilesPending: the in-memory send failed and ``path`` is not written yet (the server holds unknown
+            weights: the caller leaves it unverified).
         WeightsUnverified: the weights served after the file reload are not the files'.
         RolloutError: a worker failed to reload the files.
         httpx.HTTPError: the server could not be reached.
@@ -81,6 +77,12 @@ async def load_weights(
         except (TransferFailed, RolloutError, asyncio.TimeoutError) as exc:  # and WeightsUnverified, a worker's error
             why = str(exc) or type(exc).__name__
             record.fallback = why
+            # announced, not written yet: no wait inside the pause
+            if not await asyncio.to_thread(Path(path).is_dir):
+                raise FilesPending(
+                    f"policy {version} in memory failed ({why}) before its files were written: it serves "
+                    "nothing until caught up from them"
+                ) from None
             log.warning(
                 "rollout server %s: policy %d in memory failed (%s); reloading it from the files",
                 client.base_url,
@@ -91,29 +93,10 @@ async def load_weights(
             record.path, record.seconds, record.bytes = "collective", loop.time() - t0, sent.bytes
             return
     t0 = loop.time()
-    if transfer is not None:
-        await _files_written(client.base_url, path, version)
     await client.reload_weights(path)
     await _verified(client, expected)
     record.path, record.seconds = "filesystem", loop.time() - t0
     record.bytes = await asyncio.to_thread(_files_bytes, path)
-
-
-async def _files_written(base_url: str, path: str, version: int) -> None:
-    """Wait until the broadcast ``path`` is published (a directory: :func:`rlrun.rundir.publish_dir` renames
-    it in whole), at most :data:`FILES_WAIT_S`.
-
-    Raises:
-        WeightsUnverified: it was not.
-    """
-    deadline = asyncio.get_running_loop().time() + FILES_WAIT_S
-    while not await asyncio.to_thread(Path(path).is_dir):
-        if asyncio.get_running_loop().time() > deadline:
-            raise WeightsUnverified(
-                f"{base_url}: policy {version} in memory failed and its broadcast {path} was not written "
-                f"within {FILES_WAIT_S:.0f} s"
-            )
-        await asyncio.sleep(FILES_POLL_S)
 
 
 def _files_bytes(path: str) -> int:

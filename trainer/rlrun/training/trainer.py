@@ -314,14 +314,16 @@ class Trainer:
         if state is None:  # not rank 0
             return 0
         broadcast = self.run_dir.broadcast(step)
+        announced = {}  # the sender named in meta.json: what the orchestrator sent is this broadcast
         if self.sender is not None and not broadcast_kept(broadcast, self.attempt):
             state = held_copy(state, self.policy.compute_dtype)
             self.sender.hold(step, state, self.attempt, probe)
+            announced["sender"] = self.sender.id
 
         def fill(tmp: Path) -> None:
             self.policy.write_weights(tmp, state)
             write_probe(tmp, probe, step)
-            write_meta(tmp, step, self.attempt)
+            write_meta(tmp, step, self.attempt, **announced)
 
         published, _ = publish_broadcast(broadcast, fill, self.attempt)
         return sum(f.stat().st_size for f in published.iterdir())
@@ -399,7 +401,7 @@ class Trainer:
                 attempt=self.attempt, broadcast_s=broadcast_s, broadcast_bytes=written, checkpoint=checkpoint
             )
             if self.sender is not None:  # this attempt's sends so far (the servers' side: metrics.jsonl)
-                metrics["weight_sends"] = dict(self.sender.totals)
+                metrics["weight_sends"] = self.sender.totals_now()
             # The line goes before the checkpoint: once a checkpoint holds the step, its line is on disk, and the last
             # line of each step a complete checkpoint holds is final (what rlrun.tracking logs).
             if self.dp.is_main:

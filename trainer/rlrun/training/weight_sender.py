@@ -24,6 +24,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,9 +37,11 @@ from rlrun.probes import ProbeSequence
 from rlrun.roles import GLOO_BACKEND, POD_IP_ENV
 from rlrun.rundir import RunDir
 from rlrun.weight_requests import (
+    BEAT_S,
     SendResult,
     announce,
     announced_file,
+    beat,
     pending_requests,
     read_request,
     stopped_marker,
@@ -158,6 +161,7 @@ class WeightSender:
         poll_s: how often to look for requests, seconds.
 
     Attributes:
+        id: this sender's id (random): in its announcements and the broadcasts they announce.
         version: the version held (None: none yet).
         engines: the open engine of each server, by URL.
         sent: the version last sent to each server, by URL.
@@ -172,6 +176,7 @@ class WeightSender:
         self.timeout_s = timeout_s
         self.open_engine = open_engine
         self.poll_s = poll_s
+        self.id = uuid.uuid4().hex[:12]
         self.version: int | None = None
         self._state: dict[str, torch.Tensor] | None = None
         self._lock = threading.Lock()  # version and state change together
@@ -197,7 +202,12 @@ class WeightSender:
         with self._lock:
             self.version, self._state = version, state
         signature = {name: (str(t.dtype), tuple(t.shape)) for name, t in state.items()}
-        announce(self.run_dir, version, attempt, signature, probe)
+        announce(self.run_dir, version, attempt, self.id, signature, probe)
+
+    def totals_now(self) -> dict[str, float]:
+        """A copy of :attr:`totals` (taken while no send is counted)."""
+        with self._lock:
+            return dict(self.totals)
 
     def start(self) -> WeightSender:
         """Start looking for requests on a daemon thread; returns self. What a sender before it left (its
@@ -206,7 +216,18 @@ class WeightSender:
         announced_file(self.run_dir).unlink(missing_ok=True)
         self._thread = threading.Thread(target=self._run, name="rlrun-weight-sender", daemon=True)
         self._thread.start()
+        threading.Thread(target=self._beat, name="rlrun-weight-sender-beat", daemon=True).start()
         return self
+
+    def _beat(self) -> None:  # its own thread: the first request may wait on vLLM's import in _run
+        count = 0
+        while not self._stop.is_set():
+            try:
+                beat(self.run_dir, count)
+            except OSError as exc:
+                log.warning("weight sender: heartbeat: %s", exc)
+            count += 1
+            self._stop.wait(BEAT_S)
 
     def stop(self, drain_s: float = 0.0) -> None:
         """Stop looking, let the rounds under way end (each bounded by :attr:`timeout_s`), close every engine, and
