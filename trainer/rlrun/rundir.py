@@ -90,7 +90,8 @@ def _fault_point(phase: str) -> None:
 
 def fault_point(phase: str) -> None:
     """Test-only crash injection for other modules (:func:`_fault_point`): the trainer's
-    ``trainer_notice_save`` and ``trainer_periodic_save``, inside the fill of its part."""
+    ``trainer_notice_save`` and ``trainer_periodic_save``, inside the fill of its part, and
+    ``trainer_announced``, between a version's announcement and its broadcast's write."""
     _fault_point(phase)
 
 

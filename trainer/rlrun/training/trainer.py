@@ -75,6 +75,7 @@ from rlrun.rundir import (
     RunDir,
     broadcast_kept,
     end_torn_line,
+    fault_point,
     holds_a_run,
     publish_broadcast,
     run_dir_attempt,
@@ -319,6 +320,7 @@ class Trainer:
             state = held_copy(state, self.policy.compute_dtype)
             self.sender.hold(step, state, self.attempt, probe)
             announced["sender"] = self.sender.id
+            fault_point("trainer_announced")  # test-only: a kill between the announcement and the write
 
         def fill(tmp: Path) -> None:
             self.policy.write_weights(tmp, state)
