@@ -9,7 +9,7 @@ Layout::
     <run_dir>/weight_transfer/stopped.json         {"version": N}: the sender stopped        (trainer's rank 0)
     <run_dir>/weight_transfer/held.json            {"version", "attempt", "sender", "signature", "probe"}:
                                                     the version held, announced             (trainer's rank 0)
-    <run_dir>/weight_transfer/beat.json            {"beat": n}: the sender's heartbeat, each second
+    <run_dir>/weight_transfer/beat.json            {"sender", "beat": n}: its heartbeat, each second
                                                                                             (trainer's rank 0)
 
 Guarantee: each file is published whole (:func:`rlrun.rundir.write_file_atomic`: a reader sees nothing or all of
@@ -36,6 +36,7 @@ process packages import it rather than each other): what was sent (:class:`Sent`
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -160,15 +161,22 @@ def beat_file(run_dir: RunDir) -> Path:
     return run_dir.root / FOLDER / "beat.json"
 
 
-def beat(run_dir: RunDir, count: int) -> None:
-    """Publish the sender's ``count``-th beat."""
-    write_file_atomic(beat_file(run_dir), json.dumps({"beat": count}).encode(), fault_points=False)
+def beat(run_dir: RunDir, sender: str, count: int) -> None:
+    """Publish the ``count``-th beat of the sender ``sender`` (its id: a restarted sender's count starts
+    again). Renamed in whole but not fsynced: a beat lost to a crash says what the crash says, and an fsync on
+    a shared volume busy with a broadcast's write could stall it past :data:`SILENT_S`."""
+    path = beat_file(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"sender": sender, "beat": count}))
+    os.replace(tmp, path)
 
 
-def read_beat(run_dir: RunDir) -> int | None:
-    """The sender's last beat (None: none, or unreadable)."""
+def read_beat(run_dir: RunDir) -> tuple[str, int] | None:
+    """The sender's last beat: its id and count (None: none, or unreadable)."""
     try:
-        return int(json.loads(beat_file(run_dir).read_text())["beat"])
+        body = json.loads(beat_file(run_dir).read_text())
+        return str(body["sender"]), int(body["beat"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

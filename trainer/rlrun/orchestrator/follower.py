@@ -37,7 +37,7 @@ from rlrun.orchestrator.weights import AdapterReference, Reference, WeightPush, 
 from rlrun.probes import PROBE_FILE, read_probe
 from rlrun.rollout.client import RolloutClient
 from rlrun.rundir import RunDir, read_meta, step_dirs, written_by
-from rlrun.weight_requests import Announced, InMemoryTransfer, read_announced
+from rlrun.weight_requests import Announced, InMemoryTransfer, read_announced, stopped_marker
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +213,8 @@ class WeightFollower:
         announced = read_announced(self.run_dir)
         if announced is None or announced.version <= self.version:
             return None
-        if self.sender is not None and not self.sender.alive():  # the servers keep what they hold meanwhile
+        # a sender stopped or gone sends nothing: the servers keep what they hold until the files come
+        if stopped_marker(self.run_dir).exists() or (self.sender is not None and not self.sender.alive()):
             return None
         return announced if self.attempt in (0, announced.attempt) else None
 
@@ -227,11 +228,11 @@ class WeightFollower:
         """
         if retrained := await asyncio.to_thread(self._retrained, clients):
             return WeightPush(0.0, unreachable=retrained)
-        broadcasts = {
-            n: p
-            for n, p in step_dirs(self.run_dir.broadcasts).items()
-            if n > self.version and written_by(p, self.attempt)
-        }
+        dirs = step_dirs(self.run_dir.broadcasts)
+        held = {v for c in clients for v in c.adapters.held}  # a LoRA run's adapters still loaded
+        if old := self._old_broadcasts(dirs, held):  # deleting weight files is I/O: off the event loop
+            await asyncio.to_thread(lambda: [shutil.rmtree(p, ignore_errors=True) for p in old])
+        broadcasts = {n: p for n, p in dirs.items() if n > self.version and written_by(p, self.attempt)}
         announced = await asyncio.to_thread(self.announced)
         newest = max([*broadcasts, *([announced.version] if announced is not None else [])], default=None)
         if newest is None:
@@ -241,14 +242,33 @@ class WeightFollower:
             announced = None
         path = broadcasts.get(newest, self.run_dir.broadcast(newest))
         push = await self.load(clients, path, newest, in_memory=True, announced=announced)
+        if announced is not None and not push.verified and not await asyncio.to_thread(Path(path).is_dir):
+            return await self._back_to(clients, previous, push)
         if announced is not None:  # what its broadcast must say it is, once written (_retrained)
             sent = {url for url, load in push.loads.items() if load.path == "collective"}
             self._sent_ahead = (newest, announced.sender, sent)
         paths = sorted({load.path for load in push.loads.values() if load.path is not None})
         how = f", {'+'.join(paths)}" if self.transfer is not None and paths else ""
         log.info("policy version %d -> %d (weight update %.3f s%s)", previous, newest, push.seconds, how)
-        held = {v for c in clients for v in c.adapters.held}  # a LoRA run's adapters still loaded
-        old = [p for n, p in step_dirs(self.run_dir.broadcasts).items() if n < newest and n not in held]
-        if old and self.run_dir.broadcast(newest).is_dir():  # the newest written first; I/O: off the loop
-            await asyncio.to_thread(lambda: [shutil.rmtree(p, ignore_errors=True) for p in old])
         return push
+
+    def _old_broadcasts(self, dirs: dict[int, Path], held: set[int]) -> list[Path]:
+        """The broadcasts older than the newest one of this attempt the servers were given (at most
+        :attr:`version`: one sent ahead of its files does not count until they are written), but those a LoRA
+        run's servers hold as adapters (``held``)."""
+        given = (n for n in sorted(dirs, reverse=True) if n <= self.version)
+        keep = next((n for n in given if written_by(dirs[n], self.attempt)), None)
+        return [] if keep is None else [p for n, p in dirs.items() if n < keep and n not in held]
+
+    async def _back_to(self, clients: list[RolloutClient], previous: int, failed: WeightPush) -> WeightPush:
+        """The policy :attr:`version` just pushed reached no server in memory and has no files yet (its
+        trainer died while sending?): every server reloads ``previous`` from its files and the follower stays
+        at it (the newer one is followed again once its broadcast is written, or its sender answers), so no
+        server is left benched on a version nothing can give it; ``failed``: that update (returned when
+        ``previous`` has no files)."""
+        back = self.weights_dir(previous)
+        if back is None:
+            return failed
+        log.warning("policy %d reached no server and has no files yet: back to %d", self.version, previous)
+        self._sent_ahead = None
+        return await self.load(clients, back, previous)

@@ -68,21 +68,25 @@ class SenderWatch:
     def __init__(self, run_dir: RunDir, silent_s: float = SILENT_S) -> None:
         self.run_dir = run_dir
         self.silent_s = silent_s
-        self._count: int | None = None
+        self._beat: tuple[str, int] | None = None
+        self._looked: float | None = None  # the previous look
         self._first_look: float | None = None
-        self._changed: float | None = None  # when the count was last seen to change
+        self._changed: float | None = None  # the look before the one that saw the count change
 
     def look(self) -> float:
-        """Read the count; returns the seconds since it was last seen to change (or since the first look, when
-        it never was). Reads a file: call it off the event loop."""
+        """Read the beat; returns the seconds since it was last seen to change (or since the first look, when
+        it never was). A change is dated at the look before the one that saw it (it happened in between, and
+        looks may be a training step apart): a sender dead for long is not taken for alive because its last
+        beats came after the previous look. Reads a file: call it off the event loop."""
         now = time.monotonic()
-        count = read_beat(self.run_dir)
-        if self._first_look is None:
+        seen = read_beat(self.run_dir)
+        if self._looked is None:
             self._first_look = now
-        elif count != self._count:
-            self._changed = now
-        self._count = count
-        return now - (self._changed if self._changed is not None else self._first_look)
+        elif seen != self._beat:
+            self._changed = self._looked
+        self._beat, self._looked = seen, now
+        since = self._changed if self._changed is not None else self._first_look
+        return now - since  # type: ignore[operator]
 
     def alive(self) -> bool:
         """The count was seen to change within :attr:`silent_s` (a sender not yet seen beating is not

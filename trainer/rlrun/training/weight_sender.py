@@ -223,7 +223,7 @@ class WeightSender:
         count = 0
         while not self._stop.is_set():
             try:
-                beat(self.run_dir, count)
+                beat(self.run_dir, self.id, count)
             except OSError as exc:
                 log.warning("weight sender: heartbeat: %s", exc)
             count += 1
