@@ -229,13 +229,11 @@ class WeightFollower:
         if retrained := await asyncio.to_thread(self._retrained, clients):
             return WeightPush(0.0, unreachable=retrained)
         dirs = step_dirs(self.run_dir.broadcasts)
-        held = {v for c in clients for v in c.adapters.held}  # a LoRA run's adapters still loaded
-        if old := self._old_broadcasts(dirs, held):  # deleting weight files is I/O: off the event loop
-            await asyncio.to_thread(lambda: [shutil.rmtree(p, ignore_errors=True) for p in old])
         broadcasts = {n: p for n, p in dirs.items() if n > self.version and written_by(p, self.attempt)}
         announced = await asyncio.to_thread(self.announced)
         newest = max([*broadcasts, *([announced.version] if announced is not None else [])], default=None)
         if newest is None:
+            await self._remove_old(clients, dirs)
             return None
         previous = self.version
         if announced is None or announced.version != newest:
@@ -250,15 +248,20 @@ class WeightFollower:
         paths = sorted({load.path for load in push.loads.values() if load.path is not None})
         how = f", {'+'.join(paths)}" if self.transfer is not None and paths else ""
         log.info("policy version %d -> %d (weight update %.3f s%s)", previous, newest, push.seconds, how)
+        await self._remove_old(clients, step_dirs(self.run_dir.broadcasts))
         return push
 
-    def _old_broadcasts(self, dirs: dict[int, Path], held: set[int]) -> list[Path]:
-        """The broadcasts older than the newest one of this attempt the servers were given (at most
-        :attr:`version`: one sent ahead of its files does not count until they are written), but those a LoRA
-        run's servers hold as adapters (``held``)."""
+    async def _remove_old(self, clients: list[RolloutClient], dirs: dict[int, Path]) -> None:
+        """Remove the broadcasts in ``dirs`` older than the newest one of this attempt the servers were given
+        (at most :attr:`version`: one sent ahead of its files does not count until they are written), but those
+        a LoRA run's servers still hold as adapters. At every pass: a version's files may come passes after
+        it."""
         given = (n for n in sorted(dirs, reverse=True) if n <= self.version)
         keep = next((n for n in given if written_by(dirs[n], self.attempt)), None)
-        return [] if keep is None else [p for n, p in dirs.items() if n < keep and n not in held]
+        held = {v for c in clients for v in c.adapters.held}  # vLLM reloads an evicted adapter from there
+        old = [] if keep is None else [p for n, p in dirs.items() if n < keep and n not in held]
+        if old:  # deleting weight files is I/O: off the event loop
+            await asyncio.to_thread(lambda: [shutil.rmtree(p, ignore_errors=True) for p in old])
 
     async def _back_to(self, clients: list[RolloutClient], previous: int, failed: WeightPush) -> WeightPush:
         """The policy :attr:`version` just pushed reached no server in memory and has no files yet (its
