@@ -252,9 +252,9 @@ class WeightFollower:
         return push
 
     async def _remove_old(self, clients: list[RolloutClient], dirs: dict[int, Path]) -> None:
-        """Remove the broadcasts in ``dirs`` older than the newest one of this attempt the servers were given
-        (at most :attr:`version`: one sent ahead of its files does not count until they are written), but those
-        a LoRA run's servers still hold as adapters. At every pass: a version's files may come passes after
+        """Remove the broadcasts in ``dirs`` older than the newest one of this attempt the servers were
+        given (at most :attr:`version`: one sent ahead of its files counts once they are written), but those a
+        LoRA run's servers still hold as adapters. At every pass: a version's files may come passes after
         it."""
         given = (n for n in sorted(dirs, reverse=True) if n <= self.version)
         keep = next((n for n in given if written_by(dirs[n], self.attempt)), None)
