@@ -195,6 +195,9 @@ async def test_a_version_that_reached_no_server_and_has_no_files_sends_the_serve
     back = await follower.follow([server])
     assert back.verified == [URL] and back.loads[URL].path == "filesystem"
     assert server.loaded_version == 1 and follower.version == 1
+    # with no server in use (all benched) there is nothing to send back: the version moves, as before
+    assert (await follower.follow([])).verified == [] and follower.version == 2
+    assert await follower.follow([]) is None
 
 
 def test_a_beat_seen_after_a_long_gap_is_dated_at_the_look_before_it(tmp_path, monkeypatch):

@@ -240,7 +240,8 @@ class WeightFollower:
             announced = None
         path = broadcasts.get(newest, self.run_dir.broadcast(newest))
         push = await self.load(clients, path, newest, in_memory=True, announced=announced)
-        if announced is not None and not push.verified and not await asyncio.to_thread(Path(path).is_dir):
+        nothing_took_it = clients and not push.verified  # no server at all: nothing to send back
+        if announced is not None and nothing_took_it and not await asyncio.to_thread(Path(path).is_dir):
             return await self._back_to(clients, previous, push)
         if announced is not None:  # what its broadcast must say it is, once written (_retrained)
             sent = {url for url, load in push.loads.items() if load.path == "collective"}
