@@ -228,6 +228,8 @@ class WeightFollower:
         """
         if retrained := await asyncio.to_thread(self._retrained, clients):
             return WeightPush(0.0, unreachable=retrained)
+        if self.sender is not None:  # at every pass: the sender is known alive when its first version comes
+            await asyncio.to_thread(self.sender.look)
         dirs = step_dirs(self.run_dir.broadcasts)
         broadcasts = {n: p for n, p in dirs.items() if n > self.version and written_by(p, self.attempt)}
         announced = await asyncio.to_thread(self.announced)

@@ -79,12 +79,17 @@ class SenderWatch:
         looks may be a training step apart): a sender dead for long is not taken for alive because its last
         beats came after the previous look. Reads a file: call it off the event loop."""
         now = time.monotonic()
+        if self._looked is not None and now - self._looked < BEAT_S / 2:  # the file changes once a second
+            return self._silent(now)
         seen = read_beat(self.run_dir)
         if self._looked is None:
             self._first_look = now
         elif seen != self._beat:
             self._changed = self._looked
         self._beat, self._looked = seen, now
+        return self._silent(now)
+
+    def _silent(self, now: float) -> float:
         since = self._changed if self._changed is not None else self._first_look
         return now - since  # type: ignore[operator]
 
