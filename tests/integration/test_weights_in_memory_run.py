@@ -35,22 +35,29 @@ def test_every_version_after_the_first_reaches_vllm_in_memory_verified_with_no_f
     assert proc.returncode == 0, out[-5000:]
     assert "Traceback" not in out and "ledger: ok" in out, out[-5000:]
     log = (run_dir / "logs" / "orchestrator.log").read_text()
-    # every push of a new version went in memory: the follower's line names the path, and nothing fell back
+    # every push of a new version went in memory (the follower's line names the path), but one the trainer had
+    # replaced before its send began: the sender holds one version, so that push falls back to the files,
+    # correctly (two steps 0.1 s apart on the tiny model; a real model's step outlasts a push)
     pushed = re.findall(r"policy version (\d+) -> (\d+) \(weight update [\d.]+ s, ([a-z+]+)\)", log)
+    raced = re.findall(
+        r"policy (\d+) in memory failed \(the trainer did not send: version \d+ not held; holds (\d+)\)", log
+    )
+    assert all(int(held) > int(asked) for asked, held in raced), raced
     # the run ends once step MAX_STEPS is shipped and checkpointed: the servers held at least the policy it needed
     assert pushed and int(pushed[-1][1]) >= MAX_STEPS - 1 - spec["max_off_policy_steps"], log[-3000:]
-    assert {how for *_, how in pushed} == {"collective"}, pushed
-    assert "in memory failed" not in log and "serves other weights" not in log, log[-3000:]
+    in_memory = [new for _, new, how in pushed if how == "collective"]
+    assert in_memory and {how for _, new, how in pushed if new not in dict(raced)} == {"collective"}, pushed
+    assert log.count("in memory failed") == len(raced) and "serves other weights" not in log, log[-3000:]
     # the served weights were verified each time: no server update unverified, and the counts say the same
     rows = metrics(run_dir / "metrics.jsonl")
     last = rows[-1]["weight_transfer"]
-    assert last["fallbacks"] == 0 and last["collective"]["updates"] >= 1  # the pushes before the last step shipped
-    assert last["filesystem"]["updates"] == 1  # the attempt's first load: the model, as policy 0
+    assert last["fallbacks"] == len(raced) and last["collective"]["updates"] >= 1
+    assert last["filesystem"]["updates"] == 1 + len(raced)  # the attempt's first load: the model, as policy 0
     assert last["collective"]["bytes"] > 0
     assert "weights not verifiable" not in log
     trainer_log = (run_dir / "logs" / "trainer.log").read_text()
     sent = re.findall(r"weight sender: version (\d+) to (\S+): ([\d.]+) MB", trainer_log)
-    assert [int(v) for v, *_ in sent] == [int(new) for _, new, _ in pushed]
+    assert [v for v, *_ in sent] == in_memory
     # the trainer's side counts the same sends (its last line may come before the last send ends)
     sends = metrics(run_dir / "trainer_metrics.jsonl")[-1]["weight_sends"]
     assert len(sent) - 1 <= sends["sends"] <= len(sent) and sends["failures"] == 0 and sends["bytes"] > 0
