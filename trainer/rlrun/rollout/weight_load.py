@@ -2,7 +2,7 @@
 version in memory from the trainer when the run sends weights so (``spec.weights.transport: collective``), else, and
 whenever that fails, from the version's broadcast files.
 
-Guarantee (ARCHITECTURE.md, invariant 8, on both paths): the server resumes only verified. An in-memory send
+Guarantee (ARCHITECTURE.md, invariant 8, on both paths): the server serves only verified. An in-memory send
 counts once the workers' digest equals the digest of what the trainer sent
 (:class:`~rlrun.rollout.verification.SentDigest`: a send that moved nothing or part is caught here, vLLM
 #57022); any failure of it — the trainer's answer ``ok: false``, no answer within
